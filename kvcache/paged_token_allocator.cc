@@ -1,0 +1,251 @@
+#include "kvcache/paged_token_allocator.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+
+namespace attnmeta {
+
+absl::StatusOr<PagedTokenAllocator> PagedTokenAllocator::Create(PageCount num_pages,
+                                                                PageSize page_size,
+                                                                FreePagePolicy policy) {
+  if (num_pages.value() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_pages must be >= 1, got ", num_pages.value()));
+  }
+  if (num_pages.value() + 1 > kMaxSlots / page_size.tokens()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a pool of ", num_pages.value(), " + 1 pages of ", page_size.tokens(),
+        " slots exceeds the int32-addressable limit of ", kMaxSlots, " slots"));
+  }
+  return PagedTokenAllocator(num_pages.value(), page_size, policy);
+}
+
+PagedTokenAllocator::PagedTokenAllocator(int64_t num_pages, PageSize page_size,
+                                         FreePagePolicy policy)
+    : page_size_(page_size),
+      num_pages_(num_pages),
+      shuffled_(policy.shuffled()),
+      rng_(policy.seed()),
+      live_(static_cast<size_t>((num_pages + 1) * page_size.tokens()), 0),
+      page_live_(static_cast<size_t>(num_pages + 1), 0) {
+  free_list_.reserve(num_pages);
+  for (int64_t p = num_pages; p >= 1; --p) free_list_.push_back(PageId(static_cast<int32_t>(p)));
+  if (shuffled_) std::shuffle(free_list_.begin(), free_list_.end(), rng_);
+}
+
+bool PagedTokenAllocator::IsLive(TokenSlot slot) const {
+  return slot.value() >= 0 && slot.value() < pool_slots().value() && live_[slot.value()] != 0;
+}
+
+TokenCount PagedTokenAllocator::LiveTokensInPage(PageId page) const {
+  return TokenCount(page_live_[page.value()]);
+}
+
+absl::StatusOr<int64_t> PagedTokenAllocator::CheckRequest(int64_t index, TokenCount prefix_len,
+                                                         TokenCount seq_len,
+                                                         TokenSlot last_loc) const {
+  const int64_t pool = pool_slots().value();
+  if (prefix_len.value() < 0 || seq_len < prefix_len) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request ", index, ": need 0 <= prefix_len <= seq_len, got prefix_len ",
+        prefix_len.value(), ", seq_len ", seq_len.value()));
+  }
+  if (prefix_len.value() > pool) {
+    return absl::InvalidArgumentError(absl::StrCat("request ", index, ": prefix_len ",
+                                                   prefix_len.value(), " exceeds the pool's ",
+                                                   pool, " slots"));
+  }
+  if ((seq_len - prefix_len).value() > pool) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "request ", index, ": ", (seq_len - prefix_len).value(),
+        " new tokens exceed the pool's ", pool, " slots"));
+  }
+  if (prefix_len.value() > 0) {
+    if (last_loc.value() < page_size_.tokens() || last_loc.value() >= pool) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "request ", index, ": last_loc ", last_loc.value(), " outside the allocatable slots [",
+          page_size_.tokens(), ", ", pool, ")"));
+    }
+    if (!live_[last_loc.value()]) {
+      return absl::InvalidArgumentError(absl::StrCat("request ", index, ": last_loc ",
+                                                     last_loc.value(), " is not live"));
+    }
+    const TokenCount next_offset = OffsetInPage(last_loc + TokenCount(1), page_size_);
+    if (next_offset != TokenOffsetInPage(prefix_len, page_size_)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "request ", index, ": (last_loc + 1) % page_size must equal prefix_len % page_size; ",
+          "last_loc ", last_loc.value(), ", prefix_len ", prefix_len.value(), ", page_size ",
+          page_size_.tokens()));
+    }
+    if (next_offset.value() != 0) {
+      const int64_t room = page_size_.tokens() - next_offset.value();
+      const int64_t used = std::min(room, (seq_len - prefix_len).value());
+      for (int64_t i = 1; i <= used; ++i) {
+        if (live_[last_loc.value() + i]) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "request ", index, ": slot ", last_loc.value() + i,
+              " after last_loc is already live; the page is shared or last_loc is stale"));
+        }
+      }
+    }
+  }
+  return (PagesForTokensCeil(seq_len, page_size_) - PagesForTokensCeil(prefix_len, page_size_))
+      .value();
+}
+
+template <typename GetRequest>
+absl::Status PagedTokenAllocator::AllocateBatch(int64_t n, GetRequest get,
+                                                absl::Span<TokenSlot> out) {
+  int64_t pages_needed = 0;
+  int64_t tokens_needed = 0;
+  scratch_pages_.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    const ExtendRequest r = get(i);
+    absl::StatusOr<int64_t> pages = CheckRequest(i, r.prefix_len, r.seq_len, r.last_loc);
+    if (!pages.ok()) return pages.status();
+    pages_needed += *pages;
+    tokens_needed += (r.seq_len - r.prefix_len).value();
+    if (TokenOffsetInPage(r.prefix_len, page_size_).value() != 0 && r.seq_len > r.prefix_len) {
+      scratch_pages_.push_back(PageOf(r.last_loc, page_size_));
+    }
+  }
+  if (scratch_pages_.size() > 1) {
+    std::sort(scratch_pages_.begin(), scratch_pages_.end());
+    auto dup = std::adjacent_find(scratch_pages_.begin(), scratch_pages_.end());
+    if (dup != scratch_pages_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "two requests of the batch continue the same partially filled page ", dup->value()));
+    }
+  }
+  if (tokens_needed > static_cast<int64_t>(out.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("output span holds ", out.size(),
+                                                   " slots, the batch needs ", tokens_needed));
+  }
+  if (pages_needed > free_pages().value()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "batch of ", n, " requests needs ", pages_needed, " new pages (", tokens_needed,
+        " tokens), only ", free_pages().value(), " of ", num_pages_, " are free"));
+  }
+  TokenSlot* o = out.data();
+  for (int64_t i = 0; i < n; ++i) {
+    const ExtendRequest r = get(i);
+    o = Place(r.prefix_len, r.seq_len, r.last_loc, o);
+  }
+  return absl::OkStatus();
+}
+
+TokenSlot PagedTokenAllocator::TakeSlot(TokenSlot slot) {
+  live_[slot.value()] = 1;
+  ++page_live_[PageOf(slot, page_size_).value()];
+  ++live_tokens_;
+  return slot;
+}
+
+TokenSlot* PagedTokenAllocator::Place(TokenCount prefix_len, TokenCount seq_len,
+                                      TokenSlot last_loc, TokenSlot* out) {
+  const int64_t ps = page_size_.tokens();
+  int64_t pos = prefix_len.value();
+  const int64_t end = seq_len.value();
+  if (pos % ps != 0 && pos < end) {
+    const int64_t k = std::min(end - pos, ps - pos % ps);
+    for (int64_t i = 1; i <= k; ++i) *out++ = TakeSlot(last_loc + TokenCount(i));
+    pos += k;
+  }
+  while (pos < end) {
+    const PageId page = free_list_.back();
+    free_list_.pop_back();
+    const TokenSlot first = FirstSlotOf(page, page_size_);
+    const int64_t k = std::min(end - pos, ps);
+    for (int64_t i = 0; i < k; ++i) *out++ = TakeSlot(first + TokenCount(i));
+    pos += k;
+  }
+  return out;
+}
+
+absl::Status PagedTokenAllocator::AllocateExtend(absl::Span<const ExtendRequest> requests,
+                                                 absl::Span<TokenSlot> out) {
+  return AllocateBatch(
+      static_cast<int64_t>(requests.size()), [&](int64_t i) { return requests[i]; }, out);
+}
+
+absl::StatusOr<std::vector<TokenSlot>> PagedTokenAllocator::AllocateExtend(
+    absl::Span<const ExtendRequest> requests) {
+  int64_t total = 0;
+  for (const ExtendRequest& r : requests) {
+    total += std::max<int64_t>(0, (r.seq_len - r.prefix_len).value());
+  }
+  if (total > pool_slots().value()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "batch asks for ", total, " new tokens, the pool has ", pool_slots().value(), " slots"));
+  }
+  std::vector<TokenSlot> out(total);
+  if (absl::Status s = AllocateExtend(requests, absl::MakeSpan(out)); !s.ok()) return s;
+  return out;
+}
+
+absl::Status PagedTokenAllocator::AllocateDecode(absl::Span<const DecodeRequest> requests,
+                                                 absl::Span<TokenSlot> out) {
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (requests[i].seq_len.value() < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "decode request ", i, ": seq_len must be >= 1, got ", requests[i].seq_len.value()));
+    }
+  }
+  return AllocateBatch(
+      static_cast<int64_t>(requests.size()),
+      [&](int64_t i) {
+        const DecodeRequest& d = requests[i];
+        return ExtendRequest{d.seq_len - TokenCount(1), d.seq_len, d.last_loc};
+      },
+      out);
+}
+
+absl::StatusOr<std::vector<TokenSlot>> PagedTokenAllocator::AllocateDecode(
+    absl::Span<const DecodeRequest> requests) {
+  std::vector<TokenSlot> out(requests.size());
+  if (absl::Status s = AllocateDecode(requests, absl::MakeSpan(out)); !s.ok()) return s;
+  return out;
+}
+
+absl::Status PagedTokenAllocator::Free(absl::Span<const TokenSlot> slots) {
+  const int64_t pool = pool_slots().value();
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const int32_t s = slots[i].value();
+    if (s < 0 || s >= pool) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("free: slot ", s, " (entry ", i, ") outside the pool [0, ", pool, ")"));
+    }
+    if (!live_[s]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "free: slot ", s, " (entry ", i, ") is not live (never allocated or already freed)"));
+    }
+  }
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const int32_t s = slots[i].value();
+    if (!live_[s]) {
+      for (size_t j = 0; j < i; ++j) live_[slots[j].value()] = 1;
+      return absl::InvalidArgumentError(
+          absl::StrCat("free: slot ", s, " is listed twice (entry ", i, ")"));
+    }
+    live_[s] = 0;
+  }
+  scratch_pages_.clear();
+  for (const TokenSlot slot : slots) {
+    const PageId page = PageOf(slot, page_size_);
+    if (--page_live_[page.value()] == 0) scratch_pages_.push_back(page);
+  }
+  live_tokens_ -= static_cast<int64_t>(slots.size());
+  std::sort(scratch_pages_.begin(), scratch_pages_.end());
+  Release(scratch_pages_);
+  return absl::OkStatus();
+}
+
+void PagedTokenAllocator::Release(std::vector<PageId>& pages) {
+  if (shuffled_) std::shuffle(pages.begin(), pages.end(), rng_);
+  // free_list_.back() is the front: push in reverse so that pages[0] is handed out first.
+  free_list_.insert(free_list_.end(), pages.rbegin(), pages.rend());
+}
+
+}  // namespace attnmeta

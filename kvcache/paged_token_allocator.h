@@ -1,0 +1,138 @@
+// PagedTokenAllocator: hands out token slots of a paged KV pool, page by page.
+//
+// The pool has (num_pages + 1) * page_size slots. Page 0 is the padding page (padded rows of
+// a captured graph write there) and is never handed out; pages 1..num_pages are.
+//
+// A request's tokens fill its pages in order: an extend first continues the request's last,
+// partially filled page at last_loc + 1, then takes whole new pages, then a final partial
+// page. Slots die one by one (Free); a page returns to the free list when its last live slot
+// dies. Every call is all-or-nothing: on any error the allocator is exactly as before.
+//
+// Not thread-safe; the scheduler owns it.
+
+#ifndef ATTNMETA_KVCACHE_PAGED_TOKEN_ALLOCATOR_H_
+#define ATTNMETA_KVCACHE_PAGED_TOKEN_ALLOCATOR_H_
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kvcache/units.h"
+
+namespace attnmeta {
+
+// The order in which free pages are handed out.
+class FreePagePolicy {
+ public:
+  // The reference system's order: the free list starts as 1..num_pages; released pages go to
+  // the front in ascending order.
+  static FreePagePolicy InOrder() { return FreePagePolicy(false, 0); }
+  // The free list starts as a seeded permutation of 1..num_pages; released pages go to the
+  // front in a seeded random order. Tests use it so that no request is laid out contiguously
+  // by accident (which would hide token-vs-page unit bugs).
+  static FreePagePolicy Shuffled(uint64_t seed) { return FreePagePolicy(true, seed); }
+
+  bool shuffled() const { return shuffled_; }
+  uint64_t seed() const { return seed_; }
+
+ private:
+  FreePagePolicy(bool shuffled, uint64_t seed) : shuffled_(shuffled), seed_(seed) {}
+  bool shuffled_;
+  uint64_t seed_;
+};
+
+// One request of an extend batch.
+struct ExtendRequest {
+  TokenCount prefix_len;  // tokens the request already holds, >= 0
+  TokenCount seq_len;     // tokens it holds after the extend, >= prefix_len
+  // The slot of token prefix_len - 1, i.e. the request's last slot. Read only when
+  // prefix_len > 0; then (last_loc + 1) % page_size == prefix_len % page_size.
+  TokenSlot last_loc;
+};
+
+// One request of a decode batch: one new token.
+struct DecodeRequest {
+  TokenCount seq_len;  // tokens the request holds after the decode (counting the new one), >= 1
+  TokenSlot last_loc;  // the slot of token seq_len - 2; read only when seq_len >= 2
+};
+
+class PagedTokenAllocator {
+ public:
+  // The pool's slots must stay int32-addressable.
+  static constexpr int64_t kMaxSlots = int64_t{1} << 31;
+
+  // InvalidArgument unless num_pages >= 1 and (num_pages + 1) * page_size <= kMaxSlots.
+  static absl::StatusOr<PagedTokenAllocator> Create(PageCount num_pages, PageSize page_size,
+                                                    FreePagePolicy policy);
+
+  // Allocates seq_len - prefix_len slots for each request, request after request, and writes
+  // them to `out`, request-major: out[0 .. sum(seq_len - prefix_len)). Requests are served in
+  // batch order, each taking its whole pages first and its final partial page last.
+  // Errors (the allocator and `out` are untouched):
+  //   InvalidArgument: negative lengths, prefix_len > seq_len, a last_loc outside the pool, in
+  //     the padding page, not live, breaking the page-offset invariant, with a live slot
+  //     after it that the extend would need, or shared by two requests of the batch;
+  //     `out` smaller than the number of new tokens;
+  //   ResourceExhausted: not enough free pages for the whole batch.
+  absl::Status AllocateExtend(absl::Span<const ExtendRequest> requests,
+                              absl::Span<TokenSlot> out);
+  absl::StatusOr<std::vector<TokenSlot>> AllocateExtend(absl::Span<const ExtendRequest> requests);
+
+  // One new slot per request: last_loc + 1, or the first slot of a new page when the new
+  // token starts a page. out[i] is request i's slot. Errors as for AllocateExtend.
+  absl::Status AllocateDecode(absl::Span<const DecodeRequest> requests, absl::Span<TokenSlot> out);
+  absl::StatusOr<std::vector<TokenSlot>> AllocateDecode(absl::Span<const DecodeRequest> requests);
+
+  // Frees `slots`. A page whose last live slot dies returns to the free list.
+  // InvalidArgument (and nothing freed) if any slot is outside the pool, not live, or listed
+  // twice.
+  absl::Status Free(absl::Span<const TokenSlot> slots);
+
+  PageSize page_size() const { return page_size_; }
+  // Pages that can be handed out (page 0 excluded).
+  PageCount total_pages() const { return PageCount(num_pages_); }
+  PageCount free_pages() const { return PageCount(static_cast<int64_t>(free_list_.size())); }
+  PageCount used_pages() const { return total_pages() - free_pages(); }
+  TokenCount live_tokens() const { return TokenCount(live_tokens_); }
+  // Slots of whole free pages: the most an extend of new requests can get.
+  TokenCount free_page_tokens() const { return TokensInPages(free_pages(), page_size_); }
+  // All slots of the pool, padding page included: (num_pages + 1) * page_size.
+  TokenCount pool_slots() const { return TokensInPages(PageCount(num_pages_ + 1), page_size_); }
+  bool IsLive(TokenSlot slot) const;
+  // The number of live slots in `page`. REQUIRES: 0 <= page <= num_pages.
+  TokenCount LiveTokensInPage(PageId page) const;
+
+ private:
+  PagedTokenAllocator(int64_t num_pages, PageSize page_size, FreePagePolicy policy);
+
+  // The shared body of AllocateExtend and AllocateDecode; get(i) returns request i as an
+  // ExtendRequest.
+  template <typename GetRequest>
+  absl::Status AllocateBatch(int64_t n, GetRequest get, absl::Span<TokenSlot> out);
+  // Checks one request that continues from (prefix_len, last_loc) to seq_len and returns the
+  // number of new pages it needs.
+  absl::StatusOr<int64_t> CheckRequest(int64_t index, TokenCount prefix_len, TokenCount seq_len,
+                                       TokenSlot last_loc) const;
+  // Writes the slots of one validated request; takes its new pages from the free list.
+  TokenSlot* Place(TokenCount prefix_len, TokenCount seq_len, TokenSlot last_loc, TokenSlot* out);
+  TokenSlot TakeSlot(TokenSlot slot);
+  // Returns `pages` (distinct, sorted ascending) to the front of the free list.
+  void Release(std::vector<PageId>& pages);
+
+  PageSize page_size_;
+  int64_t num_pages_;
+  bool shuffled_;
+  std::mt19937_64 rng_;
+  std::vector<PageId> free_list_;      // back() is the front of the list: handed out next
+  std::vector<uint8_t> live_;          // [pool_slots], 1 where the slot is live
+  std::vector<int32_t> page_live_;     // [num_pages + 1], live slots per page
+  int64_t live_tokens_ = 0;
+  std::vector<PageId> scratch_pages_;  // reused by Free and the batch checks
+};
+
+}  // namespace attnmeta
+
+#endif  // ATTNMETA_KVCACHE_PAGED_TOKEN_ALLOCATOR_H_

@@ -1,0 +1,200 @@
+#include "kvcache/paged_token_allocator.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace attnmeta {
+namespace {
+
+std::vector<int32_t> Raw(absl::Span<const TokenSlot> slots) {
+  std::vector<int32_t> out;
+  for (TokenSlot s : slots) out.push_back(s.value());
+  return out;
+}
+
+PagedTokenAllocator MakeInOrder(int64_t num_pages, int64_t page_size) {
+  return *PagedTokenAllocator::Create(PageCount(num_pages), *PageSize::Create(page_size),
+                                      FreePagePolicy::InOrder());
+}
+
+// Everything observable about an allocator, to check that a failed call changed nothing.
+struct State {
+  int64_t free_pages;
+  int64_t live_tokens;
+  std::vector<bool> live;
+  bool operator==(const State& o) const {
+    return free_pages == o.free_pages && live_tokens == o.live_tokens && live == o.live;
+  }
+};
+State Snapshot(const PagedTokenAllocator& a) {
+  State s{a.free_pages().value(), a.live_tokens().value(), {}};
+  for (int32_t i = 0; i < a.pool_slots().value(); ++i) s.live.push_back(a.IsLive(TokenSlot(i)));
+  return s;
+}
+
+TEST(PagedTokenAllocatorTest, CreateRejectsBadSizes) {
+  const PageSize ps = *PageSize::Create(16);
+  EXPECT_EQ(PagedTokenAllocator::Create(PageCount(0), ps, FreePagePolicy::InOrder()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      PagedTokenAllocator::Create(PageCount(-4), ps, FreePagePolicy::InOrder()).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PagedTokenAllocator::Create(PageCount(int64_t{1} << 28), ps, FreePagePolicy::InOrder())
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// The reference system's in-order layout (DESIGN.md section 2b), worked by hand for
+// page_size 4: the free list is 1, 2, 3, ...
+TEST(PagedTokenAllocatorTest, InOrderExtendMatchesReferenceLayout) {
+  PagedTokenAllocator a = MakeInOrder(8, 4);
+  // Request 0: 6 new tokens -> page 1 full, page 2 partial. Request 1: 3 -> page 3 partial.
+  auto first = a.AllocateExtend({{TokenCount(0), TokenCount(6), TokenSlot(0)},
+                                 {TokenCount(0), TokenCount(3), TokenSlot(0)}});
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(Raw(*first), (std::vector<int32_t>{4, 5, 6, 7, 8, 9, 12, 13, 14}));
+  EXPECT_EQ(a.free_pages(), PageCount(5));
+  EXPECT_EQ(a.live_tokens(), TokenCount(9));
+
+  // Request 0 continues at last_loc 9 + 1: slots 10, 11, then page 4 fully, then page 5.
+  // Request 1 continues at 14 + 1 = 15 only.
+  auto second = a.AllocateExtend({{TokenCount(6), TokenCount(13), TokenSlot(9)},
+                                  {TokenCount(3), TokenCount(4), TokenSlot(14)}});
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(Raw(*second), (std::vector<int32_t>{10, 11, 16, 17, 18, 19, 20, 15}));
+
+  // Decode: request 0 at seq 14 continues (20 + 1); request 1 at seq 5 crosses into page 6.
+  auto decode = a.AllocateDecode({{TokenCount(14), TokenSlot(20)}, {TokenCount(5), TokenSlot(15)}});
+  ASSERT_TRUE(decode.ok()) << decode.status();
+  EXPECT_EQ(Raw(*decode), (std::vector<int32_t>{21, 24}));
+  EXPECT_EQ(a.free_pages(), PageCount(2));
+}
+
+TEST(PagedTokenAllocatorTest, PaddingPageIsNeverHandedOut) {
+  for (int64_t ps : {1, 3, 16}) {
+    PagedTokenAllocator a = MakeInOrder(5, ps);
+    auto all = a.AllocateExtend({{TokenCount(0), TokenCount(5 * ps), TokenSlot(0)}});
+    ASSERT_TRUE(all.ok());
+    for (TokenSlot s : *all) EXPECT_GE(s.value(), ps) << "page_size " << ps;
+    EXPECT_EQ(a.free_pages(), PageCount(0));
+  }
+}
+
+TEST(PagedTokenAllocatorTest, PageReturnsWhenItsLastLiveSlotDies) {
+  PagedTokenAllocator a = MakeInOrder(4, 4);
+  auto slots = a.AllocateExtend({{TokenCount(0), TokenCount(4), TokenSlot(0)}});
+  ASSERT_TRUE(slots.ok());
+  EXPECT_EQ(a.free_pages(), PageCount(3));
+  ASSERT_TRUE(a.Free({(*slots)[1], (*slots)[3]}).ok());
+  EXPECT_EQ(a.free_pages(), PageCount(3)) << "page 1 still has live slots";
+  EXPECT_EQ(a.LiveTokensInPage(PageId(1)), TokenCount(2));
+  ASSERT_TRUE(a.Free({(*slots)[0], (*slots)[2]}).ok());
+  EXPECT_EQ(a.free_pages(), PageCount(4));
+  EXPECT_EQ(a.live_tokens(), TokenCount(0));
+}
+
+TEST(PagedTokenAllocatorTest, ReleasedPagesGoToTheFrontInAscendingOrder) {
+  PagedTokenAllocator a = MakeInOrder(6, 2);
+  auto slots = a.AllocateExtend({{TokenCount(0), TokenCount(8), TokenSlot(0)}});
+  ASSERT_TRUE(slots.ok());
+  // Pages 1..4 are in use; free pages 4 and 2 (listed in that order).
+  ASSERT_TRUE(a.Free({TokenSlot(8), TokenSlot(9), TokenSlot(4), TokenSlot(5)}).ok());
+  auto next = a.AllocateExtend({{TokenCount(0), TokenCount(6), TokenSlot(0)}});
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(Raw(*next), (std::vector<int32_t>{4, 5, 8, 9, 10, 11}));
+}
+
+TEST(PagedTokenAllocatorTest, ExhaustionIsAllOrNothing) {
+  PagedTokenAllocator a = MakeInOrder(4, 4);
+  ASSERT_TRUE(a.AllocateExtend({{TokenCount(0), TokenCount(5), TokenSlot(0)}}).ok());
+  const State before = Snapshot(a);
+  // Needs 1 + 2 pages; only 2 are free. The first request alone would fit.
+  auto r = a.AllocateExtend({{TokenCount(0), TokenCount(4), TokenSlot(0)},
+                             {TokenCount(0), TokenCount(5), TokenSlot(0)}});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Snapshot(a) == before);
+  // A request asking for more than the whole pool.
+  EXPECT_EQ(a.AllocateExtend({{TokenCount(0), TokenCount(int64_t{1} << 40), TokenSlot(0)}})
+                .status()
+                .code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Snapshot(a) == before);
+  // Recovery: what fits still works.
+  EXPECT_TRUE(a.AllocateExtend({{TokenCount(0), TokenCount(8), TokenSlot(0)}}).ok());
+  EXPECT_EQ(a.free_pages(), PageCount(0));
+}
+
+TEST(PagedTokenAllocatorTest, BadRequestsChangeNothing) {
+  PagedTokenAllocator a = MakeInOrder(8, 4);
+  auto slots = a.AllocateExtend({{TokenCount(0), TokenCount(6), TokenSlot(0)}});
+  ASSERT_TRUE(slots.ok());  // slots 4..9, last_loc 9
+  const State before = Snapshot(a);
+  auto code = [&](std::vector<ExtendRequest> reqs) {
+    return a.AllocateExtend(reqs).status().code();
+  };
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  // Prefix longer than the sequence; negative lengths.
+  EXPECT_EQ(code({{TokenCount(6), TokenCount(5), TokenSlot(9)}}), kInvalid);
+  EXPECT_EQ(code({{TokenCount(-1), TokenCount(5), TokenSlot(9)}}), kInvalid);
+  // last_loc breaking (last_loc + 1) % ps == prefix_len % ps.
+  EXPECT_EQ(code({{TokenCount(6), TokenCount(8), TokenSlot(8)}}), kInvalid);
+  // last_loc in the padding page, outside the pool, or not live.
+  EXPECT_EQ(code({{TokenCount(6), TokenCount(8), TokenSlot(1)}}), kInvalid);
+  EXPECT_EQ(code({{TokenCount(6), TokenCount(8), TokenSlot(1000)}}), kInvalid);
+  EXPECT_EQ(code({{TokenCount(2), TokenCount(3), TokenSlot(13)}}), kInvalid);
+  // Two requests continuing the same partial page.
+  EXPECT_EQ(code({{TokenCount(6), TokenCount(7), TokenSlot(9)},
+                  {TokenCount(6), TokenCount(7), TokenSlot(9)}}),
+            kInvalid);
+  // A valid request followed by an invalid one: nothing of the first is taken.
+  EXPECT_EQ(code({{TokenCount(0), TokenCount(4), TokenSlot(0)},
+                  {TokenCount(3), TokenCount(1), TokenSlot(9)}}),
+            kInvalid);
+  // Output span too small.
+  std::vector<TokenSlot> small(1);
+  EXPECT_EQ(a.AllocateExtend({{TokenCount(0), TokenCount(2), TokenSlot(0)}}, absl::MakeSpan(small))
+                .code(),
+            kInvalid);
+  // Decode with seq_len 0.
+  EXPECT_EQ(a.AllocateDecode({{TokenCount(0), TokenSlot(0)}}).status().code(), kInvalid);
+  EXPECT_TRUE(Snapshot(a) == before);
+}
+
+TEST(PagedTokenAllocatorTest, BadFreesChangeNothing) {
+  PagedTokenAllocator a = MakeInOrder(4, 4);
+  auto slots = a.AllocateExtend({{TokenCount(0), TokenCount(6), TokenSlot(0)}});
+  ASSERT_TRUE(slots.ok());
+  const State before = Snapshot(a);
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  EXPECT_EQ(a.Free({TokenSlot(4), TokenSlot(10)}).code(), kInvalid) << "never allocated";
+  EXPECT_EQ(a.Free({TokenSlot(4), TokenSlot(-1)}).code(), kInvalid) << "outside the pool";
+  EXPECT_EQ(a.Free({TokenSlot(4), TokenSlot(1000)}).code(), kInvalid) << "outside the pool";
+  EXPECT_EQ(a.Free({TokenSlot(0)}).code(), kInvalid) << "padding page";
+  EXPECT_EQ(a.Free({TokenSlot(4), TokenSlot(5), TokenSlot(4)}).code(), kInvalid) << "listed twice";
+  EXPECT_TRUE(Snapshot(a) == before);
+  ASSERT_TRUE(a.Free({TokenSlot(4)}).ok());
+  EXPECT_EQ(a.Free({TokenSlot(4)}).code(), kInvalid) << "double free";
+  EXPECT_EQ(a.live_tokens(), TokenCount(5));
+}
+
+TEST(PagedTokenAllocatorTest, ShuffledPolicyIsSeededAndNotContiguous) {
+  const PageSize ps = *PageSize::Create(4);
+  auto run = [&](uint64_t seed) {
+    PagedTokenAllocator a =
+        *PagedTokenAllocator::Create(PageCount(64), ps, FreePagePolicy::Shuffled(seed));
+    return Raw(*a.AllocateExtend({{TokenCount(0), TokenCount(64), TokenSlot(0)}}));
+  };
+  const std::vector<int32_t> x = run(7);
+  EXPECT_EQ(x, run(7));
+  EXPECT_NE(x, run(8));
+  int page_jumps = 0;
+  for (size_t i = 4; i < x.size(); i += 4) page_jumps += (x[i] != x[i - 1] + 1);
+  EXPECT_GT(page_jumps, 8) << "pages should not be laid out contiguously";
+  // Within a page the slots are still consecutive.
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i] % 4, static_cast<int32_t>(i % 4));
+}
+
+}  // namespace
+}  // namespace attnmeta

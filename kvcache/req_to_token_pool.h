@@ -1,0 +1,81 @@
+// ReqToTokenPool: the request-to-token table. Row r maps the token positions of the request
+// that owns row r to the token slots that hold its K/V.
+
+#ifndef ATTNMETA_KVCACHE_REQ_TO_TOKEN_POOL_H_
+#define ATTNMETA_KVCACHE_REQ_TO_TOKEN_POOL_H_
+
+#include <cstdint>
+#include <ostream>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kvcache/units.h"
+
+namespace attnmeta {
+
+// A row of the request-to-token table (the reference system's req_pool_index).
+class ReqPoolIndex {
+ public:
+  constexpr ReqPoolIndex() = default;
+  constexpr explicit ReqPoolIndex(int32_t row) : row_(row) {}
+  constexpr int32_t value() const { return row_; }
+  friend constexpr bool operator==(ReqPoolIndex a, ReqPoolIndex b) { return a.row_ == b.row_; }
+  friend constexpr bool operator!=(ReqPoolIndex a, ReqPoolIndex b) { return a.row_ != b.row_; }
+  friend constexpr bool operator<(ReqPoolIndex a, ReqPoolIndex b) { return a.row_ < b.row_; }
+  friend std::ostream& operator<<(std::ostream& os, ReqPoolIndex r) { return os << "req row " << r.row_; }
+
+ private:
+  int32_t row_ = 0;
+};
+static_assert(sizeof(ReqPoolIndex) == sizeof(int32_t));
+
+class ReqToTokenPool {
+ public:
+  // Largest table accepted: its flat offsets must stay int32-addressable for kernels.
+  static constexpr int64_t kMaxEntries = int64_t{1} << 31;
+
+  // InvalidArgument unless max_reqs >= 1, max_context_len >= 1 and the table has at most
+  // kMaxEntries entries. Every entry starts as the first slot of the padding page.
+  static absl::StatusOr<ReqToTokenPool> Create(int32_t max_reqs, TokenCount max_context_len);
+
+  // Takes the lowest free row. ResourceExhausted when every row is taken.
+  absl::StatusOr<ReqPoolIndex> Allocate();
+
+  // Returns `row` to the pool. OutOfRange for a row outside the table, FailedPrecondition
+  // for a row that is not allocated.
+  absl::Status Free(ReqPoolIndex row);
+
+  // Writes `slots` at positions [begin, begin + slots.size()) of `row`.
+  // OutOfRange unless 0 <= begin and begin + slots.size() <= max_context_len; FailedPrecondition
+  // for a row that is not allocated. On error nothing is written.
+  absl::Status Write(ReqPoolIndex row, TokenCount begin, absl::Span<const TokenSlot> slots);
+
+  // The slots at positions [begin, begin + len) of `row`; same errors as Write.
+  absl::StatusOr<absl::Span<const TokenSlot>> Read(ReqPoolIndex row, TokenCount begin,
+                                                   TokenCount len) const;
+
+  bool IsAllocated(ReqPoolIndex row) const;
+  int32_t max_reqs() const { return max_reqs_; }
+  TokenCount max_context_len() const { return TokenCount(max_context_len_); }
+  int32_t num_free_rows() const { return static_cast<int32_t>(free_rows_.size()); }
+
+  // The whole table, row-major: [max_reqs * max_context_len]; entry r * max_context_len + t is
+  // the slot of token t of row r. This is what kernels read as `req_to_token`.
+  absl::Span<const TokenSlot> table() const { return table_; }
+
+ private:
+  ReqToTokenPool(int32_t max_reqs, int64_t max_context_len);
+  absl::Status CheckRange(ReqPoolIndex row, TokenCount begin, TokenCount len) const;
+
+  int32_t max_reqs_;
+  int64_t max_context_len_;
+  std::vector<TokenSlot> table_;     // [max_reqs * max_context_len]
+  std::vector<bool> allocated_;      // [max_reqs]
+  std::vector<ReqPoolIndex> free_rows_;  // back() is the lowest free row
+};
+
+}  // namespace attnmeta
+
+#endif  // ATTNMETA_KVCACHE_REQ_TO_TOKEN_POOL_H_

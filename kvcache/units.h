@@ -1,0 +1,210 @@
+// Unit types of the KV cache: token slots, page ids, token counts, page counts and the page
+// size, in the spirit of tcmalloc's PageId/Length. Each is a distinct type with an explicit
+// constructor and only the operators that mean something for its unit; crossing units takes
+// one of the named conversions at the bottom of this file. A container of `TokenSlot` and a
+// container of `PageId` are different types, so token-level and page-level metadata cannot be
+// swapped by accident.
+//
+// Storage: `TokenSlot` and `PageId` are one int32 each (the element type of the arrays a
+// kernel reads; see the static_asserts); counts are int64 so that sums over a batch cannot
+// overflow silently.
+
+#ifndef ATTNMETA_KVCACHE_UNITS_H_
+#define ATTNMETA_KVCACHE_UNITS_H_
+
+#include <cstdint>
+#include <ostream>
+#include <type_traits>
+
+#include "absl/status/statusor.h"
+
+namespace attnmeta {
+
+// A number of tokens (a length, a prefix length, a sum of lengths). May be negative only as
+// the transient result of a subtraction; validated inputs are >= 0.
+class TokenCount {
+ public:
+  constexpr TokenCount() = default;
+  constexpr explicit TokenCount(int64_t n) : n_(n) {}
+
+  constexpr int64_t value() const { return n_; }
+
+  constexpr TokenCount& operator+=(TokenCount o) {
+    n_ += o.n_;
+    return *this;
+  }
+  constexpr TokenCount& operator-=(TokenCount o) {
+    n_ -= o.n_;
+    return *this;
+  }
+  friend constexpr TokenCount operator+(TokenCount a, TokenCount b) { return TokenCount(a.n_ + b.n_); }
+  friend constexpr TokenCount operator-(TokenCount a, TokenCount b) { return TokenCount(a.n_ - b.n_); }
+  friend constexpr bool operator==(TokenCount a, TokenCount b) { return a.n_ == b.n_; }
+  friend constexpr bool operator!=(TokenCount a, TokenCount b) { return a.n_ != b.n_; }
+  friend constexpr bool operator<(TokenCount a, TokenCount b) { return a.n_ < b.n_; }
+  friend constexpr bool operator<=(TokenCount a, TokenCount b) { return a.n_ <= b.n_; }
+  friend constexpr bool operator>(TokenCount a, TokenCount b) { return a.n_ > b.n_; }
+  friend constexpr bool operator>=(TokenCount a, TokenCount b) { return a.n_ >= b.n_; }
+  friend std::ostream& operator<<(std::ostream& os, TokenCount c) { return os << c.n_ << " tokens"; }
+
+ private:
+  int64_t n_ = 0;
+};
+
+// A number of pages.
+class PageCount {
+ public:
+  constexpr PageCount() = default;
+  constexpr explicit PageCount(int64_t n) : n_(n) {}
+
+  constexpr int64_t value() const { return n_; }
+
+  constexpr PageCount& operator+=(PageCount o) {
+    n_ += o.n_;
+    return *this;
+  }
+  constexpr PageCount& operator-=(PageCount o) {
+    n_ -= o.n_;
+    return *this;
+  }
+  friend constexpr PageCount operator+(PageCount a, PageCount b) { return PageCount(a.n_ + b.n_); }
+  friend constexpr PageCount operator-(PageCount a, PageCount b) { return PageCount(a.n_ - b.n_); }
+  friend constexpr bool operator==(PageCount a, PageCount b) { return a.n_ == b.n_; }
+  friend constexpr bool operator!=(PageCount a, PageCount b) { return a.n_ != b.n_; }
+  friend constexpr bool operator<(PageCount a, PageCount b) { return a.n_ < b.n_; }
+  friend constexpr bool operator<=(PageCount a, PageCount b) { return a.n_ <= b.n_; }
+  friend constexpr bool operator>(PageCount a, PageCount b) { return a.n_ > b.n_; }
+  friend constexpr bool operator>=(PageCount a, PageCount b) { return a.n_ >= b.n_; }
+  friend std::ostream& operator<<(std::ostream& os, PageCount c) { return os << c.n_ << " pages"; }
+
+ private:
+  int64_t n_ = 0;
+};
+
+// The number of token slots in one page: always >= 1 and not necessarily a power of two.
+class PageSize {
+ public:
+  // The largest page size accepted; far above any real kernel's, small enough that page
+  // arithmetic on int32 slots cannot overflow an int64 intermediate.
+  static constexpr int64_t kMaxTokens = int64_t{1} << 20;
+
+  // InvalidArgument unless 1 <= tokens <= kMaxTokens.
+  static absl::StatusOr<PageSize> Create(int64_t tokens);
+
+  constexpr int64_t tokens() const { return tokens_; }
+  constexpr TokenCount as_count() const { return TokenCount(tokens_); }
+
+  friend constexpr bool operator==(PageSize a, PageSize b) { return a.tokens_ == b.tokens_; }
+  friend constexpr bool operator!=(PageSize a, PageSize b) { return a.tokens_ != b.tokens_; }
+  friend std::ostream& operator<<(std::ostream& os, PageSize p) {
+    return os << "page_size " << p.tokens_;
+  }
+
+ private:
+  constexpr explicit PageSize(int64_t tokens) : tokens_(tokens) {}
+  int64_t tokens_;
+};
+
+// One row of the KV pool: the K and V of one token of one layer. Slot s lies in page
+// s / page_size.
+class TokenSlot {
+ public:
+  constexpr TokenSlot() = default;
+  constexpr explicit TokenSlot(int32_t index) : index_(index) {}
+
+  constexpr int32_t value() const { return index_; }
+
+  // REQUIRES: the result fits in int32 (callers have checked it against the pool size).
+  friend constexpr TokenSlot operator+(TokenSlot s, TokenCount n) {
+    return TokenSlot(static_cast<int32_t>(s.index_ + n.value()));
+  }
+  friend constexpr TokenCount operator-(TokenSlot a, TokenSlot b) {
+    return TokenCount(int64_t{a.index_} - b.index_);
+  }
+  friend constexpr bool operator==(TokenSlot a, TokenSlot b) { return a.index_ == b.index_; }
+  friend constexpr bool operator!=(TokenSlot a, TokenSlot b) { return a.index_ != b.index_; }
+  friend constexpr bool operator<(TokenSlot a, TokenSlot b) { return a.index_ < b.index_; }
+  friend constexpr bool operator<=(TokenSlot a, TokenSlot b) { return a.index_ <= b.index_; }
+  friend constexpr bool operator>(TokenSlot a, TokenSlot b) { return a.index_ > b.index_; }
+  friend constexpr bool operator>=(TokenSlot a, TokenSlot b) { return a.index_ >= b.index_; }
+  template <typename H>
+  friend H AbslHashValue(H h, TokenSlot s) {
+    return H::combine(std::move(h), s.index_);
+  }
+  friend std::ostream& operator<<(std::ostream& os, TokenSlot s) { return os << "slot " << s.index_; }
+
+ private:
+  int32_t index_ = 0;
+};
+
+// A page of the KV pool: slots [id * page_size, (id + 1) * page_size).
+class PageId {
+ public:
+  constexpr PageId() = default;
+  constexpr explicit PageId(int32_t id) : id_(id) {}
+
+  constexpr int32_t value() const { return id_; }
+
+  friend constexpr bool operator==(PageId a, PageId b) { return a.id_ == b.id_; }
+  friend constexpr bool operator!=(PageId a, PageId b) { return a.id_ != b.id_; }
+  friend constexpr bool operator<(PageId a, PageId b) { return a.id_ < b.id_; }
+  friend constexpr bool operator<=(PageId a, PageId b) { return a.id_ <= b.id_; }
+  friend constexpr bool operator>(PageId a, PageId b) { return a.id_ > b.id_; }
+  friend constexpr bool operator>=(PageId a, PageId b) { return a.id_ >= b.id_; }
+  template <typename H>
+  friend H AbslHashValue(H h, PageId p) {
+    return H::combine(std::move(h), p.id_);
+  }
+  friend std::ostream& operator<<(std::ostream& os, PageId p) { return os << "page " << p.id_; }
+
+ private:
+  int32_t id_ = 0;
+};
+
+// Page 0 is never handed out: padded rows of a captured graph point their slots at it.
+inline constexpr PageId kPaddingPage{0};
+
+// The arrays kernels read are int32; these types are filled into them as-is.
+static_assert(sizeof(TokenSlot) == sizeof(int32_t) && std::is_trivially_copyable_v<TokenSlot>);
+static_assert(sizeof(PageId) == sizeof(int32_t) && std::is_trivially_copyable_v<PageId>);
+
+// ---- Named conversions between units ----
+
+// The page holding `slot`.
+// REQUIRES: slot.value() >= 0.
+constexpr PageId PageOf(TokenSlot slot, PageSize ps) {
+  return PageId(static_cast<int32_t>(slot.value() / ps.tokens()));
+}
+
+// The position of `slot` within its page, in [0, page_size).
+// REQUIRES: slot.value() >= 0.
+constexpr TokenCount OffsetInPage(TokenSlot slot, PageSize ps) {
+  return TokenCount(slot.value() % ps.tokens());
+}
+
+// The first slot of `page`.
+// REQUIRES: the result fits in int32 (the page lies in a pool of int32-addressable slots).
+constexpr TokenSlot FirstSlotOf(PageId page, PageSize ps) {
+  return TokenSlot(static_cast<int32_t>(int64_t{page.value()} * ps.tokens()));
+}
+
+// The number of pages needed to hold `n` tokens: ceil(n / page_size).
+// REQUIRES: n >= 0.
+constexpr PageCount PagesForTokensCeil(TokenCount n, PageSize ps) {
+  return PageCount((n.value() + ps.tokens() - 1) / ps.tokens());
+}
+
+// The number of token slots in `n` pages.
+constexpr TokenCount TokensInPages(PageCount n, PageSize ps) {
+  return TokenCount(n.value() * ps.tokens());
+}
+
+// The position of token number `n` (0-based) within its page: n % page_size.
+// REQUIRES: n >= 0.
+constexpr TokenCount TokenOffsetInPage(TokenCount n, PageSize ps) {
+  return TokenCount(n.value() % ps.tokens());
+}
+
+}  // namespace attnmeta
+
+#endif  // ATTNMETA_KVCACHE_UNITS_H_

@@ -1,0 +1,69 @@
+#include "kvcache/units.h"
+
+#include <type_traits>
+
+#include "gtest/gtest.h"
+
+namespace attnmeta {
+namespace {
+
+TEST(PageSizeTest, RejectsZeroNegativeAndHuge) {
+  EXPECT_EQ(PageSize::Create(0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PageSize::Create(-16).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PageSize::Create(PageSize::kMaxTokens + 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(PageSize::Create(1).ok());
+  EXPECT_EQ(PageSize::Create(7)->tokens(), 7);
+}
+
+TEST(UnitsTest, ConversionsForNonPowerOfTwoPageSize) {
+  const PageSize ps = *PageSize::Create(7);
+  EXPECT_EQ(PageOf(TokenSlot(0), ps), PageId(0));
+  EXPECT_EQ(PageOf(TokenSlot(6), ps), PageId(0));
+  EXPECT_EQ(PageOf(TokenSlot(7), ps), PageId(1));
+  EXPECT_EQ(PageOf(TokenSlot(50), ps), PageId(7));
+  EXPECT_EQ(OffsetInPage(TokenSlot(50), ps), TokenCount(1));
+  EXPECT_EQ(FirstSlotOf(PageId(3), ps), TokenSlot(21));
+  EXPECT_EQ(PagesForTokensCeil(TokenCount(0), ps), PageCount(0));
+  EXPECT_EQ(PagesForTokensCeil(TokenCount(1), ps), PageCount(1));
+  EXPECT_EQ(PagesForTokensCeil(TokenCount(7), ps), PageCount(1));
+  EXPECT_EQ(PagesForTokensCeil(TokenCount(8), ps), PageCount(2));
+  EXPECT_EQ(TokensInPages(PageCount(3), ps), TokenCount(21));
+  EXPECT_EQ(TokenOffsetInPage(TokenCount(15), ps), TokenCount(1));
+}
+
+TEST(UnitsTest, PageSizeOneMakesSlotsAndPagesCoincide) {
+  const PageSize ps = *PageSize::Create(1);
+  for (int32_t s : {0, 1, 5, 1000}) {
+    EXPECT_EQ(PageOf(TokenSlot(s), ps).value(), s);
+    EXPECT_EQ(OffsetInPage(TokenSlot(s), ps), TokenCount(0));
+  }
+}
+
+TEST(UnitsTest, SlotArithmetic) {
+  EXPECT_EQ(TokenSlot(10) + TokenCount(5), TokenSlot(15));
+  EXPECT_EQ(TokenSlot(15) - TokenSlot(10), TokenCount(5));
+  TokenCount c(3);
+  c += TokenCount(4);
+  EXPECT_EQ(c, TokenCount(7));
+  c -= TokenCount(7);
+  EXPECT_EQ(c, TokenCount(0));
+  EXPECT_LT(TokenCount(1), TokenCount(2));
+  EXPECT_EQ(PageCount(2) + PageCount(3), PageCount(5));
+}
+
+// The units do not convert into each other implicitly: mixing them does not compile.
+TEST(UnitsTest, NoImplicitConversions) {
+  static_assert(!std::is_convertible_v<int32_t, TokenSlot>);
+  static_assert(!std::is_convertible_v<int32_t, PageId>);
+  static_assert(!std::is_convertible_v<int64_t, TokenCount>);
+  static_assert(!std::is_convertible_v<TokenSlot, PageId>);
+  static_assert(!std::is_convertible_v<PageId, TokenSlot>);
+  static_assert(!std::is_convertible_v<TokenCount, PageCount>);
+  static_assert(!std::is_convertible_v<PageCount, TokenCount>);
+  static_assert(!std::is_convertible_v<TokenSlot, int32_t>);
+  static_assert(!std::is_constructible_v<PageSize, int>);
+}
+
+}  // namespace
+}  // namespace attnmeta
