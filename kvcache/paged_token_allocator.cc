@@ -29,7 +29,8 @@ PagedTokenAllocator::PagedTokenAllocator(int64_t num_pages, PageSize page_size,
       shuffled_(policy.shuffled()),
       rng_(policy.seed()),
       live_(static_cast<size_t>((num_pages + 1) * page_size.tokens()), 0),
-      page_live_(static_cast<size_t>(num_pages + 1), 0) {
+      page_live_(static_cast<size_t>(num_pages + 1), 0),
+      page_marks_(static_cast<size_t>(num_pages + 1), 0) {
   free_list_.reserve(num_pages);
   for (int64_t p = num_pages; p >= 1; --p) free_list_.push_back(PageId(static_cast<int32_t>(p)));
   if (shuffled_) std::shuffle(free_list_.begin(), free_list_.end(), rng_);
@@ -111,13 +112,17 @@ absl::Status PagedTokenAllocator::AllocateBatch(int64_t n, GetRequest get,
       scratch_pages_.push_back(PageOf(r.last_loc, page_size_));
     }
   }
-  if (scratch_pages_.size() > 1) {
-    std::sort(scratch_pages_.begin(), scratch_pages_.end());
-    auto dup = std::adjacent_find(scratch_pages_.begin(), scratch_pages_.end());
-    if (dup != scratch_pages_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "two requests of the batch continue the same partially filled page ", dup->value()));
-    }
+  // Two requests continuing one partially filled page would be handed the same slots.
+  // page_marks_ is all zero between calls; a mark per page finds a repeat in linear time.
+  PageId repeated = kPaddingPage;
+  for (PageId p : scratch_pages_) {
+    if (page_marks_[p.value()]) repeated = p;
+    page_marks_[p.value()] = 1;
+  }
+  for (PageId p : scratch_pages_) page_marks_[p.value()] = 0;
+  if (repeated != kPaddingPage) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "two requests of the batch continue the same partially filled page ", repeated.value()));
   }
   if (tokens_needed > static_cast<int64_t>(out.size())) {
     return absl::InvalidArgumentError(absl::StrCat("output span holds ", out.size(),
@@ -237,13 +242,25 @@ absl::Status PagedTokenAllocator::Free(absl::Span<const TokenSlot> slots) {
     if (--page_live_[page.value()] == 0) scratch_pages_.push_back(page);
   }
   live_tokens_ -= static_cast<int64_t>(slots.size());
-  std::sort(scratch_pages_.begin(), scratch_pages_.end());
   Release(scratch_pages_);
   return absl::OkStatus();
 }
 
 void PagedTokenAllocator::Release(std::vector<PageId>& pages) {
-  if (shuffled_) std::shuffle(pages.begin(), pages.end(), rng_);
+  if (shuffled_) {
+    std::shuffle(pages.begin(), pages.end(), rng_);
+  } else if (pages.size() * 16 > static_cast<size_t>(num_pages_)) {
+    // Many pages at once (page_size 1 frees one page per token): a scan of a page bitmap
+    // sorts them in linear time.
+    for (PageId p : pages) page_marks_[p.value()] = 1;
+    pages.clear();
+    for (int64_t p = 1; p <= num_pages_; ++p) {
+      if (page_marks_[p]) pages.push_back(PageId(static_cast<int32_t>(p)));
+      page_marks_[p] = 0;
+    }
+  } else {
+    std::sort(pages.begin(), pages.end());
+  }
   // free_list_.back() is the front: push in reverse so that pages[0] is handed out first.
   free_list_.insert(free_list_.end(), pages.rbegin(), pages.rend());
 }

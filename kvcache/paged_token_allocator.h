@@ -119,7 +119,8 @@ class PagedTokenAllocator {
   // Writes the slots of one validated request; takes its new pages from the free list.
   TokenSlot* Place(TokenCount prefix_len, TokenCount seq_len, TokenSlot last_loc, TokenSlot* out);
   TokenSlot TakeSlot(TokenSlot slot);
-  // Returns `pages` (distinct, sorted ascending) to the front of the free list.
+  // Returns `pages` (distinct) to the front of the free list: ascending for the in-order
+  // policy, in a seeded random order for the shuffled one.
   void Release(std::vector<PageId>& pages);
 
   PageSize page_size_;
@@ -129,6 +130,7 @@ class PagedTokenAllocator {
   std::vector<PageId> free_list_;      // back() is the front of the list: handed out next
   std::vector<uint8_t> live_;          // [pool_slots], 1 where the slot is live
   std::vector<int32_t> page_live_;     // [num_pages + 1], live slots per page
+  std::vector<uint8_t> page_marks_;    // [num_pages + 1], all zero between calls
   int64_t live_tokens_ = 0;
   std::vector<PageId> scratch_pages_;  // reused by Free and the batch checks
 };
