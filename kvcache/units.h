@@ -161,12 +161,40 @@ class PageId {
   int32_t id_ = 0;
 };
 
+// A position in a token-level array: an entry of kv_indptr or cu_k (where a sequence's
+// tokens begin in kv_indices), or a start position within a request's row. int32, as the
+// kernels read it.
+class TokenOffset {
+ public:
+  constexpr TokenOffset() = default;
+  constexpr explicit TokenOffset(int32_t offset) : offset_(offset) {}
+
+  constexpr int32_t value() const { return offset_; }
+
+  friend constexpr TokenCount operator-(TokenOffset a, TokenOffset b) {
+    return TokenCount(int64_t{a.offset_} - b.offset_);
+  }
+  friend constexpr bool operator==(TokenOffset a, TokenOffset b) { return a.offset_ == b.offset_; }
+  friend constexpr bool operator!=(TokenOffset a, TokenOffset b) { return a.offset_ != b.offset_; }
+  friend constexpr bool operator<(TokenOffset a, TokenOffset b) { return a.offset_ < b.offset_; }
+  friend constexpr bool operator<=(TokenOffset a, TokenOffset b) { return a.offset_ <= b.offset_; }
+  friend constexpr bool operator>(TokenOffset a, TokenOffset b) { return a.offset_ > b.offset_; }
+  friend constexpr bool operator>=(TokenOffset a, TokenOffset b) { return a.offset_ >= b.offset_; }
+  friend std::ostream& operator<<(std::ostream& os, TokenOffset o) {
+    return os << "offset " << o.offset_;
+  }
+
+ private:
+  int32_t offset_ = 0;
+};
+
 // Page 0 is never handed out: padded rows of a captured graph point their slots at it.
 inline constexpr PageId kPaddingPage{0};
 
 // The arrays kernels read are int32; these types are filled into them as-is.
 static_assert(sizeof(TokenSlot) == sizeof(int32_t) && std::is_trivially_copyable_v<TokenSlot>);
 static_assert(sizeof(PageId) == sizeof(int32_t) && std::is_trivially_copyable_v<PageId>);
+static_assert(sizeof(TokenOffset) == sizeof(int32_t) && std::is_trivially_copyable_v<TokenOffset>);
 
 // ---- Named conversions between units ----
 

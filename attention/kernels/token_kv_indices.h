@@ -1,0 +1,44 @@
+// BuildTokenKvIndicesOnDevice: token-level kv_indices from req_to_token, on the GPU.
+//
+// For each request i of the batch, the KV tokens t in [0, kv_len_i), kv_len_i =
+// kv_indptr[i + 1] - kv_indptr[i]:
+//   kv_indices[kv_indptr[i] + t] = req_to_token[req_pool_indices[i]][kv_start_idx[i] + t].
+// Token-level whatever the page size: no page arithmetic is applied. Entries of kv_indices
+// past kv_indptr[batch_size] keep their contents (a fixed graph buffer's tail).
+
+#ifndef ATTNMETA_ATTENTION_KERNELS_TOKEN_KV_INDICES_H_
+#define ATTNMETA_ATTENTION_KERNELS_TOKEN_KV_INDICES_H_
+
+#include "absl/status/status.h"
+#include "attention/kernels/device_span.h"
+#include "attention/kernels/hip_port.h"
+#include "kvcache/req_to_token_pool.h"
+#include "kvcache/units.h"
+
+namespace attnmeta {
+
+struct TokenKvIndicesDeviceInputs {
+  DeviceSpan<const TokenSlot> req_to_token;         // [max_reqs * max_context_len], row-major
+  TokenCount max_context_len;                       // the row stride of req_to_token, >= 1
+  DeviceSpan<const ReqPoolIndex> req_pool_indices;  // [batch_size]
+  DeviceSpan<const TokenOffset> kv_indptr;          // [batch_size + 1], [0] == 0, non-decreasing
+  DeviceSpan<const TokenOffset> kv_start_idx;       // [batch_size], or empty for all zeros
+  // The largest KV length of the batch (the host derives it from the real lengths); it sizes
+  // the grid. 0 <= max_kv_len <= max_context_len.
+  TokenCount max_kv_len;
+};
+
+// Checks the shapes, launches on `stream` and returns the launch error.
+// InvalidArgument: sizes that disagree (kv_indptr not batch_size + 1, kv_start_idx neither
+// empty nor batch_size, req_to_token not a whole number of rows, a null pointer with a
+// nonzero size); OutOfRange: max_kv_len outside [0, max_context_len] or a grid too large;
+// Internal: the launch failed. Nothing is launched unless the checks pass.
+// REQUIRES: the device arrays' contents are validated metadata (every request row in the
+// table, kv_start_idx[i] + kv_len_i <= max_context_len, kv_len_i <= max_kv_len and
+// kv_indptr[batch_size] <= kv_indices.size()): the launcher cannot read device memory.
+absl::Status BuildTokenKvIndicesOnDevice(const TokenKvIndicesDeviceInputs& in,
+                                         DeviceSpan<TokenSlot> kv_indices, hipStream_t stream);
+
+}  // namespace attnmeta
+
+#endif  // ATTNMETA_ATTENTION_KERNELS_TOKEN_KV_INDICES_H_

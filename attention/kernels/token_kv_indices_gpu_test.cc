@@ -1,0 +1,165 @@
+// GPU test of BuildTokenKvIndicesOnDevice against the request-to-token table read on the
+// host, for batches laid out by the real allocator with shuffled pages. Needs a GPU: fails
+// when none is visible.
+
+#include "attention/kernels/token_kv_indices.h"
+
+#include <random>
+#include <vector>
+
+#include "attention/kernels/testing/device_buffer.h"
+#include "gtest/gtest.h"
+#include "kvcache/paged_token_allocator.h"
+#include "kvcache/req_to_token_pool.h"
+
+namespace attnmeta {
+namespace {
+
+using testing::DeviceBuffer;
+
+constexpr TokenSlot kPoison(-7);
+
+class TokenKvIndicesGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(testing::RequireGpu().ok()) << testing::RequireGpu(); }
+};
+
+struct Batch {
+  std::vector<ReqPoolIndex> rows;
+  std::vector<TokenOffset> kv_indptr;
+  std::vector<TokenOffset> kv_start_idx;  // empty: all zeros
+  std::vector<TokenSlot> expected;        // [kv_indptr.back()]
+  TokenCount max_kv_len;
+};
+
+// A batch of `bs` requests with random lengths up to max_len, allocated with shuffled pages
+// and written to `pool`; each request's KV range starts at a random offset when with_start.
+Batch MakeBatch(ReqToTokenPool& pool, int64_t page_size, int bs, int64_t max_len,
+                bool with_start, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const PageSize ps = *PageSize::Create(page_size);
+  PagedTokenAllocator alloc =
+      *PagedTokenAllocator::Create(PagesForTokensCeil(TokenCount(bs * max_len), ps) + PageCount(bs),
+                                   ps, FreePagePolicy::Shuffled(seed));
+  Batch b;
+  b.kv_indptr.push_back(TokenOffset(0));
+  for (int i = 0; i < bs; ++i) {
+    const int64_t stored = std::uniform_int_distribution<int64_t>(0, max_len)(rng);
+    const ReqPoolIndex row = *pool.Allocate();
+    std::vector<TokenSlot> slots =
+        *alloc.AllocateExtend({{TokenCount(0), TokenCount(stored), TokenSlot(0)}});
+    EXPECT_TRUE(pool.Write(row, TokenCount(0), slots).ok());
+    const int64_t start =
+        with_start ? std::uniform_int_distribution<int64_t>(0, stored)(rng) : 0;
+    const int64_t len = std::uniform_int_distribution<int64_t>(0, stored - start)(rng);
+    b.rows.push_back(row);
+    if (with_start) b.kv_start_idx.push_back(TokenOffset(static_cast<int32_t>(start)));
+    b.kv_indptr.push_back(TokenOffset(static_cast<int32_t>(b.kv_indptr.back().value() + len)));
+    b.expected.insert(b.expected.end(), slots.begin() + start, slots.begin() + start + len);
+    b.max_kv_len = std::max(b.max_kv_len, TokenCount(len));
+  }
+  return b;
+}
+
+// Runs the kernel into a poisoned buffer with `slack` extra entries; checks every written
+// entry and that the tail kept its poison.
+void RunAndCheck(const ReqToTokenPool& pool, const Batch& b, size_t slack) {
+  auto table = DeviceBuffer<TokenSlot>::FromHost(pool.table());
+  auto rows = DeviceBuffer<ReqPoolIndex>::FromHost(b.rows);
+  auto indptr = DeviceBuffer<TokenOffset>::FromHost(b.kv_indptr);
+  auto start = DeviceBuffer<TokenOffset>::FromHost(b.kv_start_idx);
+  std::vector<TokenSlot> poison(b.expected.size() + slack, kPoison);
+  auto out = DeviceBuffer<TokenSlot>::FromHost(poison);
+  ASSERT_TRUE(table.ok() && rows.ok() && indptr.ok() && start.ok() && out.ok());
+
+  TokenKvIndicesDeviceInputs in;
+  in.req_to_token = table->const_span();
+  in.max_context_len = pool.max_context_len();
+  in.req_pool_indices = rows->const_span();
+  in.kv_indptr = indptr->const_span();
+  in.kv_start_idx = start->const_span();
+  in.max_kv_len = b.max_kv_len;
+  ASSERT_TRUE(BuildTokenKvIndicesOnDevice(in, out->span(), nullptr).ok());
+  ASSERT_EQ(hipDeviceSynchronize(), hipSuccess);
+  auto got = out->ToHost();
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (size_t k = 0; k < b.expected.size(); ++k) {
+    ASSERT_EQ((*got)[k], b.expected[k]) << "kv_indices[" << k << "]";
+  }
+  for (size_t k = b.expected.size(); k < got->size(); ++k) {
+    ASSERT_EQ((*got)[k], kPoison) << "kv_indices[" << k << "] past kv_indptr[bs] was written";
+  }
+}
+
+TEST_F(TokenKvIndicesGpuTest, MatchesHostTableForShuffledPools) {
+  for (int64_t ps : {1, 7, 16, 64}) {
+    for (bool with_start : {false, true}) {
+      const uint64_t seed = 1000 + ps * 2 + with_start;
+      SCOPED_TRACE(::testing::Message() << "page_size " << ps << " with_start " << with_start
+                                        << " seed " << seed);
+      ReqToTokenPool pool = *ReqToTokenPool::Create(64, TokenCount(10000));
+      const Batch b = MakeBatch(pool, ps, 37, 9000, with_start, seed);
+      RunAndCheck(pool, b, 1000);
+    }
+  }
+}
+
+TEST_F(TokenKvIndicesGpuTest, LongSequenceSplitsOverManyBlocks) {
+  ReqToTokenPool pool = *ReqToTokenPool::Create(2, TokenCount(300000));
+  const Batch b = MakeBatch(pool, 16, 2, 300000, false, 7);
+  ASSERT_GT(b.max_kv_len, TokenCount(4 * 4096));
+  RunAndCheck(pool, b, 64);
+}
+
+TEST_F(TokenKvIndicesGpuTest, EmptyBatchAndZeroLengthsWriteNothing) {
+  ReqToTokenPool pool = *ReqToTokenPool::Create(4, TokenCount(64));
+  Batch empty;
+  empty.kv_indptr = {TokenOffset(0)};
+  RunAndCheck(pool, empty, 16);
+  Batch zeros;
+  for (int i = 0; i < 3; ++i) zeros.rows.push_back(*pool.Allocate());
+  zeros.kv_indptr.assign(4, TokenOffset(0));
+  RunAndCheck(pool, zeros, 16);
+}
+
+TEST_F(TokenKvIndicesGpuTest, RejectsInconsistentShapesWithoutLaunching) {
+  auto table = *DeviceBuffer<TokenSlot>::Create(4 * 8);
+  auto rows = *DeviceBuffer<ReqPoolIndex>::Create(2);
+  auto indptr = *DeviceBuffer<TokenOffset>::Create(3);
+  auto out = *DeviceBuffer<TokenSlot>::Create(16);
+  TokenKvIndicesDeviceInputs good;
+  good.req_to_token = table.const_span();
+  good.max_context_len = TokenCount(8);
+  good.req_pool_indices = rows.const_span();
+  good.kv_indptr = indptr.const_span();
+  good.max_kv_len = TokenCount(8);
+
+  TokenKvIndicesDeviceInputs in = good;
+  in.kv_indptr = DeviceSpan<const TokenOffset>(indptr.data(), 2);
+  EXPECT_EQ(BuildTokenKvIndicesOnDevice(in, out.span(), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  in = good;
+  in.kv_indptr = DeviceSpan<const TokenOffset>();
+  EXPECT_EQ(BuildTokenKvIndicesOnDevice(in, out.span(), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  in = good;
+  in.kv_start_idx = DeviceSpan<const TokenOffset>(indptr.data(), 1);
+  EXPECT_EQ(BuildTokenKvIndicesOnDevice(in, out.span(), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  in = good;
+  in.max_context_len = TokenCount(7);
+  EXPECT_EQ(BuildTokenKvIndicesOnDevice(in, out.span(), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  in = good;
+  in.max_kv_len = TokenCount(9);
+  EXPECT_EQ(BuildTokenKvIndicesOnDevice(in, out.span(), nullptr).code(),
+            absl::StatusCode::kOutOfRange);
+  in = good;
+  in.req_pool_indices = DeviceSpan<const ReqPoolIndex>(nullptr, 2);
+  EXPECT_EQ(BuildTokenKvIndicesOnDevice(in, out.span(), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(hipGetLastError(), hipSuccess) << "a rejected call must not launch";
+}
+
+}  // namespace
+}  // namespace attnmeta
