@@ -161,6 +161,28 @@ class PageId {
   int32_t id_ = 0;
 };
 
+// A per-sequence length in tokens as kernels read it (seq_lens, kv_last_page_len, q_lens):
+// int32, >= 0 once validated. Host arithmetic converts it to TokenCount.
+class TokenLength {
+ public:
+  constexpr TokenLength() = default;
+  constexpr explicit TokenLength(int32_t n) : n_(n) {}
+
+  constexpr int32_t value() const { return n_; }
+  constexpr TokenCount count() const { return TokenCount(n_); }
+
+  friend constexpr bool operator==(TokenLength a, TokenLength b) { return a.n_ == b.n_; }
+  friend constexpr bool operator!=(TokenLength a, TokenLength b) { return a.n_ != b.n_; }
+  friend constexpr bool operator<(TokenLength a, TokenLength b) { return a.n_ < b.n_; }
+  friend constexpr bool operator<=(TokenLength a, TokenLength b) { return a.n_ <= b.n_; }
+  friend constexpr bool operator>(TokenLength a, TokenLength b) { return a.n_ > b.n_; }
+  friend constexpr bool operator>=(TokenLength a, TokenLength b) { return a.n_ >= b.n_; }
+  friend std::ostream& operator<<(std::ostream& os, TokenLength l) { return os << l.n_ << " tokens"; }
+
+ private:
+  int32_t n_ = 0;
+};
+
 // A position in a token-level array: an entry of kv_indptr or cu_k (where a sequence's
 // tokens begin in kv_indices), or a start position within a request's row. int32, as the
 // kernels read it.
@@ -173,6 +195,10 @@ class TokenOffset {
 
   friend constexpr TokenCount operator-(TokenOffset a, TokenOffset b) {
     return TokenCount(int64_t{a.offset_} - b.offset_);
+  }
+  // REQUIRES: the result fits in int32 (callers check sums against INT32_MAX).
+  friend constexpr TokenOffset operator+(TokenOffset o, TokenCount n) {
+    return TokenOffset(static_cast<int32_t>(o.offset_ + n.value()));
   }
   friend constexpr bool operator==(TokenOffset a, TokenOffset b) { return a.offset_ == b.offset_; }
   friend constexpr bool operator!=(TokenOffset a, TokenOffset b) { return a.offset_ != b.offset_; }
@@ -195,6 +221,7 @@ inline constexpr PageId kPaddingPage{0};
 static_assert(sizeof(TokenSlot) == sizeof(int32_t) && std::is_trivially_copyable_v<TokenSlot>);
 static_assert(sizeof(PageId) == sizeof(int32_t) && std::is_trivially_copyable_v<PageId>);
 static_assert(sizeof(TokenOffset) == sizeof(int32_t) && std::is_trivially_copyable_v<TokenOffset>);
+static_assert(sizeof(TokenLength) == sizeof(int32_t) && std::is_trivially_copyable_v<TokenLength>);
 
 // ---- Named conversions between units ----
 

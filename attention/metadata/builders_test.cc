@@ -1,0 +1,178 @@
+#include "attention/metadata/builders.h"
+
+#include <vector>
+
+#include "attention/metadata/testing/batch_fixture.h"
+#include "gtest/gtest.h"
+
+namespace attnmeta {
+namespace {
+
+using testing::BatchFixture;
+
+std::vector<TokenLength> Lens(std::initializer_list<int32_t> v) {
+  std::vector<TokenLength> out;
+  for (int32_t x : v) out.push_back(TokenLength(x));
+  return out;
+}
+
+TEST(BuildIndptrTest, PrefixSum) {
+  std::vector<TokenOffset> out(4);
+  ASSERT_TRUE(BuildIndptr(Lens({3, 0, 5}), absl::MakeSpan(out)).ok());
+  EXPECT_EQ(out, (std::vector<TokenOffset>{TokenOffset(0), TokenOffset(3), TokenOffset(3),
+                                           TokenOffset(8)}));
+  std::vector<TokenOffset> one(1, TokenOffset(9));
+  ASSERT_TRUE(BuildIndptr({}, absl::MakeSpan(one)).ok());
+  EXPECT_EQ(one[0], TokenOffset(0));
+}
+
+TEST(BuildIndptrTest, ErrorsLeaveOutputUnchanged) {
+  std::vector<TokenOffset> out(3, TokenOffset(-5));
+  const std::vector<TokenOffset> before = out;
+  EXPECT_EQ(BuildIndptr(Lens({1, 2, 3}), absl::MakeSpan(out)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BuildIndptr(Lens({1, -2}), absl::MakeSpan(out)).code(),
+            absl::StatusCode::kInvalidArgument);
+  // A total beyond int32 is OutOfRange, not a wrap.
+  EXPECT_EQ(BuildIndptr(Lens({2000000000, 2000000000}), absl::MakeSpan(out)).code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(out, before);
+}
+
+TEST(MaxLengthTest, FromRealLengths) {
+  EXPECT_EQ(MaxLength({}), TokenCount(0));
+  EXPECT_EQ(MaxLength(Lens({3, 17, 5})), TokenCount(17));
+}
+
+TEST(BuildKvLastPageLenTest, UnalignedAndEmpty) {
+  const PageSize ps = *PageSize::Create(16);
+  std::vector<TokenLength> out(5);
+  ASSERT_TRUE(BuildKvLastPageLen(Lens({0, 1, 16, 17, 33}), ps, absl::MakeSpan(out)).ok());
+  EXPECT_EQ(out, Lens({0, 1, 16, 1, 1}));
+  std::vector<TokenLength> small(2);
+  EXPECT_EQ(BuildKvLastPageLen(Lens({1, 2, 3}), ps, absl::MakeSpan(small)).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(BuildTokenKvIndicesTest, CopiesRowsWithStartOffsetsAndKeepsTail) {
+  BatchFixture f(7, 1);
+  f.AddSequence(10, 3);
+  f.AddSequence(0, 20);
+  const std::vector<TokenSlot> a = f.SlotsOf(0);
+  const std::vector<TokenSlot> b = f.SlotsOf(1);
+  // Sequence 0: positions 4..12 (9 tokens); sequence 1: positions 2..6 (5 tokens).
+  const std::vector<TokenOffset> indptr = {TokenOffset(0), TokenOffset(9), TokenOffset(14)};
+  const std::vector<TokenOffset> start = {TokenOffset(4), TokenOffset(2)};
+  std::vector<TokenSlot> out(20, TokenSlot(-1));
+  ASSERT_TRUE(BuildTokenKvIndices(f.pool(), f.rows(), indptr, start, absl::MakeSpan(out)).ok());
+  std::vector<TokenSlot> want(a.begin() + 4, a.begin() + 13);
+  want.insert(want.end(), b.begin() + 2, b.begin() + 7);
+  EXPECT_EQ(std::vector<TokenSlot>(out.begin(), out.begin() + 14), want);
+  for (size_t k = 14; k < out.size(); ++k) EXPECT_EQ(out[k], TokenSlot(-1)) << k;
+}
+
+TEST(BuildTokenKvIndicesTest, BadInputsWriteNothing) {
+  BatchFixture f(16, 2);
+  f.AddSequence(5, 5);
+  std::vector<TokenSlot> out(32, TokenSlot(-1));
+  const std::vector<TokenSlot> before = out;
+  auto code = [&](std::vector<ReqPoolIndex> rows, std::vector<TokenOffset> indptr,
+                  std::vector<TokenOffset> start, size_t out_size) {
+    return BuildTokenKvIndices(f.pool(), rows, indptr, start,
+                               absl::MakeSpan(out).subspan(0, out_size))
+        .code();
+  };
+  const ReqPoolIndex r = f.rows()[0];
+  const TokenOffset z(0);
+  EXPECT_EQ(code({r}, {}, {}, 32), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({r, r}, {z, TokenOffset(3)}, {}, 32), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({r}, {TokenOffset(1), TokenOffset(3)}, {}, 32),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({r, r}, {z, TokenOffset(3), TokenOffset(2)}, {}, 32),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({r}, {z, TokenOffset(3)}, {TokenOffset(-1)}, 32),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({r}, {z, TokenOffset(10)}, {}, 9), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({ReqPoolIndex(64)}, {z, TokenOffset(3)}, {}, 32), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(code({ReqPoolIndex(-1)}, {z, TokenOffset(3)}, {}, 32), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(code({ReqPoolIndex(5)}, {z, TokenOffset(3)}, {}, 32),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(code({r}, {z, TokenOffset(5)}, {TokenOffset(8190)}, 32),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(out, before);
+}
+
+TEST(BuildPageTableTest, PagesThenPadding) {
+  for (int64_t ps : {1, 2, 7, 16, 64}) {
+    SCOPED_TRACE(::testing::Message() << "page_size " << ps);
+    BatchFixture f(ps, 3);
+    f.AddSequence(3 * ps + 1, 2);
+    f.AddSequence(0, 1);
+    const std::vector<TokenLength>& lens = f.kv_lens();
+    const int64_t cols = PagesForTokensCeil(MaxLength(lens), f.page_size()).value() + 2;
+    PageTable table(3, cols);
+    // Row 2 is past the batch: it must keep its contents.
+    std::fill(table.span().row(2).begin(), table.span().row(2).end(), PageId(99));
+    ASSERT_TRUE(BuildPageTable(f.pool(), f.rows(), lens, f.page_size(), table.span()).ok());
+    for (int i = 0; i < 2; ++i) {
+      const std::vector<TokenSlot> slots = f.SlotsOf(i);
+      for (int64_t t = 0; t < static_cast<int64_t>(slots.size()); ++t) {
+        ASSERT_EQ(table.span().row(i)[t / ps], PageOf(slots[t], f.page_size()));
+      }
+      for (int64_t j = PagesForTokensCeil(lens[i].count(), f.page_size()).value(); j < cols; ++j) {
+        ASSERT_EQ(table.span().row(i)[j], kPaddingPage);
+      }
+    }
+    for (PageId p : table.span().row(2)) ASSERT_EQ(p, PageId(99));
+    PageTable narrow(2, cols - 3);
+    EXPECT_EQ(BuildPageTable(f.pool(), f.rows(), lens, f.page_size(), narrow.span()).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(BuildForwardMetadataTest, ExtendWithPrefixIsValidInCheckedMode) {
+  BatchFixture f(16, 4);
+  f.AddSequence(37, 5);
+  f.AddSequence(0, 70);
+  f.AddSequenceSharingPrefix(0, 32, 40, 3);
+  BuildOptions opts;
+  opts.check_against_pool_slots = f.pool_slots();
+  auto m = BuildForwardMetadata(f.Batch(ForwardMode::kExtend), f.pool(), f.page_size(), opts);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->max_kv_len, TokenCount(70));
+  EXPECT_EQ(m->max_q_len, TokenCount(70));
+  EXPECT_EQ(m->qo_indptr.back(), TokenOffset(78));
+  EXPECT_EQ(m->kv_indptr.back(), TokenOffset(42 + 70 + 43));
+  EXPECT_EQ(m->page_table.cols(), 5);
+  // Prefix reuse: sequence 2's first 32 slots are sequence 0's.
+  EXPECT_EQ(std::vector<TokenSlot>(m->kv_indices.begin(), m->kv_indices.begin() + 32),
+            std::vector<TokenSlot>(m->kv_indices.begin() + 112, m->kv_indices.begin() + 144));
+}
+
+TEST(BuildForwardMetadataTest, ModeRules) {
+  BatchFixture f(16, 5);
+  f.AddSequence(10, 2);
+  f.AddSequence(10, 1);
+  EXPECT_EQ(BuildForwardMetadata(f.Batch(ForwardMode::kDecode), f.pool(), f.page_size())
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      BuildForwardMetadata(f.Batch(ForwardMode::kIdle), f.pool(), f.page_size()).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(BuildForwardMetadata(f.Batch(ForwardMode::kMixed), f.pool(), f.page_size()).ok());
+  ForwardBatch idle;
+  idle.mode = ForwardMode::kIdle;
+  auto m = BuildForwardMetadata(idle, f.pool(), f.page_size());
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->kv_indptr.size(), 1u);
+  EXPECT_EQ(m->max_kv_len, TokenCount(0));
+  std::vector<TokenLength> q = {TokenLength(13), TokenLength(1)};
+  ForwardBatch longer_query = f.Batch(ForwardMode::kExtend);
+  longer_query.q_lens = q;
+  EXPECT_EQ(BuildForwardMetadata(longer_query, f.pool(), f.page_size()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace attnmeta

@@ -1,0 +1,33 @@
+#include "attention/metadata/mode_rules.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace attnmeta {
+
+absl::Status CheckModeBatchSize(ForwardMode mode, int64_t batch_size) {
+  if (batch_size < 0 || (mode == ForwardMode::kIdle) != (batch_size == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("mode ", ForwardModeName(mode),
+                                                   " with batch_size ", batch_size,
+                                                   ": idle batches and only they are empty"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckModeSequence(ForwardMode mode, int64_t i, TokenCount q_len, TokenCount kv_len) {
+  if (q_len.value() < 0 || kv_len.value() < 0 || q_len > kv_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sequence ", i, ": need 0 <= q_len <= kv_len, got q_len ", q_len.value(),
+                     ", kv_len ", kv_len.value()));
+  }
+  if (mode == ForwardMode::kDecode && q_len.value() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sequence ", i, ": decode has exactly one query row per sequence, got ", q_len.value()));
+  }
+  if ((mode == ForwardMode::kExtend || mode == ForwardMode::kMixed) && q_len.value() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": ", ForwardModeName(mode),
+                                                   " needs q_len >= 1, got ", q_len.value()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace attnmeta

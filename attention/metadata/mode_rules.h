@@ -1,0 +1,26 @@
+// What each forward mode allows of a sequence's lengths; shared by the builders and the
+// validator so that the two cannot disagree.
+
+#ifndef ATTNMETA_ATTENTION_METADATA_MODE_RULES_H_
+#define ATTNMETA_ATTENTION_METADATA_MODE_RULES_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "attention/metadata/forward_mode.h"
+#include "kvcache/units.h"
+
+namespace attnmeta {
+
+// InvalidArgument unless a batch of `batch_size` sequences is allowed in `mode`
+// (idle: exactly 0; the others: any).
+absl::Status CheckModeBatchSize(ForwardMode mode, int64_t batch_size);
+
+// InvalidArgument unless sequence `i` with q_len query rows over kv_len KV tokens is allowed
+// in `mode`: always 0 <= q_len <= kv_len (the query rows are the last q_len tokens); decode:
+// q_len == 1; extend and mixed: q_len >= 1.
+absl::Status CheckModeSequence(ForwardMode mode, int64_t i, TokenCount q_len, TokenCount kv_len);
+
+}  // namespace attnmeta
+
+#endif  // ATTNMETA_ATTENTION_METADATA_MODE_RULES_H_

@@ -1,0 +1,36 @@
+// The validator: checks every invariant of a ForwardMetadataView against the KV pool and the
+// query tensor, and names the first broken one (array, index, values). Kernels trust only
+// validated metadata: checked mode (BuildOptions::check_against_pool_slots, and later the
+// launchers' checked mode) runs it before every use.
+
+#ifndef ATTNMETA_ATTENTION_METADATA_VALIDATOR_H_
+#define ATTNMETA_ATTENTION_METADATA_VALIDATOR_H_
+
+#include "absl/status/status.h"
+#include "attention/metadata/forward_metadata.h"
+#include "kvcache/units.h"
+
+namespace attnmeta {
+
+struct ValidationContext {
+  TokenCount pool_slots;      // slots in the KV pool, padding page included
+  PageSize page_size;
+  TokenCount num_query_rows;  // rows of the query tensor the kernel is given
+  // Padded rows of a captured graph point at the padding page; real batches never do.
+  bool allow_padding_page = false;
+};
+
+// OK, or InvalidArgument naming the first broken invariant, in this order: the mode's batch
+// size; array sizes (kv_indptr and qo_indptr [bs + 1], kv_last_page_len [bs], kv_indices at
+// least kv_indptr[bs]); kv_indptr starts at 0, is non-decreasing and its steps equal kv_lens;
+// qo_indptr starts at 0, is non-decreasing and ends at num_query_rows; each sequence's
+// q_len/kv_len allowed by the mode; every slot of kv_indices[0, kv_indptr[bs]) inside the
+// pool (and outside the padding page unless allowed); max_q_len and max_kv_len equal to the
+// real maxima; kv_last_page_len; the page table (when present) wide enough, consistent with
+// kv_indices token by token, and padded past each sequence's pages.
+// Its cost is linear in bs + kv_indptr[bs] + page table entries.
+absl::Status ValidateForwardMetadata(const ForwardMetadataView& m, const ValidationContext& ctx);
+
+}  // namespace attnmeta
+
+#endif  // ATTNMETA_ATTENTION_METADATA_VALIDATOR_H_
