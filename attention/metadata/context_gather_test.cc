@@ -1,0 +1,128 @@
+#include "attention/metadata/context_gather.h"
+
+#include <string>
+#include <vector>
+
+#include "attention/metadata/builders.h"
+#include "attention/metadata/testing/batch_fixture.h"
+#include "glog/logging.h"
+#include "gtest/gtest.h"
+
+namespace attnmeta {
+namespace {
+
+using testing::BatchFixture;
+
+// Captures WARNING lines for the duration of a test.
+class WarningCapture : public google::LogSink {
+ public:
+  WarningCapture() { google::AddLogSink(this); }
+  ~WarningCapture() override { google::RemoveLogSink(this); }
+  void send(google::LogSeverity severity, const char*, const char*, int, const struct ::tm*,
+            const char* message, size_t message_len) override {
+    if (severity == google::GLOG_WARNING) lines.emplace_back(message, message_len);
+  }
+  std::vector<std::string> lines;
+};
+
+std::vector<TokenOffset> Offsets(std::initializer_list<int32_t> v) {
+  std::vector<TokenOffset> out;
+  for (int32_t x : v) out.push_back(TokenOffset(x));
+  return out;
+}
+std::vector<TokenLength> Lens(std::initializer_list<int32_t> v) {
+  std::vector<TokenLength> out;
+  for (int32_t x : v) out.push_back(TokenLength(x));
+  return out;
+}
+std::vector<TokenSlot> Slots(std::initializer_list<int32_t> v) {
+  std::vector<TokenSlot> out;
+  for (int32_t x : v) out.push_back(TokenSlot(x));
+  return out;
+}
+
+TEST(ContextGatherTest, CopiesTokenLevelSlotsSequenceMajor) {
+  for (int64_t ps : {1, 7, 64}) {
+    BatchFixture f(ps, 5);
+    f.AddSequence(100, 3);
+    f.AddSequence(0, 50);
+    f.AddSequenceSharingPrefix(0, 64, 70, 1);
+    auto m = BuildForwardMetadata(f.Batch(ForwardMode::kExtend), f.pool(), f.page_size());
+    ASSERT_TRUE(m.ok());
+    ContextGatherInputs in{ForwardMode::kExtend, m->kv_indptr, m->kv_indices, m->kv_lens,
+                           f.pool_slots()};
+    auto g = GatherContextTokens(in);
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ(g->cu_k, m->kv_indptr);
+    EXPECT_EQ(g->tok_idx, m->kv_indices);
+  }
+}
+
+TEST(ContextGatherTest, LengthsAreClampedToWhatTheIndptrProvides) {
+  const std::vector<TokenSlot> idx = Slots({10, 11, 12, 13, 14, 15});
+  // Sequence 0 asks for 5 tokens but the indptr gives 2; sequence 1 asks for 1 of its 4.
+  const std::vector<TokenOffset> indptr = Offsets({0, 2, 6});
+  const std::vector<TokenLength> lens = Lens({5, 1});
+  ContextGatherInputs in{ForwardMode::kExtend, indptr, idx, lens, TokenCount(100)};
+  auto g = GatherContextTokens(in);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->tok_idx, Slots({10, 11, 12}));
+  EXPECT_EQ(g->cu_k, Offsets({0, 2, 3}));
+}
+
+TEST(ContextGatherTest, IndexOutsideTableFallsBackWithWarning) {
+  WarningCapture warnings;
+  const std::vector<TokenSlot> idx = Slots({10, 11, 12, 13});
+  const std::vector<TokenOffset> indptr = Offsets({0, 2, 7});
+  const std::vector<TokenLength> lens = Lens({2, 5});
+  ContextGatherInputs in{ForwardMode::kMixed, indptr, idx, lens, TokenCount(100)};
+  std::vector<TokenSlot> tok(16, TokenSlot(-1));
+  std::vector<TokenOffset> cu(3, TokenOffset(-1));
+  const absl::Status s = GatherContextTokens(in, absl::MakeSpan(tok), absl::MakeSpan(cu), nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(tok, std::vector<TokenSlot>(16, TokenSlot(-1))) << "nothing written on error";
+  EXPECT_EQ(cu, std::vector<TokenOffset>(3, TokenOffset(-1)));
+  ASSERT_EQ(warnings.lines.size(), 1u);
+  const std::string& w = warnings.lines[0];
+  EXPECT_NE(w.find("mode=mixed"), std::string::npos) << w;
+  EXPECT_NE(w.find("bs=2"), std::string::npos) << w;
+  EXPECT_NE(w.find("index 6"), std::string::npos) << w;
+  EXPECT_NE(w.find("length 4"), std::string::npos) << w;
+}
+
+TEST(ContextGatherTest, SlotOutsidePoolFallsBackWithWarning) {
+  WarningCapture warnings;
+  const std::vector<TokenSlot> idx = Slots({10, 11, 5000, 13});
+  const std::vector<TokenOffset> indptr = Offsets({0, 4});
+  const std::vector<TokenLength> lens = Lens({4});
+  ContextGatherInputs in{ForwardMode::kExtend, indptr, idx, lens, TokenCount(4096)};
+  EXPECT_EQ(GatherContextTokens(in).status().code(), absl::StatusCode::kOutOfRange);
+  ASSERT_EQ(warnings.lines.size(), 1u);
+  EXPECT_NE(warnings.lines[0].find("slot 5000"), std::string::npos) << warnings.lines[0];
+  EXPECT_NE(warnings.lines[0].find("length 4096"), std::string::npos) << warnings.lines[0];
+  const std::vector<TokenSlot> negative = Slots({-3});
+  const std::vector<TokenOffset> one = Offsets({0, 1});
+  const std::vector<TokenLength> one_len = Lens({1});
+  ContextGatherInputs neg{ForwardMode::kExtend, one, negative, one_len, TokenCount(4096)};
+  EXPECT_EQ(GatherContextTokens(neg).status().code(), absl::StatusCode::kOutOfRange);
+}
+
+TEST(ContextGatherTest, BadShapesAreInvalidArgument) {
+  const std::vector<TokenSlot> idx = Slots({10, 11});
+  const std::vector<TokenOffset> indptr = Offsets({0, 2});
+  const std::vector<TokenLength> two_lens = Lens({2, 1});
+  ContextGatherInputs in{ForwardMode::kExtend, indptr, idx, two_lens, TokenCount(64)};
+  EXPECT_EQ(GatherContextTokens(in).status().code(), absl::StatusCode::kInvalidArgument);
+  in.kv_lens = {};
+  in.kv_indptr = {};
+  EXPECT_EQ(GatherContextTokens(in).status().code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<TokenLength> lens = Lens({2});
+  ContextGatherInputs ok{ForwardMode::kExtend, indptr, idx, lens, TokenCount(64)};
+  std::vector<TokenSlot> small(1);
+  std::vector<TokenOffset> cu(2);
+  EXPECT_EQ(GatherContextTokens(ok, absl::MakeSpan(small), absl::MakeSpan(cu), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace attnmeta

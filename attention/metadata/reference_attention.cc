@@ -1,0 +1,269 @@
+#include "attention/metadata/reference_attention.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "attention/metadata/validator.h"
+
+namespace attnmeta {
+namespace {
+
+absl::Status CheckDims(const AttentionDims& d) {
+  if (d.num_q_heads < 1 || d.num_kv_heads < 1 || d.head_dim < 1 ||
+      d.num_q_heads % d.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attention dims: need positive heads and head_dim with num_kv_heads dividing "
+        "num_q_heads, got ", d.num_q_heads, "/", d.num_kv_heads, "/", d.head_dim));
+  }
+  return absl::OkStatus();
+}
+
+// Rows [first_row, first_row + n_rows) of a sequence with q_len query rows and kv_len KV
+// tokens, over KV positions [kv_begin, kv_end) cut at each row's causal limit. kv_at(t)
+// returns the offset of position t's row in the K and V arrays. Writes normalized output and,
+// if lse is not null, the log-sum-exp (-inf for a row that sees no position of the range).
+template <typename KvAt>
+void AttendRange(const AttentionDims& d, const float* q, int64_t first_row, int64_t n_rows,
+                 int64_t q_len, int64_t kv_len, int64_t kv_begin, int64_t kv_end,
+                 const float* k, const float* v, KvAt kv_at, float* out, float* lse) {
+  const int64_t hd = d.head_dim;
+  const int64_t group = d.num_q_heads / d.num_kv_heads;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  std::vector<double> scores;
+  std::vector<double> acc(hd);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const int64_t pos = kv_len - q_len + first_row + r;
+    const int64_t end = std::min(kv_end, pos + 1);
+    for (int64_t h = 0; h < d.num_q_heads; ++h) {
+      const float* qv = q + (r * d.num_q_heads + h) * hd;
+      const int64_t kvh = h / group;
+      float* o = out + (r * d.num_q_heads + h) * hd;
+      if (end <= kv_begin) {
+        std::fill(o, o + hd, 0.0f);
+        if (lse != nullptr) lse[r * d.num_q_heads + h] = -std::numeric_limits<float>::infinity();
+        continue;
+      }
+      scores.assign(end - kv_begin, 0.0);
+      double m = -std::numeric_limits<double>::infinity();
+      for (int64_t t = kv_begin; t < end; ++t) {
+        const float* kr = k + kv_at(t) + kvh * hd;
+        double s = 0;
+        for (int64_t x = 0; x < hd; ++x) s += static_cast<double>(qv[x]) * kr[x];
+        s *= scale;
+        scores[t - kv_begin] = s;
+        m = std::max(m, s);
+      }
+      std::fill(acc.begin(), acc.end(), 0.0);
+      double sum = 0;
+      for (int64_t t = kv_begin; t < end; ++t) {
+        const double p = std::exp(scores[t - kv_begin] - m);
+        sum += p;
+        const float* vr = v + kv_at(t) + kvh * hd;
+        for (int64_t x = 0; x < hd; ++x) acc[x] += p * vr[x];
+      }
+      for (int64_t x = 0; x < hd; ++x) o[x] = static_cast<float>(acc[x] / sum);
+      if (lse != nullptr) lse[r * d.num_q_heads + h] = static_cast<float>(m + std::log(sum));
+    }
+  }
+}
+
+// Checks shapes and validates the metadata against the pool the K/V arrays describe.
+absl::Status CheckInputs(const ReferenceAttentionInputs& in, absl::Span<float> out) {
+  if (absl::Status s = CheckDims(in.dims); !s.ok()) return s;
+  const int64_t kv_row = int64_t{in.dims.num_kv_heads} * in.dims.head_dim;
+  const int64_t q_row = int64_t{in.dims.num_q_heads} * in.dims.head_dim;
+  if (in.k_pool.size() != in.v_pool.size() || in.k_pool.size() % kv_row != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("K/V pools of ", in.k_pool.size(), " and ",
+                                                   in.v_pool.size(), " floats are not [slots][",
+                                                   in.dims.num_kv_heads, "][", in.dims.head_dim,
+                                                   "]"));
+  }
+  if (in.q.size() % q_row != 0 || out.size() != in.q.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("q has ", in.q.size(), " floats, out ",
+                                                   out.size(), ", rows of ", q_row));
+  }
+  const ValidationContext ctx{TokenCount(static_cast<int64_t>(in.k_pool.size()) / kv_row),
+                              in.page_size,
+                              TokenCount(static_cast<int64_t>(in.q.size()) / q_row)};
+  return ValidateForwardMetadata(in.metadata, ctx);
+}
+
+// Attends every sequence through kv_at(i, t), the K/V row offset of token t of sequence i.
+template <typename KvAt>
+void AttendAll(const ReferenceAttentionInputs& in, const float* k, const float* v, KvAt kv_at,
+               absl::Span<float> out) {
+  const ForwardMetadataView& m = in.metadata;
+  const int64_t q_row = int64_t{in.dims.num_q_heads} * in.dims.head_dim;
+  for (int64_t i = 0; i < m.batch_size(); ++i) {
+    const int64_t q0 = m.qo_indptr[i].value();
+    const int64_t q_len = (m.qo_indptr[i + 1] - m.qo_indptr[i]).value();
+    const int64_t kv_len = m.kv_lens[i].value();
+    AttendRange(in.dims, in.q.data() + q0 * q_row, 0, q_len, q_len, kv_len, 0, kv_len, k, v,
+                [&](int64_t t) { return kv_at(i, t); }, out.data() + q0 * q_row, nullptr);
+  }
+}
+
+}  // namespace
+
+absl::Status ReferenceAttentionTokenLevel(const ReferenceAttentionInputs& in,
+                                          absl::Span<float> out) {
+  if (absl::Status s = CheckInputs(in, out); !s.ok()) return s;
+  const int64_t kv_row = int64_t{in.dims.num_kv_heads} * in.dims.head_dim;
+  const ForwardMetadataView& m = in.metadata;
+  AttendAll(in, in.k_pool.data(), in.v_pool.data(),
+            [&](int64_t i, int64_t t) {
+              return m.kv_indices[m.kv_indptr[i].value() + t].value() * kv_row;
+            },
+            out);
+  return absl::OkStatus();
+}
+
+absl::Status ReferenceAttentionPageTable(const ReferenceAttentionInputs& in,
+                                         absl::Span<float> out) {
+  if (absl::Status s = CheckInputs(in, out); !s.ok()) return s;
+  const ForwardMetadataView& m = in.metadata;
+  if (m.page_table.rows() < m.batch_size()) {
+    return absl::InvalidArgumentError("page-table attention needs a page table");
+  }
+  const int64_t kv_row = int64_t{in.dims.num_kv_heads} * in.dims.head_dim;
+  const PageSize ps = in.page_size;
+  AttendAll(in, in.k_pool.data(), in.v_pool.data(),
+            [&](int64_t i, int64_t t) {
+              const PageId page = m.page_table.row(i)[t / ps.tokens()];
+              return (FirstSlotOf(page, ps) + TokenCount(t % ps.tokens())).value() * kv_row;
+            },
+            out);
+  return absl::OkStatus();
+}
+
+absl::Status ReferenceAttentionGathered(const ReferenceAttentionInputs& in,
+                                        const ContextGather& gather, absl::Span<float> out) {
+  if (absl::Status s = CheckInputs(in, out); !s.ok()) return s;
+  const ForwardMetadataView& m = in.metadata;
+  const int64_t bs = m.batch_size();
+  if (static_cast<int64_t>(gather.cu_k.size()) != bs + 1 ||
+      gather.cu_k.back().value() != static_cast<int64_t>(gather.tok_idx.size())) {
+    return absl::InvalidArgumentError("gather: cu_k must be [bs + 1] and end at tok_idx's size");
+  }
+  for (int64_t i = 0; i < bs; ++i) {
+    if (gather.cu_k[i + 1] - gather.cu_k[i] != m.kv_lens[i].count()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gather: sequence ", i, " has ", (gather.cu_k[i + 1] - gather.cu_k[i]).value(),
+          " tokens, kv_len ", m.kv_lens[i].value()));
+    }
+  }
+  const int64_t kv_row = int64_t{in.dims.num_kv_heads} * in.dims.head_dim;
+  const int64_t pool_slots = static_cast<int64_t>(in.k_pool.size()) / kv_row;
+  std::vector<float> k_lin(gather.tok_idx.size() * kv_row);
+  std::vector<float> v_lin(gather.tok_idx.size() * kv_row);
+  for (size_t r = 0; r < gather.tok_idx.size(); ++r) {
+    const int64_t s = gather.tok_idx[r].value();
+    if (s < 0 || s >= pool_slots) {
+      return absl::InvalidArgumentError(absl::StrCat("gather: tok_idx[", r, "] = slot ", s,
+                                                     " outside the pool of ", pool_slots));
+    }
+    std::copy_n(in.k_pool.data() + s * kv_row, kv_row, k_lin.data() + r * kv_row);
+    std::copy_n(in.v_pool.data() + s * kv_row, kv_row, v_lin.data() + r * kv_row);
+  }
+  AttendAll(in, k_lin.data(), v_lin.data(),
+            [&](int64_t i, int64_t t) { return (gather.cu_k[i].value() + t) * kv_row; }, out);
+  return absl::OkStatus();
+}
+
+absl::Status ReferenceAttentionSplitKv(const ReferenceAttentionInputs& in, const SplitKvPlan& plan,
+                                       absl::Span<float> out) {
+  if (absl::Status s = CheckInputs(in, out); !s.ok()) return s;
+  const ForwardMetadataView& m = in.metadata;
+  const int64_t kv_row = int64_t{in.dims.num_kv_heads} * in.dims.head_dim;
+  const int64_t q_row = int64_t{in.dims.num_q_heads} * in.dims.head_dim;
+  const int64_t heads = in.dims.num_q_heads;
+  std::vector<std::vector<float>> partial_out(plan.num_partials);
+  std::vector<std::vector<float>> partial_lse(plan.num_partials);
+  for (const SplitKvWorkItem& w : plan.work) {
+    if (w.sequence < 0 || w.sequence >= m.batch_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("plan: sequence ", w.sequence, " outside the batch"));
+    }
+    const int64_t i = w.sequence;
+    const int64_t q0 = m.qo_indptr[i].value();
+    const int64_t q_len = (m.qo_indptr[i + 1] - m.qo_indptr[i]).value();
+    const int64_t kv_len = m.kv_lens[i].value();
+    if (w.q_begin.value() < q0 || w.q_end.value() > q0 + q_len || w.q_end < w.q_begin ||
+        w.kv_begin.value() < 0 || w.kv_end.value() > kv_len || w.kv_end < w.kv_begin ||
+        w.partial_slot >= plan.num_partials) {
+      return absl::InvalidArgumentError(absl::StrCat("plan: work item of sequence ", i,
+                                                     " outside the sequence's rows or KV"));
+    }
+    const int64_t rows = (w.q_end - w.q_begin).value();
+    float* dst;
+    float* lse = nullptr;
+    if (w.partial_slot < 0) {
+      dst = out.data() + w.q_begin.value() * q_row;
+    } else {
+      partial_out[w.partial_slot].assign(rows * q_row, 0.0f);
+      partial_lse[w.partial_slot].assign(rows * heads, 0.0f);
+      dst = partial_out[w.partial_slot].data();
+      lse = partial_lse[w.partial_slot].data();
+    }
+    AttendRange(in.dims, in.q.data() + w.q_begin.value() * q_row, w.q_begin.value() - q0, rows,
+                q_len, kv_len, w.kv_begin.value(), w.kv_end.value(), in.k_pool.data(),
+                in.v_pool.data(),
+                [&](int64_t t) { return m.kv_indices[m.kv_indptr[i].value() + t].value() * kv_row; },
+                dst, lse);
+  }
+  for (const SplitKvReduceItem& red : plan.reduce) {
+    const int64_t rows = (red.q_end - red.q_begin).value();
+    if (red.partial_begin < 0 || red.partial_end > plan.num_partials ||
+        red.partial_begin > red.partial_end) {
+      return absl::InvalidArgumentError("plan: reduce item outside the partial slots");
+    }
+    for (int32_t p = red.partial_begin; p < red.partial_end; ++p) {
+      if (static_cast<int64_t>(partial_lse[p].size()) != rows * heads) {
+        return absl::InvalidArgumentError(absl::StrCat("plan: partial slot ", p,
+                                                       " does not match its reduce item"));
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t e = r * heads + h;
+        double mx = -std::numeric_limits<double>::infinity();
+        for (int32_t p = red.partial_begin; p < red.partial_end; ++p) {
+          mx = std::max<double>(mx, partial_lse[p][e]);
+        }
+        float* o = out.data() + (red.q_begin.value() + r) * q_row + h * in.dims.head_dim;
+        for (int64_t x = 0; x < in.dims.head_dim; ++x) {
+          double num = 0, den = 0;
+          for (int32_t p = red.partial_begin; p < red.partial_end; ++p) {
+            if (std::isinf(partial_lse[p][e])) continue;
+            const double w = std::exp(partial_lse[p][e] - mx);
+            num += w * partial_out[p][e * in.dims.head_dim + x];
+            den += w;
+          }
+          o[x] = static_cast<float>(num / den);
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DenseAttention(const AttentionDims& dims, absl::Span<const float> q,
+                            absl::Span<const float> k, absl::Span<const float> v,
+                            absl::Span<float> out) {
+  if (absl::Status s = CheckDims(dims); !s.ok()) return s;
+  const int64_t q_row = int64_t{dims.num_q_heads} * dims.head_dim;
+  const int64_t kv_row = int64_t{dims.num_kv_heads} * dims.head_dim;
+  if (q.size() % q_row != 0 || out.size() != q.size() || k.size() != v.size() ||
+      k.size() % kv_row != 0) {
+    return absl::InvalidArgumentError("dense attention: shapes disagree");
+  }
+  const int64_t q_len = static_cast<int64_t>(q.size()) / q_row;
+  const int64_t kv_len = static_cast<int64_t>(k.size()) / kv_row;
+  if (q_len > kv_len) return absl::InvalidArgumentError("dense attention: q_len > kv_len");
+  AttendRange(dims, q.data(), 0, q_len, q_len, kv_len, 0, kv_len, k.data(), v.data(),
+              [&](int64_t t) { return t * kv_row; }, out.data(), nullptr);
+  return absl::OkStatus();
+}
+
+}  // namespace attnmeta

@@ -1,0 +1,63 @@
+// CPU reference attention: the project's oracle for metadata. float32 inputs, double
+// accumulation, GQA, causal with prefix (query row r of a sequence with q_len rows and
+// kv_len KV tokens sits at position kv_len - q_len + r and sees positions [0, that]).
+//
+// The same attention is computed four ways, each reading the K/V pool only through one kind
+// of metadata: token-level kv_indices, the page table, the context-prefill gather's linear
+// buffer, and a split-KV plan with log-sum-exp merge. With correct metadata all four equal
+// DenseAttention over the logical, unpaged sequences; a metadata bug shows up as a wrong
+// attention result. Every entry point validates its metadata first, so a broken array is an
+// error status, never an out-of-bounds read.
+
+#ifndef ATTNMETA_ATTENTION_METADATA_REFERENCE_ATTENTION_H_
+#define ATTNMETA_ATTENTION_METADATA_REFERENCE_ATTENTION_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "attention/metadata/context_gather.h"
+#include "attention/metadata/forward_metadata.h"
+#include "attention/metadata/split_kv_planner.h"
+#include "kvcache/units.h"
+
+namespace attnmeta {
+
+struct AttentionDims {
+  int32_t num_q_heads = 1;
+  int32_t num_kv_heads = 1;  // divides num_q_heads
+  int32_t head_dim = 1;
+};
+
+struct ReferenceAttentionInputs {
+  AttentionDims dims;
+  ForwardMetadataView metadata;
+  PageSize page_size;
+  absl::Span<const float> q;       // [qo_indptr[bs]][num_q_heads][head_dim]
+  absl::Span<const float> k_pool;  // [pool_slots][num_kv_heads][head_dim]
+  absl::Span<const float> v_pool;  // [pool_slots][num_kv_heads][head_dim]
+};
+
+// Each writes out: [qo_indptr[bs]][num_q_heads][head_dim]. InvalidArgument for shapes that
+// disagree or metadata the validator rejects.
+absl::Status ReferenceAttentionTokenLevel(const ReferenceAttentionInputs& in, absl::Span<float> out);
+// Reads slot page_table[i][t / page_size] * page_size + t % page_size for token t.
+absl::Status ReferenceAttentionPageTable(const ReferenceAttentionInputs& in, absl::Span<float> out);
+// Copies the K/V rows of gather.tok_idx into linear buffers and reads row cu_k[i] + t.
+absl::Status ReferenceAttentionGathered(const ReferenceAttentionInputs& in,
+                                        const ContextGather& gather, absl::Span<float> out);
+// Runs each work item of `plan` over its KV range (through token-level kv_indices) and
+// merges split tiles by log-sum-exp. Items must lie within their sequence; what they cover is
+// not checked (so a wrong plan gives a wrong result).
+absl::Status ReferenceAttentionSplitKv(const ReferenceAttentionInputs& in, const SplitKvPlan& plan,
+                                       absl::Span<float> out);
+
+// Attention of one logical sequence: q [q_len][num_q_heads][head_dim] over k, v
+// [kv_len][num_kv_heads][head_dim], causal with prefix; out like q.
+absl::Status DenseAttention(const AttentionDims& dims, absl::Span<const float> q,
+                            absl::Span<const float> k, absl::Span<const float> v,
+                            absl::Span<float> out);
+
+}  // namespace attnmeta
+
+#endif  // ATTNMETA_ATTENTION_METADATA_REFERENCE_ATTENTION_H_

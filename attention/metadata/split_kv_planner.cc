@@ -1,0 +1,117 @@
+#include "attention/metadata/split_kv_planner.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace attnmeta {
+namespace {
+
+absl::Status CheckIndptr(const char* name, absl::Span<const TokenOffset> indptr) {
+  if (indptr.empty() || indptr[0].value() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(name, " must start at 0"));
+  }
+  for (size_t i = 1; i < indptr.size(); ++i) {
+    if (indptr[i] < indptr[i - 1]) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " decreases at entry ", i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+SplitKvCapacity SplitKvCapacityFor(int64_t max_tiles, int32_t num_units) {
+  const int64_t boundaries = std::max<int64_t>(0, num_units - 1);
+  return SplitKvCapacity{max_tiles + boundaries, 2 * boundaries, boundaries};
+}
+
+int64_t NumQueryTiles(absl::Span<const TokenOffset> qo_indptr, TokenCount q_tile) {
+  int64_t tiles = 0;
+  for (size_t i = 0; i + 1 < qo_indptr.size(); ++i) {
+    const int64_t q = (qo_indptr[i + 1] - qo_indptr[i]).value();
+    if (q > 0) tiles += (q + q_tile.value() - 1) / q_tile.value();
+  }
+  return tiles;
+}
+
+absl::StatusOr<SplitKvPlan> PlanSplitKv(absl::Span<const TokenOffset> qo_indptr,
+                                        absl::Span<const TokenOffset> kv_indptr,
+                                        const SplitKvOptions& options) {
+  if (options.num_units < 1 || options.kv_granularity.value() < 1 ||
+      options.q_tile.value() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "split-KV options: need num_units, kv_granularity and q_tile >= 1, got ",
+        options.num_units, ", ", options.kv_granularity.value(), ", ", options.q_tile.value()));
+  }
+  if (qo_indptr.size() != kv_indptr.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("qo_indptr has ", qo_indptr.size(),
+                                                   " entries, kv_indptr ", kv_indptr.size()));
+  }
+  if (absl::Status s = CheckIndptr("qo_indptr", qo_indptr); !s.ok()) return s;
+  if (absl::Status s = CheckIndptr("kv_indptr", kv_indptr); !s.ok()) return s;
+  const int64_t bs = static_cast<int64_t>(qo_indptr.size()) - 1;
+
+  // The split unit: the granularity rounded up to whole blocks of the consumer's layout.
+  const int64_t block = options.layout.block().tokens();
+  const int64_t chunk = (options.kv_granularity.value() + block - 1) / block * block;
+  const int64_t q_tile = options.q_tile.value();
+
+  int64_t total_chunks = 0;
+  for (int64_t i = 0; i < bs; ++i) {
+    const int64_t q = (qo_indptr[i + 1] - qo_indptr[i]).value();
+    const int64_t kv = (kv_indptr[i + 1] - kv_indptr[i]).value();
+    if (q > kv) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", i, ": q_len ", q, " exceeds kv_len ", kv));
+    }
+    if (q > 0) total_chunks += (q + q_tile - 1) / q_tile * ((kv + chunk - 1) / chunk);
+  }
+
+  SplitKvPlan plan;
+  plan.chunk = TokenCount(chunk);
+  plan.unit_indptr.assign(options.num_units + 1, 0);
+  const int64_t units = options.num_units;
+  const int64_t base = total_chunks / units;
+  const int64_t extra = total_chunks % units;
+  auto quota = [&](int64_t u) { return base + (u < extra ? 1 : 0); };
+
+  int64_t unit = 0;
+  int64_t left = units > 0 ? quota(0) : 0;  // chunks the current unit may still take
+  for (int64_t i = 0; i < bs; ++i) {
+    const int64_t q = (qo_indptr[i + 1] - qo_indptr[i]).value();
+    const int64_t kv = (kv_indptr[i + 1] - kv_indptr[i]).value();
+    const int64_t kv_chunks = (kv + chunk - 1) / chunk;
+    for (int64_t q0 = 0; q0 < q; q0 += q_tile) {
+      const TokenOffset q_begin = qo_indptr[i] + TokenCount(q0);
+      const TokenOffset q_end = qo_indptr[i] + TokenCount(std::min(q, q0 + q_tile));
+      const size_t first_item = plan.work.size();
+      for (int64_t c = 0; c < kv_chunks;) {
+        while (left == 0) {
+          plan.unit_indptr[++unit] = static_cast<int32_t>(plan.work.size());
+          left = quota(unit);
+        }
+        const int64_t take = std::min(left, kv_chunks - c);
+        plan.work.push_back(SplitKvWorkItem{
+            static_cast<int32_t>(i), q_begin, q_end, TokenOffset(static_cast<int32_t>(c * chunk)),
+            TokenOffset(static_cast<int32_t>(std::min(kv, (c + take) * chunk))), -1});
+        c += take;
+        left -= take;
+      }
+      if (plan.work.size() - first_item > 1) {
+        const int32_t begin = plan.num_partials;
+        for (size_t w = first_item; w < plan.work.size(); ++w) {
+          plan.work[w].partial_slot = plan.num_partials++;
+        }
+        plan.reduce.push_back(
+            SplitKvReduceItem{static_cast<int32_t>(i), q_begin, q_end, begin, plan.num_partials});
+      }
+    }
+  }
+  for (int64_t u = unit + 1; u <= units; ++u) {
+    plan.unit_indptr[u] = static_cast<int32_t>(plan.work.size());
+  }
+  return plan;
+}
+
+}  // namespace attnmeta

@@ -1,0 +1,105 @@
+// Split-KV work planning (flash-decoding / persistent scheduling): partitions the attention
+// work of a batch, (sequence, query tile, KV range) items, over the compute units, with the
+// metadata to merge the partial results of a (sequence, query tile) that was split.
+//
+// The KV layout the consumer reads is an input, never inferred from the pool's page size: a
+// kernel reading a linear per-token K/V buffer splits in tokens (block size 1, granularity
+// 128 by default), and only a kernel reading the paged pool splits on whole pages. (The
+// reference system planned linear-K/V work with the pool's page size and lost its accuracy
+// at page_size 64.)
+
+#ifndef ATTNMETA_ATTENTION_METADATA_SPLIT_KV_PLANNER_H_
+#define ATTNMETA_ATTENTION_METADATA_SPLIT_KV_PLANNER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kvcache/units.h"
+
+namespace attnmeta {
+
+// How the consumer reads K/V.
+class KvLayout {
+ public:
+  // One linear [tokens, heads, head_dim] buffer (e.g. the context-prefill gather's output):
+  // any token boundary is a valid split.
+  static KvLayout LinearPerToken() { return KvLayout(false, *PageSize::Create(1)); }
+  // The paged pool: splits fall on whole pages of `page_size`.
+  static KvLayout Paged(PageSize page_size) { return KvLayout(true, page_size); }
+
+  bool paged() const { return paged_; }
+  // The split unit in tokens: 1 for linear, the page size for paged.
+  PageSize block() const { return block_; }
+
+ private:
+  KvLayout(bool paged, PageSize block) : paged_(paged), block_(block) {}
+  bool paged_;
+  PageSize block_;
+};
+
+struct SplitKvOptions {
+  KvLayout layout = KvLayout::LinearPerToken();
+  int32_t num_units = 1;                    // compute units to spread the work over, >= 1
+  TokenCount kv_granularity = TokenCount(128);  // split boundaries are multiples of this, in
+                                            // tokens, rounded up to whole blocks; >= 1
+  TokenCount q_tile = TokenCount(64);       // query rows per tile, >= 1
+};
+
+// One piece of work: query rows [q_begin, q_end) of the batch's query array (all of one
+// sequence) against KV positions [kv_begin, kv_end) of that sequence (token positions, not
+// slots). partial_slot < 0: the item covers its tile's whole KV range and writes the final
+// output; otherwise it writes partial output and log-sum-exp to that slot.
+struct SplitKvWorkItem {
+  int32_t sequence;
+  TokenOffset q_begin;
+  TokenOffset q_end;
+  TokenOffset kv_begin;
+  TokenOffset kv_end;
+  int32_t partial_slot;
+};
+
+// A (sequence, query tile) split over several items: merge partial slots
+// [partial_begin, partial_end) into rows [q_begin, q_end) by log-sum-exp.
+struct SplitKvReduceItem {
+  int32_t sequence;
+  TokenOffset q_begin;
+  TokenOffset q_end;
+  int32_t partial_begin;
+  int32_t partial_end;
+};
+
+struct SplitKvPlan {
+  TokenCount chunk;                       // the split unit actually used, in tokens
+  std::vector<SplitKvWorkItem> work;      // grouped by unit
+  std::vector<int32_t> unit_indptr;       // [num_units + 1]: unit u runs work[unit_indptr[u],
+                                          // unit_indptr[u + 1])
+  std::vector<SplitKvReduceItem> reduce;  // one per split (sequence, tile)
+  int32_t num_partials = 0;               // partial slots used
+};
+
+// The most a plan can use for a batch of at most `max_tiles` (sequence, query tile) pairs:
+// the graph layer sizes its fixed buffers with it.
+struct SplitKvCapacity {
+  int64_t work_items;  // max_tiles + num_units - 1
+  int64_t partials;    // 2 * (num_units - 1): each unit boundary splits at most one tile
+  int64_t reduce_items;  // num_units - 1
+};
+SplitKvCapacity SplitKvCapacityFor(int64_t max_tiles, int32_t num_units);
+
+// The number of (sequence, query tile) pairs of a batch: sum of ceil(q_len / q_tile).
+int64_t NumQueryTiles(absl::Span<const TokenOffset> qo_indptr, TokenCount q_tile);
+
+// Plans a batch. Every (sequence, q tile) with q_len > 0 has its KV range [0, kv_len) covered
+// exactly once by its items, split only at multiples of the chunk (kv_granularity rounded up
+// to whole blocks of the layout); units get their share in order, none more than the mean
+// plus one chunk. InvalidArgument: options out of range, indptrs of different sizes, not
+// starting at 0 or decreasing, or a sequence with q_len > kv_len.
+absl::StatusOr<SplitKvPlan> PlanSplitKv(absl::Span<const TokenOffset> qo_indptr,
+                                        absl::Span<const TokenOffset> kv_indptr,
+                                        const SplitKvOptions& options);
+
+}  // namespace attnmeta
+
+#endif  // ATTNMETA_ATTENTION_METADATA_SPLIT_KV_PLANNER_H_

@@ -1,0 +1,162 @@
+#include "attention/metadata/split_kv_planner.h"
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace attnmeta {
+namespace {
+
+std::vector<TokenOffset> Indptr(const std::vector<int32_t>& lens) {
+  std::vector<TokenOffset> out = {TokenOffset(0)};
+  for (int32_t l : lens) out.push_back(TokenOffset(out.back().value() + l));
+  return out;
+}
+
+// Checks every invariant of a plan; returns a failure message or "".
+std::string CheckPlan(const std::vector<int32_t>& q_lens, const std::vector<int32_t>& kv_lens,
+                      const SplitKvOptions& opt, const SplitKvPlan& plan) {
+  const std::vector<TokenOffset> qo = Indptr(q_lens);
+  // Each (sequence, tile) must be covered exactly once over [0, kv_len).
+  std::map<std::pair<int, int32_t>, std::vector<std::pair<int32_t, int32_t>>> ranges;
+  for (const SplitKvWorkItem& w : plan.work) {
+    ranges[{w.sequence, w.q_begin.value()}].push_back({w.kv_begin.value(), w.kv_end.value()});
+    if (w.kv_begin.value() % plan.chunk.value() != 0) return "kv_begin not on a chunk boundary";
+    if (w.kv_end.value() % plan.chunk.value() != 0 && w.kv_end.value() != kv_lens[w.sequence]) {
+      return "kv_end not on a chunk boundary";
+    }
+    if (opt.layout.paged() && w.kv_begin.value() % opt.layout.block().tokens() != 0) {
+      return "paged split inside a page";
+    }
+  }
+  int64_t tiles = 0;
+  for (size_t i = 0; i < q_lens.size(); ++i) {
+    for (int32_t q0 = 0; q0 < q_lens[i]; q0 += static_cast<int32_t>(opt.q_tile.value())) {
+      ++tiles;
+      auto it = ranges.find({static_cast<int>(i), qo[i].value() + q0});
+      if (it == ranges.end()) return "a tile has no work";
+      std::vector<std::pair<int32_t, int32_t>> r = it->second;
+      std::sort(r.begin(), r.end());
+      int32_t at = 0;
+      for (auto [b, e] : r) {
+        if (b != at || e <= b) return "tile's KV ranges overlap or leave a gap";
+        at = e;
+      }
+      if (at != kv_lens[i]) return "tile's KV ranges do not end at kv_len";
+    }
+  }
+  if (static_cast<int64_t>(ranges.size()) != tiles) return "work for a tile that does not exist";
+  // Balance: no unit above ceil(total / units) chunks (the mean plus at most one chunk).
+  int64_t total = 0;
+  std::vector<int64_t> per_unit(opt.num_units, 0);
+  for (int u = 0; u < opt.num_units; ++u) {
+    for (int32_t w = plan.unit_indptr[u]; w < plan.unit_indptr[u + 1]; ++w) {
+      const SplitKvWorkItem& item = plan.work[w];
+      const int64_t c = (item.kv_end.value() - item.kv_begin.value() + plan.chunk.value() - 1) /
+                        plan.chunk.value();
+      per_unit[u] += c;
+      total += c;
+    }
+  }
+  if (plan.unit_indptr.back() != static_cast<int32_t>(plan.work.size())) return "unit_indptr end";
+  const double mean = static_cast<double>(total) / opt.num_units;
+  for (int64_t c : per_unit) {
+    if (c > mean + 1) return "a unit has more than the mean plus one chunk";
+  }
+  // Partial slots: split tiles only, each slot once, within the capacity function.
+  const SplitKvCapacity cap = SplitKvCapacityFor(tiles, opt.num_units);
+  if (static_cast<int64_t>(plan.work.size()) > cap.work_items) return "work items over capacity";
+  if (plan.num_partials > cap.partials) return "partials over capacity";
+  if (static_cast<int64_t>(plan.reduce.size()) > cap.reduce_items) return "reduce over capacity";
+  std::vector<int> used(plan.num_partials, 0);
+  for (const SplitKvWorkItem& w : plan.work) {
+    const bool split = ranges[{w.sequence, w.q_begin.value()}].size() > 1;
+    if (split != (w.partial_slot >= 0)) return "partial slot on an unsplit tile or missing";
+    if (w.partial_slot >= 0) ++used[w.partial_slot];
+  }
+  for (int u : used) {
+    if (u != 1) return "a partial slot used other than once";
+  }
+  for (const SplitKvReduceItem& r : plan.reduce) {
+    if (r.partial_end - r.partial_begin != static_cast<int32_t>(ranges[{r.sequence, r.q_begin.value()}].size())) {
+      return "reduce item does not cover its tile's partials";
+    }
+  }
+  return "";
+}
+
+TEST(SplitKvPlannerTest, LinearLayoutSplitsInTokensWhateverThePool) {
+  SplitKvOptions opt;
+  opt.layout = KvLayout::LinearPerToken();
+  opt.num_units = 4;
+  opt.kv_granularity = TokenCount(128);
+  opt.q_tile = TokenCount(64);
+  auto plan = PlanSplitKv(Indptr({1}), Indptr({1000}), opt);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->chunk, TokenCount(128));
+  EXPECT_EQ(CheckPlan({1}, {1000}, opt, *plan), "");
+  EXPECT_EQ(plan->work.size(), 4u);
+  EXPECT_EQ(plan->reduce.size(), 1u);
+  EXPECT_EQ(plan->work.back().kv_end, TokenOffset(1000));
+}
+
+TEST(SplitKvPlannerTest, PagedLayoutSplitsOnWholePages) {
+  SplitKvOptions opt;
+  opt.layout = KvLayout::Paged(*PageSize::Create(48));
+  opt.num_units = 3;
+  opt.kv_granularity = TokenCount(128);
+  auto plan = PlanSplitKv(Indptr({2, 1}), Indptr({500, 1000}), opt);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->chunk, TokenCount(144));  // 128 rounded up to whole pages of 48
+  EXPECT_EQ(CheckPlan({2, 1}, {500, 1000}, opt, *plan), "");
+}
+
+TEST(SplitKvPlannerTest, RandomBatchesKeepEveryInvariant) {
+  const uint64_t seed = 20261129;
+  std::mt19937_64 rng(seed);
+  for (int iter = 0; iter < 500; ++iter) {
+    const int bs = std::uniform_int_distribution<int>(0, 12)(rng);
+    std::vector<int32_t> q, kv;
+    for (int i = 0; i < bs; ++i) {
+      kv.push_back(std::uniform_int_distribution<int32_t>(0, 3000)(rng));
+      q.push_back(std::uniform_int_distribution<int32_t>(0, std::min(kv.back(), 300))(rng));
+    }
+    SplitKvOptions opt;
+    const int64_t ps = std::vector<int64_t>{1, 2, 7, 16, 64}[iter % 5];
+    opt.layout = iter % 2 ? KvLayout::Paged(*PageSize::Create(ps)) : KvLayout::LinearPerToken();
+    opt.num_units = std::uniform_int_distribution<int32_t>(1, 140)(rng);
+    opt.kv_granularity = TokenCount(std::uniform_int_distribution<int64_t>(1, 300)(rng));
+    opt.q_tile = TokenCount(std::uniform_int_distribution<int64_t>(1, 128)(rng));
+    auto plan = PlanSplitKv(Indptr(q), Indptr(kv), opt);
+    ASSERT_TRUE(plan.ok()) << plan.status() << " seed " << seed << " iter " << iter;
+    ASSERT_EQ(CheckPlan(q, kv, opt, *plan), "") << "seed " << seed << " iter " << iter;
+  }
+}
+
+TEST(SplitKvPlannerTest, NumQueryTiles) {
+  EXPECT_EQ(NumQueryTiles(Indptr({0, 1, 64, 65, 200}), TokenCount(64)), 0 + 1 + 1 + 2 + 4);
+  EXPECT_EQ(NumQueryTiles(Indptr({}), TokenCount(64)), 0);
+}
+
+TEST(SplitKvPlannerTest, RejectsBadInput) {
+  SplitKvOptions opt;
+  EXPECT_EQ(PlanSplitKv(Indptr({2}), Indptr({1}), opt).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlanSplitKv(Indptr({1, 1}), Indptr({4}), opt).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlanSplitKv({TokenOffset(1), TokenOffset(2)}, Indptr({4}), opt).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlanSplitKv({TokenOffset(0), TokenOffset(2), TokenOffset(1)}, Indptr({4, 4}), opt)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  opt.num_units = 0;
+  EXPECT_EQ(PlanSplitKv(Indptr({1}), Indptr({4}), opt).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace attnmeta
