@@ -43,6 +43,20 @@ absl::StatusOr<ReqPoolIndex> ReqToTokenPool::Allocate() {
   return row;
 }
 
+absl::Status ReqToTokenPool::AllocateRow(ReqPoolIndex row) {
+  if (row.value() < 0 || row.value() >= max_reqs_) {
+    return absl::OutOfRangeError(
+        absl::StrCat("req row ", row.value(), " outside [0, ", max_reqs_, ")"));
+  }
+  if (allocated_[row.value()]) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("req row ", row.value(), " is already allocated"));
+  }
+  allocated_[row.value()] = true;
+  free_rows_.erase(std::find(free_rows_.begin(), free_rows_.end(), row));
+  return absl::OkStatus();
+}
+
 absl::Status ReqToTokenPool::Free(ReqPoolIndex row) {
   if (row.value() < 0 || row.value() >= max_reqs_) {
     return absl::OutOfRangeError(

@@ -43,6 +43,10 @@ class ReqToTokenPool {
   // Takes the lowest free row. ResourceExhausted when every row is taken.
   absl::StatusOr<ReqPoolIndex> Allocate();
 
+  // Takes the given row (to restore a recorded state). OutOfRange for a row outside the
+  // table, FailedPrecondition for a row already allocated.
+  absl::Status AllocateRow(ReqPoolIndex row);
+
   // Returns `row` to the pool. OutOfRange for a row outside the table, FailedPrecondition
   // for a row that is not allocated.
   absl::Status Free(ReqPoolIndex row);

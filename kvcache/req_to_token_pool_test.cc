@@ -39,6 +39,18 @@ TEST(ReqToTokenPoolTest, AllocatesLowestFreeRowAndExhausts) {
   EXPECT_EQ(*pool.Allocate(), ReqPoolIndex(1));
 }
 
+TEST(ReqToTokenPoolTest, AllocateRowTakesThatRow) {
+  ReqToTokenPool pool = *ReqToTokenPool::Create(4, TokenCount(8));
+  ASSERT_TRUE(pool.AllocateRow(ReqPoolIndex(2)).ok());
+  EXPECT_TRUE(pool.IsAllocated(ReqPoolIndex(2)));
+  EXPECT_EQ(pool.AllocateRow(ReqPoolIndex(2)).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(pool.AllocateRow(ReqPoolIndex(4)).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(pool.num_free_rows(), 3);
+  EXPECT_EQ(*pool.Allocate(), ReqPoolIndex(0));
+  EXPECT_EQ(*pool.Allocate(), ReqPoolIndex(1));
+  EXPECT_EQ(*pool.Allocate(), ReqPoolIndex(3));
+}
+
 TEST(ReqToTokenPoolTest, FreeErrorsLeaveStateUnchanged) {
   ReqToTokenPool pool = *ReqToTokenPool::Create(2, TokenCount(4));
   const ReqPoolIndex r = *pool.Allocate();

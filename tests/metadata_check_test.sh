@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# metadata_check accepts the recorded snapshots and rejects corrupted copies, exiting 1 with a
+# message that names the broken array.
+set -euo pipefail
+check="$1"
+shift
+"$check" "$@" >/dev/null || { echo "metadata_check rejected a good snapshot"; "$check" "$@"; exit 1; }
+
+good=""
+for f in "$@"; do case "$f" in *extend.textproto) good="$f" ;; esac; done
+[[ -n "$good" ]] || { echo "no extend snapshot given"; exit 1; }
+
+expect_rejected() {  # name, sed expression that corrupts the first match
+  local name="$1" expr="$2" bad="$TEST_TMPDIR/$1.textproto" out rc=0
+  sed "$expr" "$good" >"$bad"
+  cmp -s "$good" "$bad" && { echo "corruption of $name changed nothing"; exit 1; }
+  out=$("$check" "$bad") || rc=$?
+  [[ $rc -eq 1 ]] || { echo "$name: exit code $rc, want 1: $out"; exit 1; }
+  [[ "$out" == *"FAIL $bad: $name"* ]] || { echo "$name: message does not name it: $out"; exit 1; }
+  echo "rejected as expected: $out"
+}
+
+expect_rejected kv_indices '0,/^kv_indices: [0-9]*/s//kv_indices: 999999/'
+expect_rejected kv_indptr '0,/^kv_indptr: 0$/s//kv_indptr: 1/'
+expect_rejected qo_indptr '0,/^qo_indptr: 0$/s//qo_indptr: 2/'
+expect_rejected kv_last_page_len '0,/^kv_last_page_len: \([0-9]*\)/s//kv_last_page_len: 99/'
+expect_rejected page_table '0,/^page_table: [0-9]*/s//page_table: 0/'
+expect_rejected max_kv_len 's/^max_kv_len: \([0-9]*\)/max_kv_len: 1\1/'
+
+out=$("$check" "$TEST_TMPDIR/does-not-exist" || true)
+[[ "$out" == *"cannot read"* ]] || { echo "missing file not reported: $out"; exit 1; }
+echo "metadata_check: all checks passed"
