@@ -93,6 +93,9 @@ class PageSize {
 
   constexpr int64_t tokens() const { return tokens_; }
   constexpr TokenCount as_count() const { return TokenCount(tokens_); }
+  // log2(tokens) for a power of two, else -1: PageOf and OffsetInPage shift and mask instead
+  // of dividing (page size 1, 16 and 64 are the common ones).
+  constexpr int log2() const { return log2_; }
 
   friend constexpr bool operator==(PageSize a, PageSize b) { return a.tokens_ == b.tokens_; }
   friend constexpr bool operator!=(PageSize a, PageSize b) { return a.tokens_ != b.tokens_; }
@@ -101,8 +104,14 @@ class PageSize {
   }
 
  private:
-  constexpr explicit PageSize(int64_t tokens) : tokens_(tokens) {}
+  constexpr explicit PageSize(int64_t tokens) : tokens_(tokens), log2_(Log2(tokens)) {}
+  static constexpr int Log2(int64_t n) {
+    int l = 0;
+    while ((int64_t{1} << l) < n) ++l;
+    return (int64_t{1} << l) == n ? l : -1;
+  }
   int64_t tokens_;
+  int log2_;
 };
 
 // One row of the KV pool: the K and V of one token of one layer. Slot s lies in page
@@ -228,13 +237,17 @@ static_assert(sizeof(TokenLength) == sizeof(int32_t) && std::is_trivially_copyab
 // The page holding `slot`.
 // REQUIRES: slot.value() >= 0.
 constexpr PageId PageOf(TokenSlot slot, PageSize ps) {
-  return PageId(static_cast<int32_t>(slot.value() / ps.tokens()));
+  const uint32_t s = static_cast<uint32_t>(slot.value());
+  return PageId(static_cast<int32_t>(ps.log2() >= 0 ? s >> ps.log2()
+                                                    : s / static_cast<uint32_t>(ps.tokens())));
 }
 
 // The position of `slot` within its page, in [0, page_size).
 // REQUIRES: slot.value() >= 0.
 constexpr TokenCount OffsetInPage(TokenSlot slot, PageSize ps) {
-  return TokenCount(slot.value() % ps.tokens());
+  const uint32_t s = static_cast<uint32_t>(slot.value());
+  return TokenCount(ps.log2() >= 0 ? s & static_cast<uint32_t>(ps.tokens() - 1)
+                                   : s % static_cast<uint32_t>(ps.tokens()));
 }
 
 // The first slot of `page`.

@@ -32,6 +32,17 @@ TEST(UnitsTest, ConversionsForNonPowerOfTwoPageSize) {
   EXPECT_EQ(TokenOffsetInPage(TokenCount(15), ps), TokenCount(1));
 }
 
+TEST(UnitsTest, ShiftAndDivideAgree) {
+  for (int64_t p = 1; p <= 300; ++p) {
+    const PageSize ps = *PageSize::Create(p);
+    EXPECT_EQ(ps.log2() >= 0, (p & (p - 1)) == 0) << p;
+    for (int32_t s : {0, 1, 5, 63, 64, 65, 1000, 123457, 2147483647}) {
+      ASSERT_EQ(PageOf(TokenSlot(s), ps).value(), s / p) << s << " / " << p;
+      ASSERT_EQ(OffsetInPage(TokenSlot(s), ps).value(), s % p) << s << " % " << p;
+    }
+  }
+}
+
 TEST(UnitsTest, PageSizeOneMakesSlotsAndPagesCoincide) {
   const PageSize ps = *PageSize::Create(1);
   for (int32_t s : {0, 1, 5, 1000}) {

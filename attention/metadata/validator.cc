@@ -1,7 +1,10 @@
 #include "attention/metadata/validator.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 
+#include "absl/base/attributes.h"
 #include "absl/strings/str_cat.h"
 #include "attention/metadata/lengths.h"
 #include "attention/metadata/mode_rules.h"
@@ -31,6 +34,103 @@ absl::Status CheckIndptr(absl::string_view name, absl::Span<const TokenOffset> i
     }
   }
   return absl::OkStatus();
+}
+
+// kv_indices[k] must lie in [first_allowed, pool).
+absl::Status SlotError(int64_t k, int64_t s, int64_t first_allowed, int64_t pool) {
+  return Invalid("kv_indices", absl::StrCat("entry ", k, " = slot ", s, " outside [", first_allowed,
+                                            ", ", pool, ")",
+                                            s >= 0 && s < first_allowed ? " (padding page)" : ""));
+}
+
+// Every slot in [first_allowed, pool): a branch-free min/max pass with independent
+// accumulators; the offending entry is searched only on error.
+absl::Status CheckSlotRange(absl::Span<const TokenSlot> slots, int64_t first_allowed,
+                            int64_t pool) {
+  constexpr int kLanes = 8;
+  int32_t lo[kLanes], hi[kLanes];
+  std::fill(lo, lo + kLanes, std::numeric_limits<int32_t>::max());
+  std::fill(hi, hi + kLanes, std::numeric_limits<int32_t>::min());
+  const int64_t n = static_cast<int64_t>(slots.size());
+  int64_t k = 0;
+  for (; k + kLanes <= n; k += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      const int32_t v = slots[k + l].value();
+      lo[l] = v < lo[l] ? v : lo[l];
+      hi[l] = v > hi[l] ? v : hi[l];
+    }
+  }
+  for (; k < n; ++k) {
+    const int32_t v = slots[k].value();
+    lo[0] = v < lo[0] ? v : lo[0];
+    hi[0] = v > hi[0] ? v : hi[0];
+  }
+  const int32_t min = *std::min_element(lo, lo + kLanes);
+  const int32_t max = *std::max_element(hi, hi + kLanes);
+  if (n == 0 || (min >= first_allowed && max < pool)) return absl::OkStatus();
+  for (k = 0; k < n; ++k) {
+    const int64_t v = slots[k].value();
+    if (v < first_allowed || v >= pool) return SlotError(k, v, first_allowed, pool);
+  }
+  return absl::OkStatus();
+}
+
+// Nonzero unless slots[k] == first + k for every k < len. Eight independent lanes, so the
+// compiler can keep them in one vector register; inlined, since page_size 1 calls it per token.
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline int32_t PageMismatch(const TokenSlot* slots, int32_t first,
+                                                         int32_t len) {
+  constexpr int kLanes = 8;
+  if (len < kLanes) {
+    int32_t d = 0;
+    for (int32_t k = 0; k < len; ++k) d |= slots[k].value() ^ (first + k);
+    return d;
+  }
+  int32_t d[kLanes] = {};
+  int32_t k = 0;
+  for (; k + kLanes <= len; k += kLanes) {
+    for (int l = 0; l < kLanes; ++l) d[l] |= slots[k + l].value() ^ (first + k + l);
+  }
+  for (; k < len; ++k) d[0] |= slots[k].value() ^ (first + k);
+  int32_t all = 0;
+  for (int l = 0; l < kLanes; ++l) all |= d[l];
+  return all;
+}
+
+// True when every token t < n of a sequence sits at offset t % page_size of page
+// row[t / page_size] and those pages lie in [first_page, end_page). The fast path of the
+// page-table check: branch-free loops over independent lanes; errors are explained by the
+// slow loop in ValidateForwardMetadata.
+bool RowMatchesSlots(absl::Span<const PageId> row, const TokenSlot* slots, int64_t n,
+                     PageSize page_size, int32_t first_page, int32_t end_page) {
+  constexpr int kLanes = 8;
+  const int64_t ps = page_size.tokens();
+  const int64_t pages = (n + ps - 1) / ps;
+  const int log2 = page_size.log2();
+  // Unsigned arithmetic: an out-of-range page only sets the flag, it never shifts a negative.
+  const uint32_t page_span = static_cast<uint32_t>(end_page - first_page);
+  if (log2 >= 0 && ps < kLanes) {
+    // Small power-of-two pages (1, 2, 4): token by token, with shifts, in one pass.
+    const uint32_t mask = static_cast<uint32_t>(ps - 1);
+    uint32_t bad = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      const uint32_t page = static_cast<uint32_t>(row[t >> log2].value());
+      const uint32_t want = (page << log2) | (static_cast<uint32_t>(t) & mask);
+      bad |= static_cast<uint32_t>(page - static_cast<uint32_t>(first_page) >= page_span) |
+             (static_cast<uint32_t>(slots[t].value()) ^ want);
+    }
+    return bad == 0;
+  }
+  int32_t out_of_range = 0;
+  for (int64_t j = 0; j < pages; ++j) {
+    out_of_range |= (row[j].value() < first_page) | (row[j].value() >= end_page);
+  }
+  if (out_of_range != 0) return false;
+  int32_t all = 0;
+  for (int64_t j = 0, t = 0; t < n; ++j, t += ps) {
+    all |= PageMismatch(slots + t, FirstSlotOf(row[j], page_size).value(),
+                        static_cast<int32_t>(std::min(ps, n - t)));
+  }
+  return all == 0;
 }
 
 }  // namespace
@@ -72,14 +172,6 @@ absl::Status ValidateForwardMetadata(const ForwardMetadataView& m, const Validat
   }
   const int64_t pool = ctx.pool_slots.value();
   const int64_t first_allowed = ctx.allow_padding_page ? 0 : ctx.page_size.tokens();
-  for (int64_t k = 0; k < total_kv; ++k) {
-    const int64_t s = m.kv_indices[k].value();
-    if (s < first_allowed || s >= pool) {
-      return Invalid("kv_indices",
-                     absl::StrCat("entry ", k, " = slot ", s, " outside [", first_allowed, ", ",
-                                  pool, ")", s >= 0 && s < first_allowed ? " (padding page)" : ""));
-    }
-  }
   if (m.max_q_len != max_q) {
     return Invalid("max_q_len", absl::StrCat("is ", m.max_q_len.value(),
                                              ", the largest q_len is ", max_q.value()));
@@ -100,7 +192,12 @@ absl::Status ValidateForwardMetadata(const ForwardMetadataView& m, const Validat
     }
   }
   const PageTableSpan<const PageId>& pt = m.page_table;
-  if (pt.rows() == 0 && pt.cols() == 0) return absl::OkStatus();  // no page-level consumer
+  if (pt.rows() == 0 && pt.cols() == 0) {
+    // No page-level consumer: check the slots alone.
+    return CheckSlotRange(m.kv_indices.subspan(0, total_kv), first_allowed, pool);
+  }
+  // With a page table, the token-by-token check below also proves every slot in range: each
+  // slot equals an offset within a page checked to lie in the pool.
   const int64_t need_cols = PagesForTokensCeil(max_kv, ctx.page_size).value();
   if (pt.rows() < bs || pt.cols() < need_cols) {
     return Invalid("page_table", absl::StrCat("is [", pt.rows(), "][", pt.cols(),
@@ -110,16 +207,37 @@ absl::Status ValidateForwardMetadata(const ForwardMetadataView& m, const Validat
     absl::Span<const PageId> row = pt.row(i);
     const TokenSlot* slots = m.kv_indices.data() + m.kv_indptr[i].value();
     const int64_t n = m.kv_lens[i].value();
-    for (int64_t t = 0; t < n; ++t) {
-      const PageId page = row[t / ps];
-      if (PageOf(slots[t], ctx.page_size) != page || OffsetInPage(slots[t], ctx.page_size).value() != t % ps) {
-        return Invalid("page_table",
-                       absl::StrCat("[", i, "][", t / ps, "] = page ", page.value(),
-                                    " disagrees with kv_indices: token ", t, " of sequence ", i,
-                                    " is in slot ", slots[t].value(), " (page ",
-                                    PageOf(slots[t], ctx.page_size).value(), ", offset ",
-                                    OffsetInPage(slots[t], ctx.page_size).value(), ")"));
+    // Token t must sit at offset t % page_size of page row[t / page_size].
+    if (!RowMatchesSlots(row, slots, n, ctx.page_size, static_cast<int32_t>(first_allowed / ps),
+                         static_cast<int32_t>(pool / ps))) {
+      // Find and explain the first offending page or token.
+      for (int64_t j = 0, t = 0; t < n; ++j) {
+        if (row[j].value() < first_allowed / ps || row[j].value() >= pool / ps) {
+          return Invalid("page_table", absl::StrCat("[", i, "][", j, "] = page ", row[j].value(),
+                                                    " outside the allocatable pages [",
+                                                    first_allowed / ps, ", ", pool / ps, ")"));
+        }
+        const int32_t first = FirstSlotOf(row[j], ctx.page_size).value();
+        const int32_t len = static_cast<int32_t>(std::min(ps, n - t));
+        const int32_t diff = PageMismatch(slots + t, first, len);
+        if (diff != 0) {
+          int64_t bad = t;
+          while (slots[bad].value() == first + (bad - t)) ++bad;
+          const int64_t slot = slots[bad].value();
+          if (slot < first_allowed || slot >= pool) {
+            return SlotError(m.kv_indptr[i].value() + bad, slot, first_allowed, pool);
+          }
+          return Invalid("page_table",
+                         absl::StrCat("[", i, "][", j, "] = page ", row[j].value(),
+                                      " disagrees with kv_indices: token ", bad, " of sequence ", i,
+                                      " is in slot ", slots[bad].value(), " (page ",
+                                      PageOf(slots[bad], ctx.page_size).value(), ", offset ",
+                                      OffsetInPage(slots[bad], ctx.page_size).value(), ")"));
+        }
+        t += len;
       }
+      return absl::InternalError(absl::StrCat("validator: page-table check of sequence ", i,
+                                              " failed without an offending token"));
     }
     for (int64_t j = PagesForTokensCeil(TokenCount(n), ctx.page_size).value(); j < pt.cols(); ++j) {
       if (row[j] != kPaddingPage) {

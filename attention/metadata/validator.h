@@ -20,14 +20,15 @@ struct ValidationContext {
   bool allow_padding_page = false;
 };
 
-// OK, or InvalidArgument naming the first broken invariant, in this order: the mode's batch
-// size; array sizes (kv_indptr and qo_indptr [bs + 1], kv_last_page_len [bs], kv_indices at
-// least kv_indptr[bs]); kv_indptr starts at 0, is non-decreasing and its steps equal kv_lens;
+// OK, or InvalidArgument naming the first broken invariant it finds (the message starts with
+// the array's name, then the index and the values). The invariants: the mode's batch size;
+// array sizes (kv_indptr and qo_indptr [bs + 1], kv_last_page_len [bs], kv_indices at least
+// kv_indptr[bs]); kv_indptr starts at 0, is non-decreasing and its steps equal kv_lens;
 // qo_indptr starts at 0, is non-decreasing and ends at num_query_rows; each sequence's
-// q_len/kv_len allowed by the mode; every slot of kv_indices[0, kv_indptr[bs]) inside the
-// pool (and outside the padding page unless allowed); max_q_len and max_kv_len equal to the
-// real maxima; kv_last_page_len; the page table (when present) wide enough, consistent with
-// kv_indices token by token, and padded past each sequence's pages.
+// q_len/kv_len allowed by the mode; max_q_len and max_kv_len equal to the real maxima;
+// kv_last_page_len; every slot of kv_indices[0, kv_indptr[bs]) inside the pool (and outside
+// the padding page unless allowed); the page table (when present) wide enough, its pages in
+// the pool, consistent with kv_indices token by token, and padded past each sequence's pages.
 // Its cost is linear in bs + kv_indptr[bs] + page table entries.
 absl::Status ValidateForwardMetadata(const ForwardMetadataView& m, const ValidationContext& ctx);
 
