@@ -1,6 +1,7 @@
-// GPU test of BuildTokenKvIndicesOnDevice against the request-to-token table read on the
-// host, for batches laid out by the real allocator with shuffled pages. Needs a GPU: fails
-// when none is visible.
+// GPU test of BuildTokenKvIndicesOnDevice: the device twin must produce exactly the arrays of
+// the host builder BuildTokenKvIndices (which is itself checked against the request-to-token
+// table read directly), for batches laid out by the real allocator with shuffled pages.
+// Needs a GPU: fails when none is visible.
 
 #include "attention/kernels/token_kv_indices.h"
 
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "attention/kernels/testing/device_buffer.h"
+#include "attention/metadata/builders.h"
 #include "gtest/gtest.h"
 #include "kvcache/paged_token_allocator.h"
 #include "kvcache/req_to_token_pool.h"
@@ -83,6 +85,11 @@ void RunAndCheck(const ReqToTokenPool& pool, const Batch& b, size_t slack) {
   ASSERT_EQ(hipDeviceSynchronize(), hipSuccess);
   auto got = out->ToHost();
   ASSERT_TRUE(got.ok()) << got.status();
+  // The host builder on an identically poisoned buffer.
+  std::vector<TokenSlot> host = poison;
+  ASSERT_TRUE(BuildTokenKvIndices(pool, b.rows, b.kv_indptr, b.kv_start_idx, absl::MakeSpan(host)).ok());
+  ASSERT_EQ(std::vector<TokenSlot>(host.begin(), host.begin() + b.expected.size()), b.expected);
+  EXPECT_TRUE(*got == host) << "device and host builders differ";
   for (size_t k = 0; k < b.expected.size(); ++k) {
     ASSERT_EQ((*got)[k], b.expected[k]) << "kv_indices[" << k << "]";
   }
