@@ -32,6 +32,14 @@ ReqToTokenPool::ReqToTokenPool(int32_t max_reqs, int64_t max_context_len)
   for (int32_t r = max_reqs - 1; r >= 0; --r) free_rows_.push_back(ReqPoolIndex(r));
 }
 
+absl::Status ReqToTokenPool::CheckRow(ReqPoolIndex row) const {
+  if (row.value() < 0 || row.value() >= max_reqs_) {
+    return absl::OutOfRangeError(
+        absl::StrCat("req row ", row.value(), " outside [0, ", max_reqs_, ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ReqPoolIndex> ReqToTokenPool::Allocate() {
   if (free_rows_.empty()) {
     return absl::ResourceExhaustedError(
@@ -44,10 +52,7 @@ absl::StatusOr<ReqPoolIndex> ReqToTokenPool::Allocate() {
 }
 
 absl::Status ReqToTokenPool::AllocateRow(ReqPoolIndex row) {
-  if (row.value() < 0 || row.value() >= max_reqs_) {
-    return absl::OutOfRangeError(
-        absl::StrCat("req row ", row.value(), " outside [0, ", max_reqs_, ")"));
-  }
+  if (absl::Status s = CheckRow(row); !s.ok()) return s;
   if (allocated_[row.value()]) {
     return absl::FailedPreconditionError(
         absl::StrCat("req row ", row.value(), " is already allocated"));
@@ -58,10 +63,7 @@ absl::Status ReqToTokenPool::AllocateRow(ReqPoolIndex row) {
 }
 
 absl::Status ReqToTokenPool::Free(ReqPoolIndex row) {
-  if (row.value() < 0 || row.value() >= max_reqs_) {
-    return absl::OutOfRangeError(
-        absl::StrCat("req row ", row.value(), " outside [0, ", max_reqs_, ")"));
-  }
+  if (absl::Status s = CheckRow(row); !s.ok()) return s;
   if (!allocated_[row.value()]) {
     return absl::FailedPreconditionError(
         absl::StrCat("req row ", row.value(), " is not allocated (double free?)"));
@@ -80,10 +82,7 @@ bool ReqToTokenPool::IsAllocated(ReqPoolIndex row) const {
 
 absl::Status ReqToTokenPool::CheckRange(ReqPoolIndex row, TokenCount begin,
                                         TokenCount len) const {
-  if (row.value() < 0 || row.value() >= max_reqs_) {
-    return absl::OutOfRangeError(
-        absl::StrCat("req row ", row.value(), " outside [0, ", max_reqs_, ")"));
-  }
+  if (absl::Status s = CheckRow(row); !s.ok()) return s;
   if (!allocated_[row.value()]) {
     return absl::FailedPreconditionError(
         absl::StrCat("req row ", row.value(), " is not allocated"));

@@ -16,18 +16,13 @@
 namespace attnmeta {
 
 // A row of the request-to-token table (the reference system's req_pool_index).
-class ReqPoolIndex {
+class ReqPoolIndex : public internal::Unit<ReqPoolIndex, int32_t> {
  public:
   constexpr ReqPoolIndex() = default;
-  constexpr explicit ReqPoolIndex(int32_t row) : row_(row) {}
-  constexpr int32_t value() const { return row_; }
-  friend constexpr bool operator==(ReqPoolIndex a, ReqPoolIndex b) { return a.row_ == b.row_; }
-  friend constexpr bool operator!=(ReqPoolIndex a, ReqPoolIndex b) { return a.row_ != b.row_; }
-  friend constexpr bool operator<(ReqPoolIndex a, ReqPoolIndex b) { return a.row_ < b.row_; }
-  friend std::ostream& operator<<(std::ostream& os, ReqPoolIndex r) { return os << "req row " << r.row_; }
-
- private:
-  int32_t row_ = 0;
+  constexpr explicit ReqPoolIndex(int32_t row) : Unit(row) {}
+  friend std::ostream& operator<<(std::ostream& os, ReqPoolIndex r) {
+    return os << "req row " << r.value();
+  }
 };
 static_assert(sizeof(ReqPoolIndex) == sizeof(int32_t));
 
@@ -71,6 +66,8 @@ class ReqToTokenPool {
 
  private:
   ReqToTokenPool(int32_t max_reqs, int64_t max_context_len);
+  // OutOfRange for a row outside the table.
+  absl::Status CheckRow(ReqPoolIndex row) const;
   absl::Status CheckRange(ReqPoolIndex row, TokenCount begin, TokenCount len) const;
 
   int32_t max_reqs_;

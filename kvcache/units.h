@@ -15,70 +15,80 @@
 #include <cstdint>
 #include <ostream>
 #include <type_traits>
+#include <utility>
 
 #include "absl/status/statusor.h"
 
 namespace attnmeta {
+namespace internal {
+
+// What every unit type shares: its stored value and comparisons with its own type (never with
+// another unit). Each unit adds only the arithmetic that means something for it.
+template <typename Derived, typename Rep>
+class Unit {
+ public:
+  constexpr Rep value() const { return v_; }
+
+  friend constexpr bool operator==(Derived a, Derived b) { return a.v_ == b.v_; }
+  friend constexpr bool operator!=(Derived a, Derived b) { return a.v_ != b.v_; }
+  friend constexpr bool operator<(Derived a, Derived b) { return a.v_ < b.v_; }
+  friend constexpr bool operator<=(Derived a, Derived b) { return a.v_ <= b.v_; }
+  friend constexpr bool operator>(Derived a, Derived b) { return a.v_ > b.v_; }
+  friend constexpr bool operator>=(Derived a, Derived b) { return a.v_ >= b.v_; }
+  template <typename H>
+  friend H AbslHashValue(H h, Derived d) {
+    return H::combine(std::move(h), d.v_);
+  }
+
+ protected:
+  constexpr Unit() = default;
+  constexpr explicit Unit(Rep v) : v_(v) {}
+  Rep v_ = 0;
+};
+
+}  // namespace internal
 
 // A number of tokens (a length, a prefix length, a sum of lengths). May be negative only as
 // the transient result of a subtraction; validated inputs are >= 0.
-class TokenCount {
+class TokenCount : public internal::Unit<TokenCount, int64_t> {
  public:
   constexpr TokenCount() = default;
-  constexpr explicit TokenCount(int64_t n) : n_(n) {}
-
-  constexpr int64_t value() const { return n_; }
+  constexpr explicit TokenCount(int64_t n) : Unit(n) {}
 
   constexpr TokenCount& operator+=(TokenCount o) {
-    n_ += o.n_;
+    v_ += o.v_;
     return *this;
   }
   constexpr TokenCount& operator-=(TokenCount o) {
-    n_ -= o.n_;
+    v_ -= o.v_;
     return *this;
   }
-  friend constexpr TokenCount operator+(TokenCount a, TokenCount b) { return TokenCount(a.n_ + b.n_); }
-  friend constexpr TokenCount operator-(TokenCount a, TokenCount b) { return TokenCount(a.n_ - b.n_); }
-  friend constexpr bool operator==(TokenCount a, TokenCount b) { return a.n_ == b.n_; }
-  friend constexpr bool operator!=(TokenCount a, TokenCount b) { return a.n_ != b.n_; }
-  friend constexpr bool operator<(TokenCount a, TokenCount b) { return a.n_ < b.n_; }
-  friend constexpr bool operator<=(TokenCount a, TokenCount b) { return a.n_ <= b.n_; }
-  friend constexpr bool operator>(TokenCount a, TokenCount b) { return a.n_ > b.n_; }
-  friend constexpr bool operator>=(TokenCount a, TokenCount b) { return a.n_ >= b.n_; }
-  friend std::ostream& operator<<(std::ostream& os, TokenCount c) { return os << c.n_ << " tokens"; }
-
- private:
-  int64_t n_ = 0;
+  friend constexpr TokenCount operator+(TokenCount a, TokenCount b) { return a += b; }
+  friend constexpr TokenCount operator-(TokenCount a, TokenCount b) { return a -= b; }
+  friend std::ostream& operator<<(std::ostream& os, TokenCount c) {
+    return os << c.value() << " tokens";
+  }
 };
 
 // A number of pages.
-class PageCount {
+class PageCount : public internal::Unit<PageCount, int64_t> {
  public:
   constexpr PageCount() = default;
-  constexpr explicit PageCount(int64_t n) : n_(n) {}
-
-  constexpr int64_t value() const { return n_; }
+  constexpr explicit PageCount(int64_t n) : Unit(n) {}
 
   constexpr PageCount& operator+=(PageCount o) {
-    n_ += o.n_;
+    v_ += o.v_;
     return *this;
   }
   constexpr PageCount& operator-=(PageCount o) {
-    n_ -= o.n_;
+    v_ -= o.v_;
     return *this;
   }
-  friend constexpr PageCount operator+(PageCount a, PageCount b) { return PageCount(a.n_ + b.n_); }
-  friend constexpr PageCount operator-(PageCount a, PageCount b) { return PageCount(a.n_ - b.n_); }
-  friend constexpr bool operator==(PageCount a, PageCount b) { return a.n_ == b.n_; }
-  friend constexpr bool operator!=(PageCount a, PageCount b) { return a.n_ != b.n_; }
-  friend constexpr bool operator<(PageCount a, PageCount b) { return a.n_ < b.n_; }
-  friend constexpr bool operator<=(PageCount a, PageCount b) { return a.n_ <= b.n_; }
-  friend constexpr bool operator>(PageCount a, PageCount b) { return a.n_ > b.n_; }
-  friend constexpr bool operator>=(PageCount a, PageCount b) { return a.n_ >= b.n_; }
-  friend std::ostream& operator<<(std::ostream& os, PageCount c) { return os << c.n_ << " pages"; }
-
- private:
-  int64_t n_ = 0;
+  friend constexpr PageCount operator+(PageCount a, PageCount b) { return a += b; }
+  friend constexpr PageCount operator-(PageCount a, PageCount b) { return a -= b; }
+  friend std::ostream& operator<<(std::ostream& os, PageCount c) {
+    return os << c.value() << " pages";
+  }
 };
 
 // The number of token slots in one page: always >= 1 and not necessarily a power of two.
@@ -116,111 +126,64 @@ class PageSize {
 
 // One row of the KV pool: the K and V of one token of one layer. Slot s lies in page
 // s / page_size.
-class TokenSlot {
+class TokenSlot : public internal::Unit<TokenSlot, int32_t> {
  public:
   constexpr TokenSlot() = default;
-  constexpr explicit TokenSlot(int32_t index) : index_(index) {}
-
-  constexpr int32_t value() const { return index_; }
+  constexpr explicit TokenSlot(int32_t index) : Unit(index) {}
 
   // REQUIRES: the result fits in int32 (callers have checked it against the pool size).
   friend constexpr TokenSlot operator+(TokenSlot s, TokenCount n) {
-    return TokenSlot(static_cast<int32_t>(s.index_ + n.value()));
+    return TokenSlot(static_cast<int32_t>(s.value() + n.value()));
   }
   friend constexpr TokenCount operator-(TokenSlot a, TokenSlot b) {
-    return TokenCount(int64_t{a.index_} - b.index_);
+    return TokenCount(int64_t{a.value()} - b.value());
   }
-  friend constexpr bool operator==(TokenSlot a, TokenSlot b) { return a.index_ == b.index_; }
-  friend constexpr bool operator!=(TokenSlot a, TokenSlot b) { return a.index_ != b.index_; }
-  friend constexpr bool operator<(TokenSlot a, TokenSlot b) { return a.index_ < b.index_; }
-  friend constexpr bool operator<=(TokenSlot a, TokenSlot b) { return a.index_ <= b.index_; }
-  friend constexpr bool operator>(TokenSlot a, TokenSlot b) { return a.index_ > b.index_; }
-  friend constexpr bool operator>=(TokenSlot a, TokenSlot b) { return a.index_ >= b.index_; }
-  template <typename H>
-  friend H AbslHashValue(H h, TokenSlot s) {
-    return H::combine(std::move(h), s.index_);
+  friend std::ostream& operator<<(std::ostream& os, TokenSlot s) {
+    return os << "slot " << s.value();
   }
-  friend std::ostream& operator<<(std::ostream& os, TokenSlot s) { return os << "slot " << s.index_; }
-
- private:
-  int32_t index_ = 0;
 };
 
 // A page of the KV pool: slots [id * page_size, (id + 1) * page_size).
-class PageId {
+class PageId : public internal::Unit<PageId, int32_t> {
  public:
   constexpr PageId() = default;
-  constexpr explicit PageId(int32_t id) : id_(id) {}
+  constexpr explicit PageId(int32_t id) : Unit(id) {}
 
-  constexpr int32_t value() const { return id_; }
-
-  friend constexpr bool operator==(PageId a, PageId b) { return a.id_ == b.id_; }
-  friend constexpr bool operator!=(PageId a, PageId b) { return a.id_ != b.id_; }
-  friend constexpr bool operator<(PageId a, PageId b) { return a.id_ < b.id_; }
-  friend constexpr bool operator<=(PageId a, PageId b) { return a.id_ <= b.id_; }
-  friend constexpr bool operator>(PageId a, PageId b) { return a.id_ > b.id_; }
-  friend constexpr bool operator>=(PageId a, PageId b) { return a.id_ >= b.id_; }
-  template <typename H>
-  friend H AbslHashValue(H h, PageId p) {
-    return H::combine(std::move(h), p.id_);
-  }
-  friend std::ostream& operator<<(std::ostream& os, PageId p) { return os << "page " << p.id_; }
-
- private:
-  int32_t id_ = 0;
+  friend std::ostream& operator<<(std::ostream& os, PageId p) { return os << "page " << p.value(); }
 };
 
 // A per-sequence length in tokens as kernels read it (seq_lens, kv_last_page_len, q_lens):
 // int32, >= 0 once validated. Host arithmetic converts it to TokenCount.
-class TokenLength {
+class TokenLength : public internal::Unit<TokenLength, int32_t> {
  public:
   constexpr TokenLength() = default;
-  constexpr explicit TokenLength(int32_t n) : n_(n) {}
+  constexpr explicit TokenLength(int32_t n) : Unit(n) {}
 
-  constexpr int32_t value() const { return n_; }
-  constexpr TokenCount count() const { return TokenCount(n_); }
+  constexpr TokenCount count() const { return TokenCount(value()); }
 
-  friend constexpr bool operator==(TokenLength a, TokenLength b) { return a.n_ == b.n_; }
-  friend constexpr bool operator!=(TokenLength a, TokenLength b) { return a.n_ != b.n_; }
-  friend constexpr bool operator<(TokenLength a, TokenLength b) { return a.n_ < b.n_; }
-  friend constexpr bool operator<=(TokenLength a, TokenLength b) { return a.n_ <= b.n_; }
-  friend constexpr bool operator>(TokenLength a, TokenLength b) { return a.n_ > b.n_; }
-  friend constexpr bool operator>=(TokenLength a, TokenLength b) { return a.n_ >= b.n_; }
-  friend std::ostream& operator<<(std::ostream& os, TokenLength l) { return os << l.n_ << " tokens"; }
-
- private:
-  int32_t n_ = 0;
+  friend std::ostream& operator<<(std::ostream& os, TokenLength l) {
+    return os << l.value() << " tokens";
+  }
 };
 
 // A position in a token-level array: an entry of kv_indptr or cu_k (where a sequence's
 // tokens begin in kv_indices), or a start position within a request's row. int32, as the
 // kernels read it.
-class TokenOffset {
+class TokenOffset : public internal::Unit<TokenOffset, int32_t> {
  public:
   constexpr TokenOffset() = default;
-  constexpr explicit TokenOffset(int32_t offset) : offset_(offset) {}
-
-  constexpr int32_t value() const { return offset_; }
+  constexpr explicit TokenOffset(int32_t offset) : Unit(offset) {}
 
   friend constexpr TokenCount operator-(TokenOffset a, TokenOffset b) {
-    return TokenCount(int64_t{a.offset_} - b.offset_);
+    return TokenCount(int64_t{a.value()} - b.value());
   }
   // REQUIRES: the result fits in int32 (callers check sums against INT32_MAX).
   friend constexpr TokenOffset operator+(TokenOffset o, TokenCount n) {
-    return TokenOffset(static_cast<int32_t>(o.offset_ + n.value()));
+    return TokenOffset(static_cast<int32_t>(o.value() + n.value()));
   }
-  friend constexpr bool operator==(TokenOffset a, TokenOffset b) { return a.offset_ == b.offset_; }
-  friend constexpr bool operator!=(TokenOffset a, TokenOffset b) { return a.offset_ != b.offset_; }
-  friend constexpr bool operator<(TokenOffset a, TokenOffset b) { return a.offset_ < b.offset_; }
-  friend constexpr bool operator<=(TokenOffset a, TokenOffset b) { return a.offset_ <= b.offset_; }
-  friend constexpr bool operator>(TokenOffset a, TokenOffset b) { return a.offset_ > b.offset_; }
-  friend constexpr bool operator>=(TokenOffset a, TokenOffset b) { return a.offset_ >= b.offset_; }
   friend std::ostream& operator<<(std::ostream& os, TokenOffset o) {
-    return os << "offset " << o.offset_;
+    return os << "offset " << o.value();
   }
-
- private:
-  int32_t offset_ = 0;
 };
 
 // Page 0 is never handed out: padded rows of a captured graph point their slots at it.

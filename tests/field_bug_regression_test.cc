@@ -4,13 +4,13 @@
 // where attnmeta's formula passes.
 
 #include <cmath>
-#include <random>
 #include <vector>
 
 #include "attention/metadata/builders.h"
 #include "attention/metadata/context_gather.h"
 #include "attention/metadata/reference_attention.h"
 #include "attention/metadata/split_kv_planner.h"
+#include "attention/metadata/testing/attention_problem.h"
 #include "attention/metadata/testing/batch_fixture.h"
 #include "attention/metadata/validator.h"
 #include "gtest/gtest.h"
@@ -21,11 +21,9 @@ namespace {
 using testing::BatchFixture;
 
 constexpr AttentionDims kDims{4, 1, 16};  // MLA-like: one shared KV head
-constexpr int64_t kKvRow = 16;
-constexpr int64_t kQRow = 64;
 
-// A batch with prefixes at page_size 64 (unaligned lengths, shuffled pages), random K/V
-// for every pool slot and random queries, and the dense attention of its logical sequences.
+// A batch with prefixes at page_size 64 (unaligned lengths, shuffled pages) and its
+// attention problem (random K/V and queries, dense attention of the logical sequences).
 class FieldBugTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -36,49 +34,22 @@ class FieldBugTest : public ::testing::Test {
     auto m = BuildForwardMetadata(f_.Batch(ForwardMode::kExtend), f_.pool(), f_.page_size());
     ASSERT_TRUE(m.ok()) << m.status();
     m_ = *std::move(m);
-    std::mt19937_64 rng(77);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    k_.resize(f_.pool_slots().value() * kKvRow);
-    v_.resize(k_.size());
-    q_.resize(f_.num_query_rows().value() * kQRow);
-    for (auto* buf : {&k_, &v_, &q_}) {
-      for (float& x : *buf) x = normal(rng);
-    }
-    want_.resize(q_.size());
-    int64_t q0 = 0;
-    for (int i = 0; i < static_cast<int>(f_.rows().size()); ++i) {
-      std::vector<float> k, v;
-      for (TokenSlot s : f_.SlotsOf(i)) {
-        k.insert(k.end(), k_.begin() + s.value() * kKvRow, k_.begin() + (s.value() + 1) * kKvRow);
-        v.insert(v.end(), v_.begin() + s.value() * kKvRow, v_.begin() + (s.value() + 1) * kKvRow);
-      }
-      const int64_t n = f_.q_lens()[i].value() * kQRow;
-      ASSERT_TRUE(DenseAttention(kDims, absl::MakeConstSpan(q_).subspan(q0, n), k, v,
-                                 absl::MakeSpan(want_).subspan(q0, n))
-                      .ok());
-      q0 += n;
-    }
+    p_ = testing::MakeAttentionProblem(f_, kDims, 77);
   }
 
   ValidationContext Context() const {
     return ValidationContext{f_.pool_slots(), f_.page_size(), f_.num_query_rows()};
   }
   ReferenceAttentionInputs Inputs(const ForwardMetadata& m) const {
-    return ReferenceAttentionInputs{kDims, m.view(), f_.page_size(), q_, k_, v_};
+    return ReferenceAttentionInputs{kDims, m.view(), f_.page_size(), p_.q, p_.k_pool, p_.v_pool};
   }
   double Error(const std::vector<float>& got) const {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      if (std::isnan(got[i])) return INFINITY;
-      num += (double{got[i]} - want_[i]) * (double{got[i]} - want_[i]);
-      den += double{want_[i]} * want_[i];
-    }
-    return std::sqrt(num / den);
+    return testing::RelativeL2Error(got, p_.dense);
   }
 
   BatchFixture f_{64, 2024, /*num_pages=*/256};
   ForwardMetadata m_;
-  std::vector<float> k_, v_, q_, want_;
+  testing::AttentionProblem p_;
 };
 
 // Row 3: max_kv_len taken as page_table_cols * page_size.
@@ -107,7 +78,7 @@ TEST_F(FieldBugTest, Row5_LinearKvSplitIsPlannedInTokens) {
   auto plan = PlanSplitKv(m_.qo_indptr, m_.kv_indptr, opt);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->chunk, TokenCount(128)) << "linear K/V: block size 1, granularity 128 tokens";
-  std::vector<float> out(q_.size(), NAN);
+  std::vector<float> out(p_.q.size(), NAN);
   ASSERT_TRUE(ReferenceAttentionSplitKv(Inputs(m_), *plan, absl::MakeSpan(out)).ok());
   EXPECT_LT(Error(out), 1e-5);
 
@@ -122,7 +93,7 @@ TEST_F(FieldBugTest, Row5_LinearKvSplitIsPlannedInTokens) {
     w.kv_begin = TokenOffset(static_cast<int32_t>(w.kv_begin.value() / ps));
     w.kv_end = TokenOffset(static_cast<int32_t>((w.kv_end.value() + ps - 1) / ps));
   }
-  std::vector<float> bad(q_.size(), NAN);
+  std::vector<float> bad(p_.q.size(), NAN);
   ASSERT_TRUE(ReferenceAttentionSplitKv(Inputs(m_), *buggy, absl::MakeSpan(bad)).ok());
   EXPECT_GT(Error(bad), 1e-2) << "the page-unit plan must visibly break attention";
 }
@@ -140,7 +111,7 @@ TEST_F(FieldBugTest, Row8_QoIndptrMustEndAtTheQueryRowsGiven) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("qo_indptr"), absl::string_view::npos) << s;
   // A consumer given it refuses to run rather than reading past the query tensor.
-  std::vector<float> out(q_.size());
+  std::vector<float> out(p_.q.size());
   EXPECT_EQ(ReferenceAttentionTokenLevel(Inputs(buggy), absl::MakeSpan(out)).code(),
             absl::StatusCode::kInvalidArgument);
 }
@@ -152,7 +123,7 @@ TEST_F(FieldBugTest, Row9_GatherCopiesTokenLevelIndicesAsTheyAre) {
   auto gather = GatherContextTokens(
       ContextGatherInputs{ForwardMode::kExtend, m_.kv_indptr, m_.kv_indices, lens, f_.pool_slots()});
   ASSERT_TRUE(gather.ok()) << gather.status();
-  std::vector<float> out(q_.size(), NAN);
+  std::vector<float> out(p_.q.size(), NAN);
   ASSERT_TRUE(ReferenceAttentionGathered(Inputs(m_), *gather, absl::MakeSpan(out)).ok());
   EXPECT_LT(Error(out), 1e-5);
 
@@ -171,7 +142,7 @@ TEST_F(FieldBugTest, Row9_GatherCopiesTokenLevelIndicesAsTheyAre) {
       buggy.tok_idx[buggy.cu_k[i].value() + t] = TokenSlot(static_cast<int32_t>(slot));
     }
   }
-  std::vector<float> bad(q_.size(), NAN);
+  std::vector<float> bad(p_.q.size(), NAN);
   ASSERT_TRUE(ReferenceAttentionGathered(Inputs(m_), buggy, absl::MakeSpan(bad)).ok());
   EXPECT_GT(Error(bad) + out_of_pool, 1e-2) << "the page arithmetic must visibly break attention";
   EXPECT_GT(out_of_pool, 0) << "at page_size 64 the buggy slots leave the pool";

@@ -1,8 +1,7 @@
 // The oracle of the metadata layer: for every forward mode, page sizes 1, 2, 7, 16 and 64,
 // shuffled page pools, unaligned lengths and prefix reuse, attention read through each kind
 // of metadata (token-level kv_indices, page table, context-prefill gather, split-KV plan)
-// equals dense attention over the logical, unpaged sequences. The logical sequences come
-// from the allocator's own layout (req_to_token), not from the metadata under test.
+// equals dense attention over the logical, unpaged sequences (AttentionProblem).
 
 #include <cmath>
 #include <random>
@@ -14,6 +13,7 @@
 #include "attention/metadata/context_gather.h"
 #include "attention/metadata/reference_attention.h"
 #include "attention/metadata/split_kv_planner.h"
+#include "attention/metadata/testing/attention_problem.h"
 #include "attention/metadata/testing/batch_fixture.h"
 #include "gtest/gtest.h"
 
@@ -22,19 +22,11 @@ namespace {
 
 using testing::BatchFixture;
 
-constexpr AttentionDims kDims{4, 2, 8};
-constexpr int64_t kKvRow = 2 * 8;
-constexpr int64_t kQRow = 4 * 8;
+using testing::AttentionProblem;
+using testing::MakeAttentionProblem;
+using testing::RelativeL2Error;
 
-double RelativeError(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (std::isnan(got[i])) return INFINITY;
-    num += (double{got[i]} - want[i]) * (double{got[i]} - want[i]);
-    den += double{want[i]} * want[i];
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
+constexpr AttentionDims kDims{4, 2, 8};
 
 struct Case {
   ForwardMode mode;
@@ -76,42 +68,18 @@ void RunCase(const Case& c) {
   auto m = BuildForwardMetadata(f.Batch(c.mode), f.pool(), f.page_size());
   ASSERT_TRUE(m.ok()) << m.status();
 
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  const int64_t slots = f.pool_slots().value();
-  std::vector<float> k_pool(slots * kKvRow), v_pool(slots * kKvRow);
-  for (float& x : k_pool) x = normal(rng);
-  for (float& x : v_pool) x = normal(rng);
-  const int64_t rows = f.num_query_rows().value();
-  std::vector<float> q(rows * kQRow);
-  for (float& x : q) x = normal(rng);
-
-  // Dense attention over the logical sequences, read from the allocator's layout.
-  std::vector<float> want(q.size());
-  int64_t q0 = 0;
-  for (size_t i = 0; i < f.rows().size(); ++i) {
-    const std::vector<TokenSlot> slots_i = f.SlotsOf(static_cast<int>(i));
-    std::vector<float> k, v;
-    for (TokenSlot s : slots_i) {
-      k.insert(k.end(), k_pool.begin() + s.value() * kKvRow, k_pool.begin() + (s.value() + 1) * kKvRow);
-      v.insert(v.end(), v_pool.begin() + s.value() * kKvRow, v_pool.begin() + (s.value() + 1) * kKvRow);
-    }
-    const int64_t q_len = f.q_lens()[i].value();
-    ASSERT_TRUE(DenseAttention(kDims, absl::MakeConstSpan(q).subspan(q0 * kQRow, q_len * kQRow), k,
-                               v, absl::MakeSpan(want).subspan(q0 * kQRow, q_len * kQRow))
-                    .ok());
-    q0 += q_len;
-  }
-
-  ReferenceAttentionInputs in{kDims, m->view(), f.page_size(), q, k_pool, v_pool};
+  const AttentionProblem p = MakeAttentionProblem(f, kDims, c.seed);
+  const std::vector<float>& want = p.dense;
+  ReferenceAttentionInputs in{kDims, m->view(), f.page_size(), p.q, p.k_pool, p.v_pool};
   auto check = [&](const char* path, const absl::Status& s, const std::vector<float>& got) {
     ASSERT_TRUE(s.ok()) << path << ": " << s;
-    EXPECT_LT(RelativeError(got, want), 1e-5) << path;
+    EXPECT_LT(RelativeL2Error(got, want), 1e-5) << path;
   };
-  std::vector<float> out(q.size(), NAN);
+  std::vector<float> out(p.q.size(), NAN);
   check("token-level kv_indices", ReferenceAttentionTokenLevel(in, absl::MakeSpan(out)), out);
-  out.assign(q.size(), NAN);
+  out.assign(p.q.size(), NAN);
   check("page table", ReferenceAttentionPageTable(in, absl::MakeSpan(out)), out);
-  out.assign(q.size(), NAN);
+  out.assign(p.q.size(), NAN);
   auto gather = GatherContextTokens(
       ContextGatherInputs{c.mode, m->kv_indptr, m->kv_indices, m->kv_lens, f.pool_slots()});
   ASSERT_TRUE(gather.ok()) << gather.status();
@@ -125,7 +93,7 @@ void RunCase(const Case& c) {
     opt.q_tile = TokenCount(std::uniform_int_distribution<int64_t>(1, 16)(rng));
     auto plan = PlanSplitKv(m->qo_indptr, m->kv_indptr, opt);
     ASSERT_TRUE(plan.ok()) << plan.status();
-    out.assign(q.size(), NAN);
+    out.assign(p.q.size(), NAN);
     check(paged ? "split-KV, paged layout" : "split-KV, linear layout",
           ReferenceAttentionSplitKv(in, *plan, absl::MakeSpan(out)), out);
   }
