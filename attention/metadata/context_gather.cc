@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "attention/metadata/internal/slot_range.h"
 #include "glog/logging.h"
 
 namespace attnmeta {
@@ -49,9 +50,13 @@ absl::Status GatherContextTokens(const ContextGatherInputs& in, absl::Span<Token
     if (first < 0 || last >= table_len) {
       return FallBack(in, "kv_indices index", first < 0 ? first : last, "kv_indices", table_len);
     }
-    for (int64_t k = first; k <= last; ++k) {
-      const int64_t s = in.kv_indices[k].value();
-      if (s < 0 || s >= pool) return FallBack(in, "slot", s, "the KV pool", pool);
+    const absl::Span<const TokenSlot> slots = in.kv_indices.subspan(first, len);
+    if (!internal::AllSlotsIn(slots, 0, pool)) {
+      for (TokenSlot s : slots) {
+        if (s.value() < 0 || s.value() >= pool) {
+          return FallBack(in, "slot", s.value(), "the KV pool", pool);
+        }
+      }
     }
     sum += len;
   }

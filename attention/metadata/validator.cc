@@ -6,6 +6,7 @@
 
 #include "absl/base/attributes.h"
 #include "absl/strings/str_cat.h"
+#include "attention/metadata/internal/slot_range.h"
 #include "attention/metadata/lengths.h"
 #include "attention/metadata/mode_rules.h"
 
@@ -43,34 +44,15 @@ absl::Status SlotError(int64_t k, int64_t s, int64_t first_allowed, int64_t pool
                                             s >= 0 && s < first_allowed ? " (padding page)" : ""));
 }
 
-// Every slot in [first_allowed, pool): a branch-free min/max pass with independent
-// accumulators; the offending entry is searched only on error.
+// Every slot in [first_allowed, pool); the offending entry is searched only on error.
 absl::Status CheckSlotRange(absl::Span<const TokenSlot> slots, int64_t first_allowed,
                             int64_t pool) {
-  constexpr int kLanes = 8;
-  int32_t lo[kLanes], hi[kLanes];
-  std::fill(lo, lo + kLanes, std::numeric_limits<int32_t>::max());
-  std::fill(hi, hi + kLanes, std::numeric_limits<int32_t>::min());
-  const int64_t n = static_cast<int64_t>(slots.size());
-  int64_t k = 0;
-  for (; k + kLanes <= n; k += kLanes) {
-    for (int l = 0; l < kLanes; ++l) {
-      const int32_t v = slots[k + l].value();
-      lo[l] = v < lo[l] ? v : lo[l];
-      hi[l] = v > hi[l] ? v : hi[l];
-    }
-  }
-  for (; k < n; ++k) {
-    const int32_t v = slots[k].value();
-    lo[0] = v < lo[0] ? v : lo[0];
-    hi[0] = v > hi[0] ? v : hi[0];
-  }
-  const int32_t min = *std::min_element(lo, lo + kLanes);
-  const int32_t max = *std::max_element(hi, hi + kLanes);
-  if (n == 0 || (min >= first_allowed && max < pool)) return absl::OkStatus();
-  for (k = 0; k < n; ++k) {
+  if (internal::AllSlotsIn(slots, first_allowed, pool)) return absl::OkStatus();
+  for (size_t k = 0; k < slots.size(); ++k) {
     const int64_t v = slots[k].value();
-    if (v < first_allowed || v >= pool) return SlotError(k, v, first_allowed, pool);
+    if (v < first_allowed || v >= pool) {
+      return SlotError(static_cast<int64_t>(k), v, first_allowed, pool);
+    }
   }
   return absl::OkStatus();
 }
