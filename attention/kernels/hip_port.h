@@ -8,8 +8,8 @@
 //
 // Wave size is 64 on CDNA (gfx9) and 32 on RDNA and NVIDIA, and HIP's host pass reports 64
 // whatever the target: block sizes that host and device code both use must not derive from
-// it (the launch would not match the kernel's stride on AMD), and host code asks the device
-// (hipDeviceAttributeWarpSize).
+// it (the launch would not match the kernel's stride on AMD), and host code that needs it asks
+// the device (hipDeviceGetAttribute, warp size).
 //
 // No Abseil and no glog here: device sources include this header.
 
@@ -30,25 +30,15 @@ using hipError_t = cudaError_t;
 using hipStream_t = cudaStream_t;
 using hipEvent_t = cudaEvent_t;
 using hipMemcpyKind = cudaMemcpyKind;
-using hipDeviceAttribute_t = cudaDeviceAttr;
 
 constexpr hipError_t hipSuccess = cudaSuccess;
 constexpr hipMemcpyKind hipMemcpyHostToDevice = cudaMemcpyHostToDevice;
 constexpr hipMemcpyKind hipMemcpyDeviceToHost = cudaMemcpyDeviceToHost;
 constexpr hipMemcpyKind hipMemcpyDeviceToDevice = cudaMemcpyDeviceToDevice;
-constexpr hipDeviceAttribute_t hipDeviceAttributeWarpSize = cudaDevAttrWarpSize;
-constexpr hipDeviceAttribute_t hipDeviceAttributeMultiprocessorCount =
-    cudaDevAttrMultiProcessorCount;
 
 inline hipError_t hipGetLastError() { return cudaGetLastError(); }
-inline hipError_t hipPeekAtLastError() { return cudaPeekAtLastError(); }
 inline const char* hipGetErrorString(hipError_t e) { return cudaGetErrorString(e); }
-inline const char* hipGetErrorName(hipError_t e) { return cudaGetErrorName(e); }
 inline hipError_t hipGetDeviceCount(int* n) { return cudaGetDeviceCount(n); }
-inline hipError_t hipGetDevice(int* d) { return cudaGetDevice(d); }
-inline hipError_t hipDeviceGetAttribute(int* v, hipDeviceAttribute_t a, int d) {
-  return cudaDeviceGetAttribute(v, a, d);
-}
 inline hipError_t hipDeviceSynchronize() { return cudaDeviceSynchronize(); }
 inline hipError_t hipMalloc(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
 template <typename T>
@@ -66,9 +56,6 @@ inline hipError_t hipMemcpyAsync(void* dst, const void* src, size_t bytes, hipMe
 inline hipError_t hipMemset(void* dst, int value, size_t bytes) {
   return cudaMemset(dst, value, bytes);
 }
-inline hipError_t hipStreamCreate(hipStream_t* s) { return cudaStreamCreate(s); }
-inline hipError_t hipStreamDestroy(hipStream_t s) { return cudaStreamDestroy(s); }
-inline hipError_t hipStreamSynchronize(hipStream_t s) { return cudaStreamSynchronize(s); }
 inline hipError_t hipEventCreate(hipEvent_t* e) { return cudaEventCreate(e); }
 inline hipError_t hipEventDestroy(hipEvent_t e) { return cudaEventDestroy(e); }
 inline hipError_t hipEventRecord(hipEvent_t e, hipStream_t s) { return cudaEventRecord(e, s); }
