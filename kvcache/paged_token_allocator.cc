@@ -14,7 +14,7 @@ absl::StatusOr<PagedTokenAllocator> PagedTokenAllocator::Create(PageCount num_pa
     return absl::InvalidArgumentError(
         absl::StrCat("num_pages must be >= 1, got ", num_pages.value()));
   }
-  if (num_pages.value() + 1 > kMaxSlots / page_size.tokens()) {
+  if (num_pages.value() > kMaxSlots / page_size.tokens() - 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a pool of ", num_pages.value(), " + 1 pages of ", page_size.tokens(),
         " slots exceeds the int32-addressable limit of ", kMaxSlots, " slots"));
@@ -124,14 +124,14 @@ absl::Status PagedTokenAllocator::AllocateBatch(int64_t n, GetRequest get,
     return absl::InvalidArgumentError(absl::StrCat(
         "two requests of the batch continue the same partially filled page ", repeated.value()));
   }
-  if (tokens_needed > static_cast<int64_t>(out.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("output span holds ", out.size(),
-                                                   " slots, the batch needs ", tokens_needed));
-  }
   if (pages_needed > free_pages().value()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "batch of ", n, " requests needs ", pages_needed, " new pages (", tokens_needed,
         " tokens), only ", free_pages().value(), " of ", num_pages_, " are free"));
+  }
+  if (tokens_needed > static_cast<int64_t>(out.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("output span holds ", out.size(),
+                                                   " slots, the batch needs ", tokens_needed));
   }
   TokenSlot* o = out.data();
   for (int64_t i = 0; i < n; ++i) {
@@ -177,13 +177,14 @@ absl::Status PagedTokenAllocator::AllocateExtend(absl::Span<const ExtendRequest>
 
 absl::StatusOr<std::vector<TokenSlot>> PagedTokenAllocator::AllocateExtend(
     absl::Span<const ExtendRequest> requests) {
+  // The output holds the batch's new tokens, at most the pool's slots: a batch that asks for
+  // more fails with ResourceExhausted (or InvalidArgument for a bad request) in the span
+  // version before it looks at the output. Invalid requests count 0 here.
+  const int64_t pool = pool_slots().value();
   int64_t total = 0;
   for (const ExtendRequest& r : requests) {
-    total += std::max<int64_t>(0, (r.seq_len - r.prefix_len).value());
-  }
-  if (total > pool_slots().value()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "batch asks for ", total, " new tokens, the pool has ", pool_slots().value(), " slots"));
+    if (r.prefix_len.value() < 0 || r.seq_len < r.prefix_len) continue;
+    total += std::min(pool - total, (r.seq_len - r.prefix_len).value());
   }
   std::vector<TokenSlot> out(total);
   if (absl::Status s = AllocateExtend(requests, absl::MakeSpan(out)); !s.ok()) return s;

@@ -76,7 +76,8 @@ class PagedTokenAllocator {
   //     the padding page, not live, breaking the page-offset invariant, with a live slot
   //     after it that the extend would need, or shared by two requests of the batch;
   //     `out` smaller than the number of new tokens;
-  //   ResourceExhausted: not enough free pages for the whole batch.
+  //   ResourceExhausted: not enough free pages for the whole batch (checked after the
+  //     requests, before the output's size).
   absl::Status AllocateExtend(absl::Span<const ExtendRequest> requests,
                               absl::Span<TokenSlot> out);
   absl::StatusOr<std::vector<TokenSlot>> AllocateExtend(absl::Span<const ExtendRequest> requests);

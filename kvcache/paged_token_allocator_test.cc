@@ -44,6 +44,10 @@ TEST(PagedTokenAllocatorTest, CreateRejectsBadSizes) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PagedTokenAllocator::Create(PageCount(INT64_MAX), ps, FreePagePolicy::InOrder())
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // The reference system's in-order layout (DESIGN.md section 2b), worked by hand for
@@ -121,6 +125,23 @@ TEST(PagedTokenAllocatorTest, ExhaustionIsAllOrNothing) {
                 .code(),
             absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(Snapshot(a) == before);
+  // The same through the span API, with a small output: capacity is reported, not the span.
+  std::vector<TokenSlot> out(4);
+  EXPECT_EQ(a.AllocateExtend({{TokenCount(0), TokenCount(int64_t{1} << 40), TokenSlot(0)}},
+                             absl::MakeSpan(out))
+                .code(),
+            absl::StatusCode::kResourceExhausted);
+  // Lengths whose differences and sums would overflow int64.
+  EXPECT_EQ(a.AllocateExtend({{TokenCount(-1), TokenCount(INT64_MAX), TokenSlot(0)}})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(a.AllocateExtend({{TokenCount(0), TokenCount(INT64_MAX), TokenSlot(0)},
+                              {TokenCount(0), TokenCount(INT64_MAX), TokenSlot(0)}})
+                .status()
+                .code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Snapshot(a) == before);
   // Recovery: what fits still works.
   EXPECT_TRUE(a.AllocateExtend({{TokenCount(0), TokenCount(8), TokenSlot(0)}}).ok());
   EXPECT_EQ(a.free_pages(), PageCount(0));
@@ -144,6 +165,9 @@ TEST(PagedTokenAllocatorTest, BadRequestsChangeNothing) {
   EXPECT_EQ(code({{TokenCount(6), TokenCount(8), TokenSlot(1)}}), kInvalid);
   EXPECT_EQ(code({{TokenCount(6), TokenCount(8), TokenSlot(1000)}}), kInvalid);
   EXPECT_EQ(code({{TokenCount(2), TokenCount(3), TokenSlot(13)}}), kInvalid);
+  // A last_loc that satisfies the page invariant but has a live slot after it: another
+  // request's tokens (slots 4..9 are live; claim prefix 2 ending at slot 5).
+  EXPECT_EQ(code({{TokenCount(2), TokenCount(3), TokenSlot(5)}}), kInvalid);
   // Two requests continuing the same partial page.
   EXPECT_EQ(code({{TokenCount(6), TokenCount(7), TokenSlot(9)},
                   {TokenCount(6), TokenCount(7), TokenSlot(9)}}),

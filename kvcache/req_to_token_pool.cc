@@ -90,8 +90,8 @@ absl::Status ReqToTokenPool::CheckRange(ReqPoolIndex row, TokenCount begin,
   if (begin.value() < 0 || len.value() < 0 ||
       begin.value() > max_context_len_ - len.value()) {
     return absl::OutOfRangeError(absl::StrCat(
-        "positions [", begin.value(), ", ", begin.value() + len.value(), ") of req row ",
-        row.value(), " outside [0, max_context_len = ", max_context_len_, ")"));
+        len.value(), " positions from ", begin.value(), " of req row ", row.value(),
+        " do not fit in [0, max_context_len = ", max_context_len_, ")"));
   }
   return absl::OkStatus();
 }

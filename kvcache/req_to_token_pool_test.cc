@@ -97,6 +97,8 @@ TEST(ReqToTokenPoolTest, OutOfRangeWritesAndReadsChangeNothing) {
             absl::StatusCode::kOutOfRange);
   EXPECT_EQ(pool.Read(a, TokenCount(0), TokenCount(-1)).status().code(),
             absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(pool.Read(a, TokenCount(1), TokenCount(INT64_MAX)).status().code(),
+            absl::StatusCode::kOutOfRange);
   EXPECT_EQ(pool.Read(ReqPoolIndex(1), TokenCount(0), TokenCount(1)).status().code(),
             absl::StatusCode::kFailedPrecondition);
 

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "attention/metadata/internal/indptr.h"
 #include "attention/metadata/mode_rules.h"
 #include "attention/metadata/validator.h"
 
@@ -23,30 +24,18 @@ absl::Status CheckLengths(const char* name, absl::Span<const TokenLength> lens) 
   return absl::OkStatus();
 }
 
-// Checks that rows[i] is an allocated row of `pool` whose positions [start, start + len)
-// lie within max_context_len.
-absl::Status CheckRowRange(const ReqToTokenPool& pool, int64_t i, ReqPoolIndex row,
-                           int64_t start, int64_t len) {
-  if (row.value() < 0 || row.value() >= pool.max_reqs()) {
-    return absl::OutOfRangeError(absl::StrCat("request ", i, ": row ", row.value(),
-                                              " outside the req_to_token pool [0, ",
-                                              pool.max_reqs(), ")"));
+// The slots of positions [start, start + len) of request i's row, or the pool's error
+// (OutOfRange: row or range outside the table; FailedPrecondition: row not allocated) naming
+// the request.
+absl::StatusOr<absl::Span<const TokenSlot>> RowRange(const ReqToTokenPool& pool, size_t i,
+                                                     ReqPoolIndex row, int64_t start,
+                                                     int64_t len) {
+  absl::StatusOr<absl::Span<const TokenSlot>> r =
+      pool.Read(row, TokenCount(start), TokenCount(len));
+  if (!r.ok()) {
+    return absl::Status(r.status().code(), absl::StrCat("request ", i, ": ", r.status().message()));
   }
-  if (!pool.IsAllocated(row)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("request ", i, ": row ", row.value(), " is not allocated"));
-  }
-  if (start < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request ", i, ": kv_start_idx ", start, " is negative"));
-  }
-  if (start + len > pool.max_context_len().value()) {
-    return absl::OutOfRangeError(absl::StrCat("request ", i, ": positions [", start, ", ",
-                                              start + len, ") of row ", row.value(),
-                                              " exceed max_context_len ",
-                                              pool.max_context_len().value()));
-  }
-  return absl::OkStatus();
+  return r;
 }
 
 }  // namespace
@@ -87,9 +76,7 @@ absl::Status BuildTokenKvIndices(const ReqToTokenPool& pool, absl::Span<const Re
                                  absl::Span<const TokenOffset> kv_indptr,
                                  absl::Span<const TokenOffset> kv_start_idx,
                                  absl::Span<TokenSlot> out) {
-  if (kv_indptr.empty()) {
-    return absl::InvalidArgumentError("kv_indptr must have batch_size + 1 >= 1 entries, got 0");
-  }
+  if (absl::Status s = internal::CheckIndptr("kv_indptr", kv_indptr); !s.ok()) return s;
   const size_t bs = kv_indptr.size() - 1;
   if (rows.size() != bs) {
     return absl::InvalidArgumentError(absl::StrCat("req rows has ", rows.size(),
@@ -99,35 +86,20 @@ absl::Status BuildTokenKvIndices(const ReqToTokenPool& pool, absl::Span<const Re
     return absl::InvalidArgumentError(absl::StrCat("kv_start_idx has ", kv_start_idx.size(),
                                                    " entries, want 0 or batch_size ", bs));
   }
-  if (kv_indptr[0].value() != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("kv_indptr[0] = ", kv_indptr[0].value(), ", must be 0"));
-  }
+  auto start = [&](size_t i) { return kv_start_idx.empty() ? 0 : kv_start_idx[i].value(); };
   for (size_t i = 0; i < bs; ++i) {
     const int64_t len = (kv_indptr[i + 1] - kv_indptr[i]).value();
-    if (len < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("kv_indptr decreases at ", i + 1, ": ",
-                                                     kv_indptr[i].value(), " then ",
-                                                     kv_indptr[i + 1].value()));
-    }
-    const int64_t start = kv_start_idx.empty() ? 0 : kv_start_idx[i].value();
-    if (absl::Status s = CheckRowRange(pool, static_cast<int64_t>(i), rows[i], start, len);
-        !s.ok()) {
-      return s;
-    }
+    if (absl::Status s = RowRange(pool, i, rows[i], start(i), len).status(); !s.ok()) return s;
   }
   if (static_cast<int64_t>(out.size()) < kv_indptr[bs].value()) {
     return absl::InvalidArgumentError(absl::StrCat("kv_indices output holds ", out.size(),
                                                    " slots, kv_indptr[bs] = ",
                                                    kv_indptr[bs].value()));
   }
-  const int64_t stride = pool.max_context_len().value();
-  const TokenSlot* table = pool.table().data();
   for (size_t i = 0; i < bs; ++i) {
-    const int64_t start = kv_start_idx.empty() ? 0 : kv_start_idx[i].value();
-    const TokenSlot* src = table + rows[i].value() * stride + start;
-    std::copy(src, src + (kv_indptr[i + 1] - kv_indptr[i]).value(),
-              out.begin() + kv_indptr[i].value());
+    const absl::Span<const TokenSlot> src =
+        *RowRange(pool, i, rows[i], start(i), (kv_indptr[i + 1] - kv_indptr[i]).value());
+    std::copy(src.begin(), src.end(), out.begin() + kv_indptr[i].value());
   }
   return absl::OkStatus();
 }
@@ -142,9 +114,7 @@ absl::Status BuildPageTable(const ReqToTokenPool& pool, absl::Span<const ReqPool
   }
   if (absl::Status s = CheckLengths("kv_lens", kv_lens); !s.ok()) return s;
   for (size_t i = 0; i < bs; ++i) {
-    if (absl::Status s =
-            CheckRowRange(pool, static_cast<int64_t>(i), rows[i], 0, kv_lens[i].value());
-        !s.ok()) {
+    if (absl::Status s = RowRange(pool, i, rows[i], 0, kv_lens[i].value()).status(); !s.ok()) {
       return s;
     }
   }
@@ -154,12 +124,10 @@ absl::Status BuildPageTable(const ReqToTokenPool& pool, absl::Span<const ReqPool
                                                    out.cols(), "], the batch needs [", bs, "][",
                                                    need_cols, "]"));
   }
-  const int64_t stride = pool.max_context_len().value();
   const int64_t ps = page_size.tokens();
-  const TokenSlot* table = pool.table().data();
   for (size_t i = 0; i < bs; ++i) {
     absl::Span<PageId> row = out.row(static_cast<int64_t>(i));
-    const TokenSlot* src = table + rows[i].value() * stride;
+    const absl::Span<const TokenSlot> src = *RowRange(pool, i, rows[i], 0, kv_lens[i].value());
     const int64_t pages = PagesForTokensCeil(kv_lens[i].count(), page_size).value();
     for (int64_t j = 0; j < pages; ++j) row[j] = PageOf(src[j * ps], page_size);
     std::fill(row.begin() + pages, row.end(), kPaddingPage);
@@ -188,6 +156,15 @@ absl::StatusOr<ForwardMetadata> BuildForwardMetadata(const ForwardBatch& batch,
   for (size_t i = 0; i < bs; ++i) {
     if (absl::Status s = CheckModeSequence(batch.mode, static_cast<int64_t>(i),
                                            batch.q_lens[i].count(), batch.kv_lens[i].count());
+        !s.ok()) {
+      return s;
+    }
+  }
+  // Every row range first, so that no array is sized from a length the pool cannot hold.
+  for (size_t i = 0; i < bs; ++i) {
+    const int64_t start = batch.kv_start_idx.empty() ? 0 : batch.kv_start_idx[i].value();
+    if (absl::Status s = RowRange(pool, i, batch.req_rows[i], start, batch.kv_lens[i].value())
+                             .status();
         !s.ok()) {
       return s;
     }
@@ -222,9 +199,9 @@ absl::StatusOr<ForwardMetadata> BuildForwardMetadata(const ForwardBatch& batch,
       return s;
     }
   }
-  if (options.check_against_pool_slots.has_value()) {
-    ValidationContext ctx{*options.check_against_pool_slots, page_size,
-                          TokenCount(m.qo_indptr.back().value())};
+  if (options.check.has_value()) {
+    const ValidationContext ctx{options.check->pool_slots, page_size,
+                                options.check->num_query_rows};
     if (absl::Status s = ValidateForwardMetadata(m.view(), ctx); !s.ok()) return s;
   }
   return m;

@@ -36,9 +36,9 @@ absl::Status BuildKvLastPageLen(absl::Span<const TokenLength> kv_lens, PageSize 
 // kv_start_idx[i] + t (kv_start_idx empty: 0), for t < kv_indptr[i + 1] - kv_indptr[i].
 // Entries of `out` past kv_indptr[bs] are not written.
 // InvalidArgument: rows.size() != bs (= kv_indptr.size() - 1), kv_start_idx neither empty
-// nor bs, kv_indptr not starting at 0 or decreasing, a negative start, out.size() <
-// kv_indptr[bs]; OutOfRange: a row outside the pool or a range past max_context_len;
-// FailedPrecondition: a row that is not allocated.
+// nor bs, kv_indptr not starting at 0 or decreasing, out.size() < kv_indptr[bs];
+// OutOfRange: a row outside the pool, or a range (negative start included) outside
+// [0, max_context_len); FailedPrecondition: a row that is not allocated.
 absl::Status BuildTokenKvIndices(const ReqToTokenPool& pool, absl::Span<const ReqPoolIndex> rows,
                                  absl::Span<const TokenOffset> kv_indptr,
                                  absl::Span<const TokenOffset> kv_start_idx,
@@ -63,12 +63,19 @@ struct ForwardBatch {
   absl::Span<const TokenOffset> kv_start_idx; // [bs] or empty (all 0)
 };
 
+// What checked mode validates the metadata against: the KV pool and the query tensor the
+// kernel will be given (not the batch's own q_lens, so that a query tensor of the wrong
+// size is caught).
+struct MetadataCheck {
+  TokenCount pool_slots;      // slots in the KV pool, padding page included
+  TokenCount num_query_rows;  // rows of the query tensor
+};
+
 struct BuildOptions {
   // Build the page table (for a page-level consumer); otherwise it is 0 x 0.
   bool page_table = true;
-  // Checked mode: when set, the result is validated (validator.h) against a pool of this
-  // many slots before it is returned.
-  std::optional<TokenCount> check_against_pool_slots;
+  // Checked mode: when set, the result is validated (validator.h) before it is returned.
+  std::optional<MetadataCheck> check;
 };
 
 // All the metadata of `batch`. Errors: those of the builders above, and InvalidArgument for a

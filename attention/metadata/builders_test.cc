@@ -91,7 +91,7 @@ TEST(BuildTokenKvIndicesTest, BadInputsWriteNothing) {
   EXPECT_EQ(code({r, r}, {z, TokenOffset(3), TokenOffset(2)}, {}, 32),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code({r}, {z, TokenOffset(3)}, {TokenOffset(-1)}, 32),
-            absl::StatusCode::kInvalidArgument);
+            absl::StatusCode::kOutOfRange);
   EXPECT_EQ(code({r}, {z, TokenOffset(10)}, {}, 9), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code({ReqPoolIndex(64)}, {z, TokenOffset(3)}, {}, 32), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(code({ReqPoolIndex(-1)}, {z, TokenOffset(3)}, {}, 32), absl::StatusCode::kOutOfRange);
@@ -136,9 +136,23 @@ TEST(BuildForwardMetadataTest, ExtendWithPrefixIsValidInCheckedMode) {
   f.AddSequence(0, 70);
   f.AddSequenceSharingPrefix(0, 32, 40, 3);
   BuildOptions opts;
-  opts.check_against_pool_slots = f.pool_slots();
+  opts.check = MetadataCheck{f.pool_slots(), f.num_query_rows()};
   auto m = BuildForwardMetadata(f.Batch(ForwardMode::kExtend), f.pool(), f.page_size(), opts);
   ASSERT_TRUE(m.ok()) << m.status();
+  // Checked mode against a query tensor of the wrong size (field bug 8) fails before use.
+  opts.check = MetadataCheck{f.pool_slots(), f.num_query_rows() + TokenCount(1)};
+  EXPECT_EQ(
+      BuildForwardMetadata(f.Batch(ForwardMode::kExtend), f.pool(), f.page_size(), opts)
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  // ... and against a pool too small for the slots.
+  opts.check = MetadataCheck{TokenCount(64), f.num_query_rows()};
+  EXPECT_EQ(
+      BuildForwardMetadata(f.Batch(ForwardMode::kExtend), f.pool(), f.page_size(), opts)
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(m->max_kv_len, TokenCount(70));
   EXPECT_EQ(m->max_q_len, TokenCount(70));
   EXPECT_EQ(m->qo_indptr.back(), TokenOffset(78));
@@ -147,6 +161,16 @@ TEST(BuildForwardMetadataTest, ExtendWithPrefixIsValidInCheckedMode) {
   // Prefix reuse: sequence 2's first 32 slots are sequence 0's.
   EXPECT_EQ(std::vector<TokenSlot>(m->kv_indices.begin(), m->kv_indices.begin() + 32),
             std::vector<TokenSlot>(m->kv_indices.begin() + 112, m->kv_indices.begin() + 144));
+}
+
+TEST(BuildForwardMetadataTest, LengthsPastTheRowFailBeforeAllocating) {
+  BatchFixture f(16, 6);
+  f.AddSequence(10, 2);
+  std::vector<TokenLength> huge = {TokenLength(2000000000)};
+  std::vector<TokenLength> q = {TokenLength(1)};
+  ForwardBatch b{ForwardMode::kDecode, f.rows(), huge, q, {}};
+  EXPECT_EQ(BuildForwardMetadata(b, f.pool(), f.page_size()).status().code(),
+            absl::StatusCode::kOutOfRange);
 }
 
 TEST(BuildForwardMetadataTest, ModeRules) {

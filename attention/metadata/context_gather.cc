@@ -25,24 +25,16 @@ absl::Status FallBack(const ContextGatherInputs& in, absl::string_view what, int
                                             " outside ", table, " of length ", table_len));
 }
 
-}  // namespace
-
-absl::Status GatherContextTokens(const ContextGatherInputs& in, absl::Span<TokenSlot> tok_idx,
-                                 absl::Span<TokenOffset> cu_k, TokenCount* total) {
+// Pass 1: shapes, lengths and both bounds checks; returns the total. Nothing is written.
+absl::StatusOr<int64_t> CheckGather(const ContextGatherInputs& in) {
   if (in.kv_indptr.size() != in.kv_lens.size() + 1) {
     return absl::InvalidArgumentError(absl::StrCat("kv_indptr has ", in.kv_indptr.size(),
                                                    " entries, kv_lens ", in.kv_lens.size()));
   }
-  const size_t bs = in.kv_lens.size();
-  if (cu_k.size() != bs + 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cu_k output has ", cu_k.size(), " entries, want ", bs + 1));
-  }
-  // Pass 1: lengths and both bounds checks; nothing is written.
   const int64_t table_len = static_cast<int64_t>(in.kv_indices.size());
   const int64_t pool = in.pool_slots.value();
   int64_t sum = 0;
-  for (size_t i = 0; i < bs; ++i) {
+  for (size_t i = 0; i < in.kv_lens.size(); ++i) {
     const int64_t len = ClampedLength(in, i);
     if (len == 0) continue;
     const int64_t first = in.kv_indptr[i].value();
@@ -63,14 +55,15 @@ absl::Status GatherContextTokens(const ContextGatherInputs& in, absl::Span<Token
   if (sum > std::numeric_limits<int32_t>::max()) {
     return FallBack(in, "total tokens", sum, "int32 offsets", std::numeric_limits<int32_t>::max());
   }
-  if (static_cast<int64_t>(tok_idx.size()) < sum) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tok_idx output holds ", tok_idx.size(), " entries, the batch needs ", sum));
-  }
-  // Pass 2: write.
+  return sum;
+}
+
+// Pass 2. REQUIRES: CheckGather(in) passed; tok_idx holds its total, cu_k bs + 1 entries.
+void WriteGather(const ContextGatherInputs& in, absl::Span<TokenSlot> tok_idx,
+                 absl::Span<TokenOffset> cu_k) {
   int32_t at = 0;
   cu_k[0] = TokenOffset(0);
-  for (size_t i = 0; i < bs; ++i) {
+  for (size_t i = 0; i < in.kv_lens.size(); ++i) {
     const int64_t len = ClampedLength(in, i);
     if (len > 0) {
       const TokenSlot* src = in.kv_indices.data() + in.kv_indptr[i].value();
@@ -79,29 +72,34 @@ absl::Status GatherContextTokens(const ContextGatherInputs& in, absl::Span<Token
     }
     cu_k[i + 1] = TokenOffset(at);
   }
-  if (total != nullptr) *total = TokenCount(sum);
+}
+
+}  // namespace
+
+absl::Status GatherContextTokens(const ContextGatherInputs& in, absl::Span<TokenSlot> tok_idx,
+                                 absl::Span<TokenOffset> cu_k, TokenCount* total) {
+  absl::StatusOr<int64_t> sum = CheckGather(in);
+  if (!sum.ok()) return sum.status();
+  if (cu_k.size() != in.kv_lens.size() + 1) {
+    return absl::InvalidArgumentError(absl::StrCat("cu_k output has ", cu_k.size(),
+                                                   " entries, want ", in.kv_lens.size() + 1));
+  }
+  if (static_cast<int64_t>(tok_idx.size()) < *sum) {
+    return absl::InvalidArgumentError(absl::StrCat("tok_idx output holds ", tok_idx.size(),
+                                                   " entries, the batch needs ", *sum));
+  }
+  WriteGather(in, tok_idx, cu_k);
+  if (total != nullptr) *total = TokenCount(*sum);
   return absl::OkStatus();
 }
 
 absl::StatusOr<ContextGather> GatherContextTokens(const ContextGatherInputs& in) {
-  if (in.kv_indptr.size() != in.kv_lens.size() + 1) {
-    return absl::InvalidArgumentError(absl::StrCat("kv_indptr has ", in.kv_indptr.size(),
-                                                   " entries, kv_lens ", in.kv_lens.size()));
-  }
-  // The clamped lengths are the output size; a total beyond int32 is reported by the span
-  // version's checks, which run before it looks at the output's size.
-  int64_t bound = 0;
-  for (size_t i = 0; i < in.kv_lens.size(); ++i) bound += ClampedLength(in, i);
+  absl::StatusOr<int64_t> sum = CheckGather(in);
+  if (!sum.ok()) return sum.status();
   ContextGather g;
-  g.tok_idx.resize(bound <= std::numeric_limits<int32_t>::max() ? bound : 0);
+  g.tok_idx.resize(*sum);
   g.cu_k.resize(in.kv_lens.size() + 1);
-  TokenCount total;
-  if (absl::Status s = GatherContextTokens(in, absl::MakeSpan(g.tok_idx), absl::MakeSpan(g.cu_k),
-                                           &total);
-      !s.ok()) {
-    return s;
-  }
-  g.tok_idx.resize(total.value());
+  WriteGather(in, absl::MakeSpan(g.tok_idx), absl::MakeSpan(g.cu_k));
   return g;
 }
 

@@ -107,6 +107,14 @@ TEST(ContextGatherTest, SlotOutsidePoolFallsBackWithWarning) {
   EXPECT_EQ(GatherContextTokens(neg).status().code(), absl::StatusCode::kOutOfRange);
 }
 
+TEST(ContextGatherTest, HugeLengthsFailBeforeAllocating) {
+  const std::vector<TokenSlot> idx = Slots({10, 11, 12, 13});
+  const std::vector<TokenOffset> indptr = Offsets({0, 2147483647});
+  const std::vector<TokenLength> lens = Lens({2147483647});
+  ContextGatherInputs in{ForwardMode::kExtend, indptr, idx, lens, TokenCount(100)};
+  EXPECT_EQ(GatherContextTokens(in).status().code(), absl::StatusCode::kOutOfRange);
+}
+
 TEST(ContextGatherTest, BadShapesAreInvalidArgument) {
   const std::vector<TokenSlot> idx = Slots({10, 11});
   const std::vector<TokenOffset> indptr = Offsets({0, 2});

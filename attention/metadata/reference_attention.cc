@@ -143,9 +143,10 @@ absl::Status ReferenceAttentionGathered(const ReferenceAttentionInputs& in,
   if (absl::Status s = CheckInputs(in, out); !s.ok()) return s;
   const ForwardMetadataView& m = in.metadata;
   const int64_t bs = m.batch_size();
-  if (static_cast<int64_t>(gather.cu_k.size()) != bs + 1 ||
+  if (static_cast<int64_t>(gather.cu_k.size()) != bs + 1 || gather.cu_k[0].value() != 0 ||
       gather.cu_k.back().value() != static_cast<int64_t>(gather.tok_idx.size())) {
-    return absl::InvalidArgumentError("gather: cu_k must be [bs + 1] and end at tok_idx's size");
+    return absl::InvalidArgumentError(
+        "gather: cu_k must be [bs + 1], start at 0 and end at tok_idx's size");
   }
   for (int64_t i = 0; i < bs; ++i) {
     if (gather.cu_k[i + 1] - gather.cu_k[i] != m.kv_lens[i].count()) {
@@ -179,6 +180,7 @@ absl::Status ReferenceAttentionSplitKv(const ReferenceAttentionInputs& in, const
   const int64_t kv_row = int64_t{in.dims.num_kv_heads} * in.dims.head_dim;
   const int64_t q_row = int64_t{in.dims.num_q_heads} * in.dims.head_dim;
   const int64_t heads = in.dims.num_q_heads;
+  if (plan.num_partials < 0) return absl::InvalidArgumentError("plan: negative num_partials");
   std::vector<std::vector<float>> partial_out(plan.num_partials);
   std::vector<std::vector<float>> partial_lse(plan.num_partials);
   for (const SplitKvWorkItem& w : plan.work) {
@@ -214,8 +216,14 @@ absl::Status ReferenceAttentionSplitKv(const ReferenceAttentionInputs& in, const
   }
   for (const SplitKvReduceItem& red : plan.reduce) {
     const int64_t rows = (red.q_end - red.q_begin).value();
+    if (red.sequence < 0 || red.sequence >= m.batch_size() ||
+        red.q_begin < m.qo_indptr[red.sequence] || red.q_end > m.qo_indptr[red.sequence + 1] ||
+        rows < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan: reduce item of sequence ", red.sequence, " outside the sequence's rows"));
+    }
     if (red.partial_begin < 0 || red.partial_end > plan.num_partials ||
-        red.partial_begin > red.partial_end) {
+        red.partial_begin >= red.partial_end) {
       return absl::InvalidArgumentError("plan: reduce item outside the partial slots");
     }
     for (int32_t p = red.partial_begin; p < red.partial_end; ++p) {

@@ -3,24 +3,9 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "attention/metadata/internal/indptr.h"
 
 namespace attnmeta {
-namespace {
-
-absl::Status CheckIndptr(const char* name, absl::Span<const TokenOffset> indptr) {
-  if (indptr.empty() || indptr[0].value() != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(name, " must start at 0"));
-  }
-  for (size_t i = 1; i < indptr.size(); ++i) {
-    if (indptr[i] < indptr[i - 1]) {
-      return absl::InvalidArgumentError(absl::StrCat(name, " decreases at entry ", i));
-    }
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 SplitKvCapacity SplitKvCapacityFor(int64_t max_tiles, int32_t num_units) {
   const int64_t boundaries = std::max<int64_t>(0, num_units - 1);
   return SplitKvCapacity{max_tiles + boundaries, 2 * boundaries, boundaries};
@@ -48,8 +33,8 @@ absl::StatusOr<SplitKvPlan> PlanSplitKv(absl::Span<const TokenOffset> qo_indptr,
     return absl::InvalidArgumentError(absl::StrCat("qo_indptr has ", qo_indptr.size(),
                                                    " entries, kv_indptr ", kv_indptr.size()));
   }
-  if (absl::Status s = CheckIndptr("qo_indptr", qo_indptr); !s.ok()) return s;
-  if (absl::Status s = CheckIndptr("kv_indptr", kv_indptr); !s.ok()) return s;
+  if (absl::Status s = internal::CheckIndptr("qo_indptr", qo_indptr); !s.ok()) return s;
+  if (absl::Status s = internal::CheckIndptr("kv_indptr", kv_indptr); !s.ok()) return s;
   const int64_t bs = static_cast<int64_t>(qo_indptr.size()) - 1;
 
   // The split unit: the granularity rounded up to whole blocks of the consumer's layout.

@@ -6,6 +6,7 @@
 
 #include "absl/base/attributes.h"
 #include "absl/strings/str_cat.h"
+#include "attention/metadata/internal/indptr.h"
 #include "attention/metadata/internal/slot_range.h"
 #include "attention/metadata/lengths.h"
 #include "attention/metadata/mode_rules.h"
@@ -24,17 +25,7 @@ absl::Status CheckIndptr(absl::string_view name, absl::Span<const TokenOffset> i
     return Invalid(name, absl::StrCat("has ", indptr.size(), " entries, want batch_size + 1 = ",
                                       bs + 1));
   }
-  if (indptr[0].value() != 0) {
-    return Invalid(name, absl::StrCat("entry 0 = ", indptr[0].value(), ", must be 0"));
-  }
-  for (int64_t i = 0; i < bs; ++i) {
-    if (indptr[i + 1] < indptr[i]) {
-      return Invalid(name, absl::StrCat("entry ", i + 1, " = ", indptr[i + 1].value(),
-                                        " is less than entry ", i, " = ", indptr[i].value(),
-                                        " (must be non-decreasing)"));
-    }
-  }
-  return absl::OkStatus();
+  return internal::CheckIndptr(name, indptr);
 }
 
 // kv_indices[k] must lie in [first_allowed, pool).
@@ -82,8 +73,10 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline int32_t PageMismatch(const TokenSlot* slots,
 // row[t / page_size] and those pages lie in [first_page, end_page). The fast path of the
 // page-table check: branch-free loops over independent lanes; errors are explained by the
 // slow loop in ValidateForwardMetadata.
+// REQUIRES: 0 <= first_page, end_page <= 2^31.
 bool RowMatchesSlots(absl::Span<const PageId> row, const TokenSlot* slots, int64_t n,
-                     PageSize page_size, int32_t first_page, int32_t end_page) {
+                     PageSize page_size, int64_t first_page, int64_t end_page) {
+  end_page = std::max(end_page, first_page);  // a pool smaller than a page holds no page
   constexpr int kLanes = 8;
   const int64_t ps = page_size.tokens();
   const int64_t pages = (n + ps - 1) / ps;
@@ -118,6 +111,10 @@ bool RowMatchesSlots(absl::Span<const PageId> row, const TokenSlot* slots, int64
 }  // namespace
 
 absl::Status ValidateForwardMetadata(const ForwardMetadataView& m, const ValidationContext& ctx) {
+  if (ctx.pool_slots.value() < 0 || ctx.pool_slots.value() > (int64_t{1} << 31)) {
+    return Invalid("pool_slots", absl::StrCat(ctx.pool_slots.value(),
+                                              " outside [0, 2^31] (slots are int32)"));
+  }
   const int64_t bs = m.batch_size();
   if (absl::Status s = CheckModeBatchSize(m.mode, bs); !s.ok()) return Invalid("mode", s.message());
   if (absl::Status s = CheckIndptr("kv_indptr", m.kv_indptr, bs); !s.ok()) return s;
@@ -190,8 +187,7 @@ absl::Status ValidateForwardMetadata(const ForwardMetadataView& m, const Validat
     const TokenSlot* slots = m.kv_indices.data() + m.kv_indptr[i].value();
     const int64_t n = m.kv_lens[i].value();
     // Token t must sit at offset t % page_size of page row[t / page_size].
-    if (!RowMatchesSlots(row, slots, n, ctx.page_size, static_cast<int32_t>(first_allowed / ps),
-                         static_cast<int32_t>(pool / ps))) {
+    if (!RowMatchesSlots(row, slots, n, ctx.page_size, first_allowed / ps, pool / ps)) {
       // Find and explain the first offending page or token.
       for (int64_t j = 0, t = 0; t < n; ++j) {
         if (row[j].value() < first_allowed / ps || row[j].value() >= pool / ps) {
@@ -218,6 +214,7 @@ absl::Status ValidateForwardMetadata(const ForwardMetadataView& m, const Validat
         }
         t += len;
       }
+      // Unreachable: the fast check failed, so the loop above found an offending token.
       return absl::InternalError(absl::StrCat("validator: page-table check of sequence ", i,
                                               " failed without an offending token"));
     }

@@ -1,6 +1,6 @@
 // The validator: checks every invariant of a ForwardMetadataView against the KV pool and the
 // query tensor, and names the first broken one (array, index, values). Kernels trust only
-// validated metadata: checked mode (BuildOptions::check_against_pool_slots, and later the
+// validated metadata: checked mode (BuildOptions::check, and later the
 // launchers' checked mode) runs it before every use.
 
 #ifndef ATTNMETA_ATTENTION_METADATA_VALIDATOR_H_
@@ -13,7 +13,7 @@
 namespace attnmeta {
 
 struct ValidationContext {
-  TokenCount pool_slots;      // slots in the KV pool, padding page included
+  TokenCount pool_slots;      // slots in the KV pool, padding page included, <= 2^31
   PageSize page_size;
   TokenCount num_query_rows;  // rows of the query tensor the kernel is given
   // Padded rows of a captured graph point at the padding page; real batches never do.
@@ -21,7 +21,8 @@ struct ValidationContext {
 };
 
 // OK, or InvalidArgument naming the first broken invariant it finds (the message starts with
-// the array's name, then the index and the values). The invariants: the mode's batch size;
+// the array's name, then the index and the values). The invariants: pool_slots in
+// [0, 2^31]; the mode's batch size;
 // array sizes (kv_indptr and qo_indptr [bs + 1], kv_last_page_len [bs], kv_indices at least
 // kv_indptr[bs]); kv_indptr starts at 0, is non-decreasing and its steps equal kv_lens;
 // qo_indptr starts at 0, is non-decreasing and ends at num_query_rows; each sequence's

@@ -79,6 +79,19 @@ TEST_F(ValidatorTest, NamesEachBrokenInvariant) {
   ExpectRejected("qo_indptr", [](ForwardMetadata& m) { m.mode = ForwardMode::kDecode; });
 }
 
+TEST_F(ValidatorTest, PoolSizeIsCheckedToo) {
+  ValidationContext ctx{TokenCount((int64_t{1} << 31) + 1), f_.page_size(), f_.num_query_rows()};
+  EXPECT_EQ(ValidateForwardMetadata(good_.view(), ctx).code(), absl::StatusCode::kInvalidArgument);
+  ctx.pool_slots = TokenCount(-1);
+  EXPECT_EQ(ValidateForwardMetadata(good_.view(), ctx).code(), absl::StatusCode::kInvalidArgument);
+  // A pool smaller than one page holds none of the batch's pages.
+  ctx.pool_slots = TokenCount(8);
+  const absl::Status s = ValidateForwardMetadata(good_.view(), ctx);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  ctx.pool_slots = TokenCount(int64_t{1} << 31);
+  EXPECT_TRUE(ValidateForwardMetadata(good_.view(), ctx).ok());
+}
+
 TEST_F(ValidatorTest, PaddingPageOnlyWhereAllowed) {
   ForwardMetadata m = good_;
   m.page_table = PageTable();
