@@ -32,8 +32,12 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", m.status().ToString().c_str());
       return 1;
     }
-    attnmeta::MetadataSnapshot s =
-        attnmeta::MakeSnapshot(batch, f.pool(), f.page_size(), f.pool_slots(), *m);
+    auto snapshot = attnmeta::MakeSnapshot(batch, f.pool(), f.page_size(), f.pool_slots(), *m);
+    if (!snapshot.ok()) {
+      std::fprintf(stderr, "%s\n", snapshot.status().ToString().c_str());
+      return 1;
+    }
+    attnmeta::MetadataSnapshot& s = *snapshot;
     s.set_note("example " + std::string(attnmeta::ForwardModeName(mode)) +
                " batch written by //tools:snapshot_examples");
     const std::string path = std::string(argv[1]) + "/" +

@@ -1,7 +1,9 @@
 #include "attention/metadata/snapshot.h"
 
+#include <algorithm>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "attention/metadata/validator.h"
 #include "google/protobuf/text_format.h"
@@ -44,11 +46,15 @@ absl::Status Wrap(absl::string_view stage, const absl::Status& s) {
   return absl::Status(s.code(), absl::StrCat(stage, ": ", s.message()));
 }
 
+// The largest req_to_token table CheckSnapshot rebuilds (1 GiB): a corrupt file must not make
+// metadata_check allocate without bound.
+constexpr int64_t kMaxCheckedEntries = int64_t{1} << 28;
+
 }  // namespace
 
-MetadataSnapshot MakeSnapshot(const ForwardBatch& batch, const ReqToTokenPool& pool,
-                              PageSize page_size, TokenCount pool_slots,
-                              const ForwardMetadata& m) {
+absl::StatusOr<MetadataSnapshot> MakeSnapshot(const ForwardBatch& batch,
+                                              const ReqToTokenPool& pool, PageSize page_size,
+                                              TokenCount pool_slots, const ForwardMetadata& m) {
   MetadataSnapshot s;
   s.set_page_size(page_size.tokens());
   s.set_pool_slots(pool_slots.value());
@@ -64,9 +70,10 @@ MetadataSnapshot MakeSnapshot(const ForwardBatch& batch, const ReqToTokenPool& p
     const int64_t start = batch.kv_start_idx.empty() ? 0 : batch.kv_start_idx[i].value();
     auto row = pool.Read(batch.req_rows[i], TokenCount(0),
                          TokenCount(start + batch.kv_lens[i].value()));
+    if (!row.ok()) return Wrap(absl::StrCat("request ", i), row.status());
     ReqToTokenRow* r = s.add_req_to_token();
     r->set_row(batch.req_rows[i].value());
-    if (row.ok()) Append(*row, r->mutable_slots());
+    Append(*row, r->mutable_slots());
   }
   Append<TokenOffset>(m.kv_indptr, s.mutable_kv_indptr());
   Append<TokenSlot>(m.kv_indices, s.mutable_kv_indices());
@@ -95,30 +102,50 @@ absl::StatusOr<MetadataSnapshot> SnapshotFromText(absl::string_view text) {
 }
 
 absl::Status CheckSnapshot(const MetadataSnapshot& s) {
-  // Inputs: rebuild the pool and the batch.
+  // Inputs: rebuild the rows the batch reads. Row ids are renumbered densely, so the table
+  // is as large as the recorded rows, not as the engine's whole pool.
   absl::StatusOr<PageSize> ps = PageSize::Create(s.page_size());
   if (!ps.ok()) return Wrap("page_size", ps.status());
+  absl::flat_hash_map<int32_t, int32_t> dense_row;
+  for (const ReqToTokenRow& r : s.req_to_token()) {
+    if (!dense_row.emplace(r.row(), static_cast<int32_t>(dense_row.size())).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("req_to_token: row ", r.row(), " is recorded twice"));
+    }
+  }
+  const int64_t rows = std::max<int64_t>(1, static_cast<int64_t>(dense_row.size()));
+  if (s.max_context_len() < 1 || s.max_context_len() > kMaxCheckedEntries / rows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "req_to_token: ", rows, " rows of max_context_len ", s.max_context_len(),
+        " are outside what metadata_check rebuilds (1 to ", kMaxCheckedEntries, " entries)"));
+  }
   absl::StatusOr<ReqToTokenPool> pool =
-      ReqToTokenPool::Create(s.max_reqs(), TokenCount(s.max_context_len()));
+      ReqToTokenPool::Create(static_cast<int32_t>(rows), TokenCount(s.max_context_len()));
   if (!pool.ok()) return Wrap("req_to_token", pool.status());
   for (const ReqToTokenRow& r : s.req_to_token()) {
-    if (!pool->IsAllocated(ReqPoolIndex(r.row()))) {
-      if (absl::Status st = pool->AllocateRow(ReqPoolIndex(r.row())); !st.ok()) {
-        return Wrap("req_to_token", st);
-      }
-    }
+    const ReqPoolIndex row(dense_row.at(r.row()));
+    if (absl::Status st = pool->AllocateRow(row); !st.ok()) return Wrap("req_to_token", st);
     const std::vector<TokenSlot> slots = Typed<TokenSlot>(r.slots());
-    if (absl::Status st = pool->Write(ReqPoolIndex(r.row()), TokenCount(0), slots); !st.ok()) {
-      return Wrap("req_to_token", st);
+    if (absl::Status st = pool->Write(row, TokenCount(0), slots); !st.ok()) {
+      return Wrap(absl::StrCat("req_to_token row ", r.row()), st);
     }
+  }
+  std::vector<ReqPoolIndex> req_rows;
+  for (int i = 0; i < s.req_rows_size(); ++i) {
+    auto it = dense_row.find(s.req_rows(i));
+    if (it == dense_row.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("req_rows: row ", s.req_rows(i),
+                                                     " of request ", i,
+                                                     " has no recorded req_to_token row"));
+    }
+    req_rows.push_back(ReqPoolIndex(it->second));
   }
   absl::StatusOr<ForwardMode> mode = ParseForwardMode(s.mode());
   if (!mode.ok()) return Wrap("mode", mode.status());
-  const std::vector<ReqPoolIndex> rows = Typed<ReqPoolIndex>(s.req_rows());
   const std::vector<TokenLength> kv_lens = Typed<TokenLength>(s.kv_lens());
   const std::vector<TokenLength> q_lens = Typed<TokenLength>(s.q_lens());
   const std::vector<TokenOffset> starts = Typed<TokenOffset>(s.kv_start_idx());
-  ForwardBatch batch{*mode, rows, kv_lens, q_lens, starts};
+  ForwardBatch batch{*mode, req_rows, kv_lens, q_lens, starts};
   BuildOptions options;
   options.page_table = s.page_table_enabled();
   absl::StatusOr<ForwardMetadata> rebuilt = BuildForwardMetadata(batch, *pool, *ps, options);

@@ -18,18 +18,20 @@
 
 namespace attnmeta {
 
-// Records `batch`, the req_to_token rows it reads, and `metadata`.
-// REQUIRES: the batch's rows are allocated in `pool` (as for BuildForwardMetadata).
-MetadataSnapshot MakeSnapshot(const ForwardBatch& batch, const ReqToTokenPool& pool,
-                              PageSize page_size, TokenCount pool_slots,
-                              const ForwardMetadata& metadata);
+// Records `batch`, the req_to_token rows it reads, and `metadata`. Errors: those of
+// ReqToTokenPool::Read for a row the batch reads, naming the request.
+absl::StatusOr<MetadataSnapshot> MakeSnapshot(const ForwardBatch& batch,
+                                              const ReqToTokenPool& pool, PageSize page_size,
+                                              TokenCount pool_slots,
+                                              const ForwardMetadata& metadata);
 
 std::string SnapshotToText(const MetadataSnapshot& snapshot);
 // InvalidArgument when `text` is not a MetadataSnapshot in text format.
 absl::StatusOr<MetadataSnapshot> SnapshotFromText(absl::string_view text);
 
 // OK when the recorded metadata is valid and equals what the builders make from the recorded
-// inputs. Otherwise an error whose message starts with the broken array or input (for a
+// inputs. Only the recorded req_to_token rows are rebuilt (renumbered densely; at most 2^28
+// entries), so a corrupt file cannot make it allocate without bound. Otherwise an error whose message starts with the broken array or input (for a
 // difference, its first differing index and both values: "kv_indices[17]: recorded 123,
 // rebuilt 456"; for inputs the builders reject, "rebuilding from the recorded inputs: ...").
 absl::Status CheckSnapshot(const MetadataSnapshot& snapshot);

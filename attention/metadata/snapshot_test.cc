@@ -20,8 +20,10 @@ class SnapshotTest : public ::testing::Test {
     f_.AddSequenceSharingPrefix(0, 16, 19, 2);
     auto m = BuildForwardMetadata(f_.Batch(ForwardMode::kExtend), f_.pool(), f_.page_size());
     ASSERT_TRUE(m.ok()) << m.status();
-    good_ = MakeSnapshot(f_.Batch(ForwardMode::kExtend), f_.pool(), f_.page_size(),
-                         f_.pool_slots(), *m);
+    auto snapshot = MakeSnapshot(f_.Batch(ForwardMode::kExtend), f_.pool(), f_.page_size(),
+                                 f_.pool_slots(), *m);
+    ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+    good_ = *std::move(snapshot);
   }
 
   // Corrupts a copy of the snapshot; CheckSnapshot must fail naming `array`.
@@ -76,7 +78,11 @@ TEST_F(SnapshotTest, EveryCorruptedArrayIsNamed) {
   // Broken inputs are named too.
   ExpectRejected("mode", [](MetadataSnapshot& s) { s.set_mode("prefill"); });
   ExpectRejected("page_size", [](MetadataSnapshot& s) { s.set_page_size(0); });
-  ExpectRejected("rebuilding", [](MetadataSnapshot& s) { s.mutable_req_rows()->Set(0, 63); });
+  ExpectRejected("req_rows", [](MetadataSnapshot& s) { s.mutable_req_rows()->Set(0, 63); });
+  ExpectRejected("req_to_token", [](MetadataSnapshot& s) { *s.add_req_to_token() = s.req_to_token(0); });
+  ExpectRejected("req_to_token", [](MetadataSnapshot& s) { s.set_max_context_len(int64_t{1} << 40); });
+  ExpectRejected("req_to_token row", [](MetadataSnapshot& s) { s.set_max_context_len(10); });
+  ExpectRejected("rebuilding", [](MetadataSnapshot& s) { s.set_mode("decode"); });
 }
 
 }  // namespace

@@ -6,6 +6,13 @@
 #include "attention/metadata/internal/indptr.h"
 
 namespace attnmeta {
+namespace {
+
+// Bounds on the options that keep every count and offset of a plan in int32.
+constexpr int32_t kMaxUnits = 1 << 20;
+constexpr int64_t kMaxTokens = int64_t{1} << 30;
+
+}  // namespace
 SplitKvCapacity SplitKvCapacityFor(int64_t max_tiles, int32_t num_units) {
   const int64_t boundaries = std::max<int64_t>(0, num_units - 1);
   return SplitKvCapacity{max_tiles + boundaries, 2 * boundaries, boundaries};
@@ -23,11 +30,13 @@ int64_t NumQueryTiles(absl::Span<const TokenOffset> qo_indptr, TokenCount q_tile
 absl::StatusOr<SplitKvPlan> PlanSplitKv(absl::Span<const TokenOffset> qo_indptr,
                                         absl::Span<const TokenOffset> kv_indptr,
                                         const SplitKvOptions& options) {
-  if (options.num_units < 1 || options.kv_granularity.value() < 1 ||
-      options.q_tile.value() < 1) {
+  if (options.num_units < 1 || options.num_units > kMaxUnits ||
+      options.kv_granularity.value() < 1 || options.kv_granularity.value() > kMaxTokens ||
+      options.q_tile.value() < 1 || options.q_tile.value() > kMaxTokens) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "split-KV options: need num_units, kv_granularity and q_tile >= 1, got ",
-        options.num_units, ", ", options.kv_granularity.value(), ", ", options.q_tile.value()));
+        "split-KV options: need num_units in [1, ", kMaxUnits, "] and kv_granularity, q_tile in "
+        "[1, ", kMaxTokens, "], got ", options.num_units, ", ", options.kv_granularity.value(),
+        ", ", options.q_tile.value()));
   }
   if (qo_indptr.size() != kv_indptr.size()) {
     return absl::InvalidArgumentError(absl::StrCat("qo_indptr has ", qo_indptr.size(),
@@ -62,7 +71,7 @@ absl::StatusOr<SplitKvPlan> PlanSplitKv(absl::Span<const TokenOffset> qo_indptr,
   auto quota = [&](int64_t u) { return base + (u < extra ? 1 : 0); };
 
   int64_t unit = 0;
-  int64_t left = units > 0 ? quota(0) : 0;  // chunks the current unit may still take
+  int64_t left = quota(0);  // chunks the current unit may still take
   for (int64_t i = 0; i < bs; ++i) {
     const int64_t q = (qo_indptr[i + 1] - qo_indptr[i]).value();
     const int64_t kv = (kv_indptr[i + 1] - kv_indptr[i]).value();

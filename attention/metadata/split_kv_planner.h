@@ -41,10 +41,10 @@ class KvLayout {
 
 struct SplitKvOptions {
   KvLayout layout = KvLayout::LinearPerToken();
-  int32_t num_units = 1;                    // compute units to spread the work over, >= 1
+  int32_t num_units = 1;                    // compute units to spread the work over, [1, 2^20]
   TokenCount kv_granularity = TokenCount(128);  // split boundaries are multiples of this, in
-                                            // tokens, rounded up to whole blocks; >= 1
-  TokenCount q_tile = TokenCount(64);       // query rows per tile, >= 1
+                                            // tokens, rounded up to whole blocks; [1, 2^30]
+  TokenCount q_tile = TokenCount(64);       // query rows per tile, [1, 2^30]
 };
 
 // One piece of work: query rows [q_begin, q_end) of the batch's query array (all of one
@@ -89,6 +89,7 @@ struct SplitKvCapacity {
 SplitKvCapacity SplitKvCapacityFor(int64_t max_tiles, int32_t num_units);
 
 // The number of (sequence, query tile) pairs of a batch: sum of ceil(q_len / q_tile).
+// REQUIRES: q_tile >= 1.
 int64_t NumQueryTiles(absl::Span<const TokenOffset> qo_indptr, TokenCount q_tile);
 
 // Plans a batch. Every (sequence, q tile) with q_len > 0 has its KV range [0, kv_len) covered
@@ -96,6 +97,7 @@ int64_t NumQueryTiles(absl::Span<const TokenOffset> qo_indptr, TokenCount q_tile
 // to whole blocks of the layout); units get their share in order, none more than the mean
 // plus one chunk. InvalidArgument: options out of range, indptrs of different sizes, not
 // starting at 0 or decreasing, or a sequence with q_len > kv_len.
+// (Partial slots number at most 2 * (num_units - 1) < 2^21, so they fit in int32.)
 absl::StatusOr<SplitKvPlan> PlanSplitKv(absl::Span<const TokenOffset> qo_indptr,
                                         absl::Span<const TokenOffset> kv_indptr,
                                         const SplitKvOptions& options);

@@ -1,6 +1,7 @@
 #include "attention/metadata/split_kv_planner.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <random>
 #include <vector>
@@ -88,7 +89,7 @@ std::string CheckPlan(const std::vector<int32_t>& q_lens, const std::vector<int3
   return "";
 }
 
-TEST(SplitKvPlannerTest, LinearLayoutSplitsInTokensWhateverThePool) {
+TEST(SplitKvPlannerTest, LinearLayoutSplitsInTokens) {
   SplitKvOptions opt;
   opt.layout = KvLayout::LinearPerToken();
   opt.num_units = 4;
@@ -153,9 +154,18 @@ TEST(SplitKvPlannerTest, RejectsBadInput) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  opt.num_units = 0;
-  EXPECT_EQ(PlanSplitKv(Indptr({1}), Indptr({4}), opt).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  for (auto bad : std::vector<std::function<void(SplitKvOptions&)>>{
+           [](SplitKvOptions& o) { o.num_units = 0; },
+           [](SplitKvOptions& o) { o.num_units = INT32_MAX; },
+           [](SplitKvOptions& o) { o.kv_granularity = TokenCount(0); },
+           [](SplitKvOptions& o) { o.kv_granularity = TokenCount(INT64_MAX); },
+           [](SplitKvOptions& o) { o.q_tile = TokenCount(-3); },
+       }) {
+    SplitKvOptions o;
+    bad(o);
+    EXPECT_EQ(PlanSplitKv(Indptr({1}), Indptr({4}), o).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
 }
 
 }  // namespace
