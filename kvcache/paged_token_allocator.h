@@ -98,8 +98,6 @@ class PagedTokenAllocator {
   PageCount free_pages() const { return PageCount(static_cast<int64_t>(free_list_.size())); }
   PageCount used_pages() const { return total_pages() - free_pages(); }
   TokenCount live_tokens() const { return TokenCount(live_tokens_); }
-  // Slots of whole free pages: the most an extend of new requests can get.
-  TokenCount free_page_tokens() const { return TokensInPages(free_pages(), page_size_); }
   // All slots of the pool, padding page included: (num_pages + 1) * page_size.
   TokenCount pool_slots() const { return TokensInPages(PageCount(num_pages_ + 1), page_size_); }
   bool IsLive(TokenSlot slot) const;

@@ -36,14 +36,20 @@ void RunExtend(benchmark::State& state, int64_t len, int64_t add, bool time_free
   std::vector<TokenSlot> out(kBatch * add);
   for (auto _ : state) {
     if (time_free) state.PauseTiming();
-    if (!alloc.AllocateExtend(reqs, absl::MakeSpan(out)).ok()) state.SkipWithError("extend");
+    if (!alloc.AllocateExtend(reqs, absl::MakeSpan(out)).ok()) {
+      state.SkipWithError("extend");
+      break;
+    }
     benchmark::DoNotOptimize(out.data());
     if (time_free) {
       state.ResumeTiming();
     } else {
       state.PauseTiming();
     }
-    if (!alloc.Free(out).ok()) state.SkipWithError("free");
+    if (!alloc.Free(out).ok()) {
+      state.SkipWithError("free");
+      break;
+    }
     if (!time_free) state.ResumeTiming();
   }
   state.SetItemsProcessed(state.iterations() * kBatch * add);
@@ -72,14 +78,20 @@ void BM_Decode(benchmark::State& state) {
   int step = 0;
   for (auto _ : state) {
     absl::Span<TokenSlot> out = absl::MakeSpan(decoded).subspan(step * kBatch, kBatch);
-    if (!alloc.AllocateDecode(reqs, out).ok()) state.SkipWithError("decode");
+    if (!alloc.AllocateDecode(reqs, out).ok()) {
+      state.SkipWithError("decode");
+      break;
+    }
     for (int i = 0; i < kBatch; ++i) {
       reqs[i].seq_len += TokenCount(1);
       reqs[i].last_loc = out[i];
     }
     if (++step == kSteps) {
       state.PauseTiming();
-      if (!alloc.Free(decoded).ok()) state.SkipWithError("free");
+      if (!alloc.Free(decoded).ok()) {
+        state.SkipWithError("free");
+        break;
+      }
       reqs = start;
       step = 0;
       state.ResumeTiming();

@@ -102,7 +102,6 @@ class PageSize {
   static absl::StatusOr<PageSize> Create(int64_t tokens);
 
   constexpr int64_t tokens() const { return tokens_; }
-  constexpr TokenCount as_count() const { return TokenCount(tokens_); }
   // log2(tokens) for a power of two, else -1: PageOf and OffsetInPage shift and mask instead
   // of dividing (page size 1, 16 and 64 are the common ones).
   constexpr int log2() const { return log2_; }

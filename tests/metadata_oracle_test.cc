@@ -50,7 +50,7 @@ void AddSequences(const Case& c, std::mt19937_64& rng, BatchFixture& f) {
     const bool decode_row = c.mode == ForwardMode::kDecode ||
                             (c.mode == ForwardMode::kMixed && uniform(0, 1) == 0);
     const int64_t new_tokens = decode_row ? 1 : uniform(1, 40);
-    const int64_t cached = uniform(decode_row ? 0 : 0, 300);
+    const int64_t cached = uniform(0, 300);
     if (i > 0 && uniform(0, 2) == 0 && f.kv_lens()[0].value() >= c.page_size) {
       const int64_t shared = uniform(c.page_size, f.kv_lens()[0].value());
       f.AddSequenceSharingPrefix(0, shared, std::max(shared, cached), new_tokens);

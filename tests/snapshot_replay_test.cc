@@ -2,8 +2,6 @@
 // metadata and pass the validator. A failing batch from the field becomes a regression test
 // by dropping its snapshot (metadata_check's input format) into that folder.
 
-#include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -15,19 +13,16 @@
 namespace attnmeta {
 namespace {
 
+std::vector<std::string>* snapshot_files = nullptr;
+
+// The snapshot files come as arguments (BUILD passes $(rootpaths) of the folder), so the
+// test works whatever the workspace is called.
 TEST(SnapshotReplayTest, EverySnapshotRebuildsAndValidates) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  ASSERT_NE(srcdir, nullptr) << "run under bazel test";
-  const std::filesystem::path dir =
-      std::filesystem::path(srcdir) / "attnmeta" / "tests" / "snapshots";
-  std::vector<std::filesystem::path> files;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    if (entry.path().extension() == ".textproto") files.push_back(entry.path());
-  }
-  ASSERT_GE(files.size(), 4u) << "expected the example snapshots in " << dir;
-  for (const auto& path : files) {
-    SCOPED_TRACE(path.string());
+  ASSERT_GE(snapshot_files->size(), 4u) << "expected the example snapshots as arguments";
+  for (const std::string& path : *snapshot_files) {
+    SCOPED_TRACE(path);
     std::ifstream in(path);
+    ASSERT_TRUE(in.good()) << "cannot read " << path;
     std::stringstream text;
     text << in.rdbuf();
     auto snapshot = SnapshotFromText(text.str());
@@ -38,3 +33,10 @@ TEST(SnapshotReplayTest, EverySnapshotRebuildsAndValidates) {
 
 }  // namespace
 }  // namespace attnmeta
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  std::vector<std::string> files(argv + 1, argv + argc);
+  attnmeta::snapshot_files = &files;
+  return RUN_ALL_TESTS();
+}

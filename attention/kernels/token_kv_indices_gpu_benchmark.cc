@@ -1,8 +1,9 @@
 // Bandwidth of BuildTokenKvIndicesOnDevice against a device-to-device copy of the same bytes,
 // measured in the same run, and the host cost of one launcher call.
 //
-// Each shape: every request has `ctx` KV tokens; 8 rotating input/output sets keep the data
-// well past the L2 cache; outputs are poisoned and checked after timing. Bytes counted: the
+// Each shape: every request has `ctx` KV tokens; 8 rotating input/output sets take the large
+// shapes (>= 1M tokens: >= 64 MB per rotation) past the 50 MB L2 cache; the small shapes fit
+// in it and measure launch latency. Outputs are poisoned and checked after timing. Bytes counted: the
 // int32 read from req_to_token plus the int32 written to kv_indices per token.
 // Needs a GPU; exits non-zero on any error or mismatch.
 

@@ -165,7 +165,47 @@ TEST_F(TokenKvIndicesGpuTest, RejectsInconsistentShapesWithoutLaunching) {
   in.req_pool_indices = DeviceSpan<const ReqPoolIndex>(nullptr, 2);
   EXPECT_EQ(BuildTokenKvIndicesOnDevice(in, out.span(), nullptr).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(hipGetLastError(), hipSuccess) << "a rejected call must not launch";
+}
+
+// A rejected call launches nothing: with valid device arrays whose contents would make the
+// kernel write, a shape error leaves the poisoned output untouched.
+TEST_F(TokenKvIndicesGpuTest, RejectedCallWritesNothing) {
+  ReqToTokenPool pool = *ReqToTokenPool::Create(4, TokenCount(64));
+  PagedTokenAllocator alloc = *PagedTokenAllocator::Create(
+      PageCount(16), *PageSize::Create(16), FreePagePolicy::Shuffled(9));
+  Batch b;
+  b.kv_indptr.push_back(TokenOffset(0));
+  for (int32_t len : {5, 40, 17}) {
+    const ReqPoolIndex row = *pool.Allocate();
+    const std::vector<TokenSlot> slots =
+        *alloc.AllocateExtend({{TokenCount(0), TokenCount(len), TokenSlot(0)}});
+    ASSERT_TRUE(pool.Write(row, TokenCount(0), slots).ok());
+    b.rows.push_back(row);
+    b.kv_indptr.push_back(TokenOffset(b.kv_indptr.back().value() + len));
+    b.expected.insert(b.expected.end(), slots.begin(), slots.end());
+    b.max_kv_len = std::max(b.max_kv_len, TokenCount(len));
+  }
+  auto table = *DeviceBuffer<TokenSlot>::FromHost(pool.table());
+  auto rows = *DeviceBuffer<ReqPoolIndex>::FromHost(b.rows);
+  auto indptr = *DeviceBuffer<TokenOffset>::FromHost(b.kv_indptr);
+  const std::vector<TokenSlot> poison(b.expected.size() + 8, kPoison);
+  auto out = *DeviceBuffer<TokenSlot>::FromHost(poison);
+  TokenKvIndicesDeviceInputs in;
+  in.req_to_token = table.const_span();
+  in.max_context_len = pool.max_context_len();
+  in.req_pool_indices = DeviceSpan<const ReqPoolIndex>(rows.data(), 2);  // bs is 3
+  in.kv_indptr = indptr.const_span();
+  in.max_kv_len = b.max_kv_len;
+  ASSERT_EQ(BuildTokenKvIndicesOnDevice(in, out.span(), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_EQ(hipDeviceSynchronize(), hipSuccess);
+  EXPECT_EQ(*out.ToHost(), poison);
+  // The same arrays with the right shape do write (the negative control of this test).
+  in.req_pool_indices = rows.const_span();
+  ASSERT_TRUE(BuildTokenKvIndicesOnDevice(in, out.span(), nullptr).ok());
+  ASSERT_EQ(hipDeviceSynchronize(), hipSuccess);
+  const std::vector<TokenSlot> got = *out.ToHost();
+  EXPECT_EQ(std::vector<TokenSlot>(got.begin(), got.begin() + b.expected.size()), b.expected);
 }
 
 }  // namespace

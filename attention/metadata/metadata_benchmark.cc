@@ -137,7 +137,10 @@ void BM_PlanSplitKv(benchmark::State& state) {
   int64_t items = 0;
   for (auto _ : state) {
     auto plan = PlanSplitKv(qo, kv, opt);
-    if (!plan.ok()) state.SkipWithError("plan");
+    if (!plan.ok()) {
+      state.SkipWithError("plan");
+      break;
+    }
     items += static_cast<int64_t>(plan->work.size());
     benchmark::DoNotOptimize(plan);
   }

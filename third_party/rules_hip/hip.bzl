@@ -28,10 +28,19 @@ def _include_flags(compilation_context, bin_dir):
         flags.append("-D" + d)
     return flags
 
+# Optimization follows the compilation mode (-c dbg / fastbuild / opt), like the C++ rules.
+_MODE_FLAGS = {
+    "dbg": ["-O0", "-g"],
+    "fastbuild": ["-O2"],
+    "opt": ["-O3", "-DNDEBUG"],
+}
+
 def _compile_flags(ctx, backend):
-    common = ["-std=c++17", "-O3", "-DNDEBUG"] + ctx.attr.copts
+    # The backend's defines (ATTNMETA_GPU_CUDA / ATTNMETA_GPU_ROCM) come from
+    # //third_party/rules_hip:gpu_runtime through the portability header's dependency.
+    common = ["-std=c++17"] + _MODE_FLAGS[ctx.var["COMPILATION_MODE"]] + ctx.attr.copts
     if backend == "cuda":
-        flags = ["-x", "cu", "-Xcompiler", "-fPIC", "-DATTNMETA_GPU_CUDA=1"]
+        flags = ["-x", "cu", "-Xcompiler", "-fPIC"]
         for arch in ctx.attr._cuda_archs[BuildSettingInfo].value:
             num = arch.replace("sm_", "")
             flags.append("-gencode=arch=compute_%s,code=[sm_%s,compute_%s]" % (num, num, num))
@@ -42,8 +51,6 @@ def _compile_flags(ctx, backend):
         "-fPIC",
         "--rocm-path=/usr",
         "--hip-device-lib-path=/usr/lib/x86_64-linux-gnu/amdgcn/bitcode",
-        "-DATTNMETA_GPU_ROCM=1",
-        "-D__HIP_PLATFORM_AMD__=1",
     ]
     for arch in ctx.attr._rocm_archs[BuildSettingInfo].value:
         flags.append("--offload-arch=" + arch)

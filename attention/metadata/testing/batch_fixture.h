@@ -37,7 +37,6 @@ class BatchFixture {
 
   PageSize page_size() const { return page_size_; }
   const ReqToTokenPool& pool() const { return pool_; }
-  const PagedTokenAllocator& allocator() const { return alloc_; }
   TokenCount pool_slots() const { return alloc_.pool_slots(); }
   const std::vector<ReqPoolIndex>& rows() const { return rows_; }
   const std::vector<TokenLength>& kv_lens() const { return kv_lens_; }
