@@ -165,9 +165,8 @@ class TokenLength : public internal::Unit<TokenLength, int32_t> {
   }
 };
 
-// A position in a token-level array: an entry of kv_indptr or cu_k (where a sequence's
-// tokens begin in kv_indices), or a start position within a request's row. int32, as the
-// kernels read it.
+// An offset into a flattened token-level array: an entry of kv_indptr, qo_indptr or cu_k
+// (where a sequence's tokens or query rows begin). int32, as the kernels read it.
 class TokenOffset : public internal::Unit<TokenOffset, int32_t> {
  public:
   constexpr TokenOffset() = default;
@@ -185,6 +184,22 @@ class TokenOffset : public internal::Unit<TokenOffset, int32_t> {
   }
 };
 
+// A token's position within its own sequence (0-based): a start within a request's row of
+// req_to_token (kv_start_idx), a bound of a split-KV range. Not an offset into a flattened
+// token array (that is TokenOffset). int32, as kernels read it.
+class TokenPosition : public internal::Unit<TokenPosition, int32_t> {
+ public:
+  constexpr TokenPosition() = default;
+  constexpr explicit TokenPosition(int32_t position) : Unit(position) {}
+
+  friend constexpr TokenCount operator-(TokenPosition a, TokenPosition b) {
+    return TokenCount(int64_t{a.value()} - b.value());
+  }
+  friend std::ostream& operator<<(std::ostream& os, TokenPosition p) {
+    return os << "position " << p.value();
+  }
+};
+
 // Page 0 is never handed out: padded rows of a captured graph point their slots at it.
 inline constexpr PageId kPaddingPage{0};
 
@@ -193,6 +208,8 @@ static_assert(sizeof(TokenSlot) == sizeof(int32_t) && std::is_trivially_copyable
 static_assert(sizeof(PageId) == sizeof(int32_t) && std::is_trivially_copyable_v<PageId>);
 static_assert(sizeof(TokenOffset) == sizeof(int32_t) && std::is_trivially_copyable_v<TokenOffset>);
 static_assert(sizeof(TokenLength) == sizeof(int32_t) && std::is_trivially_copyable_v<TokenLength>);
+static_assert(sizeof(TokenPosition) == sizeof(int32_t) &&
+              std::is_trivially_copyable_v<TokenPosition>);
 
 // ---- Named conversions between units ----
 

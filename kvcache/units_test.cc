@@ -74,6 +74,10 @@ TEST(UnitsTest, NoImplicitConversions) {
   static_assert(!std::is_convertible_v<PageCount, TokenCount>);
   static_assert(!std::is_convertible_v<TokenSlot, int32_t>);
   static_assert(!std::is_constructible_v<PageSize, int>);
+  // Offsets into flattened arrays and positions within a sequence are different units.
+  static_assert(!std::is_convertible_v<TokenOffset, TokenPosition>);
+  static_assert(!std::is_convertible_v<TokenPosition, TokenOffset>);
+  static_assert(!std::is_convertible_v<TokenLength, TokenCount>);
 }
 
 }  // namespace

@@ -100,8 +100,8 @@ TEST_F(FieldBugTest, Row5_LinearKvSplitIsPlannedInTokens) {
   auto buggy = PlanSplitKv(m_.qo_indptr, m_.kv_indptr, buggy_opt);
   ASSERT_TRUE(buggy.ok());
   for (SplitKvWorkItem& w : buggy->work) {
-    w.kv_begin = TokenOffset(static_cast<int32_t>(w.kv_begin.value() / ps));
-    w.kv_end = TokenOffset(static_cast<int32_t>((w.kv_end.value() + ps - 1) / ps));
+    w.kv_begin = TokenPosition(static_cast<int32_t>(w.kv_begin.value() / ps));
+    w.kv_end = TokenPosition(static_cast<int32_t>((w.kv_end.value() + ps - 1) / ps));
   }
   std::vector<float> bad(p_.q.size(), NAN);
   ASSERT_TRUE(ReferenceAttentionSplitKv(Inputs(m_), *buggy, absl::MakeSpan(bad)).ok());

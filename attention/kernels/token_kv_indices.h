@@ -22,7 +22,7 @@ struct TokenKvIndicesDeviceInputs {
   TokenCount max_context_len;                       // the row stride of req_to_token, >= 1
   DeviceSpan<const ReqPoolIndex> req_pool_indices;  // [batch_size]
   DeviceSpan<const TokenOffset> kv_indptr;          // [batch_size + 1], [0] == 0, non-decreasing
-  DeviceSpan<const TokenOffset> kv_start_idx;       // [batch_size], or empty for all zeros
+  DeviceSpan<const TokenPosition> kv_start_idx;     // [batch_size], or empty for all zeros
   // The largest KV length of the batch (the host derives it from the real lengths); it sizes
   // the grid. 0 <= max_kv_len <= max_context_len.
   TokenCount max_kv_len;

@@ -29,7 +29,7 @@ class TokenKvIndicesGpuTest : public ::testing::Test {
 struct Batch {
   std::vector<ReqPoolIndex> rows;
   std::vector<TokenOffset> kv_indptr;
-  std::vector<TokenOffset> kv_start_idx;  // empty: all zeros
+  std::vector<TokenPosition> kv_start_idx;  // empty: all zeros
   std::vector<TokenSlot> expected;        // [kv_indptr.back()]
   TokenCount max_kv_len;
 };
@@ -55,7 +55,7 @@ Batch MakeBatch(ReqToTokenPool& pool, int64_t page_size, int bs, int64_t max_len
         with_start ? std::uniform_int_distribution<int64_t>(0, stored)(rng) : 0;
     const int64_t len = std::uniform_int_distribution<int64_t>(0, stored - start)(rng);
     b.rows.push_back(row);
-    if (with_start) b.kv_start_idx.push_back(TokenOffset(static_cast<int32_t>(start)));
+    if (with_start) b.kv_start_idx.push_back(TokenPosition(static_cast<int32_t>(start)));
     b.kv_indptr.push_back(TokenOffset(static_cast<int32_t>(b.kv_indptr.back().value() + len)));
     b.expected.insert(b.expected.end(), slots.begin() + start, slots.begin() + start + len);
     b.max_kv_len = std::max(b.max_kv_len, TokenCount(len));
@@ -69,7 +69,7 @@ void RunAndCheck(const ReqToTokenPool& pool, const Batch& b, size_t slack) {
   auto table = DeviceBuffer<TokenSlot>::FromHost(pool.table());
   auto rows = DeviceBuffer<ReqPoolIndex>::FromHost(b.rows);
   auto indptr = DeviceBuffer<TokenOffset>::FromHost(b.kv_indptr);
-  auto start = DeviceBuffer<TokenOffset>::FromHost(b.kv_start_idx);
+  auto start = DeviceBuffer<TokenPosition>::FromHost(b.kv_start_idx);
   std::vector<TokenSlot> poison(b.expected.size() + slack, kPoison);
   auto out = DeviceBuffer<TokenSlot>::FromHost(poison);
   ASSERT_TRUE(table.ok() && rows.ok() && indptr.ok() && start.ok() && out.ok());
@@ -150,7 +150,8 @@ TEST_F(TokenKvIndicesGpuTest, RejectsInconsistentShapesWithoutLaunching) {
   EXPECT_EQ(BuildTokenKvIndicesOnDevice(in, out.span(), nullptr).code(),
             absl::StatusCode::kInvalidArgument);
   in = good;
-  in.kv_start_idx = DeviceSpan<const TokenOffset>(indptr.data(), 1);
+  auto one_start = *DeviceBuffer<TokenPosition>::Create(1);
+  in.kv_start_idx = one_start.const_span();
   EXPECT_EQ(BuildTokenKvIndicesOnDevice(in, out.span(), nullptr).code(),
             absl::StatusCode::kInvalidArgument);
   in = good;

@@ -74,7 +74,7 @@ absl::Status BuildKvLastPageLen(absl::Span<const TokenLength> kv_lens, PageSize 
 
 absl::Status BuildTokenKvIndices(const ReqToTokenPool& pool, absl::Span<const ReqPoolIndex> rows,
                                  absl::Span<const TokenOffset> kv_indptr,
-                                 absl::Span<const TokenOffset> kv_start_idx,
+                                 absl::Span<const TokenPosition> kv_start_idx,
                                  absl::Span<TokenSlot> out) {
   if (absl::Status s = internal::CheckIndptr("kv_indptr", kv_indptr); !s.ok()) return s;
   const size_t bs = kv_indptr.size() - 1;

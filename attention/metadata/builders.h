@@ -41,7 +41,7 @@ absl::Status BuildKvLastPageLen(absl::Span<const TokenLength> kv_lens, PageSize 
 // [0, max_context_len); FailedPrecondition: a row that is not allocated.
 absl::Status BuildTokenKvIndices(const ReqToTokenPool& pool, absl::Span<const ReqPoolIndex> rows,
                                  absl::Span<const TokenOffset> kv_indptr,
-                                 absl::Span<const TokenOffset> kv_start_idx,
+                                 absl::Span<const TokenPosition> kv_start_idx,
                                  absl::Span<TokenSlot> out);
 
 // The page table of sequences that start at position 0 of their rows: out[i][j] = the page
@@ -60,7 +60,7 @@ struct ForwardBatch {
   absl::Span<const ReqPoolIndex> req_rows;    // [bs]
   absl::Span<const TokenLength> kv_lens;      // [bs] KV tokens incl. this step's new ones
   absl::Span<const TokenLength> q_lens;       // [bs] query rows (decode: 1 each)
-  absl::Span<const TokenOffset> kv_start_idx; // [bs] or empty (all 0)
+  absl::Span<const TokenPosition> kv_start_idx; // [bs] or empty (all 0)
 };
 
 // What checked mode validates the metadata against: the KV pool and the query tensor the

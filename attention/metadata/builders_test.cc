@@ -62,7 +62,7 @@ TEST(BuildTokenKvIndicesTest, CopiesRowsWithStartOffsetsAndKeepsTail) {
   const std::vector<TokenSlot> b = f.SlotsOf(1);
   // Sequence 0: positions 4..12 (9 tokens); sequence 1: positions 2..6 (5 tokens).
   const std::vector<TokenOffset> indptr = {TokenOffset(0), TokenOffset(9), TokenOffset(14)};
-  const std::vector<TokenOffset> start = {TokenOffset(4), TokenOffset(2)};
+  const std::vector<TokenPosition> start = {TokenPosition(4), TokenPosition(2)};
   std::vector<TokenSlot> out(20, TokenSlot(-1));
   ASSERT_TRUE(BuildTokenKvIndices(f.pool(), f.rows(), indptr, start, absl::MakeSpan(out)).ok());
   std::vector<TokenSlot> want(a.begin() + 4, a.begin() + 13);
@@ -77,7 +77,7 @@ TEST(BuildTokenKvIndicesTest, BadInputsWriteNothing) {
   std::vector<TokenSlot> out(32, TokenSlot(-1));
   const std::vector<TokenSlot> before = out;
   auto code = [&](std::vector<ReqPoolIndex> rows, std::vector<TokenOffset> indptr,
-                  std::vector<TokenOffset> start, size_t out_size) {
+                  std::vector<TokenPosition> start, size_t out_size) {
     return BuildTokenKvIndices(f.pool(), rows, indptr, start,
                                absl::MakeSpan(out).subspan(0, out_size))
         .code();
@@ -90,14 +90,14 @@ TEST(BuildTokenKvIndicesTest, BadInputsWriteNothing) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code({r, r}, {z, TokenOffset(3), TokenOffset(2)}, {}, 32),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(code({r}, {z, TokenOffset(3)}, {TokenOffset(-1)}, 32),
+  EXPECT_EQ(code({r}, {z, TokenOffset(3)}, {TokenPosition(-1)}, 32),
             absl::StatusCode::kOutOfRange);
   EXPECT_EQ(code({r}, {z, TokenOffset(10)}, {}, 9), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code({ReqPoolIndex(64)}, {z, TokenOffset(3)}, {}, 32), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(code({ReqPoolIndex(-1)}, {z, TokenOffset(3)}, {}, 32), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(code({ReqPoolIndex(5)}, {z, TokenOffset(3)}, {}, 32),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(code({r}, {z, TokenOffset(5)}, {TokenOffset(8190)}, 32),
+  EXPECT_EQ(code({r}, {z, TokenOffset(5)}, {TokenPosition(8190)}, 32),
             absl::StatusCode::kOutOfRange);
   EXPECT_EQ(out, before);
 }

@@ -144,7 +144,7 @@ absl::Status CheckSnapshot(const MetadataSnapshot& s) {
   if (!mode.ok()) return Wrap("mode", mode.status());
   const std::vector<TokenLength> kv_lens = Typed<TokenLength>(s.kv_lens());
   const std::vector<TokenLength> q_lens = Typed<TokenLength>(s.q_lens());
-  const std::vector<TokenOffset> starts = Typed<TokenOffset>(s.kv_start_idx());
+  const std::vector<TokenPosition> starts = Typed<TokenPosition>(s.kv_start_idx());
   ForwardBatch batch{*mode, req_rows, kv_lens, q_lens, starts};
   BuildOptions options;
   options.page_table = s.page_table_enabled();

@@ -87,8 +87,9 @@ absl::StatusOr<SplitKvPlan> PlanSplitKv(absl::Span<const TokenOffset> qo_indptr,
         }
         const int64_t take = std::min(left, kv_chunks - c);
         plan.work.push_back(SplitKvWorkItem{
-            static_cast<int32_t>(i), q_begin, q_end, TokenOffset(static_cast<int32_t>(c * chunk)),
-            TokenOffset(static_cast<int32_t>(std::min(kv, (c + take) * chunk))), -1});
+            static_cast<int32_t>(i), q_begin, q_end,
+            TokenPosition(static_cast<int32_t>(c * chunk)),
+            TokenPosition(static_cast<int32_t>(std::min(kv, (c + take) * chunk))), -1});
         c += take;
         left -= take;
       }

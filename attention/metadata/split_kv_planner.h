@@ -55,8 +55,8 @@ struct SplitKvWorkItem {
   int32_t sequence;
   TokenOffset q_begin;
   TokenOffset q_end;
-  TokenOffset kv_begin;
-  TokenOffset kv_end;
+  TokenPosition kv_begin;
+  TokenPosition kv_end;
   int32_t partial_slot;
 };
 

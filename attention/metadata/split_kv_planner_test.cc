@@ -101,7 +101,7 @@ TEST(SplitKvPlannerTest, LinearLayoutSplitsInTokens) {
   EXPECT_EQ(CheckPlan({1}, {1000}, opt, *plan), "");
   EXPECT_EQ(plan->work.size(), 4u);
   EXPECT_EQ(plan->reduce.size(), 1u);
-  EXPECT_EQ(plan->work.back().kv_end, TokenOffset(1000));
+  EXPECT_EQ(plan->work.back().kv_end, TokenPosition(1000));
 }
 
 TEST(SplitKvPlannerTest, PagedLayoutSplitsOnWholePages) {
