@@ -12,7 +12,7 @@ namespace attnmeta {
 namespace kernels {
 
 // Tokens one block copies for one request.
-inline constexpr int32_t kTokenKvIndicesChunk = 4096;
+inline constexpr int32_t kTokenKvIndicesChunk = 1024;
 
 struct TokenKvIndicesParams {
   const int32_t* req_to_token;      // [max_reqs * req_to_token_stride], row-major
