@@ -4,7 +4,8 @@
 // model; every invariant is checked after every step.
 //
 // On failure it prints the seed, the last operations and the command that replays the run:
-//   ATTNMETA_MODEL_SEED=<seed> bazel test //kvcache:kvcache_model_test --test_filter=<test>
+//   ./bazelw test //kvcache:kvcache_model_test --test_env=ATTNMETA_MODEL_SEED=<seed>
+//       --test_filter=<test>
 
 #include <cstdlib>
 #include <deque>
@@ -94,8 +95,8 @@ class KvCacheModelRun {
     return absl::StrCat("\n  page_size=", ps_, " policy=", shuffled_ ? "shuffled" : "in-order",
                         " seed=", seed_, " step=", step_, "\n  last operations:\n    ",
                         absl::StrJoin(history_, "\n    "),
-                        "\n  reproduce: ATTNMETA_MODEL_SEED=", seed_,
-                        " bazel test //kvcache:kvcache_model_test --test_filter=",
+                        "\n  reproduce: ./bazelw test //kvcache:kvcache_model_test "
+                        "--test_env=ATTNMETA_MODEL_SEED=", seed_, " --test_filter=",
                         ::testing::UnitTest::GetInstance()->current_test_info()->test_suite_name(),
                         ".", ::testing::UnitTest::GetInstance()->current_test_info()->name());
   }
