@@ -27,6 +27,23 @@ expect_rejected kv_last_page_len '0,/^kv_last_page_len: \([0-9]*\)/s//kv_last_pa
 expect_rejected page_table '0,/^page_table: [0-9]*/s//page_table: 0/'
 expect_rejected max_kv_len 's/^max_kv_len: \([0-9]*\)/max_kv_len: 1\1/'
 
+# --rewrite re-records a snapshot whose arrays are wrong but whose inputs are good; the file
+# then checks OK and equals the good one. Bad inputs are refused and the file is left alone.
+bad="$TEST_TMPDIR/rewrite.textproto"
+sed '0,/^kv_indices: [0-9]*/s//kv_indices: 999999/; s/^max_kv_len: \([0-9]*\)/max_kv_len: 1\1/' "$good" >"$bad"
+"$check" "$bad" >/dev/null && { echo "corrupted copy passed before the rewrite"; exit 1; }
+out=$("$check" --rewrite "$bad") || { echo "rewrite failed: $out"; exit 1; }
+[[ "$out" == "REWROTE $bad" ]] || { echo "unexpected rewrite output: $out"; exit 1; }
+"$check" "$bad" >/dev/null || { echo "rewritten snapshot does not check OK"; exit 1; }
+cmp -s <(grep -v '^note' "$good") <(grep -v '^note' "$bad") || { echo "rewrite differs from the good snapshot"; exit 1; }
+sed 's/^mode: .*/mode: "decode"/' "$good" >"$bad"
+cp "$bad" "$bad.orig"
+rc=0; out=$("$check" --rewrite "$bad") || rc=$?
+[[ $rc -eq 1 && "$out" == *"FAIL $bad: rebuilding"* ]] || { echo "bad inputs rewritten: $rc $out"; exit 1; }
+cmp -s "$bad" "$bad.orig" || { echo "a refused rewrite changed the file"; exit 1; }
+rc=0; "$check" --bogus "$good" 2>/dev/null || rc=$?
+[[ $rc -eq 2 ]] || { echo "unknown flag: exit code $rc, want 2"; exit 1; }
+
 out=$("$check" "$TEST_TMPDIR/does-not-exist" || true)
 [[ "$out" == *"cannot read"* ]] || { echo "missing file not reported: $out"; exit 1; }
 echo "metadata_check: all checks passed"

@@ -1,37 +1,77 @@
-// metadata_check FILE...: reads MetadataSnapshot text files, rebuilds each batch's metadata
-// from its recorded inputs, validates the recorded arrays and compares them with the rebuilt
-// ones. Prints one line per file ("OK file" or "FAIL file: <first difference or broken
+// metadata_check [--rewrite] FILE...: reads MetadataSnapshot text files, rebuilds each batch's
+// metadata from its recorded inputs, validates the recorded arrays and compares them with the
+// rebuilt ones. Prints one line per file ("OK file" or "FAIL file: <first difference or broken
 // invariant>") and exits 1 if any file fails, 2 on usage errors.
+//
+// --rewrite re-records each file's metadata arrays from its inputs (once the inputs validate)
+// and writes the file back ("REWROTE file"): a batch captured from a buggy engine becomes a
+// regression test of the fixed behaviour. A file whose inputs do not validate is left as it
+// was and reported as FAIL.
+//
+// Under `bazel run`, relative paths are taken from the directory the command was run in.
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "attention/metadata/snapshot.h"
 
+namespace {
+
+std::string Resolve(const std::string& path) {
+  const char* cwd = std::getenv("BUILD_WORKING_DIRECTORY");
+  if (path.empty() || path[0] == '/' || cwd == nullptr) return path;
+  return std::string(cwd) + "/" + path;
+}
+
+// OK, or the first error of reading, parsing, checking (or rewriting) the file.
+absl::Status Process(const std::string& path, bool rewrite) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError("cannot read the file");
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<attnmeta::MetadataSnapshot> snapshot = attnmeta::SnapshotFromText(text.str());
+  if (!snapshot.ok()) return snapshot.status();
+  if (!rewrite) return attnmeta::CheckSnapshot(*snapshot);
+  absl::StatusOr<attnmeta::MetadataSnapshot> fixed = attnmeta::RewriteSnapshot(*snapshot);
+  if (!fixed.ok()) return fixed.status();
+  std::ofstream out(path, std::ios::trunc);
+  out << attnmeta::SnapshotToText(*fixed);
+  out.close();
+  if (!out) return absl::UnavailableError("cannot write the file");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: %s SNAPSHOT.textproto...\n", argv[0]);
+  bool rewrite = false;
+  std::vector<std::string> files;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--rewrite") == 0) {
+      rewrite = true;
+    } else if (argv[i][0] == '-' && argv[i][1] == '-') {
+      std::fprintf(stderr, "metadata_check: unknown flag %s\n", argv[i]);
+      return 2;
+    } else {
+      files.push_back(argv[i]);
+    }
+  }
+  if (files.empty()) {
+    std::fprintf(stderr, "usage: %s [--rewrite] SNAPSHOT.textproto...\n", argv[0]);
     return 2;
   }
   int failures = 0;
-  for (int i = 1; i < argc; ++i) {
-    std::ifstream in(argv[i]);
-    if (!in) {
-      std::printf("FAIL %s: cannot read the file\n", argv[i]);
-      ++failures;
-      continue;
-    }
-    std::stringstream text;
-    text << in.rdbuf();
-    absl::StatusOr<attnmeta::MetadataSnapshot> snapshot = attnmeta::SnapshotFromText(text.str());
-    absl::Status status =
-        snapshot.ok() ? attnmeta::CheckSnapshot(*snapshot) : snapshot.status();
+  for (const std::string& file : files) {
+    const absl::Status status = Process(Resolve(file), rewrite);
     if (status.ok()) {
-      std::printf("OK %s\n", argv[i]);
+      std::printf("%s %s\n", rewrite ? "REWROTE" : "OK", file.c_str());
     } else {
-      std::printf("FAIL %s: %s\n", argv[i], std::string(status.message()).c_str());
+      std::printf("FAIL %s: %s\n", file.c_str(), std::string(status.message()).c_str());
       ++failures;
     }
   }

@@ -145,6 +145,10 @@ absl::StatusOr<ForwardMetadata> BuildForwardMetadata(const ForwardBatch& batch,
                                                    batch.kv_lens.size(), " kv_lens, ",
                                                    batch.q_lens.size(), " q_lens"));
   }
+  if (!batch.kv_start_idx.empty() && batch.kv_start_idx.size() != bs) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_start_idx has ", batch.kv_start_idx.size(),
+                                                   " entries, want 0 or batch_size ", bs));
+  }
   if (options.page_table && !batch.kv_start_idx.empty()) {
     return absl::InvalidArgumentError(
         "a page table needs sequences that start at position 0; drop kv_start_idx or the "
@@ -200,8 +204,8 @@ absl::StatusOr<ForwardMetadata> BuildForwardMetadata(const ForwardBatch& batch,
     }
   }
   if (options.check.has_value()) {
-    const ValidationContext ctx{options.check->pool_slots, page_size,
-                                options.check->num_query_rows};
+    ValidationContext ctx{options.check->pool_slots, page_size, options.check->num_query_rows};
+    ctx.check_slot_ownership = true;
     if (absl::Status s = ValidateForwardMetadata(m.view(), ctx); !s.ok()) return s;
   }
   return m;

@@ -74,7 +74,8 @@ struct MetadataCheck {
 struct BuildOptions {
   // Build the page table (for a page-level consumer); otherwise it is 0 x 0.
   bool page_table = true;
-  // Checked mode: when set, the result is validated (validator.h) before it is returned.
+  // Checked mode: when set, the result is validated (validator.h, slot ownership included)
+  // before it is returned.
   std::optional<MetadataCheck> check;
 };
 

@@ -173,6 +173,31 @@ TEST(BuildForwardMetadataTest, LengthsPastTheRowFailBeforeAllocating) {
             absl::StatusCode::kOutOfRange);
 }
 
+// Every input array's size is checked before it is read: a kv_start_idx shorter or longer
+// than the batch is an error, not a read past its end.
+TEST(BuildForwardMetadataTest, StartOffsetsOfTheWrongSizeAreRejected) {
+  BatchFixture f(16, 7);
+  f.AddSequence(10, 2);
+  f.AddSequence(20, 3);
+  f.AddSequence(5, 1);
+  BuildOptions no_table;
+  no_table.page_table = false;
+  for (size_t n : {1, 2, 4}) {
+    const std::vector<TokenPosition> starts(n, TokenPosition(0));
+    ForwardBatch b = f.Batch(ForwardMode::kExtend);
+    b.kv_start_idx = starts;
+    const absl::Status s = BuildForwardMetadata(b, f.pool(), f.page_size(), no_table).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << n;
+    EXPECT_NE(s.message().find("kv_start_idx"), absl::string_view::npos) << s;
+  }
+  const std::vector<TokenPosition> starts(3, TokenPosition(1));
+  std::vector<TokenLength> kv = {TokenLength(11), TokenLength(22), TokenLength(5)};
+  ForwardBatch b = f.Batch(ForwardMode::kExtend);
+  b.kv_start_idx = starts;
+  b.kv_lens = kv;
+  EXPECT_TRUE(BuildForwardMetadata(b, f.pool(), f.page_size(), no_table).ok());
+}
+
 TEST(BuildForwardMetadataTest, ModeRules) {
   BatchFixture f(16, 5);
   f.AddSequence(10, 2);

@@ -84,9 +84,9 @@ absl::Status CheckInputs(const ReferenceAttentionInputs& in, absl::Span<float> o
     return absl::InvalidArgumentError(absl::StrCat("q has ", in.q.size(), " floats, out ",
                                                    out.size(), ", rows of ", q_row));
   }
-  const ValidationContext ctx{TokenCount(static_cast<int64_t>(in.k_pool.size()) / kv_row),
-                              in.page_size,
-                              TokenCount(static_cast<int64_t>(in.q.size()) / q_row)};
+  ValidationContext ctx{TokenCount(static_cast<int64_t>(in.k_pool.size()) / kv_row),
+                        in.page_size, TokenCount(static_cast<int64_t>(in.q.size()) / q_row)};
+  ctx.check_slot_ownership = true;
   return ValidateForwardMetadata(in.metadata, ctx);
 }
 

@@ -1,6 +1,7 @@
 #include "attention/metadata/snapshot.h"
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -50,6 +51,150 @@ absl::Status Wrap(absl::string_view stage, const absl::Status& s) {
 // metadata_check allocate without bound.
 constexpr int64_t kMaxCheckedEntries = int64_t{1} << 28;
 
+
+// A snapshot's inputs, rebuilt: the recorded req_to_token rows (renumbered densely) and the
+// batch over them.
+struct RecordedInputs {
+  PageSize page_size;
+  ReqToTokenPool pool;
+  ForwardMode mode;
+  std::vector<ReqPoolIndex> req_rows;
+  std::vector<TokenLength> kv_lens;
+  std::vector<TokenLength> q_lens;
+  std::vector<TokenPosition> starts;
+
+  ForwardBatch batch() const { return ForwardBatch{mode, req_rows, kv_lens, q_lens, starts}; }
+};
+
+absl::Status RowOutside(absl::string_view array, int64_t i, int64_t row, int32_t max_reqs) {
+  return absl::OutOfRangeError(absl::StrCat(array, "[", i, "] = row ", row, " outside [0, max_reqs = ",
+                                            max_reqs, ")"));
+}
+
+// Every size and bound the rebuild depends on is checked against the recorded arrays first,
+// so that what is allocated is bounded by the file itself: the rebuilt table has one row per
+// recorded row and is as wide as the longest one; a request may read only positions its
+// recorded row holds.
+absl::StatusOr<RecordedInputs> LoadInputs(const MetadataSnapshot& s) {
+  absl::StatusOr<PageSize> ps = PageSize::Create(s.page_size());
+  if (!ps.ok()) return Wrap("page_size", ps.status());
+  if (s.pool_slots() < 0 || s.pool_slots() > (int64_t{1} << 31)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool_slots: ", s.pool_slots(), " outside [0, 2^31]"));
+  }
+  if (s.max_reqs() < 1 || s.max_context_len() < 1 ||
+      s.max_context_len() > ReqToTokenPool::kMaxEntries / s.max_reqs()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("req_to_token: max_reqs ", s.max_reqs(), " and max_context_len ",
+                     s.max_context_len(), " are not a table of 1 to 2^31 entries"));
+  }
+  absl::StatusOr<ForwardMode> mode = ParseForwardMode(s.mode());
+  if (!mode.ok()) return Wrap("mode", mode.status());
+  absl::flat_hash_map<int32_t, int32_t> dense_row;
+  int64_t widest = 1;
+  for (int k = 0; k < s.req_to_token_size(); ++k) {
+    const ReqToTokenRow& r = s.req_to_token(k);
+    if (r.row() < 0 || r.row() >= s.max_reqs()) {
+      return RowOutside("req_to_token", k, r.row(), s.max_reqs());
+    }
+    if (r.slots_size() > s.max_context_len()) {
+      return absl::OutOfRangeError(absl::StrCat("req_to_token row ", r.row(), ": ",
+                                                r.slots_size(), " slots, max_context_len ",
+                                                s.max_context_len()));
+    }
+    if (!dense_row.emplace(r.row(), static_cast<int32_t>(dense_row.size())).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("req_to_token: row ", r.row(), " is recorded twice"));
+    }
+    widest = std::max<int64_t>(widest, r.slots_size());
+  }
+  const int bs = s.req_rows_size();
+  for (const auto& [name, size] : {std::pair<const char*, int>{"kv_lens", s.kv_lens_size()},
+                                   {"q_lens", s.q_lens_size()},
+                                   {"kv_start_idx", s.kv_start_idx_size()}}) {
+    if (size != bs && !(size == 0 && absl::string_view(name) == "kv_start_idx")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": ", size, " entries for ", bs, " requests (req_rows)"));
+    }
+  }
+  const int64_t rows = std::max<int64_t>(1, static_cast<int64_t>(dense_row.size()));
+  if (widest > kMaxCheckedEntries / rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("req_to_token: ", rows, " rows of up to ", widest,
+                     " slots are more than metadata_check rebuilds (", kMaxCheckedEntries,
+                     " entries)"));
+  }
+  absl::StatusOr<ReqToTokenPool> pool =
+      ReqToTokenPool::Create(static_cast<int32_t>(rows), TokenCount(widest));
+  if (!pool.ok()) return Wrap("req_to_token", pool.status());
+  RecordedInputs in{*ps, *std::move(pool), *mode, {}, {}, {}, {}};
+  for (const ReqToTokenRow& r : s.req_to_token()) {
+    const ReqPoolIndex row(dense_row.at(r.row()));
+    if (absl::Status st = in.pool.AllocateRow(row); !st.ok()) return Wrap("req_to_token", st);
+    const std::vector<TokenSlot> slots = Typed<TokenSlot>(r.slots());
+    if (absl::Status st = in.pool.Write(row, TokenCount(0), slots); !st.ok()) {
+      return Wrap(absl::StrCat("req_to_token row ", r.row()), st);
+    }
+  }
+  for (int i = 0; i < bs; ++i) {
+    const int32_t row = s.req_rows(i);
+    if (row < 0 || row >= s.max_reqs()) return RowOutside("req_rows", i, row, s.max_reqs());
+    auto it = dense_row.find(row);
+    if (it == dense_row.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("req_rows: row ", row, " of request ", i,
+                                                     " has no recorded req_to_token row"));
+    }
+    const int64_t start = s.kv_start_idx_size() == 0 ? 0 : s.kv_start_idx(i);
+    const int64_t held = s.req_to_token(it->second).slots_size();
+    if (start < 0 || s.kv_lens(i) < 0 || start + s.kv_lens(i) > held) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kv_lens: request ", i, " reads positions [", start, ", ", start + s.kv_lens(i),
+          ") but its recorded req_to_token row ", row, " holds ", held, " slots"));
+    }
+    in.req_rows.push_back(ReqPoolIndex(it->second));
+  }
+  in.kv_lens = Typed<TokenLength>(s.kv_lens());
+  in.q_lens = Typed<TokenLength>(s.q_lens());
+  in.starts = Typed<TokenPosition>(s.kv_start_idx());
+  return in;
+}
+
+TokenCount QueryRows(absl::Span<const TokenLength> q_lens) {
+  int64_t rows = 0;
+  for (TokenLength q : q_lens) rows += q.value();
+  return TokenCount(rows);
+}
+
+// The metadata the builders make from the recorded inputs, validated against the recorded
+// pool (slot ownership included).
+absl::StatusOr<ForwardMetadata> Rebuild(const MetadataSnapshot& s, const RecordedInputs& in) {
+  BuildOptions options;
+  options.page_table = s.page_table_enabled();
+  options.check = MetadataCheck{TokenCount(s.pool_slots()), QueryRows(in.q_lens)};
+  absl::StatusOr<ForwardMetadata> m =
+      BuildForwardMetadata(in.batch(), in.pool, in.page_size, options);
+  if (!m.ok()) return Wrap("rebuilding from the recorded inputs", m.status());
+  return m;
+}
+
+// Replaces the recorded metadata arrays of `s` with `m`.
+void RecordMetadata(const ForwardMetadata& m, MetadataSnapshot& s) {
+  s.clear_kv_indptr();
+  s.clear_kv_indices();
+  s.clear_qo_indptr();
+  s.clear_kv_last_page_len();
+  s.clear_page_table();
+  Append<TokenOffset>(m.kv_indptr, s.mutable_kv_indptr());
+  Append<TokenSlot>(m.kv_indices, s.mutable_kv_indices());
+  Append<TokenOffset>(m.qo_indptr, s.mutable_qo_indptr());
+  Append<TokenLength>(m.kv_last_page_len, s.mutable_kv_last_page_len());
+  s.set_page_table_rows(m.page_table.rows());
+  s.set_page_table_cols(m.page_table.cols());
+  Append(m.page_table.span().entries(), s.mutable_page_table());
+  s.set_max_q_len(m.max_q_len.value());
+  s.set_max_kv_len(m.max_kv_len.value());
+}
+
 }  // namespace
 
 absl::StatusOr<MetadataSnapshot> MakeSnapshot(const ForwardBatch& batch,
@@ -75,15 +220,7 @@ absl::StatusOr<MetadataSnapshot> MakeSnapshot(const ForwardBatch& batch,
     r->set_row(batch.req_rows[i].value());
     Append(*row, r->mutable_slots());
   }
-  Append<TokenOffset>(m.kv_indptr, s.mutable_kv_indptr());
-  Append<TokenSlot>(m.kv_indices, s.mutable_kv_indices());
-  Append<TokenOffset>(m.qo_indptr, s.mutable_qo_indptr());
-  Append<TokenLength>(m.kv_last_page_len, s.mutable_kv_last_page_len());
-  s.set_page_table_rows(m.page_table.rows());
-  s.set_page_table_cols(m.page_table.cols());
-  Append(m.page_table.span().entries(), s.mutable_page_table());
-  s.set_max_q_len(m.max_q_len.value());
-  s.set_max_kv_len(m.max_kv_len.value());
+  RecordMetadata(m, s);
   return s;
 }
 
@@ -101,55 +238,22 @@ absl::StatusOr<MetadataSnapshot> SnapshotFromText(absl::string_view text) {
   return s;
 }
 
+
+absl::StatusOr<MetadataSnapshot> RewriteSnapshot(const MetadataSnapshot& s) {
+  absl::StatusOr<RecordedInputs> in = LoadInputs(s);
+  if (!in.ok()) return in.status();
+  absl::StatusOr<ForwardMetadata> rebuilt = Rebuild(s, *in);
+  if (!rebuilt.ok()) return rebuilt.status();
+  MetadataSnapshot out = s;
+  RecordMetadata(*rebuilt, out);
+  return out;
+}
+
 absl::Status CheckSnapshot(const MetadataSnapshot& s) {
-  // Inputs: rebuild the rows the batch reads. Row ids are renumbered densely, so the table
-  // is as large as the recorded rows, not as the engine's whole pool.
-  absl::StatusOr<PageSize> ps = PageSize::Create(s.page_size());
-  if (!ps.ok()) return Wrap("page_size", ps.status());
-  absl::flat_hash_map<int32_t, int32_t> dense_row;
-  for (const ReqToTokenRow& r : s.req_to_token()) {
-    if (!dense_row.emplace(r.row(), static_cast<int32_t>(dense_row.size())).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("req_to_token: row ", r.row(), " is recorded twice"));
-    }
-  }
-  const int64_t rows = std::max<int64_t>(1, static_cast<int64_t>(dense_row.size()));
-  if (s.max_context_len() < 1 || s.max_context_len() > kMaxCheckedEntries / rows) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "req_to_token: ", rows, " rows of max_context_len ", s.max_context_len(),
-        " are outside what metadata_check rebuilds (1 to ", kMaxCheckedEntries, " entries)"));
-  }
-  absl::StatusOr<ReqToTokenPool> pool =
-      ReqToTokenPool::Create(static_cast<int32_t>(rows), TokenCount(s.max_context_len()));
-  if (!pool.ok()) return Wrap("req_to_token", pool.status());
-  for (const ReqToTokenRow& r : s.req_to_token()) {
-    const ReqPoolIndex row(dense_row.at(r.row()));
-    if (absl::Status st = pool->AllocateRow(row); !st.ok()) return Wrap("req_to_token", st);
-    const std::vector<TokenSlot> slots = Typed<TokenSlot>(r.slots());
-    if (absl::Status st = pool->Write(row, TokenCount(0), slots); !st.ok()) {
-      return Wrap(absl::StrCat("req_to_token row ", r.row()), st);
-    }
-  }
-  std::vector<ReqPoolIndex> req_rows;
-  for (int i = 0; i < s.req_rows_size(); ++i) {
-    auto it = dense_row.find(s.req_rows(i));
-    if (it == dense_row.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("req_rows: row ", s.req_rows(i),
-                                                     " of request ", i,
-                                                     " has no recorded req_to_token row"));
-    }
-    req_rows.push_back(ReqPoolIndex(it->second));
-  }
-  absl::StatusOr<ForwardMode> mode = ParseForwardMode(s.mode());
-  if (!mode.ok()) return Wrap("mode", mode.status());
-  const std::vector<TokenLength> kv_lens = Typed<TokenLength>(s.kv_lens());
-  const std::vector<TokenLength> q_lens = Typed<TokenLength>(s.q_lens());
-  const std::vector<TokenPosition> starts = Typed<TokenPosition>(s.kv_start_idx());
-  ForwardBatch batch{*mode, req_rows, kv_lens, q_lens, starts};
-  BuildOptions options;
-  options.page_table = s.page_table_enabled();
-  absl::StatusOr<ForwardMetadata> rebuilt = BuildForwardMetadata(batch, *pool, *ps, options);
-  if (!rebuilt.ok()) return Wrap("rebuilding from the recorded inputs", rebuilt.status());
+  absl::StatusOr<RecordedInputs> in = LoadInputs(s);
+  if (!in.ok()) return in.status();
+  absl::StatusOr<ForwardMetadata> rebuilt = Rebuild(s, *in);
+  if (!rebuilt.ok()) return rebuilt.status();
 
   // The recorded arrays: valid on their own, then equal to the rebuilt ones.
   const std::vector<TokenOffset> kv_indptr = Typed<TokenOffset>(s.kv_indptr());
@@ -166,18 +270,17 @@ absl::Status CheckSnapshot(const MetadataSnapshot& s) {
                                                    s.page_table_cols(), "]"));
   }
   ForwardMetadataView recorded;
-  recorded.mode = *mode;
+  recorded.mode = in->mode;
   recorded.kv_indptr = kv_indptr;
   recorded.kv_indices = kv_indices;
   recorded.qo_indptr = qo_indptr;
-  recorded.kv_lens = kv_lens;
+  recorded.kv_lens = in->kv_lens;
   recorded.kv_last_page_len = last_page;
   recorded.page_table = *pt;
   recorded.max_q_len = TokenCount(s.max_q_len());
   recorded.max_kv_len = TokenCount(s.max_kv_len());
-  int64_t query_rows = 0;
-  for (TokenLength q : q_lens) query_rows += q.value();
-  const ValidationContext ctx{TokenCount(s.pool_slots()), *ps, TokenCount(query_rows)};
+  ValidationContext ctx{TokenCount(s.pool_slots()), in->page_size, QueryRows(in->q_lens)};
+  ctx.check_slot_ownership = true;
   if (absl::Status st = ValidateForwardMetadata(recorded, ctx); !st.ok()) return st;
 
   const ForwardMetadataView built = rebuilt->view();

@@ -29,12 +29,23 @@ std::string SnapshotToText(const MetadataSnapshot& snapshot);
 // InvalidArgument when `text` is not a MetadataSnapshot in text format.
 absl::StatusOr<MetadataSnapshot> SnapshotFromText(absl::string_view text);
 
-// OK when the recorded metadata is valid and equals what the builders make from the recorded
-// inputs. Only the recorded req_to_token rows are rebuilt (renumbered densely; at most 2^28
-// entries), so a corrupt file cannot make it allocate without bound. Otherwise an error whose message starts with the broken array or input (for a
-// difference, its first differing index and both values: "kv_indices[17]: recorded 123,
-// rebuilt 456"; for inputs the builders reject, "rebuilding from the recorded inputs: ...").
+// OK when the recorded metadata is valid (slot ownership included) and equals what the
+// builders make from the recorded inputs. Otherwise an error whose message starts with the
+// broken array or input (for a difference, its first differing index and both values:
+// "kv_indices[17]: recorded 123, rebuilt 456"; for inputs the builders reject, "rebuilding
+// from the recorded inputs: ...").
+// Inputs are checked against the file's own arrays before anything is rebuilt: recorded and
+// requested rows in [0, max_reqs) (OutOfRange otherwise), array sizes that agree, and every
+// request reading only positions its recorded req_to_token row holds. Only the recorded rows
+// are rebuilt (renumbered densely, as wide as the longest, at most 2^28 entries), so what a
+// corrupt file makes it allocate is bounded by the file itself.
 absl::Status CheckSnapshot(const MetadataSnapshot& snapshot);
+
+// The snapshot with its metadata arrays re-recorded from its inputs, once the inputs pass
+// CheckSnapshot's input checks and the rebuilt metadata validates: a batch captured from a
+// buggy engine becomes a regression test of the fixed behaviour. Errors as CheckSnapshot's
+// for the inputs.
+absl::StatusOr<MetadataSnapshot> RewriteSnapshot(const MetadataSnapshot& snapshot);
 
 }  // namespace attnmeta
 

@@ -81,8 +81,112 @@ TEST_F(SnapshotTest, EveryCorruptedArrayIsNamed) {
   ExpectRejected("req_rows", [](MetadataSnapshot& s) { s.mutable_req_rows()->Set(0, 63); });
   ExpectRejected("req_to_token", [](MetadataSnapshot& s) { *s.add_req_to_token() = s.req_to_token(0); });
   ExpectRejected("req_to_token", [](MetadataSnapshot& s) { s.set_max_context_len(int64_t{1} << 40); });
+  ExpectRejected("req_to_token", [](MetadataSnapshot& s) { s.set_max_reqs(0); });
   ExpectRejected("req_to_token row", [](MetadataSnapshot& s) { s.set_max_context_len(10); });
   ExpectRejected("rebuilding", [](MetadataSnapshot& s) { s.set_mode("decode"); });
+}
+
+// Inputs that would make the check read out of bounds or allocate without bound are refused
+// before anything is rebuilt.
+TEST_F(SnapshotTest, CorruptInputsAreRefusedBeforeRebuilding) {
+  auto expect = [&](absl::StatusCode code, const std::string& prefix,
+                    const std::function<void(MetadataSnapshot&)>& corrupt) {
+    MetadataSnapshot s = good_;
+    corrupt(s);
+    const absl::Status st = CheckSnapshot(s);
+    EXPECT_EQ(st.code(), code) << prefix << ": " << st;
+    EXPECT_EQ(std::string(st.message()).rfind(prefix, 0), 0u) << st.message();
+    EXPECT_EQ(RewriteSnapshot(s).status().code(), code) << prefix;
+  };
+  // Rows outside [0, max_reqs), in the recorded table or in the batch.
+  expect(absl::StatusCode::kOutOfRange, "req_to_token[0] = row -1",
+         [](MetadataSnapshot& s) { s.mutable_req_to_token(0)->set_row(-1); });
+  expect(absl::StatusCode::kOutOfRange, "req_to_token[1] = row 64",
+         [](MetadataSnapshot& s) { s.mutable_req_to_token(1)->set_row(64); });
+  expect(absl::StatusCode::kOutOfRange, "req_rows[0] = row -1",
+         [](MetadataSnapshot& s) { s.set_req_rows(0, -1); });
+  expect(absl::StatusCode::kOutOfRange, "req_rows[2] = row 64",
+         [](MetadataSnapshot& s) { s.set_req_rows(2, 64); });
+  // A small file declaring huge lengths: refused against the recorded row, no allocation.
+  expect(absl::StatusCode::kInvalidArgument, "kv_lens: request 1",
+         [](MetadataSnapshot& s) { s.set_kv_lens(1, 2000000000); });
+  expect(absl::StatusCode::kInvalidArgument, "kv_lens: request 0", [](MetadataSnapshot& s) {
+    s.set_max_context_len(1 << 24);
+    s.set_kv_lens(0, 1 << 23);
+  });
+  expect(absl::StatusCode::kInvalidArgument, "kv_lens: request 0",
+         [](MetadataSnapshot& s) { s.set_kv_lens(0, -1); });
+  // Arrays of the wrong size, kv_start_idx among them (it once aborted the process).
+  expect(absl::StatusCode::kInvalidArgument, "kv_start_idx: 2 entries for 3 requests",
+         [](MetadataSnapshot& s) {
+           s.set_page_table_enabled(false);
+           s.add_kv_start_idx(0);
+           s.add_kv_start_idx(0);
+         });
+  expect(absl::StatusCode::kInvalidArgument, "q_lens: 2 entries",
+         [](MetadataSnapshot& s) { s.mutable_q_lens()->RemoveLast(); });
+  expect(absl::StatusCode::kInvalidArgument, "kv_lens: 4 entries",
+         [](MetadataSnapshot& s) { s.add_kv_lens(1); });
+  expect(absl::StatusCode::kInvalidArgument, "pool_slots",
+         [](MetadataSnapshot& s) { s.set_pool_slots(-5); });
+}
+
+// Snapshots with start offsets (no page table) and with page-aligned lengths round-trip,
+// and their start offsets are part of what is checked.
+TEST(SnapshotShapesTest, StartOffsetsAndPageAlignedLengths) {
+  BatchFixture f(16, 9);
+  f.AddSequence(48, 16);  // page-aligned: 64 tokens
+  f.AddSequence(20, 12);  // 32 tokens, page-aligned too
+  f.AddSequence(5, 3);
+  const std::vector<TokenPosition> starts = {TokenPosition(16), TokenPosition(0), TokenPosition(2)};
+  const std::vector<TokenLength> kv = {TokenLength(48), TokenLength(32), TokenLength(6)};
+  ForwardBatch b = f.Batch(ForwardMode::kExtend);
+  b.kv_start_idx = starts;
+  b.kv_lens = kv;
+  BuildOptions no_table;
+  no_table.page_table = false;
+  auto m = BuildForwardMetadata(b, f.pool(), f.page_size(), no_table);
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto snap = MakeSnapshot(b, f.pool(), f.page_size(), f.pool_slots(), *m);
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  ASSERT_EQ(snap->kv_start_idx_size(), 3);
+  auto back = SnapshotFromText(SnapshotToText(*snap));
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(CheckSnapshot(*back).ok()) << CheckSnapshot(*back);
+  // The offsets matter: without them the rebuilt kv_indices differ from the recorded ones.
+  MetadataSnapshot no_starts = *back;
+  no_starts.clear_kv_start_idx();
+  const absl::Status st = CheckSnapshot(no_starts);
+  EXPECT_EQ(std::string(st.message()).rfind("kv_indices[0]", 0), 0u) << st;
+
+  // Page-aligned lengths with a page table.
+  const std::vector<TokenLength> full = {TokenLength(64), TokenLength(32), TokenLength(8)};
+  ForwardBatch aligned = f.Batch(ForwardMode::kExtend);
+  aligned.kv_lens = full;
+  auto ma = BuildForwardMetadata(aligned, f.pool(), f.page_size());
+  ASSERT_TRUE(ma.ok()) << ma.status();
+  EXPECT_EQ(ma->kv_last_page_len[0], TokenLength(16));
+  EXPECT_EQ(ma->page_table.cols(), 4);
+  auto sa = MakeSnapshot(aligned, f.pool(), f.page_size(), f.pool_slots(), *ma);
+  ASSERT_TRUE(sa.ok());
+  EXPECT_TRUE(CheckSnapshot(*sa).ok()) << CheckSnapshot(*sa);
+}
+
+// --rewrite: a snapshot recorded from a buggy engine (wrong arrays, good inputs) is
+// re-recorded from its inputs and then checks OK; bad inputs are not rewritten.
+TEST_F(SnapshotTest, RewriteRecordsTheFixedBehaviour) {
+  MetadataSnapshot buggy = good_;
+  buggy.set_max_kv_len(buggy.page_table_cols() * buggy.page_size());  // field bug row 3
+  buggy.set_kv_indices(3, buggy.kv_indices(3) + 1);
+  buggy.set_kv_last_page_len(0, 7);
+  ASSERT_FALSE(CheckSnapshot(buggy).ok());
+  auto fixed = RewriteSnapshot(buggy);
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  EXPECT_TRUE(CheckSnapshot(*fixed).ok()) << CheckSnapshot(*fixed);
+  EXPECT_EQ(SnapshotToText(*fixed), SnapshotToText(good_));
+  MetadataSnapshot bad_inputs = good_;
+  bad_inputs.set_mode("decode");
+  EXPECT_EQ(RewriteSnapshot(bad_inputs).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

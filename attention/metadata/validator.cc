@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <tuple>
+#include <vector>
 
 #include "absl/base/attributes.h"
 #include "absl/strings/str_cat.h"
@@ -108,9 +110,75 @@ bool RowMatchesSlots(absl::Span<const PageId> row, const TokenSlot* slots, int64
   return all == 0;
 }
 
-}  // namespace
+// Ownership: the slots written this step (positions [kv_len - q_len, kv_len) of each
+// sequence) are used by no other token of the batch. Written slots are sorted (duplicates
+// among them are adjacent); every cached token is then probed against a bit filter of the
+// written slots, and only a filter hit is looked up by binary search.
+// REQUIRES: the view passed the shape checks (indptrs consistent, q_len <= kv_len).
+absl::Status CheckSlotOwnership(const ForwardMetadataView& m) {
+  struct Written {
+    int32_t slot;
+    int32_t sequence;
+    int32_t position;
+  };
+  const int64_t bs = m.batch_size();
+  std::vector<Written> written;
+  written.reserve(static_cast<size_t>(m.qo_indptr[bs].value()));
+  for (int64_t i = 0; i < bs; ++i) {
+    const int64_t kv_len = m.kv_lens[i].value();
+    const int64_t q_len = (m.qo_indptr[i + 1] - m.qo_indptr[i]).value();
+    const TokenSlot* slots = m.kv_indices.data() + m.kv_indptr[i].value();
+    for (int64_t t = kv_len - q_len; t < kv_len; ++t) {
+      written.push_back(Written{slots[t].value(), static_cast<int32_t>(i), static_cast<int32_t>(t)});
+    }
+  }
+  if (written.empty()) return absl::OkStatus();
+  std::sort(written.begin(), written.end(),
+            [](const Written& a, const Written& b) {
+              return std::tie(a.slot, a.sequence, a.position) <
+                     std::tie(b.slot, b.sequence, b.position);
+            });
+  for (size_t k = 1; k < written.size(); ++k) {
+    if (written[k].slot == written[k - 1].slot) {
+      return Invalid("kv_indices",
+                     absl::StrCat("slot ", written[k].slot, " is written this step by sequence ",
+                                  written[k - 1].sequence, " position ", written[k - 1].position,
+                                  " and by sequence ", written[k].sequence, " position ",
+                                  written[k].position, " (a slot handed out twice)"));
+    }
+  }
+  uint64_t bits = 4096;
+  while (bits < 64 * written.size()) bits <<= 1;
+  const uint32_t mask = static_cast<uint32_t>(bits - 1);
+  std::vector<uint64_t> filter(bits / 64, 0);
+  for (const Written& w : written) {
+    const uint32_t b = static_cast<uint32_t>(w.slot) & mask;
+    filter[b >> 6] |= uint64_t{1} << (b & 63);
+  }
+  for (int64_t i = 0; i < bs; ++i) {
+    const int64_t cached =
+        m.kv_lens[i].value() - (m.qo_indptr[i + 1] - m.qo_indptr[i]).value();
+    const TokenSlot* slots = m.kv_indices.data() + m.kv_indptr[i].value();
+    for (int64_t t = 0; t < cached; ++t) {
+      const uint32_t b = static_cast<uint32_t>(slots[t].value()) & mask;
+      if ((filter[b >> 6] >> (b & 63) & 1) == 0) continue;
+      auto it = std::lower_bound(
+          written.begin(), written.end(), slots[t].value(),
+          [](const Written& w, int32_t slot) { return w.slot < slot; });
+      if (it != written.end() && it->slot == slots[t].value()) {
+        return Invalid("kv_indices",
+                       absl::StrCat("slot ", it->slot, " is written this step by sequence ",
+                                    it->sequence, " position ", it->position,
+                                    " but also holds cached token ", t, " of sequence ", i,
+                                    " (a slot handed out twice)"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
 
-absl::Status ValidateForwardMetadata(const ForwardMetadataView& m, const ValidationContext& ctx) {
+// Everything but ownership.
+absl::Status ValidateLayout(const ForwardMetadataView& m, const ValidationContext& ctx) {
   if (ctx.pool_slots.value() < 0 || ctx.pool_slots.value() > (int64_t{1} << 31)) {
     return Invalid("pool_slots", absl::StrCat(ctx.pool_slots.value(),
                                               " outside [0, 2^31] (slots are int32)"));
@@ -227,6 +295,13 @@ absl::Status ValidateForwardMetadata(const ForwardMetadataView& m, const Validat
     }
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateForwardMetadata(const ForwardMetadataView& m, const ValidationContext& ctx) {
+  if (absl::Status s = ValidateLayout(m, ctx); !s.ok()) return s;
+  return ctx.check_slot_ownership ? CheckSlotOwnership(m) : absl::OkStatus();
 }
 
 }  // namespace attnmeta

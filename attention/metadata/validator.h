@@ -18,6 +18,12 @@ struct ValidationContext {
   TokenCount num_query_rows;  // rows of the query tensor the kernel is given
   // Padded rows of a captured graph point at the padding page; real batches never do.
   bool allow_padding_page = false;
+  // Also check slot ownership: no slot written this step (the last q_len tokens of each
+  // sequence) is used by any other token of the batch. It catches a page handed out twice,
+  // which req_to_token, kv_indices and the page table would all agree on. Costs a sort of
+  // the written slots and one filter probe per KV token (docs/perf_notes.md); on in checked
+  // mode, in metadata_check and in the tests.
+  bool check_slot_ownership = false;
 };
 
 // OK, or InvalidArgument naming the first broken invariant it finds (the message starts with
@@ -30,7 +36,9 @@ struct ValidationContext {
 // kv_last_page_len; every slot of kv_indices[0, kv_indptr[bs]) inside the pool (and outside
 // the padding page unless allowed); the page table (when present) wide enough, its pages in
 // the pool, consistent with kv_indices token by token, and padded past each sequence's pages.
-// Its cost is linear in bs + kv_indptr[bs] + page table entries.
+// With check_slot_ownership: no written slot is shared (the message names both users).
+// Its cost is linear in bs + kv_indptr[bs] + page table entries (plus the ownership check's
+// sort of the qo_indptr[bs] written slots).
 absl::Status ValidateForwardMetadata(const ForwardMetadataView& m, const ValidationContext& ctx);
 
 }  // namespace attnmeta

@@ -24,9 +24,13 @@ class ValidatorTest : public ::testing::Test {
     ASSERT_TRUE(Validate(good_).ok()) << Validate(good_);
   }
 
+  ValidationContext Context() const {
+    ValidationContext ctx{f_.pool_slots(), f_.page_size(), f_.num_query_rows()};
+    ctx.check_slot_ownership = true;
+    return ctx;
+  }
   absl::Status Validate(const ForwardMetadata& m) const {
-    return ValidateForwardMetadata(
-        m.view(), ValidationContext{f_.pool_slots(), f_.page_size(), f_.num_query_rows()});
+    return ValidateForwardMetadata(m.view(), Context());
   }
 
   // Applies `corrupt` to a copy of the good metadata and expects InvalidArgument whose
@@ -112,6 +116,115 @@ TEST_F(ValidatorTest, LongerKvIndicesBufferIsACapacityNotAnError) {
   ForwardMetadata m = good_;
   m.kv_indices.resize(m.kv_indices.size() + 100, TokenSlot(-12345));
   EXPECT_TRUE(Validate(m).ok());
+}
+
+// Every bound is checked at exactly the limit, on both paths that check slots (the slot
+// range alone without a page table, token by token against the page table with one).
+TEST_F(ValidatorTest, SlotBoundsAtTheLimitWithAndWithoutAPageTable) {
+  const int32_t pool = static_cast<int32_t>(f_.pool_slots().value());
+  const int32_t ps = static_cast<int32_t>(f_.page_size().tokens());
+  for (bool with_table : {false, true}) {
+    SCOPED_TRACE(with_table ? "with a page table" : "without a page table");
+    ForwardMetadata m = good_;
+    if (!with_table) m.page_table = PageTable();
+    // Token 5 of sequence 0 (cached) moved to the pool's last slot: in range. With a page
+    // table, its page moves to the pool's last page (token 5 of 16 sits at offset 5).
+    auto place = [&](ForwardMetadata& x, int32_t slot) {
+      x.kv_indices[5] = TokenSlot(slot);
+      if (with_table) {
+        const int32_t page = slot / ps;
+        for (int t = 0; t < ps; ++t) x.kv_indices[t] = TokenSlot(page * ps + t);
+        x.page_table.span().row(0)[0] = PageId(page);
+      }
+    };
+    ForwardMetadata last = m;
+    place(last, with_table ? pool - ps + 5 : pool - 1);
+    EXPECT_TRUE(Validate(last).ok()) << Validate(last);
+    ForwardMetadata past = m;
+    place(past, with_table ? pool + 5 : pool);
+    EXPECT_EQ(Validate(past).code(), absl::StatusCode::kInvalidArgument);
+    // The first allocatable slot (page 1) is in; the padding page's last slot is out.
+    ForwardMetadata first = m;
+    place(first, with_table ? ps + 5 : ps);
+    EXPECT_TRUE(Validate(first).ok()) << Validate(first);
+    ForwardMetadata padding = m;
+    place(padding, with_table ? 5 : ps - 1);
+    EXPECT_EQ(Validate(padding).code(), absl::StatusCode::kInvalidArgument);
+  }
+  // kv_indices exactly kv_indptr[bs] long is enough; one shorter is not.
+  ForwardMetadata exact = good_;
+  ASSERT_EQ(static_cast<int64_t>(exact.kv_indices.size()), exact.kv_indptr.back().value());
+  EXPECT_TRUE(Validate(exact).ok());
+  exact.kv_indices.pop_back();
+  EXPECT_EQ(Validate(exact).code(), absl::StatusCode::kInvalidArgument);
+  // A page table exactly as wide as the longest sequence needs is enough; one narrower is not.
+  ForwardMetadata narrow = good_;
+  const int64_t cols = PagesForTokensCeil(narrow.max_kv_len, f_.page_size()).value();
+  ASSERT_EQ(narrow.page_table.cols(), cols);
+  PageTable table(narrow.page_table.rows(), cols - 1);
+  narrow.page_table = table;
+  EXPECT_EQ(Validate(narrow).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Ownership: a slot written this step may not be used by any other token of the batch, even
+// when req_to_token, kv_indices and the page table all agree (a page handed out twice).
+TEST(ValidatorOwnershipTest, APageHandedOutTwiceIsRejected) {
+  for (int64_t ps : {1, 16, 64}) {
+    SCOPED_TRACE(::testing::Message() << "page_size " << ps);
+    BatchFixture f(ps, 21);
+    f.AddSequence(3 * ps, 4);  // sequence 0: new tokens 3ps .. 3ps+3 start a fresh page
+    f.AddSequence(5 * ps, 4);  // sequence 1: likewise
+    f.AddSequence(2 * ps + 1, 1);
+    BuildOptions checked;
+    checked.check = MetadataCheck{f.pool_slots(), f.num_query_rows()};
+    ASSERT_TRUE(BuildForwardMetadata(f.Batch(ForwardMode::kExtend), f.pool(), f.page_size(), checked)
+                    .ok());
+
+    // Sequence 1's new tokens are given sequence 0's new page: every array agrees.
+    ReqToTokenPool& pool = f.mutable_pool();
+    const std::vector<TokenSlot> s0 = f.SlotsOf(0);
+    const std::vector<TokenSlot> s1 = f.SlotsOf(1);
+    std::vector<TokenSlot> stolen(s0.begin() + 3 * ps, s0.begin() + 3 * ps + 4);
+    ASSERT_TRUE(pool.Write(f.rows()[1], TokenCount(5 * ps), stolen).ok());
+    BuildOptions unchecked;
+    auto m = BuildForwardMetadata(f.Batch(ForwardMode::kExtend), f.pool(), f.page_size(), unchecked);
+    ASSERT_TRUE(m.ok()) << m.status();
+    ValidationContext ctx{f.pool_slots(), f.page_size(), f.num_query_rows()};
+    EXPECT_TRUE(ValidateForwardMetadata(m->view(), ctx).ok()) << "consistent without ownership";
+    ctx.check_slot_ownership = true;
+    absl::Status s = ValidateForwardMetadata(m->view(), ctx);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("written this step by sequence 0"), absl::string_view::npos) << s;
+    EXPECT_EQ(BuildForwardMetadata(f.Batch(ForwardMode::kExtend), f.pool(), f.page_size(), checked)
+                  .status()
+                  .code(),
+              absl::StatusCode::kInvalidArgument);
+
+    // A new token written over a cached token of another sequence is rejected too: sequence
+    // 1's row gets back its own slots, then its new page is sequence 2's first (cached) page.
+    ASSERT_TRUE(pool.Write(f.rows()[1], TokenCount(0), s1).ok());
+    const std::vector<TokenSlot> s2 = f.SlotsOf(2);
+    const std::vector<TokenSlot> cached(s2.begin(), s2.begin() + ps);
+    ASSERT_TRUE(pool.Write(f.rows()[1], TokenCount(5 * ps), cached).ok());
+    m = BuildForwardMetadata(f.Batch(ForwardMode::kExtend), f.pool(), f.page_size(), unchecked);
+    ASSERT_TRUE(m.ok()) << m.status();
+    s = ValidateForwardMetadata(m->view(), ctx);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("also holds cached token 0 of sequence 2"), absl::string_view::npos)
+        << s;
+  }
+}
+
+TEST(ValidatorOwnershipTest, SharedPrefixesAreFine) {
+  BatchFixture f(16, 22);
+  f.AddSequence(40, 3);
+  f.AddSequenceSharingPrefix(0, 32, 35, 2);
+  f.AddSequenceSharingPrefix(0, 40, 40, 1);
+  auto m = BuildForwardMetadata(f.Batch(ForwardMode::kExtend), f.pool(), f.page_size());
+  ASSERT_TRUE(m.ok()) << m.status();
+  ValidationContext ctx{f.pool_slots(), f.page_size(), f.num_query_rows()};
+  ctx.check_slot_ownership = true;
+  EXPECT_TRUE(ValidateForwardMetadata(m->view(), ctx).ok());
 }
 
 }  // namespace

@@ -33,7 +33,8 @@ int BatchFixture::AddSequence(int64_t cached, int64_t new_tokens) {
 int BatchFixture::AddSequenceSharingPrefix(int donor, int64_t shared, int64_t cached,
                                            int64_t new_tokens) {
   const int64_t ps = page_size_.tokens();
-  shared = std::min<int64_t>(shared, kv_lens_[donor].value()) / ps * ps;
+  // Only the donor's cached tokens can be shared: its new tokens are written this step.
+  shared = std::min<int64_t>(shared, kv_lens_[donor].value() - q_lens_[donor].value()) / ps * ps;
   CHECK_LE(shared, cached);
   const ReqPoolIndex row = *pool_.Allocate();
   auto prefix = pool_.Read(rows_[donor], TokenCount(0), TokenCount(shared));

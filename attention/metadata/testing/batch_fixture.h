@@ -28,7 +28,8 @@ class BatchFixture {
   // this step (its query rows). Returns its index in the batch.
   int AddSequence(int64_t cached, int64_t new_tokens);
   // Like AddSequence, but the first `shared` tokens (rounded down to whole pages) are the
-  // slots of sequence `donor`'s prefix, as a prefix cache would share them.
+  // slots of sequence `donor`'s prefix, as a prefix cache would share them (at most the
+  // donor's cached tokens: its new tokens are written this step).
   int AddSequenceSharingPrefix(int donor, int64_t shared, int64_t cached, int64_t new_tokens);
 
   ForwardBatch Batch(ForwardMode mode) const;
@@ -37,6 +38,8 @@ class BatchFixture {
 
   PageSize page_size() const { return page_size_; }
   const ReqToTokenPool& pool() const { return pool_; }
+  // For tests that corrupt the table (e.g. give two sequences the same slots).
+  ReqToTokenPool& mutable_pool() { return pool_; }
   TokenCount pool_slots() const { return alloc_.pool_slots(); }
   const std::vector<ReqPoolIndex>& rows() const { return rows_; }
   const std::vector<TokenLength>& kv_lens() const { return kv_lens_; }
