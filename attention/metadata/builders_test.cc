@@ -39,6 +39,14 @@ TEST(BuildIndptrTest, ErrorsLeaveOutputUnchanged) {
   EXPECT_EQ(out, before);
 }
 
+TEST(BuildIndptrTest, TotalExactlyAtTheInt32Limit) {
+  std::vector<TokenOffset> out(3);
+  ASSERT_TRUE(BuildIndptr(Lens({2147483600, 47}), absl::MakeSpan(out)).ok());
+  EXPECT_EQ(out[2], TokenOffset(2147483647));
+  EXPECT_EQ(BuildIndptr(Lens({2147483600, 48}), absl::MakeSpan(out)).code(),
+            absl::StatusCode::kOutOfRange);
+}
+
 TEST(MaxLengthTest, FromRealLengths) {
   EXPECT_EQ(MaxLength({}), TokenCount(0));
   EXPECT_EQ(MaxLength(Lens({3, 17, 5})), TokenCount(17));

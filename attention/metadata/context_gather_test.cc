@@ -107,6 +107,30 @@ TEST(ContextGatherTest, SlotOutsidePoolFallsBackWithWarning) {
   EXPECT_EQ(GatherContextTokens(neg).status().code(), absl::StatusCode::kOutOfRange);
 }
 
+// The bounds at exactly the limit: the last index of kv_indices and the pool's last slot are
+// in; one past either is out.
+TEST(ContextGatherTest, BoundsAtExactlyTheLimit) {
+  const std::vector<TokenSlot> idx = Slots({10, 11, 12, 4095});
+  const std::vector<TokenLength> four = Lens({4});
+  const std::vector<TokenOffset> to4 = Offsets({0, 4});
+  ContextGatherInputs in{ForwardMode::kExtend, to4, idx, four, TokenCount(4096)};
+  auto g = GatherContextTokens(in);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->tok_idx, idx);
+  in.pool_slots = TokenCount(4095);
+  EXPECT_EQ(GatherContextTokens(in).status().code(), absl::StatusCode::kOutOfRange);
+  // Sequence 1 starts at index 2 and needs 3 tokens: its last index is 4 == the table length.
+  const std::vector<TokenOffset> past = Offsets({0, 2, 5});
+  const std::vector<TokenLength> lens = Lens({2, 3});
+  ContextGatherInputs over{ForwardMode::kExtend, past, idx, lens, TokenCount(4096)};
+  EXPECT_EQ(GatherContextTokens(over).status().code(), absl::StatusCode::kOutOfRange);
+  const std::vector<TokenOffset> fits = Offsets({0, 2, 4});
+  ContextGatherInputs exact{ForwardMode::kExtend, fits, idx, lens, TokenCount(4096)};
+  auto e = GatherContextTokens(exact);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->cu_k, Offsets({0, 2, 4}));
+}
+
 TEST(ContextGatherTest, HugeLengthsFailBeforeAllocating) {
   const std::vector<TokenSlot> idx = Slots({10, 11, 12, 13});
   const std::vector<TokenOffset> indptr = Offsets({0, 2147483647});

@@ -105,6 +105,39 @@ void AttendAll(const ReferenceAttentionInputs& in, const float* k, const float* 
   }
 }
 
+// Checks `gather` against the metadata and copies its K/V rows into linear buffers.
+absl::Status Linearize(const ReferenceAttentionInputs& in, const ContextGather& gather,
+                       std::vector<float>& k_lin, std::vector<float>& v_lin) {
+  const ForwardMetadataView& m = in.metadata;
+  const int64_t bs = m.batch_size();
+  if (static_cast<int64_t>(gather.cu_k.size()) != bs + 1 || gather.cu_k[0].value() != 0 ||
+      gather.cu_k.back().value() != static_cast<int64_t>(gather.tok_idx.size())) {
+    return absl::InvalidArgumentError(
+        "gather: cu_k must be [bs + 1], start at 0 and end at tok_idx's size");
+  }
+  for (int64_t i = 0; i < bs; ++i) {
+    if (gather.cu_k[i + 1] - gather.cu_k[i] != m.kv_lens[i].count()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gather: sequence ", i, " has ", (gather.cu_k[i + 1] - gather.cu_k[i]).value(),
+          " tokens, kv_len ", m.kv_lens[i].value()));
+    }
+  }
+  const int64_t kv_row = int64_t{in.dims.num_kv_heads} * in.dims.head_dim;
+  const int64_t pool_slots = static_cast<int64_t>(in.k_pool.size()) / kv_row;
+  k_lin.assign(gather.tok_idx.size() * kv_row, 0.0f);
+  v_lin.assign(gather.tok_idx.size() * kv_row, 0.0f);
+  for (size_t r = 0; r < gather.tok_idx.size(); ++r) {
+    const int64_t s = gather.tok_idx[r].value();
+    if (s < 0 || s >= pool_slots) {
+      return absl::InvalidArgumentError(absl::StrCat("gather: tok_idx[", r, "] = slot ", s,
+                                                     " outside the pool of ", pool_slots));
+    }
+    std::copy_n(in.k_pool.data() + s * kv_row, kv_row, k_lin.data() + r * kv_row);
+    std::copy_n(in.v_pool.data() + s * kv_row, kv_row, v_lin.data() + r * kv_row);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ReferenceAttentionTokenLevel(const ReferenceAttentionInputs& in,
@@ -141,43 +174,22 @@ absl::Status ReferenceAttentionPageTable(const ReferenceAttentionInputs& in,
 absl::Status ReferenceAttentionGathered(const ReferenceAttentionInputs& in,
                                         const ContextGather& gather, absl::Span<float> out) {
   if (absl::Status s = CheckInputs(in, out); !s.ok()) return s;
-  const ForwardMetadataView& m = in.metadata;
-  const int64_t bs = m.batch_size();
-  if (static_cast<int64_t>(gather.cu_k.size()) != bs + 1 || gather.cu_k[0].value() != 0 ||
-      gather.cu_k.back().value() != static_cast<int64_t>(gather.tok_idx.size())) {
-    return absl::InvalidArgumentError(
-        "gather: cu_k must be [bs + 1], start at 0 and end at tok_idx's size");
-  }
-  for (int64_t i = 0; i < bs; ++i) {
-    if (gather.cu_k[i + 1] - gather.cu_k[i] != m.kv_lens[i].count()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "gather: sequence ", i, " has ", (gather.cu_k[i + 1] - gather.cu_k[i]).value(),
-          " tokens, kv_len ", m.kv_lens[i].value()));
-    }
-  }
+  std::vector<float> k_lin, v_lin;
+  if (absl::Status s = Linearize(in, gather, k_lin, v_lin); !s.ok()) return s;
   const int64_t kv_row = int64_t{in.dims.num_kv_heads} * in.dims.head_dim;
-  const int64_t pool_slots = static_cast<int64_t>(in.k_pool.size()) / kv_row;
-  std::vector<float> k_lin(gather.tok_idx.size() * kv_row);
-  std::vector<float> v_lin(gather.tok_idx.size() * kv_row);
-  for (size_t r = 0; r < gather.tok_idx.size(); ++r) {
-    const int64_t s = gather.tok_idx[r].value();
-    if (s < 0 || s >= pool_slots) {
-      return absl::InvalidArgumentError(absl::StrCat("gather: tok_idx[", r, "] = slot ", s,
-                                                     " outside the pool of ", pool_slots));
-    }
-    std::copy_n(in.k_pool.data() + s * kv_row, kv_row, k_lin.data() + r * kv_row);
-    std::copy_n(in.v_pool.data() + s * kv_row, kv_row, v_lin.data() + r * kv_row);
-  }
   AttendAll(in, k_lin.data(), v_lin.data(),
             [&](int64_t i, int64_t t) { return (gather.cu_k[i].value() + t) * kv_row; }, out);
   return absl::OkStatus();
 }
 
-absl::Status ReferenceAttentionSplitKv(const ReferenceAttentionInputs& in, const SplitKvPlan& plan,
-                                       absl::Span<float> out) {
-  if (absl::Status s = CheckInputs(in, out); !s.ok()) return s;
+namespace {
+
+// Runs `plan` reading K/V row kv_at(i, t) of k and v for token t of sequence i.
+// REQUIRES: CheckInputs(in, out) passed.
+template <typename KvAt>
+absl::Status RunSplitPlan(const ReferenceAttentionInputs& in, const SplitKvPlan& plan,
+                          const float* k, const float* v, KvAt kv_at, absl::Span<float> out) {
   const ForwardMetadataView& m = in.metadata;
-  const int64_t kv_row = int64_t{in.dims.num_kv_heads} * in.dims.head_dim;
   const int64_t q_row = int64_t{in.dims.num_q_heads} * in.dims.head_dim;
   const int64_t heads = in.dims.num_q_heads;
   if (plan.num_partials < 0) return absl::InvalidArgumentError("plan: negative num_partials");
@@ -209,10 +221,8 @@ absl::Status ReferenceAttentionSplitKv(const ReferenceAttentionInputs& in, const
       lse = partial_lse[w.partial_slot].data();
     }
     AttendRange(in.dims, in.q.data() + w.q_begin.value() * q_row, w.q_begin.value() - q0, rows,
-                q_len, kv_len, w.kv_begin.value(), w.kv_end.value(), in.k_pool.data(),
-                in.v_pool.data(),
-                [&](int64_t t) { return m.kv_indices[m.kv_indptr[i].value() + t].value() * kv_row; },
-                dst, lse);
+                q_len, kv_len, w.kv_begin.value(), w.kv_end.value(), k, v,
+                [&](int64_t t) { return kv_at(i, t); }, dst, lse);
   }
   for (const SplitKvReduceItem& red : plan.reduce) {
     const int64_t rows = (red.q_end - red.q_begin).value();
@@ -254,6 +264,37 @@ absl::Status ReferenceAttentionSplitKv(const ReferenceAttentionInputs& in, const
     }
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ReferenceAttentionSplitKv(const ReferenceAttentionInputs& in, const SplitKvPlan& plan,
+                                       absl::Span<float> out) {
+  if (absl::Status s = CheckInputs(in, out); !s.ok()) return s;
+  const ForwardMetadataView& m = in.metadata;
+  const int64_t kv_row = int64_t{in.dims.num_kv_heads} * in.dims.head_dim;
+  return RunSplitPlan(
+      in, plan, in.k_pool.data(), in.v_pool.data(),
+      [&](int64_t i, int64_t t) { return m.kv_indices[m.kv_indptr[i].value() + t].value() * kv_row; },
+      out);
+}
+
+absl::Status ReferenceAttentionGatheredSplitKv(const ReferenceAttentionInputs& in,
+                                               const ContextGather& gather,
+                                               const SplitKvPlan& plan, absl::Span<float> out) {
+  if (plan.layout.paged() || plan.layout.block().tokens() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "split-KV plan: made for a paged layout of block ", plan.layout.block().tokens(),
+        " tokens, but this consumer reads linear per-token K/V (plan it with "
+        "KvLayout::LinearPerToken())"));
+  }
+  if (absl::Status s = CheckInputs(in, out); !s.ok()) return s;
+  std::vector<float> k_lin, v_lin;
+  if (absl::Status s = Linearize(in, gather, k_lin, v_lin); !s.ok()) return s;
+  const int64_t kv_row = int64_t{in.dims.num_kv_heads} * in.dims.head_dim;
+  return RunSplitPlan(
+      in, plan, k_lin.data(), v_lin.data(),
+      [&](int64_t i, int64_t t) { return (gather.cu_k[i].value() + t) * kv_row; }, out);
 }
 
 absl::Status DenseAttention(const AttentionDims& dims, absl::Span<const float> q,

@@ -48,9 +48,17 @@ absl::Status ReferenceAttentionGathered(const ReferenceAttentionInputs& in,
                                         const ContextGather& gather, absl::Span<float> out);
 // Runs each work item of `plan` over its KV range (through token-level kv_indices) and
 // merges split tiles by log-sum-exp. Items must lie within their sequence; what they cover is
-// not checked (so a wrong plan gives a wrong result).
+// not checked (so a wrong plan gives a wrong result). Token-level indices serve any split, so
+// plans of either layout are accepted.
 absl::Status ReferenceAttentionSplitKv(const ReferenceAttentionInputs& in, const SplitKvPlan& plan,
                                        absl::Span<float> out);
+// The MLA-prefill path: a split-KV plan run over the gathered linear K/V buffer (row
+// cu_k[i] + t). The plan must have been made for the layout this consumer reads,
+// KvLayout::LinearPerToken(): InvalidArgument otherwise (a linear-K/V plan made with the
+// pool's page size is field bug 5).
+absl::Status ReferenceAttentionGatheredSplitKv(const ReferenceAttentionInputs& in,
+                                               const ContextGather& gather,
+                                               const SplitKvPlan& plan, absl::Span<float> out);
 
 // Attention of one logical sequence: q [q_len][num_q_heads][head_dim] over k, v
 // [kv_len][num_kv_heads][head_dim], causal with prefix; out like q.

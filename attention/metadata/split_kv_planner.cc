@@ -63,6 +63,7 @@ absl::StatusOr<SplitKvPlan> PlanSplitKv(absl::Span<const TokenOffset> qo_indptr,
   }
 
   SplitKvPlan plan;
+  plan.layout = options.layout;
   plan.chunk = TokenCount(chunk);
   plan.unit_indptr.assign(options.num_units + 1, 0);
   const int64_t units = options.num_units;

@@ -71,6 +71,8 @@ struct SplitKvReduceItem {
 };
 
 struct SplitKvPlan {
+  // The layout the plan was made for; a consumer refuses a plan made for another layout.
+  KvLayout layout = KvLayout::LinearPerToken();
   TokenCount chunk;                       // the split unit actually used, in tokens
   std::vector<SplitKvWorkItem> work;      // grouped by unit
   std::vector<int32_t> unit_indptr;       // [num_units + 1]: unit u runs work[unit_indptr[u],

@@ -1,0 +1,171 @@
+// The reference attention against an independent naive computation written here (the oracle
+// tests compare the metadata paths with DenseAttention, which shares its inner loop with them,
+// so a bug in that loop needs this test to be seen), plus hand-computed cases.
+
+#include "attention/metadata/reference_attention.h"
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "attention/metadata/builders.h"
+#include "attention/metadata/testing/batch_fixture.h"
+#include "gtest/gtest.h"
+
+namespace attnmeta {
+namespace {
+
+using testing::BatchFixture;
+
+// out[r][h][x] for query rows r of a sequence whose last q_len tokens are the queries:
+// softmax over positions 0..(kv_len - q_len + r) of q.k / sqrt(head_dim), times v. Query heads
+// are split into num_kv_heads equal consecutive groups, group j reading KV head j.
+std::vector<double> Naive(int q_heads, int kv_heads, int dim, int q_len, int kv_len,
+                          const std::vector<float>& q, const std::vector<float>& k,
+                          const std::vector<float>& v) {
+  std::vector<double> out(static_cast<size_t>(q_len) * q_heads * dim, 0.0);
+  const int per_group = q_heads / kv_heads;
+  for (int r = 0; r < q_len; ++r) {
+    const int last_visible = kv_len - q_len + r;
+    for (int j = 0; j < kv_heads; ++j) {
+      for (int g = 0; g < per_group; ++g) {
+        const int h = j * per_group + g;
+        std::vector<double> w(last_visible + 1);
+        double biggest = -1e300;
+        for (int t = 0; t <= last_visible; ++t) {
+          double dot = 0;
+          for (int x = 0; x < dim; ++x) {
+            dot += double{q[(r * q_heads + h) * dim + x]} * k[(t * kv_heads + j) * dim + x];
+          }
+          w[t] = dot / std::sqrt(double(dim));
+          if (w[t] > biggest) biggest = w[t];
+        }
+        double total = 0;
+        for (double& e : w) total += (e = std::exp(e - biggest));
+        for (int t = 0; t <= last_visible; ++t) {
+          for (int x = 0; x < dim; ++x) {
+            out[(r * q_heads + h) * dim + x] += w[t] / total * v[(t * kv_heads + j) * dim + x];
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<float> Random(size_t n, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> out(n);
+  for (float& x : out) x = normal(rng);
+  return out;
+}
+
+void ExpectNear(const std::vector<float>& got, const std::vector<double>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5) << "element " << i;
+}
+
+// Hand-computed: with equal scores the output is the mean of the visible values, and the
+// first query row of a fresh prefill sees token 0 only.
+TEST(DenseAttentionTest, HandComputedCausalRows) {
+  const AttentionDims d{1, 1, 1};
+  const std::vector<float> q = {1.0f, 1.0f, 1.0f};
+  const std::vector<float> k = {0.0f, 0.0f, 0.0f};
+  const std::vector<float> v = {3.0f, 5.0f, 10.0f};
+  std::vector<float> out(3, NAN);
+  ASSERT_TRUE(DenseAttention(d, q, k, v, absl::MakeSpan(out)).ok());
+  EXPECT_FLOAT_EQ(out[0], 3.0f);
+  EXPECT_FLOAT_EQ(out[1], 4.0f);
+  EXPECT_FLOAT_EQ(out[2], 6.0f);
+  // One query row over a prefix of 2: it sees all three tokens; the score scale is
+  // 1/sqrt(head_dim): with head_dim 4, q = k = (1,1,1,1) scores 2, against 0 elsewhere.
+  const AttentionDims d4{1, 1, 4};
+  const std::vector<float> q4 = {1, 1, 1, 1};
+  const std::vector<float> k4 = {0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0};
+  const std::vector<float> v4 = {0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0};
+  std::vector<float> o4(4, NAN);
+  ASSERT_TRUE(DenseAttention(d4, q4, k4, v4, absl::MakeSpan(o4)).ok());
+  const double e2 = std::exp(2.0);
+  for (float x : o4) EXPECT_NEAR(x, e2 / (e2 + 2.0), 1e-6);
+}
+
+TEST(DenseAttentionTest, EqualsTheNaiveComputation) {
+  std::mt19937_64 rng(99);
+  for (auto [qh, kvh] : {std::pair{4, 4}, {4, 2}, {8, 2}, {6, 1}}) {
+    for (auto [q_len, kv_len] : {std::pair{1, 1}, {1, 37}, {5, 5}, {7, 19}}) {
+      SCOPED_TRACE(::testing::Message() << qh << "/" << kvh << " heads, q " << q_len << " kv "
+                                        << kv_len);
+      const int dim = 8;
+      const std::vector<float> q = Random(q_len * qh * dim, rng);
+      const std::vector<float> k = Random(kv_len * kvh * dim, rng);
+      const std::vector<float> v = Random(kv_len * kvh * dim, rng);
+      std::vector<float> out(q.size(), NAN);
+      ASSERT_TRUE(DenseAttention({qh, kvh, dim}, q, k, v, absl::MakeSpan(out)).ok());
+      ExpectNear(out, Naive(qh, kvh, dim, q_len, kv_len, q, k, v));
+    }
+  }
+}
+
+// Every metadata path of the reference attention against the naive computation over the
+// logical sequences (read from the fixture's own req_to_token rows).
+TEST(ReferenceAttentionTest, EveryPathEqualsTheNaiveComputation) {
+  for (int64_t ps : {1, 16, 7}) {
+    SCOPED_TRACE(::testing::Message() << "page_size " << ps);
+    BatchFixture f(ps, 31);
+    f.AddSequence(30, 4);
+    f.AddSequence(0, 9);
+    f.AddSequence(50, 1);
+    auto m = BuildForwardMetadata(f.Batch(ForwardMode::kExtend), f.pool(), f.page_size());
+    ASSERT_TRUE(m.ok()) << m.status();
+    const int qh = 4, kvh = 2, dim = 8;
+    std::mt19937_64 rng(7);
+    const std::vector<float> k_pool = Random(f.pool_slots().value() * kvh * dim, rng);
+    const std::vector<float> v_pool = Random(k_pool.size(), rng);
+    const std::vector<float> q = Random(f.num_query_rows().value() * qh * dim, rng);
+    std::vector<double> want;
+    int64_t q0 = 0;
+    for (int i = 0; i < 3; ++i) {
+      std::vector<float> k, v, qi;
+      for (TokenSlot s : f.SlotsOf(i)) {
+        for (int e = 0; e < kvh * dim; ++e) {
+          k.push_back(k_pool[s.value() * kvh * dim + e]);
+          v.push_back(v_pool[s.value() * kvh * dim + e]);
+        }
+      }
+      const int q_len = f.q_lens()[i].value();
+      qi.assign(q.begin() + q0, q.begin() + q0 + q_len * qh * dim);
+      q0 += q_len * qh * dim;
+      const std::vector<double> w = Naive(qh, kvh, dim, q_len, f.kv_lens()[i].value(), qi, k, v);
+      want.insert(want.end(), w.begin(), w.end());
+    }
+    ReferenceAttentionInputs in{{qh, kvh, dim}, m->view(), f.page_size(), q, k_pool, v_pool};
+    std::vector<float> out(q.size(), NAN);
+    ASSERT_TRUE(ReferenceAttentionTokenLevel(in, absl::MakeSpan(out)).ok());
+    ExpectNear(out, want);
+    out.assign(q.size(), NAN);
+    ASSERT_TRUE(ReferenceAttentionPageTable(in, absl::MakeSpan(out)).ok());
+    ExpectNear(out, want);
+    auto gather = GatherContextTokens(ContextGatherInputs{ForwardMode::kExtend, m->kv_indptr,
+                                                          m->kv_indices, m->kv_lens, f.pool_slots()});
+    ASSERT_TRUE(gather.ok());
+    out.assign(q.size(), NAN);
+    ASSERT_TRUE(ReferenceAttentionGathered(in, *gather, absl::MakeSpan(out)).ok());
+    ExpectNear(out, want);
+    SplitKvOptions opt;
+    opt.num_units = 5;
+    opt.kv_granularity = TokenCount(8);
+    opt.q_tile = TokenCount(2);
+    auto plan = PlanSplitKv(m->qo_indptr, m->kv_indptr, opt);
+    ASSERT_TRUE(plan.ok());
+    ASSERT_FALSE(plan->reduce.empty()) << "the plan must split some tiles";
+    out.assign(q.size(), NAN);
+    ASSERT_TRUE(ReferenceAttentionSplitKv(in, *plan, absl::MakeSpan(out)).ok());
+    ExpectNear(out, want);
+    out.assign(q.size(), NAN);
+    ASSERT_TRUE(ReferenceAttentionGatheredSplitKv(in, *gather, *plan, absl::MakeSpan(out)).ok());
+    ExpectNear(out, want);
+  }
+}
+
+}  // namespace
+}  // namespace attnmeta
