@@ -119,8 +119,9 @@ TEST(BuildPageTableTest, PagesThenPadding) {
     const std::vector<TokenLength>& lens = f.kv_lens();
     const int64_t cols = PagesForTokensCeil(MaxLength(lens), f.page_size()).value() + 2;
     PageTable table(3, cols);
-    // Row 2 is past the batch: it must keep its contents.
-    std::fill(table.span().row(2).begin(), table.span().row(2).end(), PageId(99));
+    // A reused buffer holds stale pages everywhere; row 2 is past the batch and must keep
+    // them, rows 0 and 1 get the padding page past their own pages.
+    std::fill(table.span().entries().begin(), table.span().entries().end(), PageId(99));
     ASSERT_TRUE(BuildPageTable(f.pool(), f.rows(), lens, f.page_size(), table.span()).ok());
     for (int i = 0; i < 2; ++i) {
       const std::vector<TokenSlot> slots = f.SlotsOf(i);
@@ -224,6 +225,12 @@ TEST(BuildForwardMetadataTest, ModeRules) {
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->kv_indptr.size(), 1u);
   EXPECT_EQ(m->max_kv_len, TokenCount(0));
+  // Decode is exactly one query row per sequence: none is as wrong as two.
+  std::vector<TokenLength> no_query = {TokenLength(0), TokenLength(1)};
+  ForwardBatch decode_without_query = f.Batch(ForwardMode::kDecode);
+  decode_without_query.q_lens = no_query;
+  EXPECT_EQ(BuildForwardMetadata(decode_without_query, f.pool(), f.page_size()).status().code(),
+            absl::StatusCode::kInvalidArgument);
   std::vector<TokenLength> q = {TokenLength(13), TokenLength(1)};
   ForwardBatch longer_query = f.Batch(ForwardMode::kExtend);
   longer_query.q_lens = q;

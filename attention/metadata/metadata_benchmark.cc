@@ -2,6 +2,8 @@
 // sequence at 4096 tokens, page sizes 1/16/64, pages shuffled). Items are int32 indices
 // written (kv_indices, or tok_idx for the gather), so 1e9 / items_per_second is ns per index;
 // the validator's items are the indices it checks, and the planner's the work items planned.
+// Each reports x_memcpy: its time over a memcpy of the bytes it writes (or, for the
+// validator, reads), measured in the same run (tools/bench/memcpy_reference.h).
 //   ./bazelw run -c opt //attention/metadata:metadata_benchmark
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 #include "attention/metadata/validator.h"
 #include "benchmark/benchmark.h"
 #include "kvcache/req_to_token_pool.h"
+#include "tools/bench/memcpy_reference.h"
 
 namespace attnmeta {
 namespace {
@@ -71,6 +74,7 @@ void BM_BuildTokenKvIndices(benchmark::State& state) {
     benchmark::DoNotOptimize(out.data());
   }
   state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(out.size()));
+  bench::ReportRatioToMemcpy(state, out.size() * sizeof(TokenSlot));
 }
 BENCHMARK(BM_BuildTokenKvIndices)->Apply(Args);
 
@@ -95,19 +99,31 @@ void BM_BuildAllArrays(benchmark::State& state) {
     benchmark::DoNotOptimize(table.span().entries().data());
   }
   state.SetItemsProcessed(state.iterations() * state.range(0) * kCtx);
+  bench::ReportRatioToMemcpy(state, (kv_indices.size() + table.span().entries().size() +
+                                     4 * bs + 2) * sizeof(int32_t));
 }
 BENCHMARK(BM_BuildAllArrays)->Apply(Args);
 
+// args: bs, page size, ownership check (0 or 1).
 void BM_Validate(benchmark::State& state) {
   DecodeBatch d(static_cast<int>(state.range(0)), state.range(1));
   const ForwardMetadata m = *BuildForwardMetadata(d.batch(), d.pool, d.ps);
-  const ValidationContext ctx{d.pool_slots, d.ps, TokenCount(state.range(0))};
+  ValidationContext ctx{d.pool_slots, d.ps, TokenCount(state.range(0))};
+  ctx.check_slot_ownership = state.range(2) != 0;
   for (auto _ : state) {
     if (!ValidateForwardMetadata(m.view(), ctx).ok()) state.SkipWithError("validate");
   }
   state.SetItemsProcessed(state.iterations() * state.range(0) * kCtx);
+  bench::ReportRatioToMemcpy(
+      state, (m.kv_indices.size() + m.page_table.span().entries().size()) * sizeof(int32_t));
 }
-BENCHMARK(BM_Validate)->Apply(Args);
+BENCHMARK(BM_Validate)->Apply([](benchmark::internal::Benchmark* b) {
+  for (int bs : {1, 64, 256, 1024}) {
+    for (int ps : {1, 16, 64}) {
+      for (int own : {0, 1}) b->Args({bs, ps, own});
+    }
+  }
+});
 
 void BM_ContextGather(benchmark::State& state) {
   DecodeBatch d(static_cast<int>(state.range(0)), state.range(1));
@@ -123,6 +139,7 @@ void BM_ContextGather(benchmark::State& state) {
     benchmark::DoNotOptimize(tok.data());
   }
   state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(tok.size()));
+  bench::ReportRatioToMemcpy(state, tok.size() * sizeof(TokenSlot));
 }
 BENCHMARK(BM_ContextGather)->Apply(Args);
 
@@ -135,6 +152,7 @@ void BM_PlanSplitKv(benchmark::State& state) {
   SplitKvOptions opt;
   opt.num_units = 132;
   int64_t items = 0;
+  size_t plan_bytes = 0;
   for (auto _ : state) {
     auto plan = PlanSplitKv(qo, kv, opt);
     if (!plan.ok()) {
@@ -142,9 +160,13 @@ void BM_PlanSplitKv(benchmark::State& state) {
       break;
     }
     items += static_cast<int64_t>(plan->work.size());
+    plan_bytes = plan->work.size() * sizeof(SplitKvWorkItem) +
+                 plan->reduce.size() * sizeof(SplitKvReduceItem) +
+                 plan->unit_indptr.size() * sizeof(int32_t);
     benchmark::DoNotOptimize(plan);
   }
   state.SetItemsProcessed(items);
+  bench::ReportRatioToMemcpy(state, plan_bytes);
 }
 BENCHMARK(BM_PlanSplitKv)->Apply(Args);
 

@@ -279,8 +279,9 @@ absl::Status CheckSnapshot(const MetadataSnapshot& s) {
   recorded.page_table = *pt;
   recorded.max_q_len = TokenCount(s.max_q_len());
   recorded.max_kv_len = TokenCount(s.max_kv_len());
-  ValidationContext ctx{TokenCount(s.pool_slots()), in->page_size, QueryRows(in->q_lens)};
-  ctx.check_slot_ownership = true;
+  // Ownership needs no second check: the rebuilt metadata passed it, and the recorded arrays
+  // must equal the rebuilt ones.
+  const ValidationContext ctx{TokenCount(s.pool_slots()), in->page_size, QueryRows(in->q_lens)};
   if (absl::Status st = ValidateForwardMetadata(recorded, ctx); !st.ok()) return st;
 
   const ForwardMetadataView built = rebuilt->view();

@@ -75,6 +75,9 @@ TEST_F(SnapshotTest, EveryCorruptedArrayIsNamed) {
     std::swap(*s.mutable_page_table()->Mutable(s.page_table_cols() + 0),
               *s.mutable_page_table()->Mutable(s.page_table_cols() + 1));
   });
+  // A recorded kv_indices longer than the batch's is valid as a buffer, but not what the
+  // inputs give.
+  ExpectRejected("kv_indices: recorded", [](MetadataSnapshot& s) { s.add_kv_indices(17); });
   // Broken inputs are named too.
   ExpectRejected("mode", [](MetadataSnapshot& s) { s.set_mode("prefill"); });
   ExpectRejected("page_size", [](MetadataSnapshot& s) { s.set_page_size(0); });
@@ -170,6 +173,27 @@ TEST(SnapshotShapesTest, StartOffsetsAndPageAlignedLengths) {
   auto sa = MakeSnapshot(aligned, f.pool(), f.page_size(), f.pool_slots(), *ma);
   ASSERT_TRUE(sa.ok());
   EXPECT_TRUE(CheckSnapshot(*sa).ok()) << CheckSnapshot(*sa);
+}
+
+// A batch whose inputs give two requests the same new slots (a page handed out twice) is
+// refused even though its recorded arrays agree with them.
+TEST_F(SnapshotTest, InputsWithASlotHandedOutTwiceAreRefused) {
+  MetadataSnapshot s = good_;
+  // Request 2's last (new) token takes request 0's last (new) slot, in the table and in the
+  // recorded arrays alike; with no page table nothing else disagrees.
+  s.set_page_table_enabled(false);
+  s.set_page_table_rows(0);
+  s.set_page_table_cols(0);
+  s.clear_page_table();
+  const ReqToTokenRow& r0 = s.req_to_token(0);
+  const int32_t stolen = r0.slots(r0.slots_size() - 1);
+  ReqToTokenRow* r2 = s.mutable_req_to_token(2);
+  r2->set_slots(r2->slots_size() - 1, stolen);
+  s.set_kv_indices(s.kv_indices_size() - 1, stolen);
+  const absl::Status st = CheckSnapshot(s);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("handed out twice"), absl::string_view::npos) << st;
+  EXPECT_FALSE(RewriteSnapshot(s).ok());
 }
 
 // --rewrite: a snapshot recorded from a buggy engine (wrong arrays, good inputs) is

@@ -69,6 +69,14 @@ TEST_F(ValidatorTest, NamesEachBrokenInvariant) {
   ExpectRejected("max_kv_len", [](ForwardMetadata& m) { m.max_kv_len += TokenCount(16); });
   ExpectRejected("max_q_len", [](ForwardMetadata& m) { m.max_q_len = TokenCount(1); });
   ExpectRejected("kv_last_page_len", [](ForwardMetadata& m) { m.kv_last_page_len[0] = TokenLength(16); });
+  ExpectRejected("kv_last_page_len", [](ForwardMetadata& m) {
+    m.kv_last_page_len[0] = TokenLength(m.kv_last_page_len[0].value() - 1);
+  });
+  // The last sequence's step one longer than its kv_len, with kv_indices long enough.
+  ExpectRejected("kv_indptr", [](ForwardMetadata& m) {
+    m.kv_indptr.back() = m.kv_indptr.back() + TokenCount(1);
+    m.kv_indices.push_back(m.kv_indices.back());
+  });
   ExpectRejected("kv_last_page_len", [](ForwardMetadata& m) { m.kv_last_page_len.pop_back(); });
   ExpectRejected("page_table", [](ForwardMetadata& m) { m.page_table = PageTable(3, 1); });
   ExpectRejected("page_table", [](ForwardMetadata& m) {
