@@ -113,9 +113,9 @@ bool RowMatchesSlots(absl::Span<const PageId> row, const TokenSlot* slots, int64
 // Ownership: the slots written this step (positions [kv_len - q_len, kv_len) of each
 // sequence) are used by no other token of the batch. Written slots are sorted (duplicates
 // among them are adjacent); every cached token is then probed against a bit filter of the
-// written slots, and only a filter hit is looked up by binary search.
+// written slots, branch-free in blocks, and only a block with a hit is searched.
 // REQUIRES: the view passed the shape checks (indptrs consistent, q_len <= kv_len).
-absl::Status CheckSlotOwnership(const ForwardMetadataView& m) {
+absl::Status CheckSlotOwnership(const ForwardMetadataView& m, int64_t pool_slots) {
   struct Written {
     int32_t slot;
     int32_t sequence;
@@ -147,30 +147,48 @@ absl::Status CheckSlotOwnership(const ForwardMetadataView& m) {
                                   written[k].position, " (a slot handed out twice)"));
     }
   }
+  // The filter indexes slots by their low bits. It is as large as the pool when that costs
+  // at most 64 bits per KV token checked (then a probe is exact and only a real conflict
+  // hits), else 64 bits per token (a false hit costs one binary search); at most 2^26 bits.
+  const int64_t total_kv = m.kv_indptr[bs].value();
+  const int64_t want = std::min<int64_t>(m.kv_indices.empty() ? 0 : pool_slots,
+                                         std::max<int64_t>(4096, 64 * total_kv));
   uint64_t bits = 4096;
-  while (bits < 64 * written.size()) bits <<= 1;
+  while (bits < static_cast<uint64_t>(std::min<int64_t>(want, int64_t{1} << 26))) bits <<= 1;
   const uint32_t mask = static_cast<uint32_t>(bits - 1);
   std::vector<uint64_t> filter(bits / 64, 0);
   for (const Written& w : written) {
     const uint32_t b = static_cast<uint32_t>(w.slot) & mask;
     filter[b >> 6] |= uint64_t{1} << (b & 63);
   }
+  auto probe = [&](TokenSlot slot) {
+    const uint32_t b = static_cast<uint32_t>(slot.value()) & mask;
+    return filter[b >> 6] >> (b & 63) & 1;
+  };
   for (int64_t i = 0; i < bs; ++i) {
     const int64_t cached =
         m.kv_lens[i].value() - (m.qo_indptr[i + 1] - m.qo_indptr[i]).value();
     const TokenSlot* slots = m.kv_indices.data() + m.kv_indptr[i].value();
-    for (int64_t t = 0; t < cached; ++t) {
-      const uint32_t b = static_cast<uint32_t>(slots[t].value()) & mask;
-      if ((filter[b >> 6] >> (b & 63) & 1) == 0) continue;
-      auto it = std::lower_bound(
-          written.begin(), written.end(), slots[t].value(),
-          [](const Written& w, int32_t slot) { return w.slot < slot; });
-      if (it != written.end() && it->slot == slots[t].value()) {
-        return Invalid("kv_indices",
-                       absl::StrCat("slot ", it->slot, " is written this step by sequence ",
-                                    it->sequence, " position ", it->position,
-                                    " but also holds cached token ", t, " of sequence ", i,
-                                    " (a slot handed out twice)"));
+    // Blocks of 32 tokens are probed without a branch; a block with a hit is searched.
+    constexpr int64_t kBlock = 32;
+    for (int64_t t0 = 0; t0 < cached; t0 += kBlock) {
+      const int64_t t1 = std::min(cached, t0 + kBlock);
+      uint64_t hit = 0;
+      for (int64_t t = t0; t < t1; ++t) hit |= probe(slots[t]);
+      if (hit != 0) {
+        for (int64_t t = t0; t < t1; ++t) {
+          if (probe(slots[t]) == 0) continue;
+          auto it = std::lower_bound(
+              written.begin(), written.end(), slots[t].value(),
+              [](const Written& w, int32_t slot) { return w.slot < slot; });
+          if (it != written.end() && it->slot == slots[t].value()) {
+            return Invalid("kv_indices",
+                           absl::StrCat("slot ", it->slot, " is written this step by sequence ",
+                                        it->sequence, " position ", it->position,
+                                        " but also holds cached token ", t, " of sequence ", i,
+                                        " (a slot handed out twice)"));
+          }
+        }
       }
     }
   }
@@ -301,7 +319,8 @@ absl::Status ValidateLayout(const ForwardMetadataView& m, const ValidationContex
 
 absl::Status ValidateForwardMetadata(const ForwardMetadataView& m, const ValidationContext& ctx) {
   if (absl::Status s = ValidateLayout(m, ctx); !s.ok()) return s;
-  return ctx.check_slot_ownership ? CheckSlotOwnership(m) : absl::OkStatus();
+  return ctx.check_slot_ownership ? CheckSlotOwnership(m, ctx.pool_slots.value())
+                                  : absl::OkStatus();
 }
 
 }  // namespace attnmeta

@@ -176,10 +176,13 @@ TEST_F(ValidatorTest, SlotBoundsAtTheLimitWithAndWithoutAPageTable) {
 
 // Ownership: a slot written this step may not be used by any other token of the batch, even
 // when req_to_token, kv_indices and the page table all agree (a page handed out twice).
+// Both filter regimes: a pool of 64 pages (the filter covers every slot: exact) and of 4096
+// pages (slots hashed by their low bits).
 TEST(ValidatorOwnershipTest, APageHandedOutTwiceIsRejected) {
+  for (int64_t pages : {64, 4096})
   for (int64_t ps : {1, 16, 64}) {
-    SCOPED_TRACE(::testing::Message() << "page_size " << ps);
-    BatchFixture f(ps, 21);
+    SCOPED_TRACE(::testing::Message() << "page_size " << ps << ", " << pages << " pages");
+    BatchFixture f(ps, 21, pages);
     f.AddSequence(3 * ps, 4);  // sequence 0: new tokens 3ps .. 3ps+3 start a fresh page
     f.AddSequence(5 * ps, 4);  // sequence 1: likewise
     f.AddSequence(2 * ps + 1, 1);
