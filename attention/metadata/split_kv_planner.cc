@@ -27,9 +27,12 @@ int64_t NumQueryTiles(absl::Span<const TokenOffset> qo_indptr, TokenCount q_tile
   return tiles;
 }
 
-absl::StatusOr<SplitKvPlan> PlanSplitKv(absl::Span<const TokenOffset> qo_indptr,
+namespace {
+
+// The input checks shared by both entry points; returns the batch's total chunk count.
+absl::StatusOr<int64_t> CheckPlanInputs(absl::Span<const TokenOffset> qo_indptr,
                                         absl::Span<const TokenOffset> kv_indptr,
-                                        const SplitKvOptions& options) {
+                                        const SplitKvOptions& options, int64_t chunk) {
   if (options.num_units < 1 || options.num_units > kMaxUnits ||
       options.kv_granularity.value() < 1 || options.kv_granularity.value() > kMaxTokens ||
       options.q_tile.value() < 1 || options.q_tile.value() > kMaxTokens) {
@@ -44,15 +47,9 @@ absl::StatusOr<SplitKvPlan> PlanSplitKv(absl::Span<const TokenOffset> qo_indptr,
   }
   if (absl::Status s = internal::CheckIndptr("qo_indptr", qo_indptr); !s.ok()) return s;
   if (absl::Status s = internal::CheckIndptr("kv_indptr", kv_indptr); !s.ok()) return s;
-  const int64_t bs = static_cast<int64_t>(qo_indptr.size()) - 1;
-
-  // The split unit: the granularity rounded up to whole blocks of the consumer's layout.
-  const int64_t block = options.layout.block().tokens();
-  const int64_t chunk = (options.kv_granularity.value() + block - 1) / block * block;
   const int64_t q_tile = options.q_tile.value();
-
   int64_t total_chunks = 0;
-  for (int64_t i = 0; i < bs; ++i) {
+  for (size_t i = 0; i + 1 < qo_indptr.size(); ++i) {
     const int64_t q = (qo_indptr[i + 1] - qo_indptr[i]).value();
     const int64_t kv = (kv_indptr[i + 1] - kv_indptr[i]).value();
     if (q > kv) {
@@ -61,16 +58,47 @@ absl::StatusOr<SplitKvPlan> PlanSplitKv(absl::Span<const TokenOffset> qo_indptr,
     }
     if (q > 0) total_chunks += (q + q_tile - 1) / q_tile * ((kv + chunk - 1) / chunk);
   }
+  return total_chunks;
+}
 
-  SplitKvPlan plan;
-  plan.layout = options.layout;
-  plan.chunk = TokenCount(chunk);
-  plan.unit_indptr.assign(options.num_units + 1, 0);
+// The split unit: the granularity rounded up to whole blocks of the consumer's layout.
+int64_t ChunkOf(const SplitKvOptions& options) {
+  const int64_t block = options.layout.block().tokens();
+  return (options.kv_granularity.value() + block - 1) / block * block;
+}
+
+}  // namespace
+
+absl::StatusOr<SplitKvPlanCounts> PlanSplitKvInto(absl::Span<const TokenOffset> qo_indptr,
+                                                  absl::Span<const TokenOffset> kv_indptr,
+                                                  const SplitKvOptions& options,
+                                                  const SplitKvPlanSpans& out) {
+  const int64_t chunk = ChunkOf(options);
+  absl::StatusOr<int64_t> total = CheckPlanInputs(qo_indptr, kv_indptr, options, chunk);
+  if (!total.ok()) return total.status();
+  const int64_t total_chunks = *total;
+  const int64_t bs = static_cast<int64_t>(qo_indptr.size()) - 1;
+  const int64_t q_tile = options.q_tile.value();
   const int64_t units = options.num_units;
+  const SplitKvCapacity cap =
+      SplitKvCapacityFor(NumQueryTiles(qo_indptr, options.q_tile), options.num_units);
+  if (static_cast<int64_t>(out.work.size()) < cap.work_items ||
+      static_cast<int64_t>(out.reduce.size()) < cap.reduce_items ||
+      static_cast<int64_t>(out.unit_indptr.size()) < units + 1) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "split-KV plan buffers hold ", out.work.size(), " work items, ", out.reduce.size(),
+        " reduce items and ", out.unit_indptr.size(), " unit offsets; the batch can need ",
+        cap.work_items, ", ", cap.reduce_items, " and ", units + 1));
+  }
+
+  SplitKvPlanCounts counts;
+  counts.chunk = TokenCount(chunk);
   const int64_t base = total_chunks / units;
   const int64_t extra = total_chunks % units;
   auto quota = [&](int64_t u) { return base + (u < extra ? 1 : 0); };
 
+  int64_t n = 0;  // work items written
+  out.unit_indptr[0] = 0;
   int64_t unit = 0;
   int64_t left = quota(0);  // chunks the current unit may still take
   for (int64_t i = 0; i < bs; ++i) {
@@ -80,33 +108,57 @@ absl::StatusOr<SplitKvPlan> PlanSplitKv(absl::Span<const TokenOffset> qo_indptr,
     for (int64_t q0 = 0; q0 < q; q0 += q_tile) {
       const TokenOffset q_begin = qo_indptr[i] + TokenCount(q0);
       const TokenOffset q_end = qo_indptr[i] + TokenCount(std::min(q, q0 + q_tile));
-      const size_t first_item = plan.work.size();
+      const int64_t first_item = n;
       for (int64_t c = 0; c < kv_chunks;) {
         while (left == 0) {
-          plan.unit_indptr[++unit] = static_cast<int32_t>(plan.work.size());
+          out.unit_indptr[++unit] = static_cast<int32_t>(n);
           left = quota(unit);
         }
         const int64_t take = std::min(left, kv_chunks - c);
-        plan.work.push_back(SplitKvWorkItem{
+        out.work[n++] = SplitKvWorkItem{
             static_cast<int32_t>(i), q_begin, q_end,
             TokenPosition(static_cast<int32_t>(c * chunk)),
-            TokenPosition(static_cast<int32_t>(std::min(kv, (c + take) * chunk))), -1});
+            TokenPosition(static_cast<int32_t>(std::min(kv, (c + take) * chunk))), -1};
         c += take;
         left -= take;
       }
-      if (plan.work.size() - first_item > 1) {
-        const int32_t begin = plan.num_partials;
-        for (size_t w = first_item; w < plan.work.size(); ++w) {
-          plan.work[w].partial_slot = plan.num_partials++;
-        }
-        plan.reduce.push_back(
-            SplitKvReduceItem{static_cast<int32_t>(i), q_begin, q_end, begin, plan.num_partials});
+      if (n - first_item > 1) {
+        const int32_t begin = counts.num_partials;
+        for (int64_t w = first_item; w < n; ++w) out.work[w].partial_slot = counts.num_partials++;
+        out.reduce[counts.reduce_items++] =
+            SplitKvReduceItem{static_cast<int32_t>(i), q_begin, q_end, begin, counts.num_partials};
       }
     }
   }
-  for (int64_t u = unit + 1; u <= units; ++u) {
-    plan.unit_indptr[u] = static_cast<int32_t>(plan.work.size());
+  for (int64_t u = unit + 1; u <= units; ++u) out.unit_indptr[u] = static_cast<int32_t>(n);
+  counts.work_items = n;
+  return counts;
+}
+
+absl::StatusOr<SplitKvPlan> PlanSplitKv(absl::Span<const TokenOffset> qo_indptr,
+                                        absl::Span<const TokenOffset> kv_indptr,
+                                        const SplitKvOptions& options) {
+  // Checked first, so that nothing is allocated for inputs the planner refuses.
+  if (absl::Status s = CheckPlanInputs(qo_indptr, kv_indptr, options, ChunkOf(options)).status();
+      !s.ok()) {
+    return s;
   }
+  SplitKvPlan plan;
+  plan.layout = options.layout;
+  const SplitKvCapacity cap =
+      SplitKvCapacityFor(NumQueryTiles(qo_indptr, options.q_tile), options.num_units);
+  plan.work.resize(cap.work_items);
+  plan.reduce.resize(cap.reduce_items);
+  plan.unit_indptr.resize(options.num_units + 1);
+  absl::StatusOr<SplitKvPlanCounts> counts = PlanSplitKvInto(
+      qo_indptr, kv_indptr, options,
+      SplitKvPlanSpans{absl::MakeSpan(plan.work), absl::MakeSpan(plan.unit_indptr),
+                       absl::MakeSpan(plan.reduce)});
+  if (!counts.ok()) return counts.status();
+  plan.chunk = counts->chunk;
+  plan.work.resize(counts->work_items);
+  plan.reduce.resize(counts->reduce_items);
+  plan.num_partials = counts->num_partials;
   return plan;
 }
 

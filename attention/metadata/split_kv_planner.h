@@ -104,6 +104,28 @@ absl::StatusOr<SplitKvPlan> PlanSplitKv(absl::Span<const TokenOffset> qo_indptr,
                                         absl::Span<const TokenOffset> kv_indptr,
                                         const SplitKvOptions& options);
 
+// Fixed buffers a plan is written into (the graph layer's), with what was written.
+struct SplitKvPlanSpans {
+  absl::Span<SplitKvWorkItem> work;      // >= SplitKvCapacityFor(tiles, units).work_items
+  absl::Span<int32_t> unit_indptr;       // >= num_units + 1
+  absl::Span<SplitKvReduceItem> reduce;  // >= SplitKvCapacityFor(tiles, units).reduce_items
+};
+struct SplitKvPlanCounts {
+  TokenCount chunk;
+  int64_t work_items = 0;    // work[0, work_items) and unit_indptr[0, num_units] written
+  int64_t reduce_items = 0;  // reduce[0, reduce_items) written
+  int32_t num_partials = 0;
+};
+
+// PlanSplitKv into fixed buffers, allocating nothing: the same plan, the same errors, plus
+// ResourceExhausted (nothing written) when a span is smaller than the capacity the batch can
+// need (tiles = NumQueryTiles(qo_indptr, q_tile)). Entries past the counts keep their
+// contents. The plan's layout is options.layout.
+absl::StatusOr<SplitKvPlanCounts> PlanSplitKvInto(absl::Span<const TokenOffset> qo_indptr,
+                                                  absl::Span<const TokenOffset> kv_indptr,
+                                                  const SplitKvOptions& options,
+                                                  const SplitKvPlanSpans& out);
+
 }  // namespace attnmeta
 
 #endif  // ATTNMETA_ATTENTION_METADATA_SPLIT_KV_PLANNER_H_

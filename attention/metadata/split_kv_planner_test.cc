@@ -137,6 +137,56 @@ TEST(SplitKvPlannerTest, RandomBatchesKeepEveryInvariant) {
   }
 }
 
+// The fixed-buffer entry point writes the same plan into spans of exactly the capacity the
+// batch can need, leaves the tails alone, and refuses spans one entry short.
+TEST(SplitKvPlannerTest, IntoFixedBuffersAtExactlyTheCapacity) {
+  const std::vector<int32_t> q = {1, 40, 0, 7};
+  const std::vector<int32_t> kv = {900, 300, 5, 2000};
+  SplitKvOptions opt;
+  opt.num_units = 9;
+  opt.kv_granularity = TokenCount(64);
+  opt.q_tile = TokenCount(16);
+  auto plan = PlanSplitKv(Indptr(q), Indptr(kv), opt);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const SplitKvCapacity cap = SplitKvCapacityFor(NumQueryTiles(Indptr(q), opt.q_tile), 9);
+  const SplitKvWorkItem poison_w{-7, TokenOffset(-7), TokenOffset(-7), TokenPosition(-7),
+                                 TokenPosition(-7), -7};
+  const SplitKvReduceItem poison_r{-7, TokenOffset(-7), TokenOffset(-7), -7, -7};
+  std::vector<SplitKvWorkItem> work(cap.work_items, poison_w);
+  std::vector<SplitKvReduceItem> reduce(cap.reduce_items, poison_r);
+  std::vector<int32_t> units(10, -7);
+  auto counts = PlanSplitKvInto(Indptr(q), Indptr(kv), opt,
+                                {absl::MakeSpan(work), absl::MakeSpan(units), absl::MakeSpan(reduce)});
+  ASSERT_TRUE(counts.ok()) << counts.status();
+  ASSERT_EQ(counts->work_items, static_cast<int64_t>(plan->work.size()));
+  ASSERT_EQ(counts->reduce_items, static_cast<int64_t>(plan->reduce.size()));
+  EXPECT_EQ(counts->num_partials, plan->num_partials);
+  EXPECT_EQ(counts->chunk, plan->chunk);
+  EXPECT_EQ(units, plan->unit_indptr);
+  for (size_t i = 0; i < work.size(); ++i) {
+    const SplitKvWorkItem& w = work[i];
+    const SplitKvWorkItem& want = i < plan->work.size() ? plan->work[i] : poison_w;
+    EXPECT_TRUE(w.sequence == want.sequence && w.q_begin == want.q_begin &&
+                w.q_end == want.q_end && w.kv_begin == want.kv_begin &&
+                w.kv_end == want.kv_end && w.partial_slot == want.partial_slot)
+        << "work item " << i;
+  }
+  for (size_t i = plan->reduce.size(); i < reduce.size(); ++i) {
+    EXPECT_EQ(reduce[i].sequence, -7) << "reduce tail " << i;
+  }
+  // One short: refused, nothing written.
+  std::vector<SplitKvWorkItem> short_work(cap.work_items - 1, poison_w);
+  std::vector<int32_t> untouched(10, -7);
+  EXPECT_EQ(PlanSplitKvInto(Indptr(q), Indptr(kv), opt,
+                            {absl::MakeSpan(short_work), absl::MakeSpan(untouched),
+                             absl::MakeSpan(reduce)})
+                .status()
+                .code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(untouched, std::vector<int32_t>(10, -7));
+  for (const SplitKvWorkItem& w : short_work) EXPECT_EQ(w.sequence, -7);
+}
+
 TEST(SplitKvPlannerTest, NumQueryTiles) {
   EXPECT_EQ(NumQueryTiles(Indptr({0, 1, 64, 65, 200}), TokenCount(64)), 0 + 1 + 1 + 2 + 4);
   EXPECT_EQ(NumQueryTiles(Indptr({}), TokenCount(64)), 0);

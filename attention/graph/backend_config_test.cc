@@ -1,0 +1,95 @@
+#include "attention/graph/backend_config.h"
+
+#include <functional>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace attnmeta {
+namespace {
+
+constexpr char kText[] = R"pb(
+  max_batch_size: 256
+  max_context_len: 32768
+  page_size: 16
+  num_q_heads: 32
+  num_kv_heads: 8
+  head_dim: 128
+  kv_dtype: KV_DTYPE_BF16
+  consumers {
+    page_table: true
+    split_kv { enabled: true num_units: 132 kv_granularity: 128 q_tile: 64 layout: SPLIT_KV_LAYOUT_PAGED }
+  }
+  speculative { draft_tokens: 4 topk: 1 steps: 3 }
+  capture_batch_sizes: [ 1, 2, 4, 8, 16, 256 ]
+)pb";
+
+TEST(BackendConfigTest, ParsesAndValidatesTextFormat) {
+  auto c = ParseBackendConfig(kText);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->max_batch_size(), 256);
+  EXPECT_EQ(ConfigPageSize(*c).tokens(), 16);
+  EXPECT_EQ(MaxQueryRowsPerRequest(*c), 1);
+  const SplitKvOptions o = ConfigSplitKvOptions(*c);
+  EXPECT_TRUE(o.layout.paged());
+  EXPECT_EQ(o.layout.block().tokens(), 16);
+  EXPECT_EQ(o.num_units, 132);
+  EXPECT_EQ(ParseBackendConfig("max_batch_size: banana").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Each bad field is named first in the message.
+TEST(BackendConfigTest, NamesTheBadField) {
+  const BackendConfig good = *ParseBackendConfig(kText);
+  auto expect = [&](const std::string& field, const std::function<void(BackendConfig&)>& bad) {
+    BackendConfig c = good;
+    bad(c);
+    const absl::Status s = ValidateBackendConfig(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_EQ(std::string(s.message()).rfind(field + ":", 0), 0u) << s.message();
+  };
+  expect("max_batch_size", [](BackendConfig& c) { c.set_max_batch_size(0); });
+  expect("max_batch_size", [](BackendConfig& c) { c.set_max_batch_size(-4); });
+  expect("max_context_len", [](BackendConfig& c) { c.set_max_context_len(0); });
+  expect("page_size", [](BackendConfig& c) { c.set_page_size(0); });
+  expect("page_size", [](BackendConfig& c) { c.set_page_size(int64_t{1} << 21); });
+  expect("num_q_heads", [](BackendConfig& c) { c.set_num_q_heads(0); });
+  expect("num_kv_heads", [](BackendConfig& c) { c.set_num_kv_heads(5); });
+  expect("head_dim", [](BackendConfig& c) { c.set_head_dim(-1); });
+  expect("kv_dtype", [](BackendConfig& c) { c.set_kv_dtype(KV_DTYPE_UNSPECIFIED); });
+  expect("consumers.split_kv.num_units",
+         [](BackendConfig& c) { c.mutable_consumers()->mutable_split_kv()->set_num_units(0); });
+  expect("consumers.split_kv.kv_granularity", [](BackendConfig& c) {
+    c.mutable_consumers()->mutable_split_kv()->set_kv_granularity(0);
+  });
+  expect("consumers.split_kv.q_tile",
+         [](BackendConfig& c) { c.mutable_consumers()->mutable_split_kv()->set_q_tile(-1); });
+  expect("consumers.split_kv.layout", [](BackendConfig& c) {
+    c.mutable_consumers()->mutable_split_kv()->set_layout(SPLIT_KV_LAYOUT_UNSPECIFIED);
+  });
+  expect("speculative.draft_tokens",
+         [](BackendConfig& c) { c.mutable_speculative()->set_draft_tokens(-1); });
+  expect("speculative.topk", [](BackendConfig& c) { c.mutable_speculative()->set_steps(0); });
+  // A draft setting that overflows int32 slots per request.
+  expect("speculative.draft_tokens", [](BackendConfig& c) {
+    c.mutable_speculative()->set_draft_tokens(2147483647 - 32768 + 1);
+  });
+  expect("capture_batch_sizes[5]", [](BackendConfig& c) { c.set_capture_batch_sizes(5, 257); });
+  expect("capture_batch_sizes[0]", [](BackendConfig& c) { c.set_capture_batch_sizes(0, 0); });
+  expect("capture_batch_sizes[2]", [](BackendConfig& c) { c.set_capture_batch_sizes(2, 2); });
+  expect("max_query_rows_per_request",
+         [](BackendConfig& c) { c.set_max_query_rows_per_request(-1); });
+  expect("max_query_rows_per_request",
+         [](BackendConfig& c) { c.set_max_query_rows_per_request(32768 + 4 + 1); });
+  // At the limits: accepted.
+  BackendConfig edge = good;
+  edge.set_max_query_rows_per_request(32768 + 4);
+  edge.mutable_speculative()->set_draft_tokens(4);
+  EXPECT_TRUE(ValidateBackendConfig(edge).ok()) << ValidateBackendConfig(edge);
+  edge.mutable_speculative()->set_draft_tokens(2147483647 - 32768);
+  edge.set_max_query_rows_per_request(1);
+  EXPECT_TRUE(ValidateBackendConfig(edge).ok()) << ValidateBackendConfig(edge);
+}
+
+}  // namespace
+}  // namespace attnmeta

@@ -1,0 +1,154 @@
+// GraphState: the fixed buffers of a BufferPlan, and capture and replay of the metadata a
+// HIP/CUDA graph reads through them.
+//
+// A captured graph replays its kernels with the pointers it was captured with, so every
+// metadata array lives in a buffer sized up front (BufferPlan) and is rewritten in place at
+// every replay. Capture(bucket) writes the metadata of a padded batch of `bucket` requests
+// and returns a handle; Replay(handle, batch) writes a real batch of at most `bucket`
+// requests into the same buffers: real rows exactly as the eager path builds them, padded
+// rows with safe values (KV length kPaddedKvLen on slots of the reserved padding page, no
+// query rows, page-table rows all padding). Every enabled consumer's buffers are written at
+// every replay, for every page size.
+//
+// Reserve(capacity) regrows every per-batch buffer when an engine pads its capture batch
+// past the current capacity (the reference system regrew some buffers and not others: DESIGN.md
+// section 3, row 4), which moves the buffers: a handle captured before is refused by Replay
+// (its graph would read freed memory).
+//
+// Every input and capacity is checked before anything is written; on error the buffers and
+// the state are exactly as before. Replay allocates nothing (host heap or device memory).
+//
+// Modes: decode (one query row per request), extend with a fixed number of query rows per
+// request, idle (no real rows). The speculative modes plug in with spec_decode/.
+// Not thread-safe.
+
+#ifndef ATTNMETA_ATTENTION_GRAPH_GRAPH_STATE_H_
+#define ATTNMETA_ATTENTION_GRAPH_GRAPH_STATE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "attention/graph/backend_config.h"
+#include "attention/graph/buffer_plan.h"
+#include "attention/graph/device_memory.h"
+#include "attention/graph/metadata_writer.h"
+#include "attention/metadata/forward_metadata.h"
+#include "attention/metadata/forward_mode.h"
+#include "kvcache/req_to_token_pool.h"
+#include "kvcache/units.h"
+
+namespace attnmeta {
+
+// What Capture returns and Replay needs: the padded batch a graph was captured for, and the
+// buffer generation its pointers belong to.
+struct CaptureHandle {
+  int64_t bucket = 0;
+  ForwardMode mode = ForwardMode::kDecode;
+  TokenLength q_len_per_request;  // decode 1, extend n, idle 0
+  uint64_t generation = 0;
+};
+
+// A real batch to replay.
+struct ReplayBatch {
+  absl::Span<const ReqPoolIndex> req_rows;  // [bs], allocated rows of req_to_token
+  absl::Span<const TokenLength> kv_lens;    // [bs], KV tokens including this step's
+};
+
+struct ReplayResult {
+  // The real rows' metadata over the fixed buffers (bs = the batch's size; the page table is
+  // [bs][page_table_cols]). Device addresses: dereference only when the memory is
+  // host-accessible.
+  ForwardMetadataView metadata;
+  SplitKvPlanCounts split_kv;  // what the split-KV plan wrote (zero when disabled)
+};
+
+class GraphState {
+ public:
+  // The KV length of padded rows: one token, on the padding page.
+  static constexpr TokenLength kPaddedKvLen{1};
+
+  // Allocates the buffers of the config's plan for config.max_batch_size requests.
+  // InvalidArgument: the config does not validate; FailedPrecondition: the KV pool's page
+  // size is not the config's, or req_to_token's rows are narrower than max_context_len;
+  // the plan's and the memory's errors. `req_to_token`, `memory` and `writer` must outlive
+  // the state.
+  static absl::StatusOr<std::unique_ptr<GraphState>> Create(const BackendConfig& config,
+                                                            const ReqToTokenPool* req_to_token,
+                                                            PageSize pool_page_size,
+                                                            DeviceMemory* memory,
+                                                            MetadataWriter* writer);
+  GraphState(const GraphState&) = delete;
+  GraphState& operator=(const GraphState&) = delete;
+  ~GraphState();
+
+  // Regrows every per-batch buffer to hold `batch_capacity` requests when it exceeds the
+  // current capacity (no-op otherwise), and bumps the generation. All or nothing: on error
+  // (InvalidArgument for batch_capacity < 1, the plan's, the memory's) the old buffers stay.
+  absl::Status Reserve(int64_t batch_capacity);
+
+  // Writes the metadata of a padded batch of `bucket` requests (all padding) and returns the
+  // handle to replay it. `q_len_per_request`: decode 1 and idle 0 (the defaults), extend 1 to
+  // MaxQueryRowsPerRequest(config) (required). InvalidArgument: bucket < 1, a mixed batch
+  // (mixed batches run eagerly), a query-row count the mode does not allow;
+  // FailedPrecondition: bucket > the capacity (Reserve first); ResourceExhausted: a per-batch
+  // buffer smaller than the bucket (names it); Unimplemented: a mode without graph support
+  // here (the speculative modes plug in with spec_decode/).
+  absl::StatusOr<CaptureHandle> Capture(int64_t bucket, ForwardMode mode,
+                                        std::optional<TokenLength> q_len_per_request = {});
+
+  // Writes `batch` into the buffers `handle` was captured with. Errors, all before any write:
+  //   FailedPrecondition: the handle's generation is not the current one (Reserve moved the
+  //     buffers after the capture), or a row that is not allocated;
+  //   InvalidArgument: rows and lengths of different sizes, more rows than the bucket, an idle
+  //     handle given rows or another handle none, a KV length below the query rows per
+  //     request;
+  //   OutOfRange: a KV length beyond max_context_len + draft_tokens, or beyond the row;
+  //   ResourceExhausted: a buffer too small for the batch (the message names the buffer, the
+  //     need and the capacity).
+  absl::StatusOr<ReplayResult> Replay(const CaptureHandle& handle, const ReplayBatch& batch);
+
+  const BackendConfig& config() const { return config_; }
+  const BufferPlan& plan() const { return plan_; }
+  uint64_t generation() const { return generation_; }
+  int64_t batch_capacity() const { return plan_.batch_capacity; }
+  // The buffer named `name` (buffer_plan.h), or an empty buffer when the plan has none.
+  DeviceBuffer buffer(absl::string_view name) const;
+  // The buffers as typed spans (device addresses).
+  const GraphBuffers& buffers() const { return views_; }
+
+ private:
+  GraphState(const BackendConfig& config, const ReqToTokenPool* req_to_token, PageSize page_size,
+             DeviceMemory* memory, MetadataWriter* writer);
+  // Allocates every buffer of `plan` (all or nothing) into `out`.
+  absl::Status AllocateAll(const BufferPlan& plan, std::vector<DeviceBuffer>& out);
+  void FreeAll(std::vector<DeviceBuffer>& buffers);
+  // Rebuilds views_ over allocated_.
+  void BuildViews();
+  // Stages the inputs of a padded batch and runs the writer.
+  absl::StatusOr<SplitKvPlanCounts> Write(const CaptureHandle& handle, const ReplayBatch& batch);
+
+  BackendConfig config_;
+  const ReqToTokenPool* req_to_token_;
+  PageSize page_size_;
+  DeviceMemory* memory_;
+  MetadataWriter* writer_;
+  BufferPlan plan_;
+  std::vector<DeviceBuffer> allocated_;  // parallel to plan_.buffers
+  GraphBuffers views_;
+  uint64_t generation_ = 1;
+  // Host staging of the padded inputs, [batch capacity] each: sized by Reserve, so that
+  // Replay allocates nothing.
+  std::vector<ReqPoolIndex> staged_rows_;
+  std::vector<TokenLength> staged_kv_lens_;
+  std::vector<TokenLength> staged_q_lens_;
+};
+
+}  // namespace attnmeta
+
+#endif  // ATTNMETA_ATTENTION_GRAPH_GRAPH_STATE_H_

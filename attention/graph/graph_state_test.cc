@@ -1,0 +1,214 @@
+#include "attention/graph/graph_state.h"
+
+#include <cstdlib>
+#include <new>
+#include <vector>
+
+#include "attention/graph/testing/graph_harness.h"
+#include "attention/metadata/builders.h"
+#include "attention/metadata/testing/batch_fixture.h"
+#include "attention/metadata/validator.h"
+#include "gtest/gtest.h"
+
+// Counting global operator new: Replay must not allocate.
+namespace {
+int64_t heap_allocations = 0;
+}  // namespace
+void* operator new(size_t n) {
+  ++heap_allocations;
+  void* p = std::malloc(n == 0 ? 1 : n);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+
+namespace attnmeta {
+namespace {
+
+using testing::BatchFixture;
+using testing::GraphHarness;
+using testing::MakeTestConfig;
+
+// Decode sequences of various lengths at page size 16.
+class GraphStateTest : public ::testing::Test {
+ protected:
+  GraphStateTest() {
+    for (int64_t cached : {100, 3, 47, 0, 255, 16}) f_.AddSequence(cached, 1);
+  }
+  ReplayBatch Batch(size_t n) const {
+    return ReplayBatch{absl::MakeConstSpan(f_.rows()).subspan(0, n),
+                       absl::MakeConstSpan(f_.kv_lens()).subspan(0, n)};
+  }
+  ValidationContext Context(int64_t query_rows) const {
+    ValidationContext ctx{f_.pool_slots(), f_.page_size(), TokenCount(query_rows)};
+    ctx.check_slot_ownership = true;
+    return ctx;
+  }
+
+  BatchFixture f_{16, 5, 512};
+  GraphHarness h_{MakeTestConfig(16), f_};
+};
+
+TEST_F(GraphStateTest, CaptureThenReplayValidatesAndKeepsCanaries) {
+  GraphState& g = h_.state();
+  auto handle = g.Capture(8, ForwardMode::kDecode);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  EXPECT_TRUE(h_.memory().VerifyCanaries().ok());
+  for (size_t n : {6, 1, 4}) {
+    auto r = g.Replay(*handle, Batch(n));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(ValidateForwardMetadata(r->metadata, Context(n)).ok())
+        << ValidateForwardMetadata(r->metadata, Context(n));
+    EXPECT_EQ(r->metadata.batch_size(), static_cast<int64_t>(n));
+    EXPECT_GT(r->split_kv.work_items, 0);
+    EXPECT_TRUE(h_.memory().VerifyCanaries().ok()) << h_.memory().VerifyCanaries();
+  }
+}
+
+// Padded rows: the fill length, slots on the padding page, no query rows, page-table rows
+// all padding.
+TEST_F(GraphStateTest, PaddedRowsGetSafeValues) {
+  GraphState& g = h_.state();
+  auto handle = g.Capture(8, ForwardMode::kDecode);
+  ASSERT_TRUE(handle.ok());
+  ASSERT_TRUE(g.Replay(*handle, Batch(3)).ok());
+  const GraphBuffers& b = g.buffers();
+  const int32_t real_q = b.qo_indptr[3].value();
+  for (int64_t i = 3; i < 8; ++i) {
+    EXPECT_EQ(b.kv_lens[i], GraphState::kPaddedKvLen) << i;
+    EXPECT_EQ(b.q_lens[i], TokenLength(0)) << i;
+    EXPECT_EQ(b.qo_indptr[i + 1].value(), real_q) << i;
+    EXPECT_EQ(b.kv_last_page_len[i], TokenLength(1)) << i;
+    for (int32_t k = b.kv_indptr[i].value(); k < b.kv_indptr[i + 1].value(); ++k) {
+      EXPECT_LT(b.kv_indices[k].value(), 16) << "padded row " << i << " leaves the padding page";
+      EXPECT_GE(b.kv_indices[k].value(), 0);
+    }
+    for (PageId p : b.page_table.row(i)) EXPECT_EQ(p, kPaddingPage) << i;
+  }
+}
+
+TEST_F(GraphStateTest, ReplayAllocatesNothing) {
+  GraphState& g = h_.state();
+  auto handle = g.Capture(8, ForwardMode::kDecode);
+  ASSERT_TRUE(handle.ok());
+  const int64_t device_before = h_.memory().allocations();
+  const ReplayBatch batch = Batch(6);
+  const int64_t heap_before = heap_allocations;
+  for (int rep = 0; rep < 3; ++rep) {
+    absl::StatusOr<ReplayResult> r = g.Replay(*handle, batch);
+    if (!r.ok()) ADD_FAILURE() << r.status();
+  }
+  const int64_t heap_after = heap_allocations;
+  EXPECT_EQ(heap_after, heap_before) << "Replay allocated on the heap";
+  EXPECT_EQ(h_.memory().allocations(), device_before) << "Replay allocated device memory";
+  // The counter is live: a vector allocates.
+  std::vector<int>* probe = new std::vector<int>(3);
+  EXPECT_GT(heap_allocations, heap_after);
+  delete probe;
+}
+
+// Reserve regrows every per-batch buffer, moves the buffers, and bumps the generation: a
+// handle captured before is refused.
+TEST_F(GraphStateTest, RegrowInvalidatesEarlierCaptures) {
+  GraphState& g = h_.state();
+  auto old_handle = g.Capture(8, ForwardMode::kDecode);
+  ASSERT_TRUE(old_handle.ok());
+  const uint64_t gen = g.generation();
+  EXPECT_TRUE(g.Reserve(8).ok());
+  EXPECT_EQ(g.generation(), gen) << "no regrow, no new generation";
+  EXPECT_EQ(g.Capture(12, ForwardMode::kDecode).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  const void* old_indices = g.buffer("kv_indices").ptr;
+  ASSERT_TRUE(g.Reserve(12).ok());
+  EXPECT_EQ(g.generation(), gen + 1);
+  EXPECT_EQ(g.batch_capacity(), 12);
+  EXPECT_NE(g.buffer("kv_indices").ptr, old_indices);
+  EXPECT_TRUE(h_.memory().VerifyCanaries().ok());
+  const absl::Status refused = g.Replay(*old_handle, Batch(2)).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("capture it again"), absl::string_view::npos) << refused;
+  auto handle = g.Capture(12, ForwardMode::kDecode);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  auto r = g.Replay(*handle, Batch(6));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(ValidateForwardMetadata(r->metadata, Context(6)).ok());
+  EXPECT_EQ(h_.memory().live_allocations(), static_cast<int64_t>(g.plan().buffers.size()))
+      << "the old buffers were freed";
+  EXPECT_EQ(g.Reserve(0).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Every refused replay leaves every buffer byte as it was.
+TEST_F(GraphStateTest, RefusedReplaysWriteNothing) {
+  GraphState& g = h_.state();
+  auto handle = g.Capture(4, ForwardMode::kDecode);
+  ASSERT_TRUE(handle.ok());
+  ASSERT_TRUE(g.Replay(*handle, Batch(2)).ok());
+  const auto before = h_.Contents();
+  auto expect_refused = [&](absl::StatusCode code, const ReplayBatch& batch, const char* what) {
+    const absl::Status s = g.Replay(*handle, batch).status();
+    EXPECT_EQ(s.code(), code) << what << ": " << s;
+    EXPECT_TRUE(h_.Contents() == before) << what << ": buffers changed";
+  };
+  expect_refused(absl::StatusCode::kInvalidArgument, Batch(5), "more rows than the bucket");
+  expect_refused(absl::StatusCode::kInvalidArgument, Batch(0), "an empty decode batch");
+  std::vector<TokenLength> lens = {TokenLength(513)};
+  std::vector<ReqPoolIndex> rows = {f_.rows()[0]};
+  expect_refused(absl::StatusCode::kOutOfRange, ReplayBatch{rows, lens}, "beyond max context");
+  lens = {TokenLength(0)};
+  expect_refused(absl::StatusCode::kInvalidArgument, ReplayBatch{rows, lens}, "no query row");
+  lens = {TokenLength(5)};
+  rows = {ReqPoolIndex(40)};
+  expect_refused(absl::StatusCode::kFailedPrecondition, ReplayBatch{rows, lens}, "row not allocated");
+  rows = {ReqPoolIndex(-1)};
+  expect_refused(absl::StatusCode::kOutOfRange, ReplayBatch{rows, lens}, "row outside the table");
+  rows = {f_.rows()[0], f_.rows()[1]};
+  expect_refused(absl::StatusCode::kInvalidArgument, ReplayBatch{rows, lens}, "sizes differ");
+  EXPECT_TRUE(h_.memory().VerifyCanaries().ok());
+}
+
+TEST_F(GraphStateTest, CaptureRules) {
+  GraphState& g = h_.state();
+  EXPECT_EQ(g.Capture(0, ForwardMode::kDecode).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(g.Capture(4, ForwardMode::kDecode, TokenLength(2)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(g.Capture(4, ForwardMode::kExtend).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(g.Capture(4, ForwardMode::kExtend, TokenLength(5)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(g.Capture(4, ForwardMode::kExtend, TokenLength(4)).ok());
+  EXPECT_EQ(g.Capture(4, ForwardMode::kMixed).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(g.Capture(4, ForwardMode::kIdle, TokenLength(1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto idle = g.Capture(4, ForwardMode::kIdle);
+  ASSERT_TRUE(idle.ok());
+  auto r = g.Replay(*idle, ReplayBatch{});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(ValidateForwardMetadata(r->metadata, Context(0)).ok());
+  EXPECT_EQ(g.Replay(*idle, Batch(1)).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GraphStateCreateTest, ConfigMustMatchThePool) {
+  BatchFixture f(16, 1, 64, 8, 256);
+  HostDeviceMemory memory;
+  HostMetadataWriter writer;
+  // The pool uses pages of 16; a config of 64 is refused.
+  absl::Status s = GraphState::Create(MakeTestConfig(64, {.max_context_len = 256}), &f.pool(),
+                                      f.page_size(), &memory, &writer)
+                       .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("page_size"), absl::string_view::npos) << s;
+  // req_to_token rows narrower than the config's context.
+  s = GraphState::Create(MakeTestConfig(16, {.max_context_len = 512}), &f.pool(), f.page_size(),
+                         &memory, &writer)
+          .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("max_context_len"), absl::string_view::npos) << s;
+  BackendConfig bad = MakeTestConfig(16, {.max_context_len = 256});
+  bad.set_num_kv_heads(3);
+  EXPECT_EQ(GraphState::Create(bad, &f.pool(), f.page_size(), &memory, &writer).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(memory.live_allocations(), 0) << "refused creations allocate nothing";
+}
+
+}  // namespace
+}  // namespace attnmeta

@@ -1,0 +1,75 @@
+// MetadataWriter: writes a replay's metadata into the graph's fixed buffers. GraphState checks
+// every input and capacity first and stages the batch's inputs (request rows, KV lengths,
+// query rows per request) into device buffers, so a writer reads everything it needs from
+// buffers: a device writer builds every array from device-resident lengths, in kernels. The
+// host writer (host_metadata_writer.h) calls the span builders of attention/metadata/.
+
+#ifndef ATTNMETA_ATTENTION_GRAPH_METADATA_WRITER_H_
+#define ATTNMETA_ATTENTION_GRAPH_METADATA_WRITER_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "attention/metadata/forward_mode.h"
+#include "attention/metadata/page_table.h"
+#include "attention/metadata/split_kv_planner.h"
+#include "kvcache/req_to_token_pool.h"
+#include "kvcache/units.h"
+
+namespace attnmeta {
+
+// The fixed buffers as typed spans, each as long as its capacity (BufferPlan). The spans hold
+// device addresses; only a writer whose memory is host-accessible dereferences them.
+struct GraphBuffers {
+  // Inputs, staged by GraphState for the padded batch: [B].
+  absl::Span<ReqPoolIndex> req_rows;   // real rows, then the padded rows' (never read)
+  absl::Span<TokenLength> kv_lens;     // real lengths, then the fill length
+  absl::Span<TokenLength> q_lens;      // query rows per request, 0 for padded rows
+  // Outputs.
+  absl::Span<TokenOffset> kv_indptr;        // [B + 1]
+  absl::Span<TokenOffset> qo_indptr;        // [B + 1]
+  absl::Span<TokenLength> kv_last_page_len; // [B]
+  absl::Span<TokenSlot> kv_indices;         // [B * kv_row_tokens]
+  PageTableSpan<PageId> page_table;         // [B][page_table_cols]; 0 x 0 when disabled
+  SplitKvPlanSpans split_kv;                // empty spans when disabled
+};
+
+// One replay (or capture) to write. Rows [0, real_batch_size) are the batch's; rows
+// [real_batch_size, padded_batch_size) are padding: KV length `padded_kv_len` on slots of the
+// reserved padding page, no query rows.
+struct MetadataWriteRequest {
+  ForwardMode mode = ForwardMode::kDecode;
+  int64_t real_batch_size = 0;
+  int64_t padded_batch_size = 0;
+  TokenLength padded_kv_len;
+  PageSize page_size = *PageSize::Create(1);
+  const ReqToTokenPool* req_to_token = nullptr;  // the table the real rows index
+  bool page_table = false;                       // write the page table
+  bool split_kv = false;                         // plan split-KV work
+  SplitKvOptions split_kv_options;
+};
+
+class MetadataWriter {
+ public:
+  virtual ~MetadataWriter() = default;
+
+  // Per-batch arrays, O(padded batch size): kv_indptr, qo_indptr and kv_last_page_len over
+  // rows [0, padded_batch_size] from the staged kv_lens and q_lens.
+  // REQUIRES: GraphState checked the request against the buffers and staged the inputs.
+  virtual absl::Status WriteBatchArrays(const MetadataWriteRequest& request,
+                                        const GraphBuffers& buffers) = 0;
+
+  // Per-token arrays, O(tokens): kv_indices (real rows from req_to_token, padded rows on the
+  // padding page), the page table (real rows' pages and padding past them, padded rows all
+  // padding) when enabled, for every page size, and the split-KV plan when enabled.
+  // REQUIRES: WriteBatchArrays ran for the same request.
+  // `split_kv_counts` (may be null) receives what the split-KV plan wrote.
+  virtual absl::Status WriteTokenArrays(const MetadataWriteRequest& request,
+                                        const GraphBuffers& buffers,
+                                        SplitKvPlanCounts* split_kv_counts) = 0;
+};
+
+}  // namespace attnmeta
+
+#endif  // ATTNMETA_ATTENTION_GRAPH_METADATA_WRITER_H_
