@@ -11,6 +11,9 @@ namespace attnmeta {
 namespace {
 
 constexpr unsigned char kCanary = 0xA5;
+// New buffers are poisoned, so that a value read before it was written shows (as
+// 0xCDCDCDCD, a negative int32).
+constexpr unsigned char kPoison = 0xCD;
 
 }  // namespace
 
@@ -29,6 +32,7 @@ absl::StatusOr<DeviceBuffer> HostDeviceMemory::Allocate(absl::string_view name, 
         absl::StrCat(name, ": cannot allocate ", bytes, " bytes of host memory"));
   }
   std::memset(base, kCanary, kCanaryBytes);
+  std::memset(base + kCanaryBytes, kPoison, bytes);
   std::memset(base + kCanaryBytes + bytes, kCanary, kCanaryBytes);
   live_.push_back(Allocation{std::string(name), base, bytes});
   ++allocations_;

@@ -1,5 +1,5 @@
 // HostDeviceMemory: DeviceMemory on the host heap, for CPU tests and host replay. Every
-// allocation is surrounded by canary bytes, so tests can prove that nothing writes outside a
+// allocation starts poisoned (every byte 0xCD) and is surrounded by canary bytes, so tests can prove that nothing writes outside a
 // buffer (VerifyCanaries), and allocations are counted, so tests can prove that a path
 // allocates nothing.
 

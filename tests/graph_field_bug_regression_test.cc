@@ -1,0 +1,177 @@
+// One regression test per field bug of DESIGN.md section 3 that the graph layer owns (rows 1,
+// 2, 4, 6, 7 and 12). Each runs the real capture/replay path at the shape that broke the
+// reference system and states the buggy formula beside the right one; the mutation gate
+// (tests/mutants/field_bug_row{1,2,4,6,7,12}_*.patch) puts each bug back into the real code
+// and shows the test failing.
+
+#include <type_traits>
+#include <vector>
+
+#include "attention/graph/testing/graph_harness.h"
+#include "attention/metadata/builders.h"
+#include "attention/metadata/testing/batch_fixture.h"
+#include "attention/metadata/validator.h"
+#include "gtest/gtest.h"
+
+namespace attnmeta {
+namespace {
+
+using testing::BatchFixture;
+using testing::GraphHarness;
+using testing::MakeTestConfig;
+
+// A decode batch of `bs` requests at exactly `ctx` KV tokens each, at page size `ps`.
+BatchFixture FullContext(int64_t ps, int bs, int64_t ctx, int64_t new_tokens = 1) {
+  BatchFixture f(ps, 77, /*num_pages=*/bs * ((ctx + ps - 1) / ps + 1) + 8);
+  for (int i = 0; i < bs; ++i) f.AddSequence(ctx - new_tokens, new_tokens);
+  return f;
+}
+
+// Replays `f`'s whole batch through a capture of its size; checks it against the eager path
+// and the validator, and that no buffer was written outside its bounds.
+void ReplayMatchesEager(GraphHarness& h, const BatchFixture& f, ForwardMode mode,
+                        int64_t q_per_request) {
+  GraphState& g = h.state();
+  const int64_t bs = static_cast<int64_t>(f.rows().size());
+  auto handle = g.Capture(bs, mode, TokenLength(static_cast<int32_t>(q_per_request)));
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  auto r = g.Replay(*handle, ReplayBatch{f.rows(), f.kv_lens()});
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto eager = BuildForwardMetadata(f.Batch(mode), f.pool(), f.page_size());
+  ASSERT_TRUE(eager.ok()) << eager.status();
+  const ForwardMetadataView& v = r->metadata;
+  EXPECT_EQ(std::vector<TokenSlot>(v.kv_indices.begin(), v.kv_indices.end()), eager->kv_indices);
+  if (v.page_table.rows() > 0) {
+    for (int64_t i = 0; i < bs; ++i) {
+      const absl::Span<const PageId> want = eager->page_table.span().row(i);
+      EXPECT_EQ(std::vector<PageId>(v.page_table.row(i).begin(),
+                                    v.page_table.row(i).begin() + want.size()),
+                std::vector<PageId>(want.begin(), want.end()))
+          << "page-table row " << i;
+    }
+  }
+  ValidationContext ctx{f.pool_slots(), f.page_size(), f.num_query_rows()};
+  ctx.check_slot_ownership = true;
+  EXPECT_TRUE(ValidateForwardMetadata(v, ctx).ok()) << ValidateForwardMetadata(v, ctx);
+  EXPECT_TRUE(h.memory().VerifyCanaries().ok()) << h.memory().VerifyCanaries();
+}
+
+// Row 1: the graph kv_indices buffer sized max_bs * pages_per_seq and filled per token; an
+// illegal memory access once the batch's tokens grew (page_size > 1).
+TEST(GraphFieldBugTest, Row1_TokenBuffersAreSizedInTokens) {
+  const int64_t ps = 16, ctx = 256;
+  const int bs = 4;
+  const BatchFixture f = FullContext(ps, bs, ctx);
+  GraphHarness h(MakeTestConfig(ps, {.max_batch_size = bs, .max_context_len = ctx,
+                                     .page_table = false, .split_kv = false}),
+                 f);
+  const int64_t need = bs * ctx;                          // one slot per token
+  const int64_t buggy = bs * ((ctx + ps - 1) / ps);        // max_bs * pages_per_seq
+  EXPECT_EQ(h.state().plan().Find("kv_indices")->capacity, need);
+  EXPECT_LT(buggy, need) << "the buggy formula must be too small at this shape";
+  ReplayMatchesEager(h, f, ForwardMode::kDecode, 1);
+}
+
+// Row 2: the page table taken as a view of the token buffer. Here it is its own type (a
+// token span does not convert to it) and its own buffer.
+TEST(GraphFieldBugTest, Row2_PageTableIsItsOwnBufferAndType) {
+  static_assert(!std::is_constructible_v<PageTableSpan<PageId>, absl::Span<TokenSlot>>);
+  static_assert(!std::is_convertible_v<absl::Span<TokenSlot>, absl::Span<PageId>>);
+  const int64_t ps = 16, ctx = 200;
+  const BatchFixture f = FullContext(ps, 3, ctx);
+  GraphHarness h(MakeTestConfig(ps, {.max_batch_size = 3, .max_context_len = ctx}), f);
+  const DeviceBuffer table = h.state().buffer("page_table");
+  const DeviceBuffer tokens = h.state().buffer("kv_indices");
+  const char* t0 = static_cast<const char*>(table.ptr);
+  const char* k0 = static_cast<const char*>(tokens.ptr);
+  EXPECT_TRUE(t0 + table.bytes <= k0 || k0 + tokens.bytes <= t0) << "the buffers overlap";
+  EXPECT_EQ(h.state().buffers().page_table.entries().data(),
+            static_cast<const PageId*>(table.ptr));
+  ReplayMatchesEager(h, f, ForwardMode::kDecode, 1);
+}
+
+// Row 4: indptr buffers (and kv_last_page_len) not regrown when the capture batch was padded
+// past the request pool; a size mismatch at capture. Reserve regrows every per-batch buffer.
+TEST(GraphFieldBugTest, Row4_ReserveRegrowsEveryPerBatchBuffer) {
+  const int64_t ps = 16, ctx = 100;
+  const BatchFixture f = FullContext(ps, 9, ctx);
+  GraphHarness h(MakeTestConfig(ps, {.max_batch_size = 4, .max_context_len = ctx}), f);
+  GraphState& g = h.state();
+  // Without a regrow, a padded capture of 9 is a clear error, not a write past the buffers.
+  EXPECT_EQ(g.Capture(9, ForwardMode::kDecode).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(g.Reserve(9).ok());
+  const GraphBuffers& b = g.buffers();
+  EXPECT_GE(b.req_rows.size(), 9u);
+  EXPECT_GE(b.kv_lens.size(), 9u);
+  EXPECT_GE(b.q_lens.size(), 9u);
+  EXPECT_GE(b.kv_last_page_len.size(), 9u);
+  EXPECT_GE(b.kv_indptr.size(), 10u);
+  EXPECT_GE(b.qo_indptr.size(), 10u);
+  EXPECT_GE(b.page_table.rows(), 9);
+  ReplayMatchesEager(h, f, ForwardMode::kDecode, 1);
+}
+
+// Row 6: the graph kv_indices buffer of the MLA (non-unified) path sized in pages; silent
+// overflow at page_size 64.
+TEST(GraphFieldBugTest, Row6_MlaTokenBufferIsSizedInTokensAtPageSize64) {
+  const int64_t ps = 64, ctx = 1024;
+  const int bs = 4;
+  const BatchFixture f = FullContext(ps, bs, ctx);
+  GraphHarness h(MakeTestConfig(ps, {.max_batch_size = bs, .max_context_len = ctx,
+                                     .split_kv = false, .num_kv_heads = 1}),
+                 f);
+  const int64_t buggy = bs * (ctx / ps);  // pages, read as slots
+  EXPECT_EQ(h.state().plan().Find("kv_indices")->capacity, bs * ctx);
+  EXPECT_LT(buggy, bs * ctx);
+  ReplayMatchesEager(h, f, ForwardMode::kDecode, 1);
+}
+
+// Row 7: the verify buffer without the draft-token slack; overflow near full context. A
+// request at max_context_len plus its draft tokens fits.
+TEST(GraphFieldBugTest, Row7_RowsCarryTheDraftTokenSlack) {
+  const int64_t ps = 16, ctx = 160;
+  const int32_t draft = 4;
+  const int bs = 3;
+  const BatchFixture f = FullContext(ps, bs, ctx + draft, /*new_tokens=*/draft);
+  GraphHarness h(MakeTestConfig(ps, {.max_batch_size = bs, .max_context_len = ctx,
+                                     .draft_tokens = draft, .max_query_rows_per_request = draft}),
+                 f);
+  const int64_t buggy = bs * ctx;  // no slack
+  EXPECT_EQ(h.state().plan().Find("kv_indices")->capacity, bs * (ctx + draft));
+  EXPECT_LT(buggy, bs * (ctx + draft));
+  ReplayMatchesEager(h, f, ForwardMode::kExtend, draft);
+}
+
+// Row 12: the unified decode page table not copied under graph replay when page_size == 1;
+// wrong output under graph. Every enabled consumer's buffers are written at every replay.
+TEST(GraphFieldBugTest, Row12_PageTableRewrittenAtEveryReplayAtPageSize1) {
+  BatchFixture f(1, 5, 4096);
+  for (int64_t cached : {30, 7, 51, 12}) f.AddSequence(cached, 1);
+  GraphHarness h(MakeTestConfig(1, {.max_batch_size = 4, .max_context_len = 64}), f);
+  GraphState& g = h.state();
+  auto handle = g.Capture(4, ForwardMode::kDecode);
+  ASSERT_TRUE(handle.ok());
+  const std::vector<ReqPoolIndex> rows_a = {f.rows()[0], f.rows()[1]};
+  const std::vector<TokenLength> lens_a = {f.kv_lens()[0], f.kv_lens()[1]};
+  ASSERT_TRUE(g.Replay(*handle, ReplayBatch{rows_a, lens_a}).ok());
+  const std::vector<ReqPoolIndex> rows_b = {f.rows()[2], f.rows()[3]};
+  const std::vector<TokenLength> lens_b = {f.kv_lens()[2], f.kv_lens()[3]};
+  auto r = g.Replay(*handle, ReplayBatch{rows_b, lens_b});
+  ASSERT_TRUE(r.ok());
+  const std::vector<TokenLength> q = {TokenLength(1), TokenLength(1)};
+  auto eager = BuildForwardMetadata(ForwardBatch{ForwardMode::kDecode, rows_b, lens_b, q, {}},
+                                    f.pool(), f.page_size());
+  ASSERT_TRUE(eager.ok());
+  for (int64_t i = 0; i < 2; ++i) {
+    const absl::Span<const PageId> want = eager->page_table.span().row(i);
+    for (size_t j = 0; j < want.size(); ++j) {
+      ASSERT_EQ(r->metadata.page_table.row(i)[j], want[j]) << "row " << i << " column " << j;
+    }
+  }
+  ValidationContext ctx{f.pool_slots(), f.page_size(), TokenCount(2)};
+  EXPECT_TRUE(ValidateForwardMetadata(r->metadata, ctx).ok());
+}
+
+}  // namespace
+}  // namespace attnmeta
