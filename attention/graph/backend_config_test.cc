@@ -3,26 +3,13 @@
 #include <functional>
 #include <string>
 
+#include "attention/graph/testing/graph_harness.h"
 #include "gtest/gtest.h"
 
 namespace attnmeta {
 namespace {
 
-constexpr char kText[] = R"pb(
-  max_batch_size: 256
-  max_context_len: 32768
-  page_size: 16
-  num_q_heads: 32
-  num_kv_heads: 8
-  head_dim: 128
-  kv_dtype: KV_DTYPE_BF16
-  consumers {
-    page_table: true
-    split_kv { enabled: true num_units: 132 kv_granularity: 128 q_tile: 64 layout: SPLIT_KV_LAYOUT_PAGED }
-  }
-  speculative { draft_tokens: 4 topk: 1 steps: 3 }
-  capture_batch_sizes: [ 1, 2, 4, 8, 16, 256 ]
-)pb";
+constexpr const char* kText = testing::kRealisticConfigText;
 
 TEST(BackendConfigTest, ParsesAndValidatesTextFormat) {
   auto c = ParseBackendConfig(kText);

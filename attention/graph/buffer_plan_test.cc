@@ -4,27 +4,13 @@
 #include <map>
 #include <string>
 
+#include "attention/graph/testing/graph_harness.h"
 #include "gtest/gtest.h"
 
 namespace attnmeta {
 namespace {
 
-BackendConfig Realistic() {
-  return *ParseBackendConfig(R"pb(
-    max_batch_size: 256
-    max_context_len: 32768
-    page_size: 16
-    num_q_heads: 32
-    num_kv_heads: 8
-    head_dim: 128
-    kv_dtype: KV_DTYPE_BF16
-    consumers {
-      page_table: true
-      split_kv { enabled: true num_units: 132 kv_granularity: 128 q_tile: 64 layout: SPLIT_KV_LAYOUT_PAGED }
-    }
-    speculative { draft_tokens: 4 topk: 1 steps: 3 }
-  )pb");
-}
+BackendConfig Realistic() { return *ParseBackendConfig(testing::kRealisticConfigText); }
 
 // The plan of a realistic config, printed, against sizes computed by hand here.
 TEST(BufferPlanTest, RealisticConfigMatchesHandComputedSizes) {

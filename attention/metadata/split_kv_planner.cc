@@ -29,10 +29,23 @@ int64_t NumQueryTiles(absl::Span<const TokenOffset> qo_indptr, TokenCount q_tile
 
 namespace {
 
-// The input checks shared by both entry points; returns the batch's total chunk count.
-absl::StatusOr<int64_t> CheckPlanInputs(absl::Span<const TokenOffset> qo_indptr,
-                                        absl::Span<const TokenOffset> kv_indptr,
-                                        const SplitKvOptions& options, int64_t chunk) {
+// The split unit: the granularity rounded up to whole blocks of the consumer's layout.
+// REQUIRES: the options are in range (CheckPlanInputs).
+int64_t ChunkOf(const SplitKvOptions& options) {
+  const int64_t block = options.layout.block().tokens();
+  return (options.kv_granularity.value() + block - 1) / block * block;
+}
+
+struct PlanShape {
+  int64_t chunk;
+  int64_t total_chunks;
+};
+
+// The input checks shared by both entry points; returns the chunk and the batch's total
+// chunk count.
+absl::StatusOr<PlanShape> CheckPlanInputs(absl::Span<const TokenOffset> qo_indptr,
+                                          absl::Span<const TokenOffset> kv_indptr,
+                                          const SplitKvOptions& options) {
   if (options.num_units < 1 || options.num_units > kMaxUnits ||
       options.kv_granularity.value() < 1 || options.kv_granularity.value() > kMaxTokens ||
       options.q_tile.value() < 1 || options.q_tile.value() > kMaxTokens) {
@@ -47,6 +60,7 @@ absl::StatusOr<int64_t> CheckPlanInputs(absl::Span<const TokenOffset> qo_indptr,
   }
   if (absl::Status s = internal::CheckIndptr("qo_indptr", qo_indptr); !s.ok()) return s;
   if (absl::Status s = internal::CheckIndptr("kv_indptr", kv_indptr); !s.ok()) return s;
+  const int64_t chunk = ChunkOf(options);
   const int64_t q_tile = options.q_tile.value();
   int64_t total_chunks = 0;
   for (size_t i = 0; i + 1 < qo_indptr.size(); ++i) {
@@ -58,13 +72,7 @@ absl::StatusOr<int64_t> CheckPlanInputs(absl::Span<const TokenOffset> qo_indptr,
     }
     if (q > 0) total_chunks += (q + q_tile - 1) / q_tile * ((kv + chunk - 1) / chunk);
   }
-  return total_chunks;
-}
-
-// The split unit: the granularity rounded up to whole blocks of the consumer's layout.
-int64_t ChunkOf(const SplitKvOptions& options) {
-  const int64_t block = options.layout.block().tokens();
-  return (options.kv_granularity.value() + block - 1) / block * block;
+  return PlanShape{chunk, total_chunks};
 }
 
 }  // namespace
@@ -73,10 +81,10 @@ absl::StatusOr<SplitKvPlanCounts> PlanSplitKvInto(absl::Span<const TokenOffset> 
                                                   absl::Span<const TokenOffset> kv_indptr,
                                                   const SplitKvOptions& options,
                                                   const SplitKvPlanSpans& out) {
-  const int64_t chunk = ChunkOf(options);
-  absl::StatusOr<int64_t> total = CheckPlanInputs(qo_indptr, kv_indptr, options, chunk);
-  if (!total.ok()) return total.status();
-  const int64_t total_chunks = *total;
+  absl::StatusOr<PlanShape> shape = CheckPlanInputs(qo_indptr, kv_indptr, options);
+  if (!shape.ok()) return shape.status();
+  const int64_t chunk = shape->chunk;
+  const int64_t total_chunks = shape->total_chunks;
   const int64_t bs = static_cast<int64_t>(qo_indptr.size()) - 1;
   const int64_t q_tile = options.q_tile.value();
   const int64_t units = options.num_units;
@@ -139,8 +147,7 @@ absl::StatusOr<SplitKvPlan> PlanSplitKv(absl::Span<const TokenOffset> qo_indptr,
                                         absl::Span<const TokenOffset> kv_indptr,
                                         const SplitKvOptions& options) {
   // Checked first, so that nothing is allocated for inputs the planner refuses.
-  if (absl::Status s = CheckPlanInputs(qo_indptr, kv_indptr, options, ChunkOf(options)).status();
-      !s.ok()) {
+  if (absl::Status s = CheckPlanInputs(qo_indptr, kv_indptr, options).status(); !s.ok()) {
     return s;
   }
   SplitKvPlan plan;

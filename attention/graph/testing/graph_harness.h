@@ -17,6 +17,25 @@
 namespace attnmeta {
 namespace testing {
 
+// A realistic config in text format: max_bs 256, ctx 32768, page size 16, 32/8 heads of 128,
+// bf16, page table and a paged split-KV consumer (132 units), 4 draft tokens, top-k 1 over
+// 3 steps, six capture sizes.
+inline constexpr char kRealisticConfigText[] = R"pb(
+  max_batch_size: 256
+  max_context_len: 32768
+  page_size: 16
+  num_q_heads: 32
+  num_kv_heads: 8
+  head_dim: 128
+  kv_dtype: KV_DTYPE_BF16
+  consumers {
+    page_table: true
+    split_kv { enabled: true num_units: 132 kv_granularity: 128 q_tile: 64 layout: SPLIT_KV_LAYOUT_PAGED }
+  }
+  speculative { draft_tokens: 4 topk: 1 steps: 3 }
+  capture_batch_sizes: [ 1, 2, 4, 8, 16, 256 ]
+)pb";
+
 struct TestConfigOptions {
   int32_t max_batch_size = 8;
   int64_t max_context_len = 512;
