@@ -1,7 +1,8 @@
 // Model-based randomized test of the KV-cache layer: a stream of operations (admit, extend
 // by random lengths including 0 and page-crossing ones, decode, free, trim, exhaust then
-// recover, and bad calls) drives PagedTokenAllocator and ReqToTokenPool and a naive shadow
-// model; every invariant is checked after every step.
+// recover, checkpoint then roll back or commit, grouped frees, and bad calls) drives
+// PagedTokenAllocator and ReqToTokenPool and a naive shadow model; every invariant is checked
+// after every step.
 //
 // On failure it prints the seed, the last operations and the command that replays the run:
 //   ./bazelw test //kvcache:kvcache_model_test --test_env=ATTNMETA_MODEL_SEED=<seed>
@@ -62,13 +63,22 @@ class KvCacheModelRun {
       const int op = Uniform(0, 99);
       if (op < 20) Admit();
       else if (op < 45) Extend();
-      else if (op < 70) Decode();
-      else if (op < 82) FreeRequest();
-      else if (op < 90) Trim();
-      else if (op < 93) ExhaustThenRecover();
+      else if (op < 68) Decode();
+      else if (op < 80) FreeRequest();
+      else if (op < 87) Trim();
+      else if (op < 90) ExhaustThenRecover();
+      else if (op < 93) ToggleCheckpoint();
+      else if (op < 96) ToggleFreeGroup();
       else BadCalls();
       CheckInvariants();
     }
+    if (group_) ToggleFreeGroup();
+    if (checkpoint_) {
+      ASSERT_TRUE(alloc_.Commit().ok()) << Context();
+      checkpoint_ = false;
+    }
+    EXPECT_GT(rollbacks_, 5) << "the run never rolled back" << Context();
+    EXPECT_GT(groups_, 5) << "the run never ended a free group with frees in it" << Context();
     for (auto it = model_.requests.begin(); it != model_.requests.end() && !HasFailure();) {
       FreeWhole(it++->first);
       CheckInvariants();
@@ -183,6 +193,9 @@ class KvCacheModelRun {
   std::vector<int> PickRequests(int max_count, int64_t room_needed) {
     std::vector<int> ids;
     for (auto& [id, r] : model_.requests) {
+      // A request trimmed in the open free group keeps its freed tail live until the group
+      // ends: it cannot continue before then.
+      if (frozen_.count(id) != 0) continue;
       if (static_cast<int64_t>(r.slots.size()) + room_needed <= max_context_ && Uniform(0, 2) == 0) {
         ids.push_back(id);
       }
@@ -237,7 +250,73 @@ class KvCacheModelRun {
     ASSERT_TRUE(alloc_.Free(slots).ok()) << Context();
     ASSERT_TRUE(pool_.Free(r.row).ok()) << Context();
     model_.requests.erase(id);
-    ReleaseModelSlots(r.slots);
+    ModelFree(r.slots);
+  }
+
+  // Frees slots in the model now, or at the end of the open free group.
+  void ModelFree(const std::vector<int32_t>& slots) {
+    if (group_) {
+      deferred_.insert(deferred_.end(), slots.begin(), slots.end());
+    } else {
+      ReleaseModelSlots(slots);
+    }
+  }
+
+  // Opens a free group, or ends it: the allocator frees every deferred slot at once.
+  void ToggleFreeGroup() {
+    if (!group_) {
+      Log("begin free group");
+      ASSERT_TRUE(alloc_.BeginFreeGroup().ok()) << Context();
+      group_ = true;
+      return;
+    }
+    Log(absl::StrCat("end free group: ", deferred_.size(), " slots"));
+    ASSERT_EQ(alloc_.deferred_tokens().value(), static_cast<int64_t>(deferred_.size())) << Context();
+    ASSERT_TRUE(alloc_.EndFreeGroup().ok()) << Context();
+    group_ = false;
+    if (!deferred_.empty()) ++groups_;
+    ReleaseModelSlots(deferred_);
+    deferred_.clear();
+    frozen_.clear();
+  }
+
+  // Opens a checkpoint, or closes it by rolling back (allocator, model and request table back
+  // to the checkpoint) or committing.
+  void ToggleCheckpoint() {
+    if (group_) {
+      EXPECT_EQ(alloc_.BeginCheckpoint().code(), absl::StatusCode::kFailedPrecondition) << Context();
+      return;
+    }
+    if (!checkpoint_) {
+      Log("checkpoint");
+      ASSERT_TRUE(alloc_.BeginCheckpoint().ok()) << Context();
+      saved_ = model_;
+      checkpoint_ = true;
+      return;
+    }
+    checkpoint_ = false;
+    if (Uniform(0, 1) == 0) {
+      Log("commit");
+      ASSERT_TRUE(alloc_.Commit().ok()) << Context();
+      return;
+    }
+    Log("roll back");
+    ASSERT_TRUE(alloc_.RollBack().ok()) << Context();
+    ++rollbacks_;
+    for (auto& [id, r] : model_.requests) {
+      if (saved_.requests.count(id) == 0) {
+        ASSERT_TRUE(pool_.Free(r.row).ok()) << Context();
+      }
+    }
+    for (auto& [id, r] : saved_.requests) {
+      if (!pool_.IsAllocated(r.row)) {
+        ASSERT_TRUE(pool_.AllocateRow(r.row).ok()) << Context();
+      }
+      std::vector<TokenSlot> slots;
+      for (int32_t x : r.slots) slots.push_back(TokenSlot(x));
+      ASSERT_TRUE(pool_.Write(r.row, TokenCount(0), slots).ok()) << Context();
+    }
+    model_ = saved_;
   }
 
   void FreeRequest() {
@@ -263,12 +342,15 @@ class KvCacheModelRun {
     std::shuffle(slots.begin(), slots.end(), rng_);
     ASSERT_TRUE(alloc_.Free(slots).ok()) << Context();
     r.slots.resize(r.slots.size() - k);
-    ReleaseModelSlots(tail);
+    if (group_) frozen_.insert(it->first);
+    ModelFree(tail);
   }
 
   // Admits requests until the pool is exhausted (the failing call must change nothing),
   // then frees half of them and checks that allocation works again.
   void ExhaustThenRecover() {
+    // Recovery needs the frees to happen now.
+    if (group_) return;
     Log("exhaust");
     int guard = 0;
     while (pool_.num_free_rows() > 0 && guard++ < kMaxReqs) {
@@ -305,6 +387,12 @@ class KvCacheModelRun {
     if (!model_.free_pages.empty()) {
       const int32_t s = static_cast<int32_t>(model_.free_pages.back() * ps_ + Uniform(0, ps_ - 1));
       EXPECT_EQ(alloc_.Free({TokenSlot(s)}).code(), absl::StatusCode::kInvalidArgument)
+          << Context();
+    }
+    // A slot already freed in the open group.
+    if (!deferred_.empty()) {
+      EXPECT_EQ(alloc_.Free({TokenSlot(deferred_.back())}).code(),
+                absl::StatusCode::kInvalidArgument)
           << Context();
     }
     if (model_.requests.empty()) return;
@@ -363,7 +451,7 @@ class KvCacheModelRun {
         if (owner == -1) {
           owner = id;
           ++pages_used;
-        } else if (owner != id) {
+        } else if (owner != id && owner != -2) {
           FAIL() << "page " << s / ps_ << " shared by requests " << owner << " and " << id
                  << Context();
         }
@@ -374,6 +462,18 @@ class KvCacheModelRun {
         }
         ++live;
       }
+    }
+    for (int32_t s : deferred_) {
+      if (slot_owner[s] != -1) {
+        FAIL() << "slot " << s << " deferred but held by request " << slot_owner[s] << Context();
+      }
+      slot_owner[s] = -2;
+      if (page_owner[s / ps_] == -1) {
+        page_owner[s / ps_] = -2;
+        ++pages_used;
+      }
+      if (!alloc_.IsLive(TokenSlot(s))) FAIL() << "deferred slot " << s << " not live" << Context();
+      ++live;
     }
     int64_t allocator_live = 0;
     for (int32_t s = 0; s < pool_slots; ++s) allocator_live += alloc_.IsLive(TokenSlot(s));
@@ -397,6 +497,13 @@ class KvCacheModelRun {
   PagedTokenAllocator alloc_;
   ReqToTokenPool pool_;
   Model model_;
+  bool checkpoint_ = false;
+  Model saved_;                  // the model at the open checkpoint
+  bool group_ = false;
+  std::vector<int32_t> deferred_;  // slots freed in the open group, in order
+  std::set<int> frozen_;         // requests trimmed in the open group
+  int rollbacks_ = 0;
+  int groups_ = 0;
   int next_id_ = 0;
   int exhausted_calls_ = 0;
   int step_ = 0;

@@ -30,7 +30,8 @@ PagedTokenAllocator::PagedTokenAllocator(int64_t num_pages, PageSize page_size,
       rng_(policy.seed()),
       live_(static_cast<size_t>((num_pages + 1) * page_size.tokens()), 0),
       page_live_(static_cast<size_t>(num_pages + 1), 0),
-      page_marks_(static_cast<size_t>(num_pages + 1), 0) {
+      page_marks_(static_cast<size_t>(num_pages + 1), 0),
+      deferred_mark_(static_cast<size_t>((num_pages + 1) * page_size.tokens()), 0) {
   free_list_.reserve(num_pages);
   for (int64_t p = num_pages; p >= 1; --p) free_list_.push_back(PageId(static_cast<int32_t>(p)));
   if (shuffled_) std::shuffle(free_list_.begin(), free_list_.end(), rng_);
@@ -142,6 +143,7 @@ absl::Status PagedTokenAllocator::AllocateBatch(int64_t n, GetRequest get,
 }
 
 TokenSlot PagedTokenAllocator::TakeSlot(TokenSlot slot) {
+  Record(JournalOp::kTake, slot.value());
   live_[slot.value()] = 1;
   ++page_live_[PageOf(slot, page_size_).value()];
   ++live_tokens_;
@@ -161,6 +163,7 @@ TokenSlot* PagedTokenAllocator::Place(TokenCount prefix_len, TokenCount seq_len,
   while (pos < end) {
     const PageId page = free_list_.back();
     free_list_.pop_back();
+    Record(JournalOp::kPop, page.value());
     const TokenSlot first = FirstSlotOf(page, page_size_);
     const int64_t k = std::min(end - pos, ps);
     for (int64_t i = 0; i < k; ++i) *out++ = TakeSlot(first + TokenCount(i));
@@ -215,7 +218,7 @@ absl::StatusOr<std::vector<TokenSlot>> PagedTokenAllocator::AllocateDecode(
   return out;
 }
 
-absl::Status PagedTokenAllocator::Free(absl::Span<const TokenSlot> slots) {
+absl::Status PagedTokenAllocator::CheckFree(absl::Span<const TokenSlot> slots) {
   const int64_t pool = pool_slots().value();
   for (size_t i = 0; i < slots.size(); ++i) {
     const int32_t s = slots[i].value();
@@ -228,14 +231,28 @@ absl::Status PagedTokenAllocator::Free(absl::Span<const TokenSlot> slots) {
           "free: slot ", s, " (entry ", i, ") is not live (never allocated or already freed)"));
     }
   }
-  for (size_t i = 0; i < slots.size(); ++i) {
-    const int32_t s = slots[i].value();
-    if (!live_[s]) {
-      for (size_t j = 0; j < i; ++j) live_[slots[j].value()] = 1;
-      return absl::InvalidArgumentError(
-          absl::StrCat("free: slot ", s, " is listed twice (entry ", i, ")"));
+  // Marks find a slot listed twice, or one already deferred in the open group; the marks of
+  // this call are cleared again either way.
+  absl::Status status;
+  size_t marked = 0;
+  for (; marked < slots.size(); ++marked) {
+    uint8_t& mark = deferred_mark_[slots[marked].value()];
+    if (mark != 0) {
+      status = absl::InvalidArgumentError(absl::StrCat(
+          "free: slot ", slots[marked].value(), " (entry ", marked, ") is ",
+          mark == 1 ? "already freed in the open free group" : "listed twice"));
+      break;
     }
-    live_[s] = 0;
+    mark = 2;
+  }
+  for (size_t i = 0; i < marked; ++i) deferred_mark_[slots[i].value()] = 0;
+  return status;
+}
+
+void PagedTokenAllocator::FreeChecked(absl::Span<const TokenSlot> slots) {
+  for (const TokenSlot slot : slots) {
+    live_[slot.value()] = 0;
+    Record(JournalOp::kFree, slot.value());
   }
   scratch_pages_.clear();
   for (const TokenSlot slot : slots) {
@@ -244,6 +261,81 @@ absl::Status PagedTokenAllocator::Free(absl::Span<const TokenSlot> slots) {
   }
   live_tokens_ -= static_cast<int64_t>(slots.size());
   Release(scratch_pages_);
+  if (!scratch_pages_.empty()) Record(JournalOp::kPush, static_cast<int64_t>(scratch_pages_.size()));
+}
+
+absl::Status PagedTokenAllocator::Free(absl::Span<const TokenSlot> slots) {
+  if (absl::Status s = CheckFree(slots); !s.ok()) return s;
+  if (free_group_open_) {
+    for (const TokenSlot slot : slots) deferred_mark_[slot.value()] = 1;
+    deferred_.insert(deferred_.end(), slots.begin(), slots.end());
+    return absl::OkStatus();
+  }
+  FreeChecked(slots);
+  return absl::OkStatus();
+}
+
+absl::Status PagedTokenAllocator::BeginFreeGroup() {
+  if (free_group_open_) return absl::FailedPreconditionError("a free group is already open");
+  free_group_open_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status PagedTokenAllocator::EndFreeGroup() {
+  if (!free_group_open_) return absl::FailedPreconditionError("no free group is open");
+  for (const TokenSlot slot : deferred_) deferred_mark_[slot.value()] = 0;
+  FreeChecked(deferred_);
+  deferred_.clear();
+  free_group_open_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status PagedTokenAllocator::BeginCheckpoint() {
+  if (checkpoint_open_) return absl::FailedPreconditionError("a checkpoint is already open");
+  if (free_group_open_) {
+    return absl::FailedPreconditionError("a free group is open: end it before a checkpoint");
+  }
+  checkpoint_open_ = true;
+  journal_.clear();
+  checkpoint_rng_ = rng_;
+  return absl::OkStatus();
+}
+
+absl::Status PagedTokenAllocator::Commit() {
+  if (!checkpoint_open_) return absl::FailedPreconditionError("no checkpoint is open");
+  checkpoint_open_ = false;
+  journal_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status PagedTokenAllocator::RollBack() {
+  if (!checkpoint_open_) return absl::FailedPreconditionError("no checkpoint is open");
+  if (free_group_open_) {
+    return absl::FailedPreconditionError("a free group is open: end it before rolling back");
+  }
+  for (auto it = journal_.rbegin(); it != journal_.rend(); ++it) {
+    switch (it->op) {
+      case JournalOp::kTake:
+        live_[it->value] = 0;
+        --page_live_[PageOf(TokenSlot(it->value), page_size_).value()];
+        --live_tokens_;
+        break;
+      case JournalOp::kPop:
+        free_list_.push_back(PageId(it->value));
+        break;
+      case JournalOp::kFree:
+        live_[it->value] = 1;
+        ++page_live_[PageOf(TokenSlot(it->value), page_size_).value()];
+        ++live_tokens_;
+        break;
+      case JournalOp::kPush:
+        free_list_.resize(free_list_.size() - static_cast<size_t>(it->value));
+        break;
+    }
+  }
+  rng_ = checkpoint_rng_;
+  journal_.clear();
+  checkpoint_open_ = false;
   return absl::OkStatus();
 }
 

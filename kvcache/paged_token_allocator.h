@@ -89,8 +89,33 @@ class PagedTokenAllocator {
 
   // Frees `slots`. A page whose last live slot dies returns to the free list.
   // InvalidArgument (and nothing freed) if any slot is outside the pool, not live, or listed
-  // twice.
+  // twice. While a free group is open, defers them instead (see below).
   absl::Status Free(absl::Span<const TokenSlot> slots);
+
+  // ---- Speculation: checkpoint and roll back ----
+  // BeginCheckpoint starts recording; RollBack returns the allocator to exactly the state of
+  // the checkpoint (liveness, the free list and its order, the shuffle's random state) and
+  // closes it; Commit keeps every change since and closes it. Calls in between work as always
+  // and cost one journal entry per slot or page they touch. The draft phase of speculative
+  // decoding allocates under a checkpoint; a rejected draft rolls back.
+  // FailedPrecondition: Begin with a checkpoint already open; RollBack or Commit without one;
+  // Begin or RollBack while a free group is open.
+  absl::Status BeginCheckpoint();
+  absl::Status RollBack();
+  absl::Status Commit();
+  bool checkpoint_open() const { return checkpoint_open_; }
+
+  // ---- Grouped frees ----
+  // While a free group is open, Free checks its slots as always (and also refuses a slot
+  // already deferred in the group) and defers them: they stay live, so nothing allocated in
+  // the meantime reuses them. EndFreeGroup frees every deferred slot at once, as one Free
+  // of them all in the order they were given (engines free a finished batch at the end of a
+  // step). FailedPrecondition: Begin with a group open, End without one.
+  absl::Status BeginFreeGroup();
+  absl::Status EndFreeGroup();
+  bool free_group_open() const { return free_group_open_; }
+  // Slots deferred in the open group.
+  TokenCount deferred_tokens() const { return TokenCount(static_cast<int64_t>(deferred_.size())); }
 
   PageSize page_size() const { return page_size_; }
   // Pages that can be handed out (page 0 excluded).
@@ -121,6 +146,21 @@ class PagedTokenAllocator {
   // Returns `pages` (distinct) to the front of the free list: ascending for the in-order
   // policy, in a seeded random order for the shuffled one.
   void Release(std::vector<PageId>& pages);
+  // InvalidArgument unless every slot is inside the pool, live, not deferred and listed once.
+  // Nothing changes either way.
+  absl::Status CheckFree(absl::Span<const TokenSlot> slots);
+  // Frees slots CheckFree accepted.
+  void FreeChecked(absl::Span<const TokenSlot> slots);
+
+  // What RollBack undoes, newest last.
+  enum class JournalOp : uint8_t { kTake, kPop, kFree, kPush };
+  struct JournalEntry {
+    JournalOp op;
+    int32_t value;  // the slot (kTake, kFree), the page (kPop), the page count (kPush)
+  };
+  void Record(JournalOp op, int64_t value) {
+    if (checkpoint_open_) journal_.push_back(JournalEntry{op, static_cast<int32_t>(value)});
+  }
 
   PageSize page_size_;
   int64_t num_pages_;
@@ -132,6 +172,12 @@ class PagedTokenAllocator {
   std::vector<uint8_t> page_marks_;    // [num_pages + 1], all zero between calls
   int64_t live_tokens_ = 0;
   std::vector<PageId> scratch_pages_;  // reused by Free and the batch checks
+  bool checkpoint_open_ = false;
+  std::vector<JournalEntry> journal_;  // since the open checkpoint
+  std::mt19937_64 checkpoint_rng_;     // rng_ at the checkpoint
+  bool free_group_open_ = false;
+  std::vector<TokenSlot> deferred_;    // the open group's slots, in order
+  std::vector<uint8_t> deferred_mark_; // [pool_slots], 1 where deferred (and while checking)
 };
 
 }  // namespace attnmeta

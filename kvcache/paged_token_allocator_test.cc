@@ -220,5 +220,122 @@ TEST(PagedTokenAllocatorTest, ShuffledPolicyIsSeededAndNotContiguous) {
   for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i] % 4, static_cast<int32_t>(i % 4));
 }
 
+// The ops a draft phase runs: extends, decodes and frees, the same on any allocator.
+std::vector<int32_t> DraftPhase(PagedTokenAllocator& a, int64_t ps, TokenSlot last) {
+  auto ext = a.AllocateExtend({{TokenCount(ps + 3), TokenCount(3 * ps + 5), last},
+                               {TokenCount(0), TokenCount(2 * ps + 1), TokenSlot(0)}});
+  EXPECT_TRUE(ext.ok()) << ext.status();
+  std::vector<int32_t> out = Raw(*ext);
+  auto dec = a.AllocateDecode({{TokenCount(3 * ps + 6), ext->at(2 * ps + 1)}});
+  EXPECT_TRUE(dec.ok()) << dec.status();
+  out.push_back(dec->at(0).value());
+  // A rejected draft's tokens and a whole request freed inside the phase.
+  EXPECT_TRUE(a.Free({ext->back(), dec->at(0)}).ok());
+  std::vector<TokenSlot> second(ext->begin() + 2 * ps + 2, ext->end() - 1);
+  EXPECT_TRUE(a.Free(second).ok());
+  return out;
+}
+
+// RollBack returns the allocator to exactly its checkpoint: liveness, the free list and its
+// order, and the shuffle's random state, so that what it hands out next is what a copy taken
+// at the checkpoint hands out.
+TEST(PagedTokenAllocatorCheckpointTest, RollBackRestoresExactly) {
+  for (int64_t ps : {1, 7, 16}) {
+    for (bool shuffled : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "page_size " << ps << (shuffled ? " shuffled" : ""));
+      PagedTokenAllocator a = *PagedTokenAllocator::Create(
+          PageCount(40), *PageSize::Create(ps),
+          shuffled ? FreePagePolicy::Shuffled(9) : FreePagePolicy::InOrder());
+      auto prefix = a.AllocateExtend({{TokenCount(0), TokenCount(ps + 3), TokenSlot(0)},
+                                      {TokenCount(0), TokenCount(2 * ps), TokenSlot(0)}});
+      ASSERT_TRUE(prefix.ok());
+      ASSERT_TRUE(a.Free({prefix->back()}).ok());  // a page back in the free list
+      const TokenSlot last = prefix->at(ps + 2);
+      const PagedTokenAllocator at_checkpoint = a;
+      const State before = Snapshot(a);
+      ASSERT_TRUE(a.BeginCheckpoint().ok());
+      DraftPhase(a, ps, last);
+      EXPECT_FALSE(Snapshot(a) == before);
+      ASSERT_TRUE(a.RollBack().ok());
+      EXPECT_FALSE(a.checkpoint_open());
+      EXPECT_TRUE(Snapshot(a) == before);
+      for (int32_t p = 0; p <= 40; ++p) {
+        ASSERT_EQ(a.LiveTokensInPage(PageId(p)), at_checkpoint.LiveTokensInPage(PageId(p))) << p;
+      }
+      PagedTokenAllocator copy = at_checkpoint;
+      EXPECT_EQ(DraftPhase(a, ps, last), DraftPhase(copy, ps, last));
+      EXPECT_TRUE(Snapshot(a) == Snapshot(copy));
+      // The pages the phase released went back in the same order (the shuffle's state too).
+      const std::vector<ExtendRequest> more = {{TokenCount(0), TokenCount(6 * ps), TokenSlot(0)}};
+      EXPECT_EQ(Raw(*a.AllocateExtend(more)), Raw(*copy.AllocateExtend(more)));
+    }
+  }
+}
+
+TEST(PagedTokenAllocatorCheckpointTest, CommitKeepsAndStatesAreChecked) {
+  PagedTokenAllocator a = MakeInOrder(20, 4);
+  EXPECT_EQ(a.RollBack().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(a.Commit().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(a.BeginCheckpoint().ok());
+  EXPECT_EQ(a.BeginCheckpoint().code(), absl::StatusCode::kFailedPrecondition);
+  auto slots = a.AllocateExtend({{TokenCount(0), TokenCount(9), TokenSlot(0)}});
+  ASSERT_TRUE(slots.ok());
+  const State after = Snapshot(a);
+  ASSERT_TRUE(a.Commit().ok());
+  EXPECT_TRUE(Snapshot(a) == after);
+  EXPECT_EQ(a.RollBack().code(), absl::StatusCode::kFailedPrecondition);
+  // No checkpoint around an open free group, and no roll back while one is open.
+  ASSERT_TRUE(a.BeginFreeGroup().ok());
+  EXPECT_EQ(a.BeginCheckpoint().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(a.EndFreeGroup().ok());
+  ASSERT_TRUE(a.BeginCheckpoint().ok());
+  ASSERT_TRUE(a.BeginFreeGroup().ok());
+  EXPECT_EQ(a.RollBack().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(a.Free({slots->at(0)}).ok());
+  ASSERT_TRUE(a.EndFreeGroup().ok());
+  ASSERT_TRUE(a.RollBack().ok());
+  EXPECT_TRUE(Snapshot(a) == after) << "the group's free was rolled back too";
+}
+
+// Grouped frees: deferred slots stay live (nothing reuses them) until the group ends, which
+// frees them all as one Free; each deferring call is all-or-nothing.
+TEST(PagedTokenAllocatorFreeGroupTest, DeferredUntilTheEndOfTheStep) {
+  PagedTokenAllocator a = MakeInOrder(6, 4);
+  auto slots = a.AllocateExtend({{TokenCount(0), TokenCount(8), TokenSlot(0)},
+                                 {TokenCount(0), TokenCount(4), TokenSlot(0)}});
+  ASSERT_TRUE(slots.ok());
+  EXPECT_EQ(Raw(*slots), (std::vector<int32_t>{4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}));
+  EXPECT_EQ(a.EndFreeGroup().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(a.BeginFreeGroup().ok());
+  EXPECT_EQ(a.BeginFreeGroup().code(), absl::StatusCode::kFailedPrecondition);
+  // Request 1 (page 3) and the second page of request 0 (page 2).
+  ASSERT_TRUE(a.Free({TokenSlot(12), TokenSlot(13), TokenSlot(14), TokenSlot(15)}).ok());
+  ASSERT_TRUE(a.Free({TokenSlot(8), TokenSlot(9), TokenSlot(10), TokenSlot(11)}).ok());
+  EXPECT_EQ(a.deferred_tokens(), TokenCount(8));
+  EXPECT_TRUE(a.IsLive(TokenSlot(12)));
+  EXPECT_EQ(a.live_tokens(), TokenCount(12));
+  const State before = Snapshot(a);
+  // Refused, nothing deferred: a slot already deferred, a slot twice, a slot not live.
+  EXPECT_EQ(a.Free({TokenSlot(5), TokenSlot(12)}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(a.Free({TokenSlot(5), TokenSlot(5)}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(a.Free({TokenSlot(5), TokenSlot(16)}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(a.deferred_tokens(), TokenCount(8));
+  EXPECT_TRUE(Snapshot(a) == before);
+  // Allocation meanwhile takes fresh pages (4, 5), not the deferred ones.
+  auto fresh = a.AllocateExtend({{TokenCount(0), TokenCount(5), TokenSlot(0)}});
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_EQ(Raw(*fresh), (std::vector<int32_t>{16, 17, 18, 19, 20}));
+  ASSERT_TRUE(a.EndFreeGroup().ok());
+  EXPECT_FALSE(a.free_group_open());
+  EXPECT_FALSE(a.IsLive(TokenSlot(12)));
+  EXPECT_EQ(a.live_tokens(), TokenCount(9));
+  // Pages 2 and 3 went back together, ascending: page 2 is handed out first.
+  auto next = a.AllocateExtend({{TokenCount(0), TokenCount(5), TokenSlot(0)}});
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(Raw(*next), (std::vector<int32_t>{8, 9, 10, 11, 12}));
+  // Slot 5 was never freed.
+  EXPECT_TRUE(a.IsLive(TokenSlot(5)));
+}
+
 }  // namespace
 }  // namespace attnmeta
