@@ -75,8 +75,11 @@ TEST(GraphFieldBugTest, Row1_TokenBuffersAreSizedInTokens) {
 // Row 2: the page table taken as a view of the token buffer. Here it is its own type (a
 // token span does not convert to it) and its own buffer.
 TEST(GraphFieldBugTest, Row2_PageTableIsItsOwnBufferAndType) {
-  static_assert(!std::is_constructible_v<PageTableSpan<PageId>, absl::Span<TokenSlot>>);
-  static_assert(!std::is_convertible_v<absl::Span<TokenSlot>, absl::Span<PageId>>);
+  // A token-level span cannot make a page table; a page-level span can.
+  static_assert(!std::is_invocable_v<decltype(&PageTableSpan<PageId>::Create),
+                                     absl::Span<TokenSlot>, int64_t, int64_t>);
+  static_assert(std::is_invocable_v<decltype(&PageTableSpan<PageId>::Create),
+                                    absl::Span<PageId>, int64_t, int64_t>);
   const int64_t ps = 16, ctx = 200;
   const BatchFixture f = FullContext(ps, 3, ctx);
   GraphHarness h(MakeTestConfig(ps, {.max_batch_size = 3, .max_context_len = ctx}), f);

@@ -22,8 +22,9 @@ constexpr int64_t kMaxSplitTokens = int64_t{1} << 30;
 
 absl::Status ValidateBackendConfig(const BackendConfig& c) {
   if (c.max_batch_size() < 1) return Bad("max_batch_size", absl::StrCat(c.max_batch_size(), " < 1"));
-  if (c.max_context_len() < 1) {
-    return Bad("max_context_len", absl::StrCat(c.max_context_len(), " < 1"));
+  if (c.max_context_len() < 1 || c.max_context_len() > std::numeric_limits<int32_t>::max()) {
+    return Bad("max_context_len",
+               absl::StrCat(c.max_context_len(), " outside [1, INT32_MAX] (int32 positions)"));
   }
   if (absl::StatusOr<PageSize> ps = PageSize::Create(c.page_size()); !ps.ok()) {
     return Bad("page_size", ps.status().message());

@@ -13,7 +13,7 @@
 namespace attnmeta {
 
 // OK, or InvalidArgument whose message starts with the first bad field's name: sizes that
-// are zero or negative, a page size PageSize does not accept, num_kv_heads not dividing
+// are zero or negative, a max_context_len beyond int32, a page size PageSize does not accept, num_kv_heads not dividing
 // num_q_heads, no KV dtype, split-KV options out of the planner's range or without a layout,
 // negative speculative settings (top-k without steps, or steps without top-k), capture batch
 // sizes outside [1, max_batch_size] or not strictly increasing, max_query_rows_per_request

@@ -1,6 +1,7 @@
 #include "attention/graph/backend_config.h"
 
 #include <functional>
+#include <limits>
 #include <string>
 
 #include "attention/graph/testing/graph_harness.h"
@@ -38,6 +39,11 @@ TEST(BackendConfigTest, NamesTheBadField) {
   expect("max_batch_size", [](BackendConfig& c) { c.set_max_batch_size(0); });
   expect("max_batch_size", [](BackendConfig& c) { c.set_max_batch_size(-4); });
   expect("max_context_len", [](BackendConfig& c) { c.set_max_context_len(0); });
+  // Huge: refused before any arithmetic on it could overflow.
+  expect("max_context_len", [](BackendConfig& c) {
+    c.set_max_context_len(std::numeric_limits<int64_t>::max());
+  });
+  expect("max_context_len", [](BackendConfig& c) { c.set_max_context_len(int64_t{1} << 31); });
   expect("page_size", [](BackendConfig& c) { c.set_page_size(0); });
   expect("page_size", [](BackendConfig& c) { c.set_page_size(int64_t{1} << 21); });
   expect("num_q_heads", [](BackendConfig& c) { c.set_num_q_heads(0); });

@@ -36,6 +36,10 @@ BatchSizeBuckets BatchSizeBuckets::ForConfig(const BackendConfig& config) {
     for (int64_t b : DefaultSizes()) {
       if (b <= config.max_batch_size()) sizes.push_back(b);
     }
+    // Every batch the config allows gets a graph.
+    if (sizes.empty() || sizes.back() < config.max_batch_size()) {
+      sizes.push_back(config.max_batch_size());
+    }
   }
   return BatchSizeBuckets(std::move(sizes));
 }

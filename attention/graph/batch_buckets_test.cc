@@ -41,7 +41,11 @@ TEST(BatchSizeBucketsTest, ConfiguredAndFromConfig) {
   EXPECT_TRUE(b->Choose(49)->eager);
   BackendConfig c;
   c.set_max_batch_size(20);
+  EXPECT_EQ(BatchSizeBuckets::ForConfig(c).sizes(), (std::vector<int64_t>{1, 2, 4, 8, 16, 20}));
+  EXPECT_FALSE(BatchSizeBuckets::ForConfig(c).Choose(20)->eager);
+  c.set_max_batch_size(16);
   EXPECT_EQ(BatchSizeBuckets::ForConfig(c).sizes(), (std::vector<int64_t>{1, 2, 4, 8, 16}));
+  c.set_max_batch_size(20);
   c.add_capture_batch_sizes(5);
   c.add_capture_batch_sizes(20);
   EXPECT_EQ(BatchSizeBuckets::ForConfig(c).sizes(), (std::vector<int64_t>{5, 20}));

@@ -62,8 +62,9 @@ const BufferSpec* BufferPlan::Find(absl::string_view name) const {
 
 absl::StatusOr<BufferPlan> ComputeBufferPlan(const BackendConfig& c, int64_t batch_capacity) {
   if (absl::Status s = ValidateBackendConfig(c); !s.ok()) return s;
-  if (batch_capacity < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("batch capacity ", batch_capacity, " < 1"));
+  if (batch_capacity < 1 || batch_capacity >= std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("batch capacity ", batch_capacity,
+                                                   " outside [1, INT32_MAX) (int32 indptrs)"));
   }
   namespace gb = graph_buffer;
   const int64_t b = batch_capacity;

@@ -18,7 +18,10 @@
 //   page_table       int32   [B][C],  C = ceil((max_context_len + draft_tokens) / ps)   (if enabled)
 //   mask_indptr      int64   [B + 1]                                         (draft_tokens > 0)
 //   custom_mask      uint8   [B * n * (max_context_len + n)], n = draft_tokens (int64 offsets)
-//   draft_kv_indices int32   [B * topk * (ceil(max_context_len / ps) * ps + steps)] (topk > 0)
+//   draft_kv_indices int32   [B * topk * (ceil(max_context_len / ps) * ps + steps)] (topk > 0):
+//                            one draft-decode step's indices; the multi-step layout (a
+//                            graph capturing all steps needs a steps factor and per-step
+//                            indptrs) is settled with spec_decode/
 //   split_kv_work, split_kv_unit_indptr, split_kv_reduce, split_kv_partial_out (float32
 //   [partials * q_tile * num_q_heads * head_dim]), split_kv_partial_lse (float32
 //   [partials * q_tile * num_q_heads]): SplitKvCapacityFor(B * ceil(Q / q_tile), units),
@@ -82,7 +85,7 @@ struct BufferPlan {
 };
 
 // The plan of `config` for a batch capacity of `batch_capacity` requests. InvalidArgument: the
-// config does not validate, or batch_capacity < 1; OutOfRange naming the buffer: an
+// config does not validate, or batch_capacity outside [1, INT32_MAX); OutOfRange naming the buffer: an
 // int32-addressed buffer of more than INT32_MAX elements, or any buffer beyond 2^62 bytes.
 absl::StatusOr<BufferPlan> ComputeBufferPlan(const BackendConfig& config, int64_t batch_capacity);
 

@@ -57,6 +57,10 @@ void Run(benchmark::State& state, MetadataWriter& writer) {
     return;
   }
   auto handle = (*g)->Capture(bs, ForwardMode::kDecode);
+  if (!handle.ok()) {
+    state.SkipWithError("capture");
+    return;
+  }
   const ReplayBatch batch{s.fixture.rows(), s.fixture.kv_lens()};
   const int64_t heap_before = bench::HeapAllocations();
   for (auto _ : state) {

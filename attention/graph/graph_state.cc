@@ -9,6 +9,13 @@
 namespace attnmeta {
 namespace {
 
+// Generations are unique in the process, so that a handle captured by one GraphState never
+// replays on another.
+uint64_t NextGeneration() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 template <typename T>
 absl::Span<T> Typed(DeviceBuffer b) {
   return absl::Span<T>(static_cast<T*>(b.ptr), static_cast<size_t>(b.bytes) / sizeof(T));
@@ -22,7 +29,8 @@ GraphState::GraphState(const BackendConfig& config, const ReqToTokenPool* req_to
       req_to_token_(req_to_token),
       page_size_(page_size),
       memory_(memory),
-      writer_(writer) {}
+      writer_(writer),
+      generation_(NextGeneration()) {}
 
 GraphState::~GraphState() { FreeAll(allocated_); }
 
@@ -102,7 +110,7 @@ void GraphState::BuildViews() {
                                 Typed<int32_t>(buffer(gb::kSplitKvUnitIndptr)),
                                 Typed<SplitKvReduceItem>(buffer(gb::kSplitKvReduce))};
   views_ = v;
-  staged_rows_.assign(plan_.batch_capacity, ReqPoolIndex(0));
+  staged_rows_.assign(plan_.batch_capacity, kPaddedRow);
   staged_kv_lens_.assign(plan_.batch_capacity, kPaddedKvLen);
   staged_q_lens_.assign(plan_.batch_capacity, TokenLength(0));
 }
@@ -120,38 +128,31 @@ absl::Status GraphState::Reserve(int64_t batch_capacity) {
   plan_ = *std::move(plan);
   allocated_ = std::move(buffers);
   BuildViews();
-  ++generation_;
+  generation_ = NextGeneration();
   return absl::OkStatus();
 }
 
-absl::StatusOr<CaptureHandle> GraphState::Capture(int64_t bucket, ForwardMode mode,
-                                                  std::optional<TokenLength> q_len_per_request) {
+absl::Status GraphState::CheckShape(int64_t bucket, ForwardMode mode, TokenLength q) const {
   if (bucket < 1) return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket, " < 1"));
-  TokenLength q;
   switch (mode) {
     case ForwardMode::kDecode:
-      q = q_len_per_request.value_or(TokenLength(1));
       if (q != TokenLength(1)) {
         return absl::InvalidArgumentError(
             absl::StrCat("decode has one query row per request, not ", q.value()));
       }
       break;
     case ForwardMode::kIdle:
-      q = q_len_per_request.value_or(TokenLength(0));
       if (q != TokenLength(0)) {
         return absl::InvalidArgumentError(
             absl::StrCat("idle has no query rows, not ", q.value(), " per request"));
       }
       break;
     case ForwardMode::kExtend:
-      if (!q_len_per_request.has_value() || q_len_per_request->value() < 1 ||
-          q_len_per_request->value() > MaxQueryRowsPerRequest(config_)) {
+      if (q.value() < 1 || q.value() > MaxQueryRowsPerRequest(config_)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "extend capture needs 1 to max_query_rows_per_request = ",
-            MaxQueryRowsPerRequest(config_), " query rows per request, got ",
-            q_len_per_request.has_value() ? q_len_per_request->value() : -1));
+            MaxQueryRowsPerRequest(config_), " query rows per request, got ", q.value()));
       }
-      q = *q_len_per_request;
       break;
     case ForwardMode::kMixed:
       return absl::InvalidArgumentError(
@@ -165,6 +166,17 @@ absl::StatusOr<CaptureHandle> GraphState::Capture(int64_t bucket, ForwardMode mo
                                                       " exceeds the batch capacity ",
                                                       plan_.batch_capacity, ": Reserve first"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CaptureHandle> GraphState::Capture(int64_t bucket, ForwardMode mode,
+                                                  std::optional<TokenLength> q_len_per_request) {
+  if (mode == ForwardMode::kExtend && !q_len_per_request.has_value()) {
+    return absl::InvalidArgumentError("extend capture needs its query rows per request");
+  }
+  const TokenLength q = q_len_per_request.value_or(
+      mode == ForwardMode::kIdle ? TokenLength(0) : TokenLength(1));
+  if (absl::Status s = CheckShape(bucket, mode, q); !s.ok()) return s;
   // Every per-batch buffer must hold the padded batch (DESIGN.md section 3, row 4: buffers
   // not regrown for a padded capture batch).
   namespace gb = graph_buffer;
@@ -199,6 +211,9 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
     return absl::FailedPreconditionError(absl::StrCat(
         "the graph was captured with buffer generation ", h.generation, "; Reserve moved the "
         "buffers since (generation ", generation_, "): capture it again"));
+  }
+  if (absl::Status s = CheckShape(h.bucket, h.mode, h.q_len_per_request); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("replay handle: ", s.message()));
   }
   const int64_t bs = static_cast<int64_t>(batch.req_rows.size());
   if (batch.kv_lens.size() != batch.req_rows.size()) {
@@ -235,6 +250,9 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
     longest = std::max(longest, kv);
   }
   total += (h.bucket - bs) * kPaddedKvLen.value();
+  // The capacity checks below cannot fail for a correct plan (rows are at most
+  // max_context_len + draft_tokens, buckets at most the capacity); they turn a plan that
+  // sized a buffer wrong (DESIGN.md section 3, rows 1, 6, 7) into an error before any write.
   const int64_t kv_capacity = static_cast<int64_t>(views_.kv_indices.size());
   if (total > kv_capacity) {
     return absl::ResourceExhaustedError(absl::StrCat(gb::kKvIndices, ": the padded batch needs ",
@@ -284,7 +302,7 @@ absl::StatusOr<SplitKvPlanCounts> GraphState::Write(const CaptureHandle& h,
   const size_t bs = batch.req_rows.size();
   const size_t padded = static_cast<size_t>(h.bucket);
   std::copy(batch.req_rows.begin(), batch.req_rows.end(), staged_rows_.begin());
-  std::fill(staged_rows_.begin() + bs, staged_rows_.begin() + padded, ReqPoolIndex(0));
+  std::fill(staged_rows_.begin() + bs, staged_rows_.begin() + padded, kPaddedRow);
   std::copy(batch.kv_lens.begin(), batch.kv_lens.end(), staged_kv_lens_.begin());
   std::fill(staged_kv_lens_.begin() + bs, staged_kv_lens_.begin() + padded, kPaddedKvLen);
   std::fill(staged_q_lens_.begin(), staged_q_lens_.begin() + bs, h.q_len_per_request);

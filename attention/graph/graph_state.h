@@ -16,7 +16,16 @@
 // (its graph would read freed memory).
 //
 // Every input and capacity is checked before anything is written; on error the buffers and
-// the state are exactly as before. Replay allocates nothing (host heap or device memory).
+// the state are exactly as before (an Internal error of the memory or the writer after the
+// checks, e.g. a device fault, is the exception: the buffers are then partly written). Replay
+// allocates nothing (host heap or device memory). GraphState does not validate what it wrote:
+// a checked launcher runs ValidateForwardMetadata on ReplayResult::metadata, as the tests do.
+//
+// Padded rows have no query rows: qo_indptr[bucket] is the real batch's query rows, not the
+// rows of the padded query tensor a captured kernel is given. A kernel must take its query
+// rows from qo_indptr (rows past qo_indptr[bucket] are padding it never reads). Their request
+// row is staged as kPaddedRow (-1): a writer must not read req_to_token for them (one that
+// did would fault rather than silently read a live request's slots).
 //
 // Modes: decode (one query row per request), extend with a fixed number of query rows per
 // request, idle (no real rows). The speculative modes plug in with spec_decode/.
@@ -25,6 +34,7 @@
 #ifndef ATTNMETA_ATTENTION_GRAPH_GRAPH_STATE_H_
 #define ATTNMETA_ATTENTION_GRAPH_GRAPH_STATE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -72,6 +82,8 @@ class GraphState {
  public:
   // The KV length of padded rows: one token, on the padding page.
   static constexpr TokenLength kPaddedKvLen{1};
+  // The request row staged for padded rows.
+  static constexpr ReqPoolIndex kPaddedRow{-1};
 
   // Allocates the buffers of the config's plan for config.max_batch_size requests.
   // InvalidArgument: the config does not validate; FailedPrecondition: the KV pool's page
@@ -104,8 +116,10 @@ class GraphState {
 
   // Writes `batch` into the buffers `handle` was captured with. Errors, all before any write:
   //   FailedPrecondition: the handle's generation is not the current one (Reserve moved the
-  //     buffers after the capture), or a row that is not allocated;
-  //   InvalidArgument: rows and lengths of different sizes, more rows than the bucket, an idle
+  //     buffers after the capture, or it is another state's handle), or a row that is not
+  //     allocated;
+  //   InvalidArgument: a handle whose shape Capture would refuse (a forged one), rows and
+  //     lengths of different sizes, more rows than the bucket, an idle
   //     handle given rows or another handle none, a KV length below the query rows per
   //     request;
   //   OutOfRange: a KV length beyond max_context_len + draft_tokens, or beyond the row;
@@ -130,6 +144,9 @@ class GraphState {
   void FreeAll(std::vector<DeviceBuffer>& buffers);
   // Rebuilds views_ over allocated_.
   void BuildViews();
+  // InvalidArgument unless (bucket, mode, q_len_per_request) is a shape this state captures:
+  // the rules of Capture, shared by Replay so that a forged handle is refused too.
+  absl::Status CheckShape(int64_t bucket, ForwardMode mode, TokenLength q_len_per_request) const;
   // Stages the inputs of a padded batch and runs the writer.
   absl::StatusOr<SplitKvPlanCounts> Write(const CaptureHandle& handle, const ReplayBatch& batch);
 
@@ -141,7 +158,7 @@ class GraphState {
   BufferPlan plan_;
   std::vector<DeviceBuffer> allocated_;  // parallel to plan_.buffers
   GraphBuffers views_;
-  uint64_t generation_ = 1;
+  uint64_t generation_;  // unique in the process: a handle of another state never matches
   // Host staging of the padded inputs, [batch capacity] each: sized by Reserve, so that
   // Replay allocates nothing.
   std::vector<ReqPoolIndex> staged_rows_;

@@ -1,5 +1,6 @@
 #include "attention/graph/graph_state.h"
 
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -78,8 +79,11 @@ TEST_F(GraphStateTest, PaddedRowsGetSafeValues) {
 
 TEST_F(GraphStateTest, ReplayAllocatesNothing) {
   {
+    // The probe escapes through a volatile pointer, so the compiler cannot elide it.
+    static int* volatile escaped = nullptr;
     const int64_t before = bench::HeapAllocations();
-    std::unique_ptr<int> probe(new int(1));
+    escaped = new int(1);
+    delete escaped;
     if (bench::HeapAllocations() == before) {
       GTEST_SKIP() << "operator new is not replaceable in this build (a sanitizer's runtime "
                       "owns it); the plain build runs this test";
@@ -156,7 +160,44 @@ TEST_F(GraphStateTest, RefusedReplaysWriteNothing) {
   expect_refused(absl::StatusCode::kOutOfRange, ReplayBatch{rows, lens}, "row outside the table");
   rows = {f_.rows()[0], f_.rows()[1]};
   expect_refused(absl::StatusCode::kInvalidArgument, ReplayBatch{rows, lens}, "sizes differ");
+  // Forged and foreign handles: a shape Capture refuses, a bucket past the capacity, a handle
+  // of another state (whose generation is its own).
+  const CaptureHandle good = *handle;
+  auto expect_handle_refused = [&](absl::StatusCode code, const CaptureHandle& h, const char* what) {
+    const absl::Status s = g.Replay(h, Batch(2)).status();
+    EXPECT_EQ(s.code(), code) << what << ": " << s;
+    EXPECT_TRUE(h_.Contents() == before) << what << ": buffers changed";
+  };
+  CaptureHandle forged = good;
+  forged.q_len_per_request = TokenLength(-1);
+  expect_handle_refused(absl::StatusCode::kInvalidArgument, forged, "negative query rows");
+  forged = good;
+  forged.bucket = 9;
+  expect_handle_refused(absl::StatusCode::kFailedPrecondition, forged, "bucket past the capacity");
+  forged = good;
+  forged.mode = ForwardMode::kMixed;
+  expect_handle_refused(absl::StatusCode::kInvalidArgument, forged, "mixed");
+  GraphHarness other(MakeTestConfig(16, {.max_batch_size = 2}), f_);
+  auto foreign = other.state().Capture(2, ForwardMode::kDecode);
+  ASSERT_TRUE(foreign.ok());
+  expect_handle_refused(absl::StatusCode::kFailedPrecondition, *foreign, "another state's handle");
+  auto big = GraphHarness(MakeTestConfig(16, {.max_batch_size = 8}), f_).state().Capture(8, ForwardMode::kDecode);
+  ASSERT_TRUE(big.ok());
+  expect_handle_refused(absl::StatusCode::kFailedPrecondition, *big, "a freed state's handle");
   EXPECT_TRUE(h_.memory().VerifyCanaries().ok());
+}
+
+TEST_F(GraphStateTest, HugeReservesAreRefused) {
+  GraphState& g = h_.state();
+  const uint64_t gen = g.generation();
+  EXPECT_EQ(g.Reserve(std::numeric_limits<int64_t>::max()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(g.Reserve(int64_t{1} << 31).code(), absl::StatusCode::kInvalidArgument);
+  // 100000 rows of 512 slots fit int32; 5,000,000 do not (OutOfRange naming kv_indices).
+  const absl::Status s = g.Reserve(5000000);
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  EXPECT_EQ(g.generation(), gen);
+  EXPECT_EQ(g.batch_capacity(), 8);
 }
 
 TEST_F(GraphStateTest, CaptureRules) {

@@ -22,7 +22,7 @@ HostDeviceMemory::~HostDeviceMemory() {
 }
 
 absl::StatusOr<DeviceBuffer> HostDeviceMemory::Allocate(absl::string_view name, int64_t bytes) {
-  if (bytes < 0) {
+  if (bytes < 0 || bytes > (int64_t{1} << 62)) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": allocation of ", bytes, " bytes"));
   }
   const int64_t total = bytes + 2 * kCanaryBytes;
@@ -62,8 +62,8 @@ absl::Status HostDeviceMemory::CheckRange(DeviceBuffer buffer, int64_t offset,
   const Allocation* a = Lookup(buffer);
   if (a == nullptr) return absl::InvalidArgumentError("not a live allocation of this memory");
   if (offset < 0 || bytes < 0 || offset > a->bytes - bytes) {
-    return absl::OutOfRangeError(absl::StrCat(a->name, ": bytes [", offset, ", ", offset + bytes,
-                                              ") outside the buffer of ", a->bytes));
+    return absl::OutOfRangeError(absl::StrCat(a->name, ": ", bytes, " bytes at offset ", offset,
+                                              " outside the buffer of ", a->bytes));
   }
   return absl::OkStatus();
 }

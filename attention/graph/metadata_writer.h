@@ -23,7 +23,8 @@ namespace attnmeta {
 // device addresses; only a writer whose memory is host-accessible dereferences them.
 struct GraphBuffers {
   // Inputs, staged by GraphState for the padded batch: [B].
-  absl::Span<ReqPoolIndex> req_rows;   // real rows, then the padded rows' (never read)
+  absl::Span<ReqPoolIndex> req_rows;   // real rows, then GraphState::kPaddedRow (-1): a
+                                       // writer never reads req_to_token for padded rows
   absl::Span<TokenLength> kv_lens;     // real lengths, then the fill length
   absl::Span<TokenLength> q_lens;      // query rows per request, 0 for padded rows
   // Outputs.

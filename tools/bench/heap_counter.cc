@@ -1,5 +1,6 @@
 #include "tools/bench/heap_counter.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <new>
 
@@ -18,6 +19,18 @@ void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, size_t) noexcept { std::free(p); }
 void operator delete[](void* p, size_t) noexcept { std::free(p); }
+void* operator new(size_t n, std::align_val_t a) {
+  ++heap_allocations;
+  const size_t align = static_cast<size_t>(a);
+  void* p = std::aligned_alloc(align, (std::max<size_t>(n, 1) + align - 1) / align * align);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+void* operator new[](size_t n, std::align_val_t a) { return operator new(n, a); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, size_t, std::align_val_t) noexcept { std::free(p); }
 
 namespace attnmeta {
 namespace bench {
