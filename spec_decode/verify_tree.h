@@ -1,0 +1,75 @@
+// The verify tree of EAGLE target-verify: per request, n draft tokens (token 0 is the root,
+// the last verified token) arranged as a tree, its positions, the links a greedy acceptance
+// walks, and the custom attention mask in the layouts kernels read (DESIGN.md section 2b).
+//
+// Two input forms:
+//  - the reference system's encoding: per request parent_list (topk * (depth - 1) + 1
+//    entries) and selected_index (the n - 1 selected candidates, ascending). The parent of
+//    token i >= 1: with p = selected_index[i - 1] / topk, the root when p == 0, else 1 + the
+//    position j among the request's own n - 1 entries with selected_index[j] ==
+//    parent_list[p]. A token whose parent is not found is left out of the links, and its mask
+//    walk stops there (as the reference does); walks are bounded by depth.
+//  - plain parent arrays: parents[b * n + t] in [0, n) for t >= 1, -1 for the root.
+// Positions: seq_len + depth(t), depth(t) the steps of t's walk. Links: a parent's first child
+// is its smallest child index; siblings run in ascending order; -1 ends a list.
+
+#ifndef ATTNMETA_SPEC_DECODE_VERIFY_TREE_H_
+#define ATTNMETA_SPEC_DECODE_VERIFY_TREE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kvcache/units.h"
+
+namespace attnmeta {
+
+struct VerifyTree {
+  int32_t num_draft_tokens = 0;              // n, the root included
+  std::vector<TokenLength> seq_lens;          // [bs] committed tokens per request
+  // [bs * n], tree-local indices (0 .. n - 1) within request b's block:
+  std::vector<int32_t> parent;        // -1 for the root and for a token whose parent is lost
+  std::vector<uint8_t> sees;          // [bs * n * n]: sees[(b * n + t) * n + c], t's mask row
+  std::vector<TokenPosition> positions;  // seq_len + depth(t)
+  std::vector<int32_t> retrieve_index;   // b * n + t
+  std::vector<int32_t> next_token;       // first child, or -1
+  std::vector<int32_t> next_sibling;     // next sibling, or -1
+
+  int64_t batch_size() const { return static_cast<int64_t>(seq_lens.size()); }
+};
+
+// The reference encoding. InvalidArgument: n < 1 or n > 64, topk < 1, depth < 1, array sizes
+// that disagree with bs, topk, depth and n, a negative seq_len, a selected index whose
+// parent_list slot p is outside [0, topk * (depth - 1) + 1), or a cycle among a request's
+// tokens.
+absl::StatusOr<VerifyTree> BuildVerifyTree(absl::Span<const int64_t> parent_list,
+                                           absl::Span<const int64_t> selected_index,
+                                           absl::Span<const TokenLength> seq_lens, int32_t topk,
+                                           int32_t depth, int32_t num_draft_tokens);
+
+// Plain parent arrays. InvalidArgument: sizes, n outside [1, 64], a root (token 0) with a
+// parent, a non-root without one (several roots), a parent outside [0, n), or a cycle.
+absl::StatusOr<VerifyTree> BuildVerifyTreeFromParents(absl::Span<const int32_t> parents,
+                                                      absl::Span<const TokenLength> seq_lens,
+                                                      int32_t num_draft_tokens);
+
+// FULL layout: per request a row-major [n][seq_len + n] byte block at
+// n * n * b + n * sum(seq_lens[:b]), prefix columns all 1; mask_indptr[b] is that offset,
+// [bs + 1], int64. InvalidArgument: out smaller than mask_indptr[bs], mask_indptr not bs + 1
+// entries. Writes nothing past mask_indptr[bs].
+absl::Status WriteTreeMaskFull(const VerifyTree& tree, absl::Span<uint8_t> out,
+                               absl::Span<int64_t> mask_indptr);
+// QLEN_ONLY layout: per request an [n][n] byte block at n * n * b. InvalidArgument: out
+// smaller than bs * n * n.
+absl::Status WriteTreeMaskQLenOnly(const VerifyTree& tree, absl::Span<uint8_t> out);
+// Bit-packed: one little-endian word per row (1 byte for n <= 8, 2 for n <= 16, 4 for
+// n <= 32), bit c = column c; rows of request b from word b * n. InvalidArgument: n > 32,
+// out smaller than bs * n words.
+int32_t BitPackedWordBytes(int32_t num_draft_tokens);
+absl::Status WriteTreeMaskBitPacked(const VerifyTree& tree, absl::Span<uint8_t> out);
+
+}  // namespace attnmeta
+
+#endif  // ATTNMETA_SPEC_DECODE_VERIFY_TREE_H_

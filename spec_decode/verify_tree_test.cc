@@ -1,0 +1,184 @@
+#include "spec_decode/verify_tree.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace attnmeta {
+namespace {
+
+std::vector<TokenLength> Lens(std::initializer_list<int32_t> v) {
+  std::vector<TokenLength> out;
+  for (int32_t x : v) out.push_back(TokenLength(x));
+  return out;
+}
+
+std::vector<int32_t> Positions(const VerifyTree& t) {
+  std::vector<int32_t> out;
+  for (TokenPosition p : t.positions) out.push_back(p.value());
+  return out;
+}
+
+// Worked by hand: top-k 2, depth 3, 6 draft tokens (the root included), two requests of
+// prefix length 5 and 9.
+// Request 0: selected [0, 1, 2, 4, 7] give parent slots s / 2 = [0, 0, 1, 2, 3];
+//   parent_list [-, 0, 1, 2, -]: token 3's parent is the token selected as 0 (token 1), token
+//   4's the one selected as 1 (token 2), token 5's the one selected as 2 (token 3).
+//   Tree: 0 -> {1, 2}, 1 -> 3 -> 5, 2 -> 4.
+// Request 1: selected [1, 3, 5, 6, 8], slots [0, 1, 2, 3, 4]; parent_list [-, 1, 1, 42, 6]:
+//   tokens 2 and 3 hang under token 1; token 4's parent (42) was not selected: it is left out
+//   of the links and its walk stops at itself; token 5 hangs under token 4.
+class VerifyTreeGoldenTest : public ::testing::Test {
+ protected:
+  const std::vector<int64_t> parent_list_ = {-1, 0, 1, 2, 99, -1, 1, 1, 42, 6};
+  const std::vector<int64_t> selected_ = {0, 1, 2, 4, 7, 1, 3, 5, 6, 8};
+  const std::vector<TokenLength> seq_lens_ = Lens({5, 9});
+};
+
+TEST_F(VerifyTreeGoldenTest, PositionsLinksAndEveryMaskLayout) {
+  auto tree = BuildVerifyTree(parent_list_, selected_, seq_lens_, /*topk=*/2, /*depth=*/3, 6);
+  ASSERT_TRUE(tree.ok()) << tree.status();
+  EXPECT_EQ(tree->parent, (std::vector<int32_t>{-1, 0, 0, 1, 2, 3, -1, 0, 1, 1, -1, 4}));
+  EXPECT_EQ(Positions(*tree), (std::vector<int32_t>{5, 6, 6, 7, 7, 8, 9, 10, 11, 11, 10, 11}));
+  EXPECT_EQ(tree->retrieve_index, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}));
+  EXPECT_EQ(tree->next_token, (std::vector<int32_t>{1, 3, 4, 5, -1, -1, 1, 2, -1, -1, 5, -1}));
+  EXPECT_EQ(tree->next_sibling, (std::vector<int32_t>{-1, 2, -1, -1, -1, -1, -1, -1, 3, -1, -1, -1}));
+
+  // QLEN_ONLY: the [6][6] blocks, row t = what token t sees.
+  const std::vector<uint8_t> qlen = {
+      1, 0, 0, 0, 0, 0,  1, 1, 0, 0, 0, 0,  1, 0, 1, 0, 0, 0,  // request 0, tokens 0-2
+      1, 1, 0, 1, 0, 0,  1, 0, 1, 0, 1, 0,  1, 1, 0, 1, 0, 1,  // tokens 3-5
+      1, 0, 0, 0, 0, 0,  1, 1, 0, 0, 0, 0,  1, 1, 1, 0, 0, 0,  // request 1, tokens 0-2
+      1, 1, 0, 1, 0, 0,  1, 0, 0, 0, 1, 0,  1, 0, 0, 0, 1, 1,  // tokens 3-5
+  };
+  std::vector<uint8_t> q(72 + 4, 7);
+  ASSERT_TRUE(WriteTreeMaskQLenOnly(*tree, absl::MakeSpan(q)).ok());
+  EXPECT_EQ(std::vector<uint8_t>(q.begin(), q.begin() + 72), qlen);
+  EXPECT_EQ(q[72], 7) << "nothing written past the batch";
+
+  // Bit-packed: one byte per row (6 <= 8), bit c = column c.
+  const std::vector<uint8_t> bits = {0b000001, 0b000011, 0b000101, 0b001011, 0b010101, 0b101011,
+                                     0b000001, 0b000011, 0b000111, 0b001011, 0b010001, 0b110001};
+  std::vector<uint8_t> packed(12);
+  ASSERT_TRUE(WriteTreeMaskBitPacked(*tree, absl::MakeSpan(packed)).ok());
+  EXPECT_EQ(packed, bits);
+
+  // FULL: request 0 at 0, [6][5 + 6]; request 1 at 6 * 6 * 1 + 6 * 5 = 66, [6][9 + 6].
+  std::vector<uint8_t> full(156 + 3, 7);
+  std::vector<int64_t> indptr(3);
+  ASSERT_TRUE(WriteTreeMaskFull(*tree, absl::MakeSpan(full), absl::MakeSpan(indptr)).ok());
+  EXPECT_EQ(indptr, (std::vector<int64_t>{0, 66, 156}));
+  for (int b = 0; b < 2; ++b) {
+    const int prefix = seq_lens_[b].value();
+    for (int t = 0; t < 6; ++t) {
+      for (int c = 0; c < prefix + 6; ++c) {
+        const uint8_t want = c < prefix ? 1 : qlen[(b * 6 + t) * 6 + (c - prefix)];
+        ASSERT_EQ(full[indptr[b] + t * (prefix + 6) + c], want)
+            << "request " << b << " row " << t << " column " << c;
+      }
+    }
+  }
+  EXPECT_EQ(full[156], 7) << "nothing written past mask_indptr[bs]";
+}
+
+// The plain parent-array form of request 0 gives the same tree.
+TEST_F(VerifyTreeGoldenTest, ParentArrayFormAgrees) {
+  auto ref = BuildVerifyTree(parent_list_, selected_, seq_lens_, 2, 3, 6);
+  const std::vector<int32_t> parents = {-1, 0, 0, 1, 2, 3};
+  auto plain = BuildVerifyTreeFromParents(parents, Lens({5}), 6);
+  ASSERT_TRUE(ref.ok() && plain.ok());
+  EXPECT_EQ(plain->parent, std::vector<int32_t>(ref->parent.begin(), ref->parent.begin() + 6));
+  EXPECT_EQ(plain->sees, std::vector<uint8_t>(ref->sees.begin(), ref->sees.begin() + 36));
+  EXPECT_EQ(Positions(*plain), std::vector<int32_t>({5, 6, 6, 7, 7, 8}));
+  EXPECT_EQ(plain->next_token, std::vector<int32_t>(ref->next_token.begin(), ref->next_token.begin() + 6));
+}
+
+// Top-k 1 gives a chain: token t sees tokens 0..t and sits at seq_len + t.
+TEST(VerifyTreeTest, TopK1IsAChain) {
+  // selected [0, 1, 2, 3]: slot s / 1 = s; parent_list[s] = s - 1 names the previous token.
+  const std::vector<int64_t> parent_list = {-1, 0, 1, 2};
+  const std::vector<int64_t> selected = {0, 1, 2, 3};
+  auto tree = BuildVerifyTree(parent_list, selected, Lens({20}), 1, 4, 5);
+  ASSERT_TRUE(tree.ok()) << tree.status();
+  EXPECT_EQ(Positions(*tree), (std::vector<int32_t>{20, 21, 22, 23, 24}));
+  for (int t = 0; t < 5; ++t) {
+    for (int c = 0; c < 5; ++c) EXPECT_EQ(tree->sees[t * 5 + c], c <= t ? 1 : 0) << t << "," << c;
+  }
+  EXPECT_EQ(tree->next_token, (std::vector<int32_t>{1, 2, 3, 4, -1}));
+}
+
+TEST(VerifyTreeTest, MalformedInputIsRefused) {
+  auto code = [](absl::StatusOr<VerifyTree> t) { return t.status().code(); };
+  const auto bad = absl::StatusCode::kInvalidArgument;
+  // Plain parents: a cycle, a second root, a parent outside the request, a root with a parent.
+  EXPECT_EQ(code(BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 2, 1}, Lens({3}), 3)), bad);
+  EXPECT_EQ(code(BuildVerifyTreeFromParents(std::vector<int32_t>{-1, -1, 1}, Lens({3}), 3)), bad);
+  EXPECT_EQ(code(BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 3, 1}, Lens({3}), 3)), bad);
+  // Token 1 of request 1 naming token 2 of request 0's row (index 5 of the flat array).
+  EXPECT_EQ(code(BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 0, 0, -1, 5, 0}, Lens({3, 3}), 3)),
+            bad);
+  EXPECT_EQ(code(BuildVerifyTreeFromParents(std::vector<int32_t>{0, 0, 1}, Lens({3}), 3)), bad);
+  EXPECT_EQ(code(BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 0}, Lens({3}), 3)), bad);
+  EXPECT_EQ(code(BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 0, 1}, Lens({-3}), 3)), bad);
+  EXPECT_EQ(code(BuildVerifyTreeFromParents(std::vector<int32_t>(65, 0), Lens({1}), 65)), bad);
+  // Reference encoding: a cycle (tokens 1 and 2 name each other), a slot past parent_list,
+  // a negative selection, sizes, top-k or depth 0.
+  const absl::Status cycle = BuildVerifyTree(std::vector<int64_t>{-1, 2, 1},
+                                             std::vector<int64_t>{1, 2}, Lens({4}), 1, 3, 3)
+                                 .status();
+  EXPECT_EQ(cycle.code(), bad);
+  EXPECT_NE(cycle.message().find("cycle"), absl::string_view::npos) << cycle;
+  const absl::Status plain_cycle =
+      BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 2, 1}, Lens({3}), 3).status();
+  EXPECT_NE(plain_cycle.message().find("cycle"), absl::string_view::npos) << plain_cycle;
+  EXPECT_EQ(code(BuildVerifyTree(std::vector<int64_t>{-1, 0, 1}, std::vector<int64_t>{0, 6},
+                                 Lens({4}), 1, 3, 3)),
+            bad);
+  EXPECT_EQ(code(BuildVerifyTree(std::vector<int64_t>{-1, 0, 1}, std::vector<int64_t>{0, -1},
+                                 Lens({4}), 1, 3, 3)),
+            bad);
+  EXPECT_EQ(code(BuildVerifyTree(std::vector<int64_t>{-1, 0}, std::vector<int64_t>{0, 1},
+                                 Lens({4}), 1, 3, 3)),
+            bad);
+  EXPECT_EQ(code(BuildVerifyTree(std::vector<int64_t>{-1}, std::vector<int64_t>{}, Lens({4}), 0, 1, 1)),
+            bad);
+  EXPECT_EQ(code(BuildVerifyTree(std::vector<int64_t>{-1}, std::vector<int64_t>{}, Lens({4}), 1, 0, 1)),
+            bad);
+  // Mask outputs too small, and n past the bit-packed limit.
+  auto tree = BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 0, 1}, Lens({2}), 3);
+  ASSERT_TRUE(tree.ok());
+  std::vector<uint8_t> small(14);  // FULL needs 3 * (2 + 3) = 15
+  std::vector<int64_t> indptr(2);
+  EXPECT_EQ(WriteTreeMaskFull(*tree, absl::MakeSpan(small), absl::MakeSpan(indptr)).code(), bad);
+  EXPECT_EQ(WriteTreeMaskQLenOnly(*tree, absl::MakeSpan(small).subspan(0, 8)).code(), bad);
+  EXPECT_EQ(WriteTreeMaskBitPacked(*tree, absl::MakeSpan(small).subspan(0, 2)).code(), bad);
+  std::vector<int32_t> chain(40);
+  for (int t = 0; t < 40; ++t) chain[t] = t - 1;
+  auto big = BuildVerifyTreeFromParents(chain, Lens({1}), 40);
+  ASSERT_TRUE(big.ok());
+  std::vector<uint8_t> words(160);
+  EXPECT_EQ(WriteTreeMaskBitPacked(*big, absl::MakeSpan(words)).code(), bad);
+}
+
+// Bit-packed word widths: 1 byte up to 8 tokens, 2 up to 16, 4 up to 32, little-endian.
+TEST(VerifyTreeTest, BitPackedWordWidths) {
+  EXPECT_EQ(BitPackedWordBytes(8), 1);
+  EXPECT_EQ(BitPackedWordBytes(9), 2);
+  EXPECT_EQ(BitPackedWordBytes(16), 2);
+  EXPECT_EQ(BitPackedWordBytes(17), 4);
+  std::vector<int32_t> chain(12);
+  for (int t = 0; t < 12; ++t) chain[t] = t - 1;
+  auto tree = BuildVerifyTreeFromParents(chain, Lens({0}), 12);
+  ASSERT_TRUE(tree.ok());
+  std::vector<uint8_t> words(24);
+  ASSERT_TRUE(WriteTreeMaskBitPacked(*tree, absl::MakeSpan(words)).ok());
+  // Row 11 sees columns 0..11: 0x0FFF, low byte first.
+  EXPECT_EQ(words[22], 0xFF);
+  EXPECT_EQ(words[23], 0x0F);
+  // Row 9 sees 0..9: 0x03FF.
+  EXPECT_EQ(words[18], 0xFF);
+  EXPECT_EQ(words[19], 0x03);
+}
+
+}  // namespace
+}  // namespace attnmeta
