@@ -124,6 +124,31 @@ TEST_F(FieldBugTest, Row8_QoIndptrMustEndAtTheQueryRowsGiven) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Row 8 in its own mode: an eager draft-extend of 4 query rows (one request of 80 KV
+// tokens) given the prefill's qo_indptr [0, 80]. Checked mode, against the query tensor
+// actually handed to the kernel, refuses it before any kernel runs.
+TEST(FieldBugRow8Test, DraftExtendQoIndptrMustEndAtTheQueryRowsGiven) {
+  BatchFixture f(16, 31);
+  f.AddSequence(76, 4);
+  BuildOptions checked;
+  checked.check = MetadataCheck{f.pool_slots(), TokenCount(4)};
+  auto good = BuildForwardMetadata(f.Batch(ForwardMode::kDraftExtend), f.pool(), f.page_size(),
+                                   checked);
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(good->qo_indptr, (std::vector<TokenOffset>{TokenOffset(0), TokenOffset(4)}));
+  EXPECT_EQ(good->max_q_len, TokenCount(4));
+  // The reference system's batch: query lengths taken from the prefill (80 rows).
+  const std::vector<TokenLength> prefill_rows = {TokenLength(80)};
+  ForwardBatch buggy = f.Batch(ForwardMode::kDraftExtend);
+  buggy.q_lens = prefill_rows;
+  const absl::Status s =
+      BuildForwardMetadata(buggy, f.pool(), f.page_size(), checked).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("qo_indptr[bs] = 80 but the query tensor has 4 rows"),
+            absl::string_view::npos)
+      << s;
+}
+
 // Row 9: the context-prefill gather applied // page_size and % page_size to token-level
 // kv_indices. The real gather copies token-level slots as they are, at page size 64 with
 // shuffled pages; attention over its output equals dense attention, token by token. (The

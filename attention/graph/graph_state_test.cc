@@ -210,6 +210,11 @@ TEST_F(GraphStateTest, CaptureRules) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(g.Capture(4, ForwardMode::kExtend, TokenLength(4)).ok());
   EXPECT_EQ(g.Capture(4, ForwardMode::kMixed).status().code(), absl::StatusCode::kInvalidArgument);
+  for (ForwardMode m : {ForwardMode::kDraftExtend, ForwardMode::kTargetVerify,
+                        ForwardMode::kDraftDecode}) {
+    EXPECT_EQ(g.Capture(4, m, TokenLength(1)).status().code(), absl::StatusCode::kUnimplemented)
+        << ForwardModeName(m);
+  }
   EXPECT_EQ(g.Capture(4, ForwardMode::kIdle, TokenLength(1)).status().code(),
             absl::StatusCode::kInvalidArgument);
   auto idle = g.Capture(4, ForwardMode::kIdle);

@@ -238,5 +238,36 @@ TEST(BuildForwardMetadataTest, ModeRules) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ForwardModeTest, NamesRoundTripAndSpeculativeRules) {
+  for (ForwardMode m : {ForwardMode::kDecode, ForwardMode::kExtend, ForwardMode::kMixed,
+                        ForwardMode::kIdle, ForwardMode::kDraftExtend, ForwardMode::kTargetVerify,
+                        ForwardMode::kDraftDecode}) {
+    auto back = ParseForwardMode(ForwardModeName(m));
+    ASSERT_TRUE(back.ok()) << ForwardModeName(m);
+    EXPECT_EQ(*back, m);
+  }
+  EXPECT_EQ(ParseForwardMode("verify").status().code(), absl::StatusCode::kInvalidArgument);
+  BatchFixture f(16, 8);
+  f.AddSequence(30, 4);
+  f.AddSequence(50, 4);
+  // Draft-extend and target-verify: several query rows per request.
+  EXPECT_TRUE(BuildForwardMetadata(f.Batch(ForwardMode::kDraftExtend), f.pool(), f.page_size()).ok());
+  EXPECT_TRUE(BuildForwardMetadata(f.Batch(ForwardMode::kTargetVerify), f.pool(), f.page_size()).ok());
+  // Draft-decode: one query row per branch.
+  EXPECT_EQ(BuildForwardMetadata(f.Batch(ForwardMode::kDraftDecode), f.pool(), f.page_size())
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<TokenLength> one = {TokenLength(1), TokenLength(1)};
+  ForwardBatch draft_decode = f.Batch(ForwardMode::kDraftDecode);
+  draft_decode.q_lens = one;
+  EXPECT_TRUE(BuildForwardMetadata(draft_decode, f.pool(), f.page_size()).ok());
+  std::vector<TokenLength> none = {TokenLength(0), TokenLength(4)};
+  ForwardBatch verify_without_rows = f.Batch(ForwardMode::kTargetVerify);
+  verify_without_rows.q_lens = none;
+  EXPECT_EQ(BuildForwardMetadata(verify_without_rows, f.pool(), f.page_size()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace attnmeta

@@ -14,13 +14,20 @@ absl::string_view ForwardModeName(ForwardMode mode) {
       return "mixed";
     case ForwardMode::kIdle:
       return "idle";
+    case ForwardMode::kDraftExtend:
+      return "draft_extend";
+    case ForwardMode::kTargetVerify:
+      return "target_verify";
+    case ForwardMode::kDraftDecode:
+      return "draft_decode";
   }
   return "unknown";
 }
 
 absl::StatusOr<ForwardMode> ParseForwardMode(absl::string_view name) {
-  for (ForwardMode m :
-       {ForwardMode::kDecode, ForwardMode::kExtend, ForwardMode::kMixed, ForwardMode::kIdle}) {
+  for (ForwardMode m : {ForwardMode::kDecode, ForwardMode::kExtend, ForwardMode::kMixed,
+                        ForwardMode::kIdle, ForwardMode::kDraftExtend, ForwardMode::kTargetVerify,
+                        ForwardMode::kDraftDecode}) {
     if (ForwardModeName(m) == name) return m;
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown forward mode '", name, "'"));

@@ -1,5 +1,5 @@
-// The forward modes a batch can be in. The speculative modes (draft-extend, target-verify,
-// draft-decode) are added by spec_decode/.
+// The forward modes a batch can be in. The speculative modes' metadata is built by
+// spec_decode/; their rules (mode_rules.h) live here, with the others.
 
 #ifndef ATTNMETA_ATTENTION_METADATA_FORWARD_MODE_H_
 #define ATTNMETA_ATTENTION_METADATA_FORWARD_MODE_H_
@@ -16,6 +16,10 @@ enum class ForwardMode {
   kExtend,  // prefill or chunked prefill: q_len >= 1 new rows on top of a cached prefix
   kMixed,   // extend and decode requests in one batch
   kIdle,    // batch size 0 (a data-parallel rank with nothing to do)
+  // EAGLE speculative decoding:
+  kDraftExtend,   // the draft model extends each request by its accepted tokens (q_len >= 1)
+  kTargetVerify,  // the target model scores each request's draft tokens (q_len >= 1)
+  kDraftDecode,   // one draft step: one query row per branch
 };
 
 absl::string_view ForwardModeName(ForwardMode mode);

@@ -19,11 +19,14 @@ absl::Status CheckModeSequence(ForwardMode mode, int64_t i, TokenCount q_len, To
         absl::StrCat("sequence ", i, ": need 0 <= q_len <= kv_len, got q_len ", q_len.value(),
                      ", kv_len ", kv_len.value()));
   }
-  if (mode == ForwardMode::kDecode && q_len.value() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "sequence ", i, ": decode has exactly one query row per sequence, got ", q_len.value()));
+  if ((mode == ForwardMode::kDecode || mode == ForwardMode::kDraftDecode) && q_len.value() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": ", ForwardModeName(mode),
+                                                   " has exactly one query row per sequence, got ",
+                                                   q_len.value()));
   }
-  if ((mode == ForwardMode::kExtend || mode == ForwardMode::kMixed) && q_len.value() < 1) {
+  if ((mode == ForwardMode::kExtend || mode == ForwardMode::kMixed ||
+       mode == ForwardMode::kDraftExtend || mode == ForwardMode::kTargetVerify) &&
+      q_len.value() < 1) {
     return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": ", ForwardModeName(mode),
                                                    " needs q_len >= 1, got ", q_len.value()));
   }

@@ -17,8 +17,9 @@ namespace attnmeta {
 absl::Status CheckModeBatchSize(ForwardMode mode, int64_t batch_size);
 
 // InvalidArgument unless sequence `i` with q_len query rows over kv_len KV tokens is allowed
-// in `mode`: always 0 <= q_len <= kv_len (the query rows are the last q_len tokens); decode:
-// q_len == 1; extend and mixed: q_len >= 1.
+// in `mode`: always 0 <= q_len <= kv_len (the query rows are the last q_len tokens); decode
+// and draft-decode (one row per branch): q_len == 1; extend, mixed, draft-extend and
+// target-verify: q_len >= 1.
 absl::Status CheckModeSequence(ForwardMode mode, int64_t i, TokenCount q_len, TokenCount kv_len);
 
 }  // namespace attnmeta
