@@ -1,0 +1,56 @@
+#include "spec_decode/greedy_accept.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace attnmeta {
+
+absl::StatusOr<AcceptResult> AcceptGreedy(const AcceptInputs& in) {
+  if (in.tree == nullptr) return absl::InvalidArgumentError("greedy acceptance: no tree");
+  const VerifyTree& tree = *in.tree;
+  const int64_t n = tree.num_draft_tokens;
+  const int64_t bs = tree.batch_size();
+  const size_t want = static_cast<size_t>(bs * n);
+  if (in.draft_tokens.size() != want || in.target_predict.size() != want ||
+      in.tree_slots.size() != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "greedy acceptance: draft_tokens, target_predict and tree_slots have ",
+        in.draft_tokens.size(), ", ", in.target_predict.size(), " and ", in.tree_slots.size(),
+        " entries; the tree has ", bs, " requests of ", n, " tokens"));
+  }
+  AcceptResult r;
+  r.accept_index.assign(want, -1);
+  r.accept_count.assign(static_cast<size_t>(bs), 0);
+  r.bonus_token.assign(static_cast<size_t>(bs), 0);
+  r.keep_indptr.push_back(TokenOffset(0));
+  std::vector<uint8_t> on_path(static_cast<size_t>(n));
+  for (int64_t b = 0; b < bs; ++b) {
+    const int64_t base = b * n;
+    std::fill(on_path.begin(), on_path.end(), 0);
+    int32_t cur = 0;
+    int32_t count = 0;
+    r.accept_index[base] = 0;
+    on_path[0] = 1;
+    for (;;) {
+      int32_t child = tree.next_token[base + cur];
+      while (child != -1 && in.draft_tokens[base + child] != in.target_predict[base + cur]) {
+        child = tree.next_sibling[base + child];
+      }
+      if (child == -1) break;
+      cur = child;
+      on_path[cur] = 1;
+      r.accept_index[base + ++count] = cur;
+    }
+    r.accept_count[b] = count;
+    r.bonus_token[b] = in.target_predict[base + cur];
+    for (int32_t k = 0; k <= count; ++k) {
+      r.keep_slots.push_back(in.tree_slots[base + r.accept_index[base + k]]);
+    }
+    r.keep_indptr.push_back(TokenOffset(static_cast<int32_t>(r.keep_slots.size())));
+    for (int64_t t = 0; t < n; ++t) {
+      if (on_path[t] == 0) r.free_slots.push_back(in.tree_slots[base + t]);
+    }
+  }
+  return r;
+}
+
+}  // namespace attnmeta

@@ -1,0 +1,86 @@
+#include "spec_decode/greedy_accept.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kvcache/paged_token_allocator.h"
+
+namespace attnmeta {
+namespace {
+
+// The verify tree of verify_tree_test's golden case: request 0 is 0 -> {1, 2}, 1 -> 3 -> 5,
+// 2 -> 4; request 1 is 0 -> 1 -> {2, 3}, with token 4 lost (its parent was not selected) and
+// token 5 under it.
+VerifyTree GoldenTree() {
+  const std::vector<int64_t> parent_list = {-1, 0, 1, 2, 99, -1, 1, 1, 42, 6};
+  const std::vector<int64_t> selected = {0, 1, 2, 4, 7, 1, 3, 5, 6, 8};
+  const std::vector<TokenLength> seq_lens = {TokenLength(5), TokenLength(9)};
+  return *BuildVerifyTree(parent_list, selected, seq_lens, 2, 3, 6);
+}
+
+// Worked by hand. Request 0: the target predicts 12 after the root (token 1 is 11, its
+// sibling token 2 is 12: accepted), 14 after token 2 (token 4: accepted), 77 after token 4
+// (no child): path 0, 2, 4, bonus 77. Request 1: 21 after the root (token 1), 23 after token
+// 1 (token 2 is 22, token 3 is 23: accepted), 99 after token 3 (no child): path 0, 1, 3,
+// bonus 99; the lost token 4 is unreachable even though the root's prediction names it.
+TEST(GreedyAcceptTest, WalksTheTreeAndSplitsTheSlots) {
+  const VerifyTree tree = GoldenTree();
+  const std::vector<int32_t> draft = {100, 11, 12, 13, 14, 15, 200, 21, 22, 23, 24, 25};
+  const std::vector<int32_t> predict = {12, 0, 14, 0, 77, 0, 21, 23, 0, 99, 0, 0};
+  // The tree tokens' slots come from the real allocator: six per request.
+  PagedTokenAllocator alloc = *PagedTokenAllocator::Create(
+      PageCount(16), *PageSize::Create(4), FreePagePolicy::Shuffled(3));
+  auto slots = alloc.AllocateExtend({{TokenCount(0), TokenCount(6), TokenSlot(0)},
+                                     {TokenCount(0), TokenCount(6), TokenSlot(0)}});
+  ASSERT_TRUE(slots.ok());
+  auto r = AcceptGreedy(AcceptInputs{&tree, draft, predict, *slots});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->accept_index, (std::vector<int32_t>{0, 2, 4, -1, -1, -1, 0, 1, 3, -1, -1, -1}));
+  EXPECT_EQ(r->accept_count, (std::vector<int32_t>{2, 2}));
+  EXPECT_EQ(r->bonus_token, (std::vector<int32_t>{77, 99}));
+  const std::vector<TokenSlot>& s = *slots;
+  EXPECT_EQ(r->keep_slots, (std::vector<TokenSlot>{s[0], s[2], s[4], s[6], s[7], s[9]}));
+  EXPECT_EQ(r->keep_indptr, (std::vector<TokenOffset>{TokenOffset(0), TokenOffset(3), TokenOffset(6)}));
+  EXPECT_EQ(r->free_slots, (std::vector<TokenSlot>{s[1], s[3], s[5], s[8], s[10], s[11]}));
+  // The rejected slots go back to the allocator, freed together at the end of the step.
+  ASSERT_TRUE(alloc.BeginFreeGroup().ok());
+  ASSERT_TRUE(alloc.Free(r->free_slots).ok());
+  ASSERT_TRUE(alloc.EndFreeGroup().ok());
+  EXPECT_EQ(alloc.live_tokens(), TokenCount(6));
+  for (TokenSlot kept : r->keep_slots) EXPECT_TRUE(alloc.IsLive(kept));
+  for (TokenSlot freed : r->free_slots) EXPECT_FALSE(alloc.IsLive(freed));
+}
+
+// A chain (top-k 1) whose every draft token is right: all accepted, the bonus after the last.
+TEST(GreedyAcceptTest, AChainAcceptedWhole) {
+  const std::vector<int32_t> parents = {-1, 0, 1, 2};
+  const std::vector<TokenLength> lens = {TokenLength(7)};
+  const VerifyTree tree = *BuildVerifyTreeFromParents(parents, lens, 4);
+  const std::vector<int32_t> draft = {5, 6, 7, 8};
+  const std::vector<int32_t> predict = {6, 7, 8, 9};
+  const std::vector<TokenSlot> slots = {TokenSlot(40), TokenSlot(41), TokenSlot(42), TokenSlot(43)};
+  auto r = AcceptGreedy(AcceptInputs{&tree, draft, predict, slots});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->accept_count, std::vector<int32_t>{3});
+  EXPECT_EQ(r->bonus_token, std::vector<int32_t>{9});
+  EXPECT_EQ(r->keep_slots, slots);
+  EXPECT_TRUE(r->free_slots.empty());
+}
+
+TEST(GreedyAcceptTest, WrongSizesAreRefused) {
+  const VerifyTree tree = GoldenTree();
+  const std::vector<int32_t> twelve(12, 0);
+  const std::vector<int32_t> eleven(11, 0);
+  const std::vector<TokenSlot> slots(12, TokenSlot(4));
+  EXPECT_EQ(AcceptGreedy(AcceptInputs{&tree, eleven, twelve, slots}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(AcceptGreedy(AcceptInputs{&tree, twelve, eleven, slots}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(AcceptGreedy(AcceptInputs{&tree, twelve, twelve, {}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(AcceptGreedy(AcceptInputs{nullptr, twelve, twelve, slots}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace attnmeta
