@@ -9,8 +9,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
-#include <memory>
-#include <new>
 #include <random>
 #include <sstream>
 #include <string>
@@ -20,29 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "attention/metadata/snapshot.h"
 #include "gtest/gtest.h"
-
-// Counting global operator new/delete: the peak of live heap bytes during the test.
-namespace {
-constexpr size_t kHeader = 16;  // keeps the returned pointer 16-byte aligned
-size_t live_bytes = 0;
-size_t peak_bytes = 0;
-}  // namespace
-
-void* operator new(size_t n) {
-  void* p = std::malloc(n + kHeader);
-  if (p == nullptr) throw std::bad_alloc();
-  *static_cast<size_t*>(p) = n;
-  live_bytes += n;
-  if (live_bytes > peak_bytes) peak_bytes = live_bytes;
-  return static_cast<char*>(p) + kHeader;
-}
-void operator delete(void* p) noexcept {
-  if (p == nullptr) return;
-  char* base = static_cast<char*>(p) - kHeader;
-  live_bytes -= *reinterpret_cast<size_t*>(base);
-  std::free(base);
-}
-void operator delete(void* p, size_t) noexcept { operator delete(p); }
+#include "tools/bench/heap_counter.h"
 
 namespace attnmeta {
 namespace {
@@ -148,18 +124,15 @@ TEST(SnapshotFuzzTest, EveryCorruptionIsAnErrorWithBoundedMemory) {
     ASSERT_TRUE(CheckSnapshot(*s).ok()) << path;
     good.push_back(*s);
   }
-  // Under a sanitizer its runtime owns operator new and the counter stays at 0: the memory
-  // bound is then checked by the plain build only.
-  const size_t probe_before = live_bytes;
-  std::unique_ptr<std::vector<char>> probe(new std::vector<char>(size_t{1} << 20));
-  const bool counting = live_bytes >= probe_before + (size_t{1} << 20);
-  probe.reset();
+  // Under a sanitizer its runtime owns operator new: the memory bound is then checked by the
+  // plain build only.
+  const bool counting = bench::HeapCounterIsLive();
   const uint64_t seed = Seed();
   std::mt19937_64 rng(seed);
   constexpr int kIterations = 3000;
-  constexpr size_t kMaxPeakBytes = size_t{64} << 20;
-  const size_t baseline = live_bytes;
-  peak_bytes = live_bytes;  // the peak of the loop below
+  constexpr int64_t kMaxPeakBytes = int64_t{64} << 20;
+  const int64_t baseline = bench::HeapLiveBytes();
+  bench::ResetHeapPeak();  // the peak of the loop below
   int corrupted = 0;
   for (int it = 0; it < kIterations; ++it) {
     const size_t f = static_cast<size_t>(rng() % good.size());
@@ -180,14 +153,15 @@ TEST(SnapshotFuzzTest, EveryCorruptionIsAnErrorWithBoundedMemory) {
                     << seed;
       break;
     }
-    ASSERT_TRUE(!counting || peak_bytes - baseline < kMaxPeakBytes)
-        << "memory grew to " << peak_bytes << " bytes on " << what << " (seed " << seed
+    ASSERT_TRUE(!counting || bench::HeapPeakBytes() - baseline < kMaxPeakBytes)
+        << "memory grew to " << bench::HeapPeakBytes() << " bytes on " << what << " (seed " << seed
         << ", iteration " << it << ")";
   }
   EXPECT_GT(corrupted, kIterations * 9 / 10);
   if (counting) {
-    std::printf("seed %llu: %d corruptions, all rejected; peak heap %zu bytes\n",
-                static_cast<unsigned long long>(seed), corrupted, peak_bytes - baseline);
+    std::printf("seed %llu: %d corruptions, all rejected; peak heap %lld bytes\n",
+                static_cast<unsigned long long>(seed), corrupted,
+                static_cast<long long>(bench::HeapPeakBytes() - baseline));
   } else {
     std::printf("seed %llu: %d corruptions, all rejected; heap not counted in this build\n",
                 static_cast<unsigned long long>(seed), corrupted);

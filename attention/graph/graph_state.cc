@@ -110,6 +110,9 @@ void GraphState::BuildViews() {
                                 Typed<int32_t>(buffer(gb::kSplitKvUnitIndptr)),
                                 Typed<SplitKvReduceItem>(buffer(gb::kSplitKvReduce))};
   views_ = v;
+  rows_buffer_ = buffer(gb::kReqRows);
+  kv_lens_buffer_ = buffer(gb::kKvLens);
+  q_lens_buffer_ = buffer(gb::kQLens);
   staged_rows_.assign(plan_.batch_capacity, kPaddedRow);
   staged_kv_lens_.assign(plan_.batch_capacity, kPaddedKvLen);
   staged_q_lens_.assign(plan_.batch_capacity, TokenLength(0));
@@ -298,7 +301,6 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
 
 absl::StatusOr<SplitKvPlanCounts> GraphState::Write(const CaptureHandle& h,
                                                     const ReplayBatch& batch) {
-  namespace gb = graph_buffer;
   const size_t bs = batch.req_rows.size();
   const size_t padded = static_cast<size_t>(h.bucket);
   std::copy(batch.req_rows.begin(), batch.req_rows.end(), staged_rows_.begin());
@@ -308,10 +310,10 @@ absl::StatusOr<SplitKvPlanCounts> GraphState::Write(const CaptureHandle& h,
   std::fill(staged_q_lens_.begin(), staged_q_lens_.begin() + bs, h.q_len_per_request);
   std::fill(staged_q_lens_.begin() + bs, staged_q_lens_.begin() + padded, TokenLength(0));
   const int64_t bytes = static_cast<int64_t>(padded * sizeof(int32_t));
-  for (auto [name, src] : {std::pair<absl::string_view, const void*>{gb::kReqRows, staged_rows_.data()},
-                           {gb::kKvLens, staged_kv_lens_.data()},
-                           {gb::kQLens, staged_q_lens_.data()}}) {
-    if (absl::Status s = memory_->CopyToDevice(buffer(name), 0, src, bytes); !s.ok()) return s;
+  for (auto [dst, src] : {std::pair<DeviceBuffer, const void*>{rows_buffer_, staged_rows_.data()},
+                          {kv_lens_buffer_, staged_kv_lens_.data()},
+                          {q_lens_buffer_, staged_q_lens_.data()}}) {
+    if (absl::Status s = memory_->CopyToDevice(dst, 0, src, bytes); !s.ok()) return s;
   }
   MetadataWriteRequest request;
   request.mode = h.mode;

@@ -164,6 +164,8 @@ class GraphState {
   std::vector<ReqPoolIndex> staged_rows_;
   std::vector<TokenLength> staged_kv_lens_;
   std::vector<TokenLength> staged_q_lens_;
+  // The device buffers the staged inputs are copied to, looked up once per (re)allocation.
+  DeviceBuffer rows_buffer_, kv_lens_buffer_, q_lens_buffer_;
 };
 
 }  // namespace attnmeta

@@ -75,16 +75,14 @@ absl::StatusOr<PlanShape> CheckPlanInputs(absl::Span<const TokenOffset> qo_indpt
   return PlanShape{chunk, total_chunks};
 }
 
-}  // namespace
-
-absl::StatusOr<SplitKvPlanCounts> PlanSplitKvInto(absl::Span<const TokenOffset> qo_indptr,
-                                                  absl::Span<const TokenOffset> kv_indptr,
-                                                  const SplitKvOptions& options,
-                                                  const SplitKvPlanSpans& out) {
-  absl::StatusOr<PlanShape> shape = CheckPlanInputs(qo_indptr, kv_indptr, options);
-  if (!shape.ok()) return shape.status();
-  const int64_t chunk = shape->chunk;
-  const int64_t total_chunks = shape->total_chunks;
+// The plan of inputs CheckPlanInputs accepted (their `shape`), written into `out` after its
+// capacity is checked.
+absl::StatusOr<SplitKvPlanCounts> WritePlan(absl::Span<const TokenOffset> qo_indptr,
+                                            absl::Span<const TokenOffset> kv_indptr,
+                                            const SplitKvOptions& options, const PlanShape& shape,
+                                            const SplitKvPlanSpans& out) {
+  const int64_t chunk = shape.chunk;
+  const int64_t total_chunks = shape.total_chunks;
   const int64_t bs = static_cast<int64_t>(qo_indptr.size()) - 1;
   const int64_t q_tile = options.q_tile.value();
   const int64_t units = options.num_units;
@@ -143,13 +141,23 @@ absl::StatusOr<SplitKvPlanCounts> PlanSplitKvInto(absl::Span<const TokenOffset> 
   return counts;
 }
 
+}  // namespace
+
+absl::StatusOr<SplitKvPlanCounts> PlanSplitKvInto(absl::Span<const TokenOffset> qo_indptr,
+                                                  absl::Span<const TokenOffset> kv_indptr,
+                                                  const SplitKvOptions& options,
+                                                  const SplitKvPlanSpans& out) {
+  absl::StatusOr<PlanShape> shape = CheckPlanInputs(qo_indptr, kv_indptr, options);
+  if (!shape.ok()) return shape.status();
+  return WritePlan(qo_indptr, kv_indptr, options, *shape, out);
+}
+
 absl::StatusOr<SplitKvPlan> PlanSplitKv(absl::Span<const TokenOffset> qo_indptr,
                                         absl::Span<const TokenOffset> kv_indptr,
                                         const SplitKvOptions& options) {
   // Checked first, so that nothing is allocated for inputs the planner refuses.
-  if (absl::Status s = CheckPlanInputs(qo_indptr, kv_indptr, options).status(); !s.ok()) {
-    return s;
-  }
+  absl::StatusOr<PlanShape> shape = CheckPlanInputs(qo_indptr, kv_indptr, options);
+  if (!shape.ok()) return shape.status();
   SplitKvPlan plan;
   plan.layout = options.layout;
   const SplitKvCapacity cap =
@@ -157,8 +165,8 @@ absl::StatusOr<SplitKvPlan> PlanSplitKv(absl::Span<const TokenOffset> qo_indptr,
   plan.work.resize(cap.work_items);
   plan.reduce.resize(cap.reduce_items);
   plan.unit_indptr.resize(options.num_units + 1);
-  absl::StatusOr<SplitKvPlanCounts> counts = PlanSplitKvInto(
-      qo_indptr, kv_indptr, options,
+  absl::StatusOr<SplitKvPlanCounts> counts = WritePlan(
+      qo_indptr, kv_indptr, options, *shape,
       SplitKvPlanSpans{absl::MakeSpan(plan.work), absl::MakeSpan(plan.unit_indptr),
                        absl::MakeSpan(plan.reduce)});
   if (!counts.ok()) return counts.status();
