@@ -157,6 +157,10 @@ absl::StatusOr<ForwardMetadata> BuildForwardMetadata(const ForwardBatch& batch,
   if (absl::Status s = CheckModeBatchSize(batch.mode, static_cast<int64_t>(bs)); !s.ok()) {
     return s;
   }
+  if (absl::Status s = CheckModeMask(batch.mode, options.mask_layout); !s.ok()) return s;
+  if (options.mask_layout == MaskLayout::kNone && !batch.tree_mask.empty()) {
+    return absl::InvalidArgumentError("a tree mask without a mask layout to build");
+  }
   for (size_t i = 0; i < bs; ++i) {
     if (absl::Status s = CheckModeSequence(batch.mode, static_cast<int64_t>(i),
                                            batch.q_lens[i].count(), batch.kv_lens[i].count());
@@ -199,6 +203,22 @@ absl::StatusOr<ForwardMetadata> BuildForwardMetadata(const ForwardBatch& batch,
                              PagesForTokensCeil(m.max_kv_len, page_size).value());
     if (absl::Status s =
             BuildPageTable(pool, batch.req_rows, batch.kv_lens, page_size, m.page_table.span());
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (options.mask_layout != MaskLayout::kNone) {
+    m.mask_layout = options.mask_layout;
+    m.mask_indptr.resize(bs + 1);
+    if (absl::Status s = BuildMaskIndptr(m.mask_layout, batch.q_lens, batch.kv_lens,
+                                         absl::MakeSpan(m.mask_indptr));
+        !s.ok()) {
+      return s;
+    }
+    m.custom_mask.resize(m.mask_indptr.back());
+    if (absl::Status s = BuildCustomMask(m.mask_layout, batch.tree_mask, batch.q_lens,
+                                         batch.kv_lens, m.mask_indptr,
+                                         absl::MakeSpan(m.custom_mask));
         !s.ok()) {
       return s;
     }

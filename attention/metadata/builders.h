@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "attention/metadata/custom_mask.h"
 #include "attention/metadata/forward_metadata.h"
 #include "attention/metadata/forward_mode.h"
 #include "attention/metadata/lengths.h"
@@ -61,6 +62,9 @@ struct ForwardBatch {
   absl::Span<const TokenLength> kv_lens;      // [bs] KV tokens incl. this step's new ones
   absl::Span<const TokenLength> q_lens;       // [bs] query rows (decode: 1 each)
   absl::Span<const TokenPosition> kv_start_idx; // [bs] or empty (all 0)
+  // Target-verify's tree (custom_mask.h): per sequence a [q_len][q_len] block of 0/1 bytes,
+  // row r's byte c set when query row r sees query row c; empty without a custom mask.
+  absl::Span<const uint8_t> tree_mask;
 };
 
 // What checked mode validates the metadata against: the KV pool and the query tensor the
@@ -74,13 +78,16 @@ struct MetadataCheck {
 struct BuildOptions {
   // Build the page table (for a page-level consumer); otherwise it is 0 x 0.
   bool page_table = true;
+  // The layout of the custom mask built from ForwardBatch::tree_mask; kNone: no mask.
+  MaskLayout mask_layout = MaskLayout::kNone;
   // Checked mode: when set, the result is validated (validator.h, slot ownership included)
   // before it is returned.
   std::optional<MetadataCheck> check;
 };
 
-// All the metadata of `batch`. Errors: those of the builders above, and InvalidArgument for a
-// batch its mode does not allow (mode_rules.h); in checked mode, the validator's error.
+// All the metadata of `batch`. Errors: those of the builders above and of BuildMaskIndptr /
+// BuildCustomMask, and InvalidArgument for a batch or mask layout its mode does not allow
+// (mode_rules.h) or a tree mask without a layout; in checked mode, the validator's error.
 absl::StatusOr<ForwardMetadata> BuildForwardMetadata(const ForwardBatch& batch,
                                                      const ReqToTokenPool& pool,
                                                      PageSize page_size,

@@ -252,7 +252,36 @@ TEST(ForwardModeTest, NamesRoundTripAndSpeculativeRules) {
   f.AddSequence(50, 4);
   // Draft-extend and target-verify: several query rows per request.
   EXPECT_TRUE(BuildForwardMetadata(f.Batch(ForwardMode::kDraftExtend), f.pool(), f.page_size()).ok());
-  EXPECT_TRUE(BuildForwardMetadata(f.Batch(ForwardMode::kTargetVerify), f.pool(), f.page_size()).ok());
+  // Target-verify reads its query rows through the tree mask, so it needs one.
+  EXPECT_EQ(BuildForwardMetadata(f.Batch(ForwardMode::kTargetVerify), f.pool(), f.page_size())
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<uint8_t> chains(2 * 4 * 4, 0);
+  for (int b = 0; b < 2; ++b) {
+    for (int r = 0; r < 4; ++r) {
+      for (int c = 0; c <= r; ++c) chains[(b * 4 + r) * 4 + c] = 1;
+    }
+  }
+  ForwardBatch verify = f.Batch(ForwardMode::kTargetVerify);
+  verify.tree_mask = chains;
+  BuildOptions with_mask;
+  with_mask.mask_layout = MaskLayout::kFull;
+  auto built = BuildForwardMetadata(verify, f.pool(), f.page_size(), with_mask);
+  ASSERT_TRUE(built.ok()) << built.status();
+  EXPECT_EQ(built->mask_indptr, (std::vector<int64_t>{0, 4 * 34, 4 * 34 + 4 * 54}));  // kv_len = cached + 4
+  // A mask in a mode that takes none, and a tree without a layout.
+  std::vector<TokenLength> one_row = {TokenLength(1), TokenLength(1)};
+  ForwardBatch decode = f.Batch(ForwardMode::kDecode);
+  decode.q_lens = one_row;
+  std::vector<uint8_t> single_rows = {1, 1};
+  decode.tree_mask = single_rows;
+  EXPECT_EQ(BuildForwardMetadata(decode, f.pool(), f.page_size(), with_mask).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ForwardBatch decode_with_tree = f.Batch(ForwardMode::kDraftExtend);
+  decode_with_tree.tree_mask = chains;
+  EXPECT_EQ(BuildForwardMetadata(decode_with_tree, f.pool(), f.page_size()).status().code(),
+            absl::StatusCode::kInvalidArgument);
   // Draft-decode: one query row per branch.
   EXPECT_EQ(BuildForwardMetadata(f.Batch(ForwardMode::kDraftDecode), f.pool(), f.page_size())
                 .status()

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "attention/metadata/custom_mask.h"
 #include "attention/metadata/forward_mode.h"
 #include "attention/metadata/page_table.h"
 #include "kvcache/units.h"
@@ -37,6 +38,8 @@ struct ForwardMetadataView {
   PageTableSpan<const PageId> page_table;
   TokenCount max_q_len;   // max over i of q_len_i (0 for bs == 0)
   TokenCount max_kv_len;  // max over i of kv_lens[i] (0 for bs == 0)
+  // The tree mask of target-verify (custom_mask.h); layout kNone (causal) otherwise.
+  CustomMaskView custom_mask;
 
   int64_t batch_size() const { return static_cast<int64_t>(kv_lens.size()); }
 };
@@ -51,6 +54,9 @@ struct ForwardMetadata {
   PageTable page_table;                     // [bs][max_pages_per_seq] or 0 x 0
   TokenCount max_q_len;
   TokenCount max_kv_len;
+  MaskLayout mask_layout = MaskLayout::kNone;
+  std::vector<uint8_t> custom_mask;         // [mask_indptr[bs]] or empty
+  std::vector<int64_t> mask_indptr;         // [bs + 1] or empty (layout kNone)
 
   ForwardMetadataView view() const {
     ForwardMetadataView v;
@@ -63,6 +69,7 @@ struct ForwardMetadata {
     v.page_table = page_table.span();
     v.max_q_len = max_q_len;
     v.max_kv_len = max_kv_len;
+    v.custom_mask = CustomMaskView{mask_layout, custom_mask, mask_indptr};
     return v;
   }
 };

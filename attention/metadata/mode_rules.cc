@@ -33,4 +33,17 @@ absl::Status CheckModeSequence(ForwardMode mode, int64_t i, TokenCount q_len, To
   return absl::OkStatus();
 }
 
+absl::Status CheckModeMask(ForwardMode mode, MaskLayout layout) {
+  if (mode == ForwardMode::kTargetVerify && layout == MaskLayout::kNone) {
+    return absl::InvalidArgumentError("target_verify needs a custom mask (the draft tree)");
+  }
+  if ((mode == ForwardMode::kDecode || mode == ForwardMode::kDraftDecode ||
+       mode == ForwardMode::kIdle) &&
+      layout != MaskLayout::kNone) {
+    return absl::InvalidArgumentError(absl::StrCat(ForwardModeName(mode), " takes no custom mask, got ",
+                                                   MaskLayoutName(layout)));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace attnmeta

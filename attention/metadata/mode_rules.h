@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "attention/metadata/custom_mask.h"
 #include "attention/metadata/forward_mode.h"
 #include "kvcache/units.h"
 
@@ -21,6 +22,12 @@ absl::Status CheckModeBatchSize(ForwardMode mode, int64_t batch_size);
 // and draft-decode (one row per branch): q_len == 1; extend, mixed, draft-extend and
 // target-verify: q_len >= 1.
 absl::Status CheckModeSequence(ForwardMode mode, int64_t i, TokenCount q_len, TokenCount kv_len);
+
+// InvalidArgument unless `mode` allows a custom mask of `layout`: target-verify needs one (a
+// tree of query rows read causally attends to the wrong tokens); decode, draft-decode and
+// idle have one query row per sequence or none and take none; extend, mixed and draft-extend
+// take either.
+absl::Status CheckModeMask(ForwardMode mode, MaskLayout layout);
 
 }  // namespace attnmeta
 

@@ -21,52 +21,67 @@ absl::Status CheckDims(const AttentionDims& d) {
 }
 
 // Rows [first_row, first_row + n_rows) of a sequence with q_len query rows and kv_len KV
-// tokens, over KV positions [kv_begin, kv_end) cut at each row's causal limit. kv_at(t)
-// returns the offset of position t's row in the K and V arrays. Writes normalized output and,
-// if lse is not null, the log-sum-exp (-inf for a row that sees no position of the range).
-template <typename KvAt>
+// tokens, over KV positions [kv_begin, kv_end), each row attending to the positions
+// visible(row, t) admits (row counted within the sequence). kv_at(t) returns the offset of
+// position t's row in the K and V arrays. Writes normalized output and, if lse is not null,
+// the log-sum-exp (-inf, and output 0, for a row that sees no position of the range).
+template <typename KvAt, typename Visible>
 void AttendRange(const AttentionDims& d, const float* q, int64_t first_row, int64_t n_rows,
-                 int64_t q_len, int64_t kv_len, int64_t kv_begin, int64_t kv_end,
-                 const float* k, const float* v, KvAt kv_at, float* out, float* lse) {
+                 int64_t kv_begin, int64_t kv_end, const float* k, const float* v, KvAt kv_at,
+                 Visible visible, float* out, float* lse) {
   const int64_t hd = d.head_dim;
   const int64_t group = d.num_q_heads / d.num_kv_heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  std::vector<int64_t> seen;
   std::vector<double> scores;
   std::vector<double> acc(hd);
   for (int64_t r = 0; r < n_rows; ++r) {
-    const int64_t pos = kv_len - q_len + first_row + r;
-    const int64_t end = std::min(kv_end, pos + 1);
+    seen.clear();
+    for (int64_t t = kv_begin; t < kv_end; ++t) {
+      if (visible(first_row + r, t)) seen.push_back(t);
+    }
     for (int64_t h = 0; h < d.num_q_heads; ++h) {
       const float* qv = q + (r * d.num_q_heads + h) * hd;
       const int64_t kvh = h / group;
       float* o = out + (r * d.num_q_heads + h) * hd;
-      if (end <= kv_begin) {
+      if (seen.empty()) {
         std::fill(o, o + hd, 0.0f);
         if (lse != nullptr) lse[r * d.num_q_heads + h] = -std::numeric_limits<float>::infinity();
         continue;
       }
-      scores.assign(end - kv_begin, 0.0);
+      scores.assign(seen.size(), 0.0);
       double m = -std::numeric_limits<double>::infinity();
-      for (int64_t t = kv_begin; t < end; ++t) {
-        const float* kr = k + kv_at(t) + kvh * hd;
+      for (size_t j = 0; j < seen.size(); ++j) {
+        const float* kr = k + kv_at(seen[j]) + kvh * hd;
         double s = 0;
         for (int64_t x = 0; x < hd; ++x) s += static_cast<double>(qv[x]) * kr[x];
         s *= scale;
-        scores[t - kv_begin] = s;
+        scores[j] = s;
         m = std::max(m, s);
       }
       std::fill(acc.begin(), acc.end(), 0.0);
       double sum = 0;
-      for (int64_t t = kv_begin; t < end; ++t) {
-        const double p = std::exp(scores[t - kv_begin] - m);
+      for (size_t j = 0; j < seen.size(); ++j) {
+        const double p = std::exp(scores[j] - m);
         sum += p;
-        const float* vr = v + kv_at(t) + kvh * hd;
+        const float* vr = v + kv_at(seen[j]) + kvh * hd;
         for (int64_t x = 0; x < hd; ++x) acc[x] += p * vr[x];
       }
       for (int64_t x = 0; x < hd; ++x) o[x] = static_cast<float>(acc[x] / sum);
       if (lse != nullptr) lse[r * d.num_q_heads + h] = static_cast<float>(m + std::log(sum));
     }
   }
+}
+
+// What row r of sequence i sees: its custom mask, or causal with prefix without one.
+// REQUIRES: the metadata validated.
+auto SequenceVisibility(const ForwardMetadataView& m, int64_t i) {
+  const int64_t q_len = (m.qo_indptr[i + 1] - m.qo_indptr[i]).value();
+  const int64_t kv_len = m.kv_lens[i].value();
+  const int32_t word_bytes = MaskWordBytes(m.max_q_len);
+  return [&m, i, q_len, kv_len, word_bytes](int64_t r, int64_t t) {
+    return MaskSees(m.custom_mask, i, q_len, kv_len, word_bytes, r, t);
+  };
 }
 
 // Checks shapes and validates the metadata against the pool the K/V arrays describe.
@@ -100,8 +115,9 @@ void AttendAll(const ReferenceAttentionInputs& in, const float* k, const float* 
     const int64_t q0 = m.qo_indptr[i].value();
     const int64_t q_len = (m.qo_indptr[i + 1] - m.qo_indptr[i]).value();
     const int64_t kv_len = m.kv_lens[i].value();
-    AttendRange(in.dims, in.q.data() + q0 * q_row, 0, q_len, q_len, kv_len, 0, kv_len, k, v,
-                [&](int64_t t) { return kv_at(i, t); }, out.data() + q0 * q_row, nullptr);
+    AttendRange(in.dims, in.q.data() + q0 * q_row, 0, q_len, 0, kv_len, k, v,
+                [&](int64_t t) { return kv_at(i, t); }, SequenceVisibility(m, i),
+                out.data() + q0 * q_row, nullptr);
   }
 }
 
@@ -221,8 +237,8 @@ absl::Status RunSplitPlan(const ReferenceAttentionInputs& in, const SplitKvPlan&
       lse = partial_lse[w.partial_slot].data();
     }
     AttendRange(in.dims, in.q.data() + w.q_begin.value() * q_row, w.q_begin.value() - q0, rows,
-                q_len, kv_len, w.kv_begin.value(), w.kv_end.value(), k, v,
-                [&](int64_t t) { return kv_at(i, t); }, dst, lse);
+                w.kv_begin.value(), w.kv_end.value(), k, v,
+                [&](int64_t t) { return kv_at(i, t); }, SequenceVisibility(m, i), dst, lse);
   }
   for (const SplitKvReduceItem& red : plan.reduce) {
     const int64_t rows = (red.q_end - red.q_begin).value();
@@ -297,9 +313,11 @@ absl::Status ReferenceAttentionGatheredSplitKv(const ReferenceAttentionInputs& i
       [&](int64_t i, int64_t t) { return (gather.cu_k[i].value() + t) * kv_row; }, out);
 }
 
-absl::Status DenseAttention(const AttentionDims& dims, absl::Span<const float> q,
-                            absl::Span<const float> k, absl::Span<const float> v,
-                            absl::Span<float> out) {
+namespace {
+
+absl::Status CheckDenseShapes(const AttentionDims& dims, absl::Span<const float> q,
+                              absl::Span<const float> k, absl::Span<const float> v,
+                              absl::Span<float> out, int64_t* q_len, int64_t* kv_len) {
   if (absl::Status s = CheckDims(dims); !s.ok()) return s;
   const int64_t q_row = int64_t{dims.num_q_heads} * dims.head_dim;
   const int64_t kv_row = int64_t{dims.num_kv_heads} * dims.head_dim;
@@ -307,11 +325,40 @@ absl::Status DenseAttention(const AttentionDims& dims, absl::Span<const float> q
       k.size() % kv_row != 0) {
     return absl::InvalidArgumentError("dense attention: shapes disagree");
   }
-  const int64_t q_len = static_cast<int64_t>(q.size()) / q_row;
-  const int64_t kv_len = static_cast<int64_t>(k.size()) / kv_row;
-  if (q_len > kv_len) return absl::InvalidArgumentError("dense attention: q_len > kv_len");
-  AttendRange(dims, q.data(), 0, q_len, q_len, kv_len, 0, kv_len, k.data(), v.data(),
-              [&](int64_t t) { return t * kv_row; }, out.data(), nullptr);
+  *q_len = static_cast<int64_t>(q.size()) / q_row;
+  *kv_len = static_cast<int64_t>(k.size()) / kv_row;
+  if (*q_len > *kv_len) return absl::InvalidArgumentError("dense attention: q_len > kv_len");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DenseAttention(const AttentionDims& dims, absl::Span<const float> q,
+                            absl::Span<const float> k, absl::Span<const float> v,
+                            absl::Span<float> out) {
+  int64_t q_len = 0, kv_len = 0;
+  if (absl::Status s = CheckDenseShapes(dims, q, k, v, out, &q_len, &kv_len); !s.ok()) return s;
+  const int64_t kv_row = int64_t{dims.num_kv_heads} * dims.head_dim;
+  AttendRange(dims, q.data(), 0, q_len, 0, kv_len, k.data(), v.data(),
+              [&](int64_t t) { return t * kv_row; },
+              [&](int64_t r, int64_t t) { return t <= kv_len - q_len + r; }, out.data(), nullptr);
+  return absl::OkStatus();
+}
+
+absl::Status DenseMaskedAttention(const AttentionDims& dims, absl::Span<const float> q,
+                                  absl::Span<const float> k, absl::Span<const float> v,
+                                  absl::Span<const uint8_t> sees, absl::Span<float> out) {
+  int64_t q_len = 0, kv_len = 0;
+  if (absl::Status s = CheckDenseShapes(dims, q, k, v, out, &q_len, &kv_len); !s.ok()) return s;
+  if (static_cast<int64_t>(sees.size()) != q_len * kv_len) {
+    return absl::InvalidArgumentError(absl::StrCat("dense masked attention: mask of ", sees.size(),
+                                                   " bytes, want ", q_len, " x ", kv_len));
+  }
+  const int64_t kv_row = int64_t{dims.num_kv_heads} * dims.head_dim;
+  AttendRange(dims, q.data(), 0, q_len, 0, kv_len, k.data(), v.data(),
+              [&](int64_t t) { return t * kv_row; },
+              [&](int64_t r, int64_t t) { return sees[r * kv_len + t] != 0; }, out.data(),
+              nullptr);
   return absl::OkStatus();
 }
 

@@ -1,6 +1,7 @@
 // CPU reference attention: the project's oracle for metadata. float32 inputs, double
 // accumulation, GQA, causal with prefix (query row r of a sequence with q_len rows and
-// kv_len KV tokens sits at position kv_len - q_len + r and sees positions [0, that]).
+// kv_len KV tokens sits at position kv_len - q_len + r and sees positions [0, that]), or, when
+// the metadata carries a custom mask (target-verify's tree), the positions the mask admits.
 //
 // The same attention is computed four ways, each reading the K/V pool only through one kind
 // of metadata: token-level kv_indices, the page table, the context-prefill gather's linear
@@ -65,6 +66,11 @@ absl::Status ReferenceAttentionGatheredSplitKv(const ReferenceAttentionInputs& i
 absl::Status DenseAttention(const AttentionDims& dims, absl::Span<const float> q,
                             absl::Span<const float> k, absl::Span<const float> v,
                             absl::Span<float> out);
+// The same with an explicit mask: sees [q_len][kv_len], row r attends to position t when
+// sees[r * kv_len + t] != 0 (a row that sees nothing gets 0).
+absl::Status DenseMaskedAttention(const AttentionDims& dims, absl::Span<const float> q,
+                                  absl::Span<const float> k, absl::Span<const float> v,
+                                  absl::Span<const uint8_t> sees, absl::Span<float> out);
 
 }  // namespace attnmeta
 

@@ -8,6 +8,7 @@
 
 #include "absl/base/attributes.h"
 #include "absl/strings/str_cat.h"
+#include "attention/metadata/custom_mask.h"
 #include "attention/metadata/internal/indptr.h"
 #include "attention/metadata/internal/slot_range.h"
 #include "attention/metadata/lengths.h"
@@ -315,10 +316,74 @@ absl::Status ValidateLayout(const ForwardMetadataView& m, const ValidationContex
   return absl::OkStatus();
 }
 
+// The custom mask: allowed by the mode, mask_indptr the batch's for its layout, the mask
+// long enough, 0/1 bytes, and every row seeing its own position (a row that sees nothing
+// has no softmax).
+// REQUIRES: ValidateLayout passed.
+absl::Status CheckCustomMask(const ForwardMetadataView& m) {
+  const CustomMaskView& mask = m.custom_mask;
+  if (absl::Status s = CheckModeMask(m.mode, mask.layout); !s.ok()) {
+    return Invalid("custom_mask", s.message());
+  }
+  const int64_t bs = m.batch_size();
+  if (mask.layout == MaskLayout::kNone) {
+    if (!mask.mask.empty() || !mask.mask_indptr.empty()) {
+      return Invalid("custom_mask", "layout none with mask bytes or a mask_indptr");
+    }
+    return absl::OkStatus();
+  }
+  const int32_t word_bytes = MaskWordBytes(m.max_q_len);
+  if (mask.layout == MaskLayout::kBitPacked && word_bytes == 0) {
+    return Invalid("custom_mask", absl::StrCat("bit-packed rows hold at most ", kMaxBitPackedRows,
+                                               " query rows, max_q_len is ", m.max_q_len.value()));
+  }
+  if (static_cast<int64_t>(mask.mask_indptr.size()) != bs + 1 || mask.mask_indptr[0] != 0) {
+    return Invalid("mask_indptr", absl::StrCat("has ", mask.mask_indptr.size(),
+                                               " entries, want batch_size + 1 = ", bs + 1,
+                                               " starting at 0"));
+  }
+  for (int64_t i = 0; i < bs; ++i) {
+    const int64_t q_len = (m.qo_indptr[i + 1] - m.qo_indptr[i]).value();
+    const int64_t kv_len = m.kv_lens[i].value();
+    const int64_t want = MaskBlockBytes(mask.layout, q_len, kv_len, word_bytes);
+    const int64_t step = mask.mask_indptr[i + 1] - mask.mask_indptr[i];
+    if (step != want) {
+      return Invalid("mask_indptr", absl::StrCat("step ", i, " = ", step, ", the ",
+                                                 MaskLayoutName(mask.layout), " block of q_len ",
+                                                 q_len, " over kv_len ", kv_len, " is ", want,
+                                                 " bytes"));
+    }
+  }
+  if (static_cast<int64_t>(mask.mask.size()) < mask.mask_indptr[bs]) {
+    return Invalid("custom_mask", absl::StrCat("holds ", mask.mask.size(),
+                                               " bytes, mask_indptr[bs] = ", mask.mask_indptr[bs]));
+  }
+  if (mask.layout != MaskLayout::kBitPacked) {
+    for (int64_t k = 0; k < mask.mask_indptr[bs]; ++k) {
+      if (mask.mask[k] > 1) {
+        return Invalid("custom_mask", absl::StrCat("byte ", k, " = ", mask.mask[k], ", want 0 or 1"));
+      }
+    }
+  }
+  for (int64_t i = 0; i < bs; ++i) {
+    const int64_t q_len = (m.qo_indptr[i + 1] - m.qo_indptr[i]).value();
+    const int64_t kv_len = m.kv_lens[i].value();
+    for (int64_t r = 0; r < q_len; ++r) {
+      if (!MaskSees(mask, i, q_len, kv_len, word_bytes, r, kv_len - q_len + r)) {
+        return Invalid("custom_mask", absl::StrCat("row ", r, " of sequence ", i,
+                                                   " does not see its own position ",
+                                                   kv_len - q_len + r));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateForwardMetadata(const ForwardMetadataView& m, const ValidationContext& ctx) {
   if (absl::Status s = ValidateLayout(m, ctx); !s.ok()) return s;
+  if (absl::Status s = CheckCustomMask(m); !s.ok()) return s;
   return ctx.check_slot_ownership ? CheckSlotOwnership(m, ctx.pool_slots.value())
                                   : absl::OkStatus();
 }

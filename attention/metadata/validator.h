@@ -35,7 +35,10 @@ struct ValidationContext {
 // q_len/kv_len allowed by the mode; max_q_len and max_kv_len equal to the real maxima;
 // kv_last_page_len; every slot of kv_indices[0, kv_indptr[bs]) inside the pool (and outside
 // the padding page unless allowed); the page table (when present) wide enough, its pages in
-// the pool, consistent with kv_indices token by token, and padded past each sequence's pages.
+// the pool, consistent with kv_indices token by token, and padded past each sequence's pages;
+// the custom mask (custom_mask.h): the mode allows its layout (target-verify needs one),
+// mask_indptr [bs + 1] with the layout's block sizes, the mask at least mask_indptr[bs] bytes
+// of 0/1 (FULL, QLEN_ONLY), every query row seeing its own position.
 // With check_slot_ownership: no written slot is shared (the message names both users).
 // Its cost is linear in bs + kv_indptr[bs] + page table entries (plus the ownership check's
 // sort of the qo_indptr[bs] written slots).

@@ -240,3 +240,75 @@ TEST(ValidatorOwnershipTest, SharedPrefixesAreFine) {
 
 }  // namespace
 }  // namespace attnmeta
+
+namespace attnmeta {
+namespace {
+
+// Target-verify over three sequences of 5, 20 and 2 query rows; the tree rows of each
+// are a chain (row r sees rows 0..r), so the FULL mask is causal and every rule below is isolated.
+class MaskValidatorTest : public ValidatorTest {
+ protected:
+  void SetUp() override {
+    ValidatorTest::SetUp();
+    for (TokenLength q : f_.q_lens()) {
+      for (int r = 0; r < q.value(); ++r) {
+        for (int c = 0; c < q.value(); ++c) tree_.push_back(c <= r ? 1 : 0);
+      }
+    }
+  }
+  ForwardMetadata Verify(MaskLayout layout) {
+    ForwardBatch b = f_.Batch(ForwardMode::kTargetVerify);
+    b.tree_mask = tree_;
+    BuildOptions o;
+    o.mask_layout = layout;
+    auto m = BuildForwardMetadata(b, f_.pool(), f_.page_size(), o);
+    EXPECT_TRUE(m.ok()) << m.status();
+    return *std::move(m);
+  }
+  std::vector<uint8_t> tree_;
+};
+
+TEST_F(MaskValidatorTest, NamesEachBrokenMaskInvariant) {
+  ForwardMetadata full = Verify(MaskLayout::kFull);
+  ASSERT_TRUE(Validate(full).ok()) << Validate(full);
+  auto expect = [&](ForwardMetadata m, const std::string& array,
+                    const std::function<void(ForwardMetadata&)>& corrupt) {
+    corrupt(m);
+    const absl::Status s = Validate(m);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << array;
+    EXPECT_EQ(std::string(s.message()).rfind(array + ":", 0), 0u) << s.message();
+  };
+  // Target-verify without its mask; a mask where the mode takes none.
+  expect(full, "custom_mask", [](ForwardMetadata& m) {
+    m.mask_layout = MaskLayout::kNone;
+    m.custom_mask.clear();
+    m.mask_indptr.clear();
+  });
+  expect(full, "custom_mask", [](ForwardMetadata& m) {
+    m.mode = ForwardMode::kExtend;
+    m.mask_layout = MaskLayout::kNone;
+  });
+  // mask_indptr: size, start, a step that is not the layout's block.
+  expect(full, "mask_indptr", [](ForwardMetadata& m) { m.mask_indptr.pop_back(); });
+  expect(full, "mask_indptr", [](ForwardMetadata& m) { m.mask_indptr[0] = 1; });
+  expect(full, "mask_indptr", [](ForwardMetadata& m) { m.mask_indptr[1] -= 1; });
+  expect(full, "mask_indptr", [](ForwardMetadata& m) { m.mask_layout = MaskLayout::kQLenOnly; });
+  // The mask: too short, a byte that is not 0/1, a row that does not see itself.
+  expect(full, "custom_mask", [](ForwardMetadata& m) { m.custom_mask.pop_back(); });
+  expect(full, "custom_mask", [](ForwardMetadata& m) { m.custom_mask[3] = 2; });
+  expect(full, "custom_mask", [&](ForwardMetadata& m) {
+    // Sequence 1 (q_len 20, kv_len 20): row 7 at position 7.
+    m.custom_mask[m.mask_indptr[1] + 7 * 20 + 7] = 0;
+  });
+  ForwardMetadata bits = Verify(MaskLayout::kBitPacked);
+  ASSERT_TRUE(Validate(bits).ok()) << Validate(bits);
+  expect(bits, "custom_mask", [](ForwardMetadata& m) {
+    // Sequence 0 has 5 rows of 4-byte words (max_q_len 20): clear row 4's own bit.
+    m.custom_mask[4 * 4] &= static_cast<uint8_t>(~(1u << 4));
+  });
+  ForwardMetadata qlen = Verify(MaskLayout::kQLenOnly);
+  EXPECT_TRUE(Validate(qlen).ok()) << Validate(qlen);
+}
+
+}  // namespace
+}  // namespace attnmeta

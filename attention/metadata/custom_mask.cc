@@ -1,0 +1,161 @@
+#include "attention/metadata/custom_mask.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace attnmeta {
+
+absl::string_view MaskLayoutName(MaskLayout layout) {
+  switch (layout) {
+    case MaskLayout::kNone:
+      return "none";
+    case MaskLayout::kFull:
+      return "full";
+    case MaskLayout::kQLenOnly:
+      return "qlen_only";
+    case MaskLayout::kBitPacked:
+      return "bit_packed";
+  }
+  return "unknown";
+}
+
+int32_t MaskWordBytes(TokenCount max_q_len) {
+  if (max_q_len.value() <= 8) return 1;
+  if (max_q_len.value() <= 16) return 2;
+  if (max_q_len.value() <= kMaxBitPackedRows) return 4;
+  return 0;
+}
+
+int64_t MaskBlockBytes(MaskLayout layout, int64_t q_len, int64_t kv_len, int32_t word_bytes) {
+  switch (layout) {
+    case MaskLayout::kNone:
+      return 0;
+    case MaskLayout::kFull:
+      return q_len * kv_len;
+    case MaskLayout::kQLenOnly:
+      return q_len * q_len;
+    case MaskLayout::kBitPacked:
+      return q_len * word_bytes;
+  }
+  return 0;
+}
+
+namespace {
+
+// The shared checks of the two builders; sets *word_bytes.
+absl::Status CheckBatch(MaskLayout layout, absl::Span<const TokenLength> q_lens,
+                        absl::Span<const TokenLength> kv_lens, int32_t* word_bytes) {
+  if (layout == MaskLayout::kNone) {
+    return absl::InvalidArgumentError("custom mask: layout none has no mask to build");
+  }
+  if (q_lens.size() != kv_lens.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("custom mask: ", q_lens.size(), " q_lens but ",
+                                                   kv_lens.size(), " kv_lens"));
+  }
+  TokenCount max_q;
+  for (size_t i = 0; i < q_lens.size(); ++i) {
+    if (q_lens[i].value() < 0 || q_lens[i] > kv_lens[i]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("custom mask: sequence ", i, " has q_len ", q_lens[i].value(),
+                       " and kv_len ", kv_lens[i].value(), " (want 0 <= q_len <= kv_len)"));
+    }
+    max_q = std::max(max_q, q_lens[i].count());
+  }
+  *word_bytes = MaskWordBytes(max_q);
+  if (layout == MaskLayout::kBitPacked && *word_bytes == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("custom mask: a bit-packed row holds at most ",
+                                                   kMaxBitPackedRows, " query rows, max_q_len is ",
+                                                   max_q.value()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status BuildMaskIndptr(MaskLayout layout, absl::Span<const TokenLength> q_lens,
+                             absl::Span<const TokenLength> kv_lens, absl::Span<int64_t> out) {
+  int32_t word_bytes = 0;
+  if (absl::Status s = CheckBatch(layout, q_lens, kv_lens, &word_bytes); !s.ok()) return s;
+  if (out.size() != q_lens.size() + 1) {
+    return absl::InvalidArgumentError(absl::StrCat("mask_indptr: has ", out.size(),
+                                                   " entries, want batch_size + 1 = ",
+                                                   q_lens.size() + 1));
+  }
+  out[0] = 0;
+  for (size_t i = 0; i < q_lens.size(); ++i) {
+    out[i + 1] = out[i] + MaskBlockBytes(layout, q_lens[i].value(), kv_lens[i].value(), word_bytes);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BuildCustomMask(MaskLayout layout, absl::Span<const uint8_t> tree_rows,
+                             absl::Span<const TokenLength> q_lens,
+                             absl::Span<const TokenLength> kv_lens,
+                             absl::Span<const int64_t> mask_indptr, absl::Span<uint8_t> out) {
+  int32_t word_bytes = 0;
+  if (absl::Status s = CheckBatch(layout, q_lens, kv_lens, &word_bytes); !s.ok()) return s;
+  const size_t bs = q_lens.size();
+  int64_t tree_bytes = 0;
+  for (TokenLength q : q_lens) tree_bytes += int64_t{q.value()} * q.value();
+  if (static_cast<int64_t>(tree_rows.size()) != tree_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("custom mask: tree rows hold ",
+                                                   tree_rows.size(), " bytes, the batch's q_lens need ",
+                                                   tree_bytes));
+  }
+  for (size_t k = 0; k < tree_rows.size(); ++k) {
+    if (tree_rows[k] > 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("custom mask: tree row byte ", k, " = ", tree_rows[k], ", want 0 or 1"));
+    }
+  }
+  if (mask_indptr.size() != bs + 1 || mask_indptr[0] != 0) {
+    return absl::InvalidArgumentError("custom mask: mask_indptr is not the batch's");
+  }
+  for (size_t i = 0; i < bs; ++i) {
+    if (mask_indptr[i + 1] - mask_indptr[i] !=
+        MaskBlockBytes(layout, q_lens[i].value(), kv_lens[i].value(), word_bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat("custom mask: mask_indptr step ", i,
+                                                     " disagrees with the ", MaskLayoutName(layout),
+                                                     " layout"));
+    }
+  }
+  if (static_cast<int64_t>(out.size()) < mask_indptr[bs]) {
+    return absl::InvalidArgumentError(absl::StrCat("custom mask: out holds ", out.size(),
+                                                   " bytes, the mask needs ", mask_indptr[bs]));
+  }
+  const uint8_t* tree = tree_rows.data();
+  for (size_t i = 0; i < bs; ++i) {
+    const int64_t q = q_lens[i].value();
+    const int64_t kv = kv_lens[i].value();
+    uint8_t* block = out.data() + mask_indptr[i];
+    for (int64_t r = 0; r < q; ++r) {
+      const uint8_t* sees = tree + r * q;
+      switch (layout) {
+        case MaskLayout::kFull: {
+          uint8_t* row = block + r * kv;
+          std::fill(row, row + (kv - q), uint8_t{1});
+          std::copy(sees, sees + q, row + (kv - q));
+          break;
+        }
+        case MaskLayout::kQLenOnly:
+          std::copy(sees, sees + q, block + r * q);
+          break;
+        case MaskLayout::kBitPacked: {
+          uint32_t word = 0;
+          for (int64_t c = 0; c < q; ++c) word |= uint32_t{sees[c]} << c;
+          for (int32_t b = 0; b < word_bytes; ++b) {
+            block[r * word_bytes + b] = static_cast<uint8_t>(word >> (8 * b));
+          }
+          break;
+        }
+        case MaskLayout::kNone:
+          break;
+      }
+    }
+    tree += q * q;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace attnmeta

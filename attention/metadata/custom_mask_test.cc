@@ -1,0 +1,138 @@
+#include "attention/metadata/custom_mask.h"
+
+#include <cstdint>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace attnmeta {
+namespace {
+
+// Two sequences: 3 query rows over 5 KV tokens (prefix 2), then 2 rows over 2 (no prefix).
+// Tree of the first: row 0 the root, rows 1 and 2 its children; of the second: a chain.
+class TwoTrees : public ::testing::Test {
+ protected:
+  std::vector<TokenLength> q_lens = {TokenLength(3), TokenLength(2)};
+  std::vector<TokenLength> kv_lens = {TokenLength(5), TokenLength(2)};
+  std::vector<uint8_t> tree = {1, 0, 0,  //
+                               1, 1, 0,  //
+                               1, 0, 1,  //
+                               1, 0,     //
+                               1, 1};
+
+  std::vector<int64_t> Indptr(MaskLayout layout) {
+    std::vector<int64_t> indptr(3);
+    EXPECT_TRUE(BuildMaskIndptr(layout, q_lens, kv_lens, absl::MakeSpan(indptr)).ok());
+    return indptr;
+  }
+};
+
+TEST_F(TwoTrees, FullLayoutHasPrefixColumnsAndTreeRows) {
+  std::vector<int64_t> indptr = Indptr(MaskLayout::kFull);
+  EXPECT_EQ(indptr, (std::vector<int64_t>{0, 15, 19}));
+  std::vector<uint8_t> out(21, 7);
+  ASSERT_TRUE(BuildCustomMask(MaskLayout::kFull, tree, q_lens, kv_lens, indptr,
+                              absl::MakeSpan(out))
+                  .ok());
+  EXPECT_EQ(out, (std::vector<uint8_t>{1, 1, 1, 0, 0,  //
+                                       1, 1, 1, 1, 0,  //
+                                       1, 1, 1, 0, 1,  //
+                                       1, 0,           //
+                                       1, 1,           //
+                                       7, 7}));        // past mask_indptr[bs]: untouched
+  CustomMaskView view{MaskLayout::kFull, out, indptr};
+  EXPECT_TRUE(MaskSees(view, 0, 3, 5, 1, 2, 1));   // prefix
+  EXPECT_FALSE(MaskSees(view, 0, 3, 5, 1, 2, 3));  // sibling
+  EXPECT_TRUE(MaskSees(view, 1, 2, 2, 1, 1, 0));
+}
+
+TEST_F(TwoTrees, QLenOnlyAndBitPackedAgreeWithFull) {
+  std::vector<int64_t> full_indptr = Indptr(MaskLayout::kFull);
+  std::vector<uint8_t> full(full_indptr.back());
+  ASSERT_TRUE(BuildCustomMask(MaskLayout::kFull, tree, q_lens, kv_lens, full_indptr,
+                              absl::MakeSpan(full))
+                  .ok());
+  std::vector<int64_t> qlen_indptr = Indptr(MaskLayout::kQLenOnly);
+  EXPECT_EQ(qlen_indptr, (std::vector<int64_t>{0, 9, 13}));
+  std::vector<uint8_t> qlen(qlen_indptr.back());
+  ASSERT_TRUE(BuildCustomMask(MaskLayout::kQLenOnly, tree, q_lens, kv_lens, qlen_indptr,
+                              absl::MakeSpan(qlen))
+                  .ok());
+  EXPECT_EQ(qlen, tree);
+  std::vector<int64_t> bit_indptr = Indptr(MaskLayout::kBitPacked);
+  EXPECT_EQ(bit_indptr, (std::vector<int64_t>{0, 3, 5}));
+  std::vector<uint8_t> bits(bit_indptr.back());
+  ASSERT_TRUE(BuildCustomMask(MaskLayout::kBitPacked, tree, q_lens, kv_lens, bit_indptr,
+                              absl::MakeSpan(bits))
+                  .ok());
+  EXPECT_EQ(bits, (std::vector<uint8_t>{0b001, 0b011, 0b101, 0b01, 0b11}));
+  const CustomMaskView views[] = {{MaskLayout::kFull, full, full_indptr},
+                                  {MaskLayout::kQLenOnly, qlen, qlen_indptr},
+                                  {MaskLayout::kBitPacked, bits, bit_indptr}};
+  for (int i = 0; i < 2; ++i) {
+    const int64_t q = q_lens[i].value(), kv = kv_lens[i].value();
+    for (int64_t r = 0; r < q; ++r) {
+      for (int64_t c = 0; c < kv; ++c) {
+        const bool want = MaskSees(views[0], i, q, kv, 1, r, c);
+        EXPECT_EQ(MaskSees(views[1], i, q, kv, 1, r, c), want) << i << " " << r << " " << c;
+        EXPECT_EQ(MaskSees(views[2], i, q, kv, 1, r, c), want) << i << " " << r << " " << c;
+      }
+    }
+  }
+}
+
+TEST(MaskWordBytesTest, WordSizesFollowTheRowCount) {
+  EXPECT_EQ(MaskWordBytes(TokenCount(1)), 1);
+  EXPECT_EQ(MaskWordBytes(TokenCount(8)), 1);
+  EXPECT_EQ(MaskWordBytes(TokenCount(9)), 2);
+  EXPECT_EQ(MaskWordBytes(TokenCount(16)), 2);
+  EXPECT_EQ(MaskWordBytes(TokenCount(17)), 4);
+  EXPECT_EQ(MaskWordBytes(TokenCount(32)), 4);
+  EXPECT_EQ(MaskWordBytes(TokenCount(33)), 0);
+}
+
+TEST_F(TwoTrees, BadInputIsRefusedAndWritesNothing) {
+  std::vector<int64_t> indptr = Indptr(MaskLayout::kFull);
+  std::vector<uint8_t> out(19, 7);
+  const std::vector<uint8_t> untouched = out;
+  // Tree rows of the wrong size, a byte that is not 0/1, a short output, a foreign indptr.
+  std::vector<uint8_t> short_tree(tree.begin(), tree.end() - 1);
+  EXPECT_EQ(BuildCustomMask(MaskLayout::kFull, short_tree, q_lens, kv_lens, indptr,
+                            absl::MakeSpan(out))
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<uint8_t> bad_byte = tree;
+  bad_byte[4] = 2;
+  EXPECT_EQ(BuildCustomMask(MaskLayout::kFull, bad_byte, q_lens, kv_lens, indptr,
+                            absl::MakeSpan(out))
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BuildCustomMask(MaskLayout::kFull, tree, q_lens, kv_lens, indptr,
+                            absl::MakeSpan(out).subspan(0, 18))
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<int64_t> qlen_indptr = Indptr(MaskLayout::kQLenOnly);
+  EXPECT_EQ(BuildCustomMask(MaskLayout::kFull, tree, q_lens, kv_lens, qlen_indptr,
+                            absl::MakeSpan(out))
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(out, untouched);
+  // Layout none, q_len > kv_len, too many rows to bit-pack, a wrong-size indptr.
+  std::vector<int64_t> three(3);
+  EXPECT_EQ(BuildMaskIndptr(MaskLayout::kNone, q_lens, kv_lens, absl::MakeSpan(three)).code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<TokenLength> long_q = {TokenLength(6), TokenLength(2)};
+  EXPECT_EQ(BuildMaskIndptr(MaskLayout::kFull, long_q, kv_lens, absl::MakeSpan(three)).code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<TokenLength> q33 = {TokenLength(33)};
+  std::vector<TokenLength> kv33 = {TokenLength(40)};
+  std::vector<int64_t> two(2);
+  EXPECT_EQ(BuildMaskIndptr(MaskLayout::kBitPacked, q33, kv33, absl::MakeSpan(two)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(BuildMaskIndptr(MaskLayout::kFull, q33, kv33, absl::MakeSpan(two)).ok());
+  EXPECT_EQ(BuildMaskIndptr(MaskLayout::kFull, q_lens, kv_lens, absl::MakeSpan(two)).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace attnmeta

@@ -1,0 +1,109 @@
+#include "attention/metadata/draft_decode_layout.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "attention/metadata/lengths.h"
+
+namespace attnmeta {
+
+absl::Status CheckDraftDecodeShape(DraftDecodeShape shape) {
+  if (shape.topk < 1 || shape.steps < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("draft-decode: topk ", shape.topk, " and steps ",
+                                                   shape.steps, " must be >= 1"));
+  }
+  return absl::OkStatus();
+}
+
+int64_t DraftSourcePosition(TokenLength seq_len, int32_t branch, DraftDecodeShape shape,
+                            PageSize page_size) {
+  const int64_t len = seq_len.value();
+  const int64_t ps = page_size.tokens();
+  if (ps == 1 || shape.topk == 1) return len + int64_t{branch} * shape.steps;
+  const int64_t pages_per_branch = (len % ps + shape.steps + ps - 1) / ps;
+  return (len / ps) * ps + int64_t{branch} * pages_per_branch * ps + len % ps;
+}
+
+int64_t DraftRowTokens(TokenLength seq_len, DraftDecodeShape shape, PageSize page_size) {
+  return DraftSourcePosition(seq_len, shape.topk - 1, shape, page_size) + shape.steps;
+}
+
+int64_t DraftStepTokens(absl::Span<const TokenLength> seq_lens, DraftDecodeShape shape,
+                        int32_t step) {
+  int64_t sum = 0;
+  for (TokenLength l : seq_lens) sum += l.value();
+  return sum * shape.topk + static_cast<int64_t>(seq_lens.size()) * shape.topk * (step + 1);
+}
+
+absl::Status BuildDraftDecodeStep(const ReqToTokenPool& pool, absl::Span<const ReqPoolIndex> rows,
+                                  absl::Span<const TokenLength> seq_lens, DraftDecodeShape shape,
+                                  int32_t step, PageSize page_size,
+                                  const DraftDecodeStepSpans& out) {
+  if (absl::Status s = CheckDraftDecodeShape(shape); !s.ok()) return s;
+  if (step < 0 || step >= shape.steps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("draft-decode: step ", step, " outside [0, ", shape.steps, ")"));
+  }
+  const size_t bs = rows.size();
+  const size_t branches = bs * static_cast<size_t>(shape.topk);
+  if (seq_lens.size() != bs || out.kv_lens.size() != branches ||
+      out.kv_indptr.size() != branches + 1 || out.qo_indptr.size() != branches + 1 ||
+      out.kv_last_page_len.size() != branches) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "draft-decode: ", bs, " rows, ", seq_lens.size(), " seq_lens, and outputs of ",
+        out.kv_lens.size(), "/", out.kv_indptr.size(), "/", out.qo_indptr.size(), "/",
+        out.kv_last_page_len.size(), " entries for ", branches, " branches"));
+  }
+  for (size_t s = 0; s < bs; ++s) {
+    if (seq_lens[s].value() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("draft-decode: seq_lens[", s, "] = ", seq_lens[s].value(), " is negative"));
+    }
+  }
+  const int64_t total = DraftStepTokens(seq_lens, shape, step);
+  if (total > std::numeric_limits<int32_t>::max()) {
+    return absl::OutOfRangeError(absl::StrCat("draft-decode: step ", step, " uses ", total,
+                                              " kv_indices entries, beyond int32 offsets"));
+  }
+  if (static_cast<int64_t>(out.kv_indices.size()) < total) {
+    return absl::InvalidArgumentError(absl::StrCat("draft-decode: kv_indices holds ",
+                                                   out.kv_indices.size(), " entries, step ", step,
+                                                   " needs ", total));
+  }
+  const int64_t iters = step + 1;
+  for (size_t s = 0; s < bs; ++s) {
+    const int64_t row_tokens = DraftRowTokens(seq_lens[s], shape, page_size);
+    absl::StatusOr<absl::Span<const TokenSlot>> row =
+        pool.Read(rows[s], TokenCount(0), TokenCount(row_tokens));
+    if (!row.ok()) {
+      return absl::Status(row.status().code(),
+                          absl::StrCat("draft-decode: request ", s, " reads positions [0, ",
+                                       row_tokens, ") of its row: ", row.status().message()));
+    }
+  }
+  out.kv_indptr[0] = TokenOffset(0);
+  out.qo_indptr[0] = TokenOffset(0);
+  int32_t offset = 0;
+  for (size_t s = 0; s < bs; ++s) {
+    const TokenLength len = seq_lens[s];
+    const absl::Span<const TokenSlot> row = *pool.Read(
+        rows[s], TokenCount(0), TokenCount(DraftRowTokens(len, shape, page_size)));
+    for (int32_t k = 0; k < shape.topk; ++k) {
+      const size_t z = s * shape.topk + k;
+      const TokenLength kv_len(static_cast<int32_t>(len.value() + iters));
+      TokenSlot* dst = out.kv_indices.data() + offset;
+      std::copy_n(row.data(), len.value(), dst);
+      std::copy_n(row.data() + DraftSourcePosition(len, k, shape, page_size), iters,
+                  dst + len.value());
+      out.kv_lens[z] = kv_len;
+      out.kv_last_page_len[z] = LastPageLen(kv_len, page_size);
+      offset += kv_len.value();
+      out.kv_indptr[z + 1] = TokenOffset(offset);
+      out.qo_indptr[z + 1] = TokenOffset(static_cast<int32_t>(z + 1));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace attnmeta

@@ -1,0 +1,154 @@
+#include "spec_decode/speculative_metadata.h"
+
+#include <cstdint>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "attention/metadata/lengths.h"
+#include "attention/metadata/validator.h"
+
+namespace attnmeta {
+namespace {
+
+absl::Status CheckQueryRows(absl::string_view mode, int64_t rows, TokenCount num_query_rows) {
+  if (rows != num_query_rows.value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        mode, ": the batch has ", rows, " query rows (qo_indptr[bs]) but the query tensor has ",
+        num_query_rows.value()));
+  }
+  return absl::OkStatus();
+}
+
+BuildOptions ToBuildOptions(const SpecBuildOptions& options, TokenCount num_query_rows) {
+  BuildOptions b;
+  b.page_table = options.page_table;
+  if (options.check_pool_slots.has_value()) {
+    b.check = MetadataCheck{*options.check_pool_slots, num_query_rows};
+  }
+  return b;
+}
+
+}  // namespace
+
+absl::StatusOr<ForwardMetadata> BuildDraftExtendMetadata(const DraftExtendBatch& batch,
+                                                         const ReqToTokenPool& pool,
+                                                         PageSize page_size,
+                                                         const SpecBuildOptions& options) {
+  const size_t bs = batch.req_rows.size();
+  const bool fixed = batch.num_tokens_per_req != 0;
+  if (batch.num_tokens_per_req < 0 || fixed == !batch.accept_lens.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "draft-extend: give either num_tokens_per_req >= 1 or accept_lens, got ",
+        batch.num_tokens_per_req, " and ", batch.accept_lens.size(), " accepted lengths"));
+  }
+  if (!fixed && batch.accept_lens.size() != bs) {
+    return absl::InvalidArgumentError(absl::StrCat("draft-extend: ", batch.accept_lens.size(),
+                                                   " accepted lengths for ", bs, " requests"));
+  }
+  std::vector<TokenLength> q_lens(bs, TokenLength(batch.num_tokens_per_req));
+  int64_t rows = 0;
+  for (size_t i = 0; i < bs; ++i) {
+    if (!fixed) {
+      const int32_t accepted = batch.accept_lens[i].value();
+      if (accepted < 0 || accepted >= batch.num_draft_tokens) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "draft-extend: request ", i, " accepted ", accepted, " draft tokens, outside [0, ",
+            batch.num_draft_tokens, ")"));
+      }
+      q_lens[i] = TokenLength(accepted + 1);
+    }
+    rows += q_lens[i].value();
+  }
+  if (absl::Status s = CheckQueryRows("draft-extend", rows, batch.num_query_rows); !s.ok()) {
+    return s;
+  }
+  ForwardBatch fb;
+  fb.mode = ForwardMode::kDraftExtend;
+  fb.req_rows = batch.req_rows;
+  fb.kv_lens = batch.kv_lens;
+  fb.q_lens = q_lens;
+  return BuildForwardMetadata(fb, pool, page_size, ToBuildOptions(options, batch.num_query_rows));
+}
+
+absl::StatusOr<ForwardMetadata> BuildTargetVerifyMetadata(
+    const ReqToTokenPool& pool, absl::Span<const ReqPoolIndex> req_rows, const VerifyTree& tree,
+    MaskLayout mask_layout, TokenCount num_query_rows, PageSize page_size,
+    const SpecBuildOptions& options) {
+  const int64_t bs = tree.batch_size();
+  const int32_t n = tree.num_draft_tokens;
+  if (static_cast<int64_t>(req_rows.size()) != bs) {
+    return absl::InvalidArgumentError(absl::StrCat("target-verify: ", req_rows.size(),
+                                                   " request rows for a tree of ", bs,
+                                                   " requests"));
+  }
+  if (mask_layout == MaskLayout::kNone) {
+    return absl::InvalidArgumentError("target-verify: the tree needs a mask layout");
+  }
+  if (absl::Status s = CheckQueryRows("target-verify", bs * n, num_query_rows); !s.ok()) return s;
+  std::vector<TokenLength> q_lens(bs, TokenLength(n));
+  std::vector<TokenLength> kv_lens(bs);
+  for (int64_t b = 0; b < bs; ++b) {
+    const int64_t kv = int64_t{tree.seq_lens[b].value()} + n;
+    if (kv > std::numeric_limits<int32_t>::max()) {
+      return absl::OutOfRangeError(absl::StrCat("target-verify: request ", b, " has ", kv,
+                                                " KV tokens, beyond int32"));
+    }
+    kv_lens[b] = TokenLength(static_cast<int32_t>(kv));
+  }
+  ForwardBatch fb;
+  fb.mode = ForwardMode::kTargetVerify;
+  fb.req_rows = req_rows;
+  fb.kv_lens = kv_lens;
+  fb.q_lens = q_lens;
+  fb.tree_mask = tree.sees;
+  BuildOptions b = ToBuildOptions(options, num_query_rows);
+  b.mask_layout = mask_layout;
+  return BuildForwardMetadata(fb, pool, page_size, b);
+}
+
+absl::StatusOr<std::vector<ForwardMetadata>> BuildDraftDecodeMetadata(
+    const ReqToTokenPool& pool, absl::Span<const ReqPoolIndex> req_rows,
+    absl::Span<const TokenLength> seq_lens, DraftDecodeShape shape, TokenCount num_query_rows,
+    PageSize page_size, const SpecBuildOptions& options) {
+  if (absl::Status s = CheckDraftDecodeShape(shape); !s.ok()) return s;
+  const size_t branches = req_rows.size() * shape.topk;
+  if (absl::Status s = CheckQueryRows("draft-decode", static_cast<int64_t>(branches),
+                                      num_query_rows);
+      !s.ok()) {
+    return s;
+  }
+  std::vector<ForwardMetadata> steps(shape.steps);
+  for (int32_t step = 0; step < shape.steps; ++step) {
+    ForwardMetadata& m = steps[step];
+    m.mode = ForwardMode::kDraftDecode;
+    m.kv_lens.resize(branches);
+    m.kv_indptr.resize(branches + 1);
+    m.qo_indptr.resize(branches + 1);
+    m.kv_last_page_len.resize(branches);
+    const int64_t tokens = DraftStepTokens(seq_lens, shape, step);
+    if (seq_lens.size() == req_rows.size() && tokens >= 0 &&
+        tokens <= std::numeric_limits<int32_t>::max()) {
+      m.kv_indices.resize(tokens);
+    }
+    if (absl::Status s = BuildDraftDecodeStep(
+            pool, req_rows, seq_lens, shape, step, page_size,
+            DraftDecodeStepSpans{absl::MakeSpan(m.kv_lens), absl::MakeSpan(m.kv_indptr),
+                                 absl::MakeSpan(m.qo_indptr), absl::MakeSpan(m.kv_last_page_len),
+                                 absl::MakeSpan(m.kv_indices)});
+        !s.ok()) {
+      return s;
+    }
+    m.max_q_len = TokenCount(branches > 0 ? 1 : 0);
+    m.max_kv_len = MaxLength(m.kv_lens);
+    if (options.check_pool_slots.has_value()) {
+      ValidationContext ctx{*options.check_pool_slots, page_size, num_query_rows};
+      ctx.check_slot_ownership = true;
+      if (absl::Status s = ValidateForwardMetadata(m.view(), ctx); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("draft-decode step ", step, ": ", s.message()));
+      }
+    }
+  }
+  return steps;
+}
+
+}  // namespace attnmeta

@@ -1,0 +1,362 @@
+#include "spec_decode/speculative_metadata.h"
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "attention/metadata/reference_attention.h"
+#include "attention/metadata/testing/attention_problem.h"
+#include "attention/metadata/testing/batch_fixture.h"
+#include "gtest/gtest.h"
+
+namespace attnmeta {
+namespace {
+
+using testing::AttentionProblem;
+using testing::BatchFixture;
+using testing::MakeAttentionProblem;
+using testing::RelativeL2Error;
+
+constexpr AttentionDims kDims{4, 2, 8};
+constexpr double kTolerance = 1e-5;
+
+// The K and V rows of `slots`, in order: a logical sequence read from the allocator's layout.
+void Gather(const AttentionProblem& p, absl::Span<const TokenSlot> slots, std::vector<float>& k,
+            std::vector<float>& v) {
+  const int64_t kv_row = int64_t{p.dims.num_kv_heads} * p.dims.head_dim;
+  k.clear();
+  v.clear();
+  for (TokenSlot s : slots) {
+    k.insert(k.end(), p.k_pool.begin() + s.value() * kv_row,
+             p.k_pool.begin() + (s.value() + 1) * kv_row);
+    v.insert(v.end(), p.v_pool.begin() + s.value() * kv_row,
+             p.v_pool.begin() + (s.value() + 1) * kv_row);
+  }
+}
+
+ReferenceAttentionInputs Inputs(const AttentionProblem& p, const ForwardMetadata& m,
+                                PageSize ps, absl::Span<const float> q) {
+  return ReferenceAttentionInputs{p.dims, m.view(), ps, q, p.k_pool, p.v_pool};
+}
+
+// ---- Draft-extend ----
+
+TEST(DraftExtendTest, FixedFormHasNRowsPerRequest) {
+  BatchFixture f(16, 3);
+  f.AddSequence(40, 4);
+  f.AddSequence(9, 4);
+  f.AddSequence(77, 4);
+  DraftExtendBatch b{f.rows(), f.kv_lens(), 4, {}, 0, TokenCount(12)};
+  SpecBuildOptions checked;
+  checked.check_pool_slots = f.pool_slots();
+  auto m = BuildDraftExtendMetadata(b, f.pool(), f.page_size(), checked);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->mode, ForwardMode::kDraftExtend);
+  EXPECT_EQ(m->qo_indptr, (std::vector<TokenOffset>{TokenOffset(0), TokenOffset(4), TokenOffset(8),
+                                                    TokenOffset(12)}));
+  EXPECT_EQ(m->max_q_len, TokenCount(4));
+  EXPECT_EQ(m->kv_indptr.back(), TokenOffset(44 + 13 + 81));
+}
+
+TEST(DraftExtendTest, VariableFormTakesAcceptedLengthPlusOne) {
+  BatchFixture f(7, 4);
+  f.AddSequence(30, 1);
+  f.AddSequence(12, 3);
+  f.AddSequence(50, 4);
+  std::vector<TokenLength> accepted = {TokenLength(0), TokenLength(2), TokenLength(3)};
+  DraftExtendBatch b{f.rows(), f.kv_lens(), 0, accepted, 4, TokenCount(8)};
+  SpecBuildOptions checked;
+  checked.check_pool_slots = f.pool_slots();
+  auto m = BuildDraftExtendMetadata(b, f.pool(), f.page_size(), checked);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->qo_indptr, (std::vector<TokenOffset>{TokenOffset(0), TokenOffset(1), TokenOffset(4),
+                                                    TokenOffset(8)}));
+  EXPECT_EQ(m->max_q_len, TokenCount(4));
+  // The attention of each request's extended rows equals dense attention.
+  AttentionProblem p = MakeAttentionProblem(f, kDims, 5);
+  std::vector<float> out(p.q.size(), -1.0f);
+  ASSERT_TRUE(ReferenceAttentionPageTable(Inputs(p, *m, f.page_size(), p.q), absl::MakeSpan(out)).ok());
+  EXPECT_LT(RelativeL2Error(out, p.dense), kTolerance);
+}
+
+TEST(DraftExtendTest, BadInputIsAnError) {
+  BatchFixture f(16, 3);
+  f.AddSequence(40, 4);
+  f.AddSequence(9, 4);
+  std::vector<TokenLength> accepted = {TokenLength(1), TokenLength(4)};
+  struct Case {
+    const char* what;
+    DraftExtendBatch batch;
+  } cases[] = {
+      // The reference system's bug: a prefill qo_indptr's 80 rows for a smaller query.
+      {"rows disagree with the query tensor", {f.rows(), f.kv_lens(), 4, {}, 0, TokenCount(80)}},
+      {"neither form", {f.rows(), f.kv_lens(), 0, {}, 4, TokenCount(8)}},
+      {"both forms", {f.rows(), f.kv_lens(), 4, accepted, 4, TokenCount(8)}},
+      {"negative rows per request", {f.rows(), f.kv_lens(), -4, {}, 0, TokenCount(-8)}},
+      {"accepted beyond the draft", {f.rows(), f.kv_lens(), 0, accepted, 4, TokenCount(7)}},
+      {"accepted lengths of the wrong size",
+       {f.rows(), f.kv_lens(), 0, absl::MakeConstSpan(accepted).subspan(1), 4, TokenCount(5)}},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(BuildDraftExtendMetadata(c.batch, f.pool(), f.page_size()).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << c.what;
+  }
+}
+
+// ---- Target-verify ----
+
+// Random trees: parent[t] uniform in [0, t) (so a parent precedes its child, as EAGLE's do).
+std::vector<int32_t> RandomParents(int64_t bs, int32_t n, std::mt19937_64& rng) {
+  std::vector<int32_t> parents(bs * n, -1);
+  for (int64_t b = 0; b < bs; ++b) {
+    for (int32_t t = 1; t < n; ++t) {
+      parents[b * n + t] = std::uniform_int_distribution<int32_t>(0, t - 1)(rng);
+    }
+  }
+  return parents;
+}
+
+struct VerifyCase {
+  int64_t page_size;
+  int32_t n;
+};
+
+class TargetVerifyTest : public ::testing::TestWithParam<VerifyCase> {};
+
+// Each draft token attends to the committed prefix, its ancestors and itself: dense masked
+// attention over the request's logical sequence, with the mask worked out here from the
+// parent array (not from the VerifyTree under test).
+TEST_P(TargetVerifyTest, ReferenceAttentionMatchesDenseMaskedAttention) {
+  const VerifyCase c = GetParam();
+  const uint64_t seed = 1000 + c.page_size * 31 + c.n;
+  std::mt19937_64 rng(seed);
+  BatchFixture f(c.page_size, seed);
+  const std::vector<int64_t> prefixes = {1, 45, 130, 64};
+  std::vector<TokenLength> seq_lens;
+  for (int64_t prefix : prefixes) {
+    f.AddSequence(prefix, c.n);
+    seq_lens.push_back(TokenLength(static_cast<int32_t>(prefix)));
+  }
+  const int64_t bs = static_cast<int64_t>(prefixes.size());
+  std::vector<int32_t> parents = RandomParents(bs, c.n, rng);
+  auto tree = BuildVerifyTreeFromParents(parents, seq_lens, c.n);
+  ASSERT_TRUE(tree.ok()) << tree.status();
+  AttentionProblem p = MakeAttentionProblem(f, kDims, seed);
+  const int64_t q_row = int64_t{kDims.num_q_heads} * kDims.head_dim;
+
+  std::vector<float> want(p.q.size());
+  for (int64_t b = 0; b < bs; ++b) {
+    const int64_t prefix = prefixes[b];
+    const int64_t kv = prefix + c.n;
+    std::vector<uint8_t> sees(c.n * kv, 0);
+    for (int32_t t = 0; t < c.n; ++t) {
+      for (int64_t col = 0; col < prefix; ++col) sees[t * kv + col] = 1;
+      for (int32_t a = t; a >= 0; a = parents[b * c.n + a]) sees[t * kv + prefix + a] = 1;
+    }
+    std::vector<TokenSlot> slots = f.SlotsOf(static_cast<int>(b));
+    std::vector<float> k, v;
+    Gather(p, slots, k, v);
+    ASSERT_TRUE(DenseMaskedAttention(kDims, absl::MakeConstSpan(p.q).subspan(b * c.n * q_row, c.n * q_row),
+                                     k, v, sees,
+                                     absl::MakeSpan(want).subspan(b * c.n * q_row, c.n * q_row))
+                    .ok());
+  }
+  SpecBuildOptions checked;
+  checked.check_pool_slots = f.pool_slots();
+  std::vector<MaskLayout> layouts = {MaskLayout::kFull, MaskLayout::kQLenOnly};
+  if (c.n <= 32) layouts.push_back(MaskLayout::kBitPacked);
+  for (MaskLayout layout : layouts) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " page_size " << c.page_size << " n "
+                                      << c.n << " layout " << MaskLayoutName(layout));
+    auto m = BuildTargetVerifyMetadata(f.pool(), f.rows(), *tree, layout, TokenCount(bs * c.n),
+                                       f.page_size(), checked);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->max_q_len, TokenCount(c.n));
+    for (int64_t b = 0; b < bs; ++b) {
+      EXPECT_EQ(m->qo_indptr[b + 1].value(), (b + 1) * c.n);
+      EXPECT_EQ(m->kv_lens[b].value(), prefixes[b] + c.n);
+    }
+    std::vector<float> out(p.q.size(), -1.0f);
+    ASSERT_TRUE(ReferenceAttentionTokenLevel(Inputs(p, *m, f.page_size(), p.q), absl::MakeSpan(out)).ok());
+    EXPECT_LT(RelativeL2Error(out, want), kTolerance);
+    std::fill(out.begin(), out.end(), -1.0f);
+    ASSERT_TRUE(ReferenceAttentionPageTable(Inputs(p, *m, f.page_size(), p.q), absl::MakeSpan(out)).ok());
+    EXPECT_LT(RelativeL2Error(out, want), kTolerance);
+    // Without the mask (causal over the draft tokens) the result is wrong whenever the tree
+    // is not a chain: the mask is what makes it right.
+    ForwardMetadata causal = *m;
+    causal.mode = ForwardMode::kDraftExtend;
+    causal.mask_layout = MaskLayout::kNone;
+    causal.custom_mask.clear();
+    causal.mask_indptr.clear();
+    std::fill(out.begin(), out.end(), -1.0f);
+    ASSERT_TRUE(ReferenceAttentionTokenLevel(Inputs(p, causal, f.page_size(), p.q), absl::MakeSpan(out)).ok());
+    EXPECT_GT(RelativeL2Error(out, want), 1e-3);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(PageSizesAndTrees, TargetVerifyTest,
+                         ::testing::Values(VerifyCase{1, 8}, VerifyCase{7, 8}, VerifyCase{16, 8},
+                                           VerifyCase{64, 8}, VerifyCase{16, 13},
+                                           VerifyCase{7, 40}));
+
+TEST(TargetVerifyBadInputTest, RefusedBeforeAnythingIsBuilt) {
+  BatchFixture f(16, 3);
+  f.AddSequence(20, 4);
+  f.AddSequence(30, 4);
+  std::vector<TokenLength> seq_lens = {TokenLength(20), TokenLength(30)};
+  std::vector<int32_t> parents = {-1, 0, 0, 1, -1, 0, 1, 2};
+  auto tree = BuildVerifyTreeFromParents(parents, seq_lens, 4);
+  ASSERT_TRUE(tree.ok());
+  EXPECT_EQ(BuildTargetVerifyMetadata(f.pool(), f.rows(), *tree, MaskLayout::kFull, TokenCount(80),
+                                      f.page_size())
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BuildTargetVerifyMetadata(f.pool(), f.rows(), *tree, MaskLayout::kNone, TokenCount(8),
+                                      f.page_size())
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BuildTargetVerifyMetadata(f.pool(), absl::MakeConstSpan(f.rows()).subspan(1), *tree,
+                                      MaskLayout::kFull, TokenCount(8), f.page_size())
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  // Draft slots beyond what the row holds: the committed prefix claims more than was written.
+  std::vector<TokenLength> too_long = {TokenLength(20), TokenLength(8190)};
+  auto long_tree = BuildVerifyTreeFromParents(parents, too_long, 4);
+  ASSERT_TRUE(long_tree.ok());
+  EXPECT_EQ(BuildTargetVerifyMetadata(f.pool(), f.rows(), *long_tree, MaskLayout::kFull,
+                                      TokenCount(8), f.page_size())
+                .status()
+                .code(),
+            absl::StatusCode::kOutOfRange);
+}
+
+// ---- Draft-decode ----
+
+TEST(DraftDecodeLayoutTest, SourcePositionsWorkedByHand) {
+  const PageSize ps4 = *PageSize::Create(4);
+  const PageSize ps1 = *PageSize::Create(1);
+  // topk 3, steps 2, seq_len 6 on 4-token pages: the partial page holds 2 prefix tokens, so
+  // each branch needs ceil((2 + 2) / 4) = 1 page; branch k starts at 4 + 4k + 2.
+  const DraftDecodeShape shape{3, 2};
+  EXPECT_EQ(DraftSourcePosition(TokenLength(6), 0, shape, ps4), 6);
+  EXPECT_EQ(DraftSourcePosition(TokenLength(6), 1, shape, ps4), 10);
+  EXPECT_EQ(DraftSourcePosition(TokenLength(6), 2, shape, ps4), 14);
+  EXPECT_EQ(DraftRowTokens(TokenLength(6), shape, ps4), 16);
+  // seq_len 7: 3 prefix tokens in the partial page, ceil(5 / 4) = 2 pages per branch.
+  EXPECT_EQ(DraftSourcePosition(TokenLength(7), 1, shape, ps4), 4 + 8 + 3);
+  // Page size 1 or topk 1: branches back to back after the prefix.
+  EXPECT_EQ(DraftSourcePosition(TokenLength(6), 2, shape, ps1), 6 + 2 * 2);
+  EXPECT_EQ(DraftSourcePosition(TokenLength(6), 0, DraftDecodeShape{1, 2}, ps4), 6);
+  // Used entries: seq_lens_sum * topk + branches * (step + 1).
+  std::vector<TokenLength> lens = {TokenLength(6), TokenLength(9)};
+  EXPECT_EQ(DraftStepTokens(lens, shape, 1), 15 * 3 + 6 * 2);
+}
+
+struct DraftCase {
+  int64_t page_size;
+  int32_t topk;
+};
+
+class DraftDecodeTest : public ::testing::TestWithParam<DraftCase> {};
+
+// Each branch's single query row attends to the request's prefix and the branch's own draft
+// tokens of this and earlier steps: dense attention over that logical sequence.
+TEST_P(DraftDecodeTest, EveryStepMatchesDenseAttentionPerBranch) {
+  const DraftCase c = GetParam();
+  const DraftDecodeShape shape{c.topk, 3};
+  const uint64_t seed = 77 + c.page_size * 13 + c.topk;
+  BatchFixture f(c.page_size, seed);
+  const PageSize ps = f.page_size();
+  const std::vector<int64_t> prefixes = {5, 33, 64, 100};
+  std::vector<TokenLength> seq_lens;
+  for (int64_t prefix : prefixes) {
+    const TokenLength len(static_cast<int32_t>(prefix));
+    // The draft slots every branch will write, allocated after the prefix as an engine does.
+    f.AddSequence(prefix, DraftRowTokens(len, shape, ps) - prefix);
+    seq_lens.push_back(len);
+  }
+  const int64_t bs = static_cast<int64_t>(prefixes.size());
+  const int64_t branches = bs * c.topk;
+  SpecBuildOptions checked;
+  checked.check_pool_slots = f.pool_slots();
+  auto steps = BuildDraftDecodeMetadata(f.pool(), f.rows(), seq_lens, shape,
+                                        TokenCount(branches), ps, checked);
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  ASSERT_EQ(steps->size(), 3u);
+  AttentionProblem p = MakeAttentionProblem(f, kDims, seed);
+  const int64_t q_row = int64_t{kDims.num_q_heads} * kDims.head_dim;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> q(branches * q_row);
+  for (float& x : q) x = normal(rng);
+  for (int32_t step = 0; step < shape.steps; ++step) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " page_size " << c.page_size
+                                      << " topk " << c.topk << " step " << step);
+    const ForwardMetadata& m = (*steps)[step];
+    EXPECT_EQ(m.kv_indptr.back().value(), DraftStepTokens(seq_lens, shape, step));
+    std::vector<float> want(q.size());
+    for (int64_t s = 0; s < bs; ++s) {
+      std::vector<TokenSlot> row = f.SlotsOf(static_cast<int>(s));
+      for (int32_t k = 0; k < c.topk; ++k) {
+        const int64_t z = s * c.topk + k;
+        std::vector<TokenSlot> logical(row.begin(), row.begin() + prefixes[s]);
+        const int64_t src = DraftSourcePosition(seq_lens[s], k, shape, ps);
+        logical.insert(logical.end(), row.begin() + src, row.begin() + src + step + 1);
+        std::vector<float> kk, vv;
+        Gather(p, logical, kk, vv);
+        ASSERT_TRUE(DenseAttention(kDims, absl::MakeConstSpan(q).subspan(z * q_row, q_row), kk,
+                                   vv, absl::MakeSpan(want).subspan(z * q_row, q_row))
+                        .ok());
+      }
+    }
+    std::vector<float> out(q.size(), -1.0f);
+    ASSERT_TRUE(ReferenceAttentionTokenLevel(Inputs(p, m, ps, q), absl::MakeSpan(out)).ok());
+    EXPECT_LT(RelativeL2Error(out, want), kTolerance);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(PageSizesAndBranches, DraftDecodeTest,
+                         ::testing::Values(DraftCase{1, 1}, DraftCase{1, 4}, DraftCase{7, 3},
+                                           DraftCase{16, 1}, DraftCase{16, 4}, DraftCase{64, 2}));
+
+TEST(DraftDecodeBadInputTest, ShapesRowsAndInt32Offsets) {
+  BatchFixture f(16, 3, 4096, 8, 256);
+  f.AddSequence(100, 60);
+  std::vector<TokenLength> lens = {TokenLength(100)};
+  const PageSize ps = f.page_size();
+  EXPECT_EQ(BuildDraftDecodeMetadata(f.pool(), f.rows(), lens, {0, 3}, TokenCount(0), ps)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BuildDraftDecodeMetadata(f.pool(), f.rows(), lens, {2, 0}, TokenCount(2), ps)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BuildDraftDecodeMetadata(f.pool(), f.rows(), lens, {2, 3}, TokenCount(3), ps)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  // Draft runs past the row: 4 branches of 1 page each after 100 tokens need 176 positions
+  // (fine); 250 committed tokens need more than the 256 the row holds.
+  EXPECT_TRUE(BuildDraftDecodeMetadata(f.pool(), f.rows(), lens, {4, 3}, TokenCount(4), ps).ok());
+  std::vector<TokenLength> near_full = {TokenLength(250)};
+  EXPECT_EQ(BuildDraftDecodeMetadata(f.pool(), f.rows(), near_full, {4, 3}, TokenCount(4), ps)
+                .status()
+                .code(),
+            absl::StatusCode::kOutOfRange);
+  // A step whose offsets pass INT32_MAX: OutOfRange, before anything is read or written.
+  std::vector<TokenLength> huge = {TokenLength(1 << 30), TokenLength(1 << 30)};
+  std::vector<ReqPoolIndex> two_rows = {f.rows()[0], f.rows()[0]};
+  EXPECT_EQ(BuildDraftDecodeMetadata(f.pool(), two_rows, huge, {1, 3}, TokenCount(2), ps)
+                .status()
+                .code(),
+            absl::StatusCode::kOutOfRange);
+}
+
+}  // namespace
+}  // namespace attnmeta
