@@ -1,6 +1,5 @@
 #include "spec_decode/verify_tree.h"
 
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 
@@ -153,63 +152,32 @@ absl::StatusOr<VerifyTree> BuildVerifyTreeFromParents(absl::Span<const int32_t> 
   return tree;
 }
 
-absl::Status WriteTreeMaskFull(const VerifyTree& tree, absl::Span<uint8_t> out,
-                               absl::Span<int64_t> mask_indptr) {
+absl::Status WriteTreeMask(const VerifyTree& tree, MaskLayout layout, absl::Span<uint8_t> out,
+                           absl::Span<int64_t> mask_indptr) {
   const int64_t bs = tree.batch_size();
-  const int64_t n = tree.num_draft_tokens;
-  if (static_cast<int64_t>(mask_indptr.size()) != bs + 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("mask_indptr has ", mask_indptr.size(), " entries, want ", bs + 1));
-  }
-  int64_t total = 0;
-  for (TokenLength l : tree.seq_lens) total += n * (l.value() + n);
-  if (static_cast<int64_t>(out.size()) < total) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("FULL mask output holds ", out.size(), " bytes, the batch needs ", total));
-  }
-  int64_t at = 0;
+  std::vector<TokenLength> q_lens(bs, TokenLength(tree.num_draft_tokens));
+  std::vector<TokenLength> kv_lens(bs);
   for (int64_t b = 0; b < bs; ++b) {
-    mask_indptr[b] = at;
-    const int64_t prefix = tree.seq_lens[b].value();
-    for (int64_t t = 0; t < n; ++t) {
-      uint8_t* row = out.data() + at + t * (prefix + n);
-      std::memset(row, 1, static_cast<size_t>(prefix));
-      std::memcpy(row + prefix, tree.sees.data() + (b * n + t) * n, static_cast<size_t>(n));
+    const int64_t kv = int64_t{tree.seq_lens[b].value()} + tree.num_draft_tokens;
+    if (kv > std::numeric_limits<int32_t>::max()) {
+      return absl::OutOfRangeError(absl::StrCat("verify tree: request ", b, " has ", kv,
+                                                " KV tokens, beyond int32"));
     }
-    at += n * (prefix + n);
+    kv_lens[b] = TokenLength(static_cast<int32_t>(kv));
   }
-  mask_indptr[bs] = at;
-  return absl::OkStatus();
-}
-
-absl::Status WriteTreeMaskQLenOnly(const VerifyTree& tree, absl::Span<uint8_t> out) {
-  if (out.size() < tree.sees.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("QLEN_ONLY mask output holds ", out.size(),
-                                                   " bytes, the batch needs ", tree.sees.size()));
+  // Into a local indptr first, so that nothing is written when `out` is too small.
+  std::vector<int64_t> indptr(bs + 1);
+  if (absl::Status s = BuildMaskIndptr(layout, q_lens, kv_lens, absl::MakeSpan(indptr)); !s.ok()) {
+    return s;
   }
-  std::memcpy(out.data(), tree.sees.data(), tree.sees.size());
-  return absl::OkStatus();
-}
-
-int32_t BitPackedWordBytes(int32_t n) { return n <= 8 ? 1 : n <= 16 ? 2 : 4; }
-
-absl::Status WriteTreeMaskBitPacked(const VerifyTree& tree, absl::Span<uint8_t> out) {
-  const int32_t n = tree.num_draft_tokens;
-  if (n > 32) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bit-packed masks hold at most 32 draft tokens, not ", n));
+  if (mask_indptr.size() != indptr.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("mask_indptr has ", mask_indptr.size(),
+                                                   " entries, want ", indptr.size()));
   }
-  const int64_t word = BitPackedWordBytes(n);
-  const int64_t rows = tree.batch_size() * n;
-  if (static_cast<int64_t>(out.size()) < rows * word) {
-    return absl::InvalidArgumentError(absl::StrCat("bit-packed mask output holds ", out.size(),
-                                                   " bytes, the batch needs ", rows * word));
+  if (absl::Status s = BuildCustomMask(layout, tree.sees, q_lens, kv_lens, indptr, out); !s.ok()) {
+    return s;
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    uint32_t bits = 0;
-    for (int32_t c = 0; c < n; ++c) bits |= uint32_t{tree.sees[r * n + c]} << c;
-    for (int64_t k = 0; k < word; ++k) out[r * word + k] = static_cast<uint8_t>(bits >> (8 * k));
-  }
+  std::copy(indptr.begin(), indptr.end(), mask_indptr.begin());
   return absl::OkStatus();
 }
 

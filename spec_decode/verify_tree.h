@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "attention/metadata/custom_mask.h"
 #include "kvcache/units.h"
 
 namespace attnmeta {
@@ -55,20 +56,14 @@ absl::StatusOr<VerifyTree> BuildVerifyTreeFromParents(absl::Span<const int32_t> 
                                                       absl::Span<const TokenLength> seq_lens,
                                                       int32_t num_draft_tokens);
 
-// FULL layout: per request a row-major [n][seq_len + n] byte block at
-// n * n * b + n * sum(seq_lens[:b]), prefix columns all 1; mask_indptr[b] is that offset,
-// [bs + 1], int64. InvalidArgument: out smaller than mask_indptr[bs], mask_indptr not bs + 1
-// entries. Writes nothing past mask_indptr[bs].
-absl::Status WriteTreeMaskFull(const VerifyTree& tree, absl::Span<uint8_t> out,
-                               absl::Span<int64_t> mask_indptr);
-// QLEN_ONLY layout: per request an [n][n] byte block at n * n * b. InvalidArgument: out
-// smaller than bs * n * n.
-absl::Status WriteTreeMaskQLenOnly(const VerifyTree& tree, absl::Span<uint8_t> out);
-// Bit-packed: one little-endian word per row (1 byte for n <= 8, 2 for n <= 16, 4 for
-// n <= 32), bit c = column c; rows of request b from word b * n. InvalidArgument: n > 32,
-// out smaller than bs * n words.
-int32_t BitPackedWordBytes(int32_t num_draft_tokens);
-absl::Status WriteTreeMaskBitPacked(const VerifyTree& tree, absl::Span<uint8_t> out);
+// The tree's mask in `layout` (custom_mask.h), as the reference lays it out: request b has n
+// query rows over seq_len + n KV tokens, so FULL is a [n][seq_len + n] block at
+// n * n * b + n * sum(seq_lens[:b]) with every prefix column 1, QLEN_ONLY the [n][n] block at
+// n * n * b, bit-packed n words from word b * n. Writes mask_indptr [bs + 1] (int64 byte
+// offsets) and mask bytes [0, mask_indptr[bs]); nothing on error. InvalidArgument: layout
+// kNone, n > 32 for bit-packed, mask_indptr not bs + 1 entries, out too small.
+absl::Status WriteTreeMask(const VerifyTree& tree, MaskLayout layout, absl::Span<uint8_t> out,
+                           absl::Span<int64_t> mask_indptr);
 
 }  // namespace attnmeta
 

@@ -52,21 +52,30 @@ TEST_F(VerifyTreeGoldenTest, PositionsLinksAndEveryMaskLayout) {
       1, 1, 0, 1, 0, 0,  1, 0, 0, 0, 1, 0,  1, 0, 0, 0, 1, 1,  // tokens 3-5
   };
   std::vector<uint8_t> q(72 + 4, 7);
-  ASSERT_TRUE(WriteTreeMaskQLenOnly(*tree, absl::MakeSpan(q)).ok());
+  std::vector<int64_t> q_indptr(3);
+  ASSERT_TRUE(WriteTreeMask(*tree, MaskLayout::kQLenOnly, absl::MakeSpan(q),
+                            absl::MakeSpan(q_indptr))
+                  .ok());
   EXPECT_EQ(std::vector<uint8_t>(q.begin(), q.begin() + 72), qlen);
   EXPECT_EQ(q[72], 7) << "nothing written past the batch";
+  EXPECT_EQ(q_indptr, (std::vector<int64_t>{0, 36, 72}));
 
   // Bit-packed: one byte per row (6 <= 8), bit c = column c.
   const std::vector<uint8_t> bits = {0b000001, 0b000011, 0b000101, 0b001011, 0b010101, 0b101011,
                                      0b000001, 0b000011, 0b000111, 0b001011, 0b010001, 0b110001};
   std::vector<uint8_t> packed(12);
-  ASSERT_TRUE(WriteTreeMaskBitPacked(*tree, absl::MakeSpan(packed)).ok());
+  std::vector<int64_t> packed_indptr(3);
+  ASSERT_TRUE(WriteTreeMask(*tree, MaskLayout::kBitPacked, absl::MakeSpan(packed),
+                            absl::MakeSpan(packed_indptr))
+                  .ok());
   EXPECT_EQ(packed, bits);
+  EXPECT_EQ(packed_indptr, (std::vector<int64_t>{0, 6, 12}));
 
   // FULL: request 0 at 0, [6][5 + 6]; request 1 at 6 * 6 * 1 + 6 * 5 = 66, [6][9 + 6].
   std::vector<uint8_t> full(156 + 3, 7);
   std::vector<int64_t> indptr(3);
-  ASSERT_TRUE(WriteTreeMaskFull(*tree, absl::MakeSpan(full), absl::MakeSpan(indptr)).ok());
+  ASSERT_TRUE(
+      WriteTreeMask(*tree, MaskLayout::kFull, absl::MakeSpan(full), absl::MakeSpan(indptr)).ok());
   EXPECT_EQ(indptr, (std::vector<int64_t>{0, 66, 156}));
   for (int b = 0; b < 2; ++b) {
     const int prefix = seq_lens_[b].value();
@@ -149,29 +158,43 @@ TEST(VerifyTreeTest, MalformedInputIsRefused) {
   ASSERT_TRUE(tree.ok());
   std::vector<uint8_t> small(14);  // FULL needs 3 * (2 + 3) = 15
   std::vector<int64_t> indptr(2);
-  EXPECT_EQ(WriteTreeMaskFull(*tree, absl::MakeSpan(small), absl::MakeSpan(indptr)).code(), bad);
-  EXPECT_EQ(WriteTreeMaskQLenOnly(*tree, absl::MakeSpan(small).subspan(0, 8)).code(), bad);
-  EXPECT_EQ(WriteTreeMaskBitPacked(*tree, absl::MakeSpan(small).subspan(0, 2)).code(), bad);
+  EXPECT_EQ(
+      WriteTreeMask(*tree, MaskLayout::kFull, absl::MakeSpan(small), absl::MakeSpan(indptr)).code(),
+      bad);
+  EXPECT_EQ(WriteTreeMask(*tree, MaskLayout::kQLenOnly, absl::MakeSpan(small).subspan(0, 8),
+                          absl::MakeSpan(indptr))
+                .code(),
+            bad);
+  EXPECT_EQ(WriteTreeMask(*tree, MaskLayout::kBitPacked, absl::MakeSpan(small).subspan(0, 2),
+                          absl::MakeSpan(indptr))
+                .code(),
+            bad);
+  EXPECT_EQ(indptr, (std::vector<int64_t>{0, 0})) << "nothing written on error";
+  EXPECT_EQ(WriteTreeMask(*tree, MaskLayout::kNone, absl::MakeSpan(small), absl::MakeSpan(indptr))
+                .code(),
+            bad);
   std::vector<int32_t> chain(40);
   for (int t = 0; t < 40; ++t) chain[t] = t - 1;
   auto big = BuildVerifyTreeFromParents(chain, Lens({1}), 40);
   ASSERT_TRUE(big.ok());
   std::vector<uint8_t> words(160);
-  EXPECT_EQ(WriteTreeMaskBitPacked(*big, absl::MakeSpan(words)).code(), bad);
+  EXPECT_EQ(WriteTreeMask(*big, MaskLayout::kBitPacked, absl::MakeSpan(words),
+                          absl::MakeSpan(indptr))
+                .code(),
+            bad);
 }
 
 // Bit-packed word widths: 1 byte up to 8 tokens, 2 up to 16, 4 up to 32, little-endian.
 TEST(VerifyTreeTest, BitPackedWordWidths) {
-  EXPECT_EQ(BitPackedWordBytes(8), 1);
-  EXPECT_EQ(BitPackedWordBytes(9), 2);
-  EXPECT_EQ(BitPackedWordBytes(16), 2);
-  EXPECT_EQ(BitPackedWordBytes(17), 4);
   std::vector<int32_t> chain(12);
   for (int t = 0; t < 12; ++t) chain[t] = t - 1;
   auto tree = BuildVerifyTreeFromParents(chain, Lens({0}), 12);
   ASSERT_TRUE(tree.ok());
   std::vector<uint8_t> words(24);
-  ASSERT_TRUE(WriteTreeMaskBitPacked(*tree, absl::MakeSpan(words)).ok());
+  std::vector<int64_t> indptr(2);
+  ASSERT_TRUE(
+      WriteTreeMask(*tree, MaskLayout::kBitPacked, absl::MakeSpan(words), absl::MakeSpan(indptr))
+          .ok());
   // Row 11 sees columns 0..11: 0x0FFF, low byte first.
   EXPECT_EQ(words[22], 0xFF);
   EXPECT_EQ(words[23], 0x0F);
