@@ -112,6 +112,11 @@ absl::StatusOr<BufferPlan> ComputeBufferPlan(const BackendConfig& c, int64_t bat
     }
   }
   if (draft > 0) {
+    if (absl::Status s = add(gb::kTreeMask, E::kUint8, "[B * n * n], n = draft_tokens",
+                             {b, draft, draft}, /*int32_addressed=*/false);
+        !s.ok()) {
+      return s;
+    }
     if (absl::Status s = add(gb::kMaskIndptr, E::kInt64, "[B + 1]", {b + 1}); !s.ok()) return s;
     if (absl::Status s = add(gb::kCustomMask, E::kUint8, "[B * n * (ctx + n)], n = draft_tokens",
                              {b, draft, c.max_context_len() + draft}, /*int32_addressed=*/false);
@@ -120,11 +125,21 @@ absl::StatusOr<BufferPlan> ComputeBufferPlan(const BackendConfig& c, int64_t bat
     }
   }
   if (c.speculative().topk() > 0) {
-    if (absl::Status s = add(gb::kDraftKvIndices, E::kInt32,
-                             "[B * topk * (ceil(ctx / ps) * ps + steps)]",
-                             {b, c.speculative().topk(), ctx_slots + c.speculative().steps()});
-        !s.ok()) {
-      return s;
+    const int64_t topk = c.speculative().topk();
+    const int64_t steps = c.speculative().steps();
+    plan.draft_branch_tokens = ctx_slots + steps;
+    // Each step's offsets start at 0 in its own part of the buffer, but the whole buffer is
+    // kept int32-addressable too, so a kernel may index it flat.
+    for (absl::Status s : {
+             add(gb::kDraftQoIndptr, E::kInt32, "[B * topk + 1]", {b * topk + 1}),
+             add(gb::kDraftKvIndptr, E::kInt32, "[steps][B * topk + 1]", {steps, b * topk + 1}),
+             add(gb::kDraftKvLens, E::kInt32, "[steps][B * topk]", {steps, b, topk}),
+             add(gb::kDraftKvLastPageLen, E::kInt32, "[steps][B * topk]", {steps, b, topk}),
+             add(gb::kDraftKvIndices, E::kInt32,
+                 "[steps][B * topk * (ceil(ctx / ps) * ps + steps)]",
+                 {steps, b, topk, plan.draft_branch_tokens}),
+         }) {
+      if (!s.ok()) return s;
     }
   }
   if (c.consumers().split_kv().enabled()) {

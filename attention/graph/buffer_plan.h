@@ -16,12 +16,16 @@
 //   kv_last_page_len int32   [B]
 //   kv_indices       int32   [B * R], R = ceil(max_context_len / ps) * ps + draft_tokens
 //   page_table       int32   [B][C],  C = ceil((max_context_len + draft_tokens) / ps)   (if enabled)
+//   tree_mask        uint8   [B * n * n]  target-verify's tree rows (input), n = draft_tokens
 //   mask_indptr      int64   [B + 1]                                         (draft_tokens > 0)
-//   custom_mask      uint8   [B * n * (max_context_len + n)], n = draft_tokens (int64 offsets)
-//   draft_kv_indices int32   [B * topk * (ceil(max_context_len / ps) * ps + steps)] (topk > 0):
-//                            one draft-decode step's indices; the multi-step layout (a
-//                            graph capturing all steps needs a steps factor and per-step
-//                            indptrs) is settled with spec_decode/
+//   custom_mask      uint8   [B * n * (max_context_len + n)], the FULL layout (int64 offsets)
+//   With topk > 0, draft-decode: every step has its own arrays (a graph captures all steps),
+//   over B * topk branches; a branch holds at most max_context_len + steps tokens:
+//   draft_qo_indptr  int32   [B * topk + 1]
+//   draft_kv_indptr  int32   [steps][B * topk + 1]
+//   draft_kv_lens    int32   [steps][B * topk]
+//   draft_kv_last_page_len int32 [steps][B * topk]
+//   draft_kv_indices int32   [steps][B * topk * (ceil(max_context_len / ps) * ps + steps)]
 //   split_kv_work, split_kv_unit_indptr, split_kv_reduce, split_kv_partial_out (float32
 //   [partials * q_tile * num_q_heads * head_dim]), split_kv_partial_lse (float32
 //   [partials * q_tile * num_q_heads]): SplitKvCapacityFor(B * ceil(Q / q_tile), units),
@@ -56,6 +60,11 @@ inline constexpr absl::string_view kKvIndices = "kv_indices";
 inline constexpr absl::string_view kPageTable = "page_table";
 inline constexpr absl::string_view kMaskIndptr = "mask_indptr";
 inline constexpr absl::string_view kCustomMask = "custom_mask";
+inline constexpr absl::string_view kTreeMask = "tree_mask";
+inline constexpr absl::string_view kDraftQoIndptr = "draft_qo_indptr";
+inline constexpr absl::string_view kDraftKvIndptr = "draft_kv_indptr";
+inline constexpr absl::string_view kDraftKvLens = "draft_kv_lens";
+inline constexpr absl::string_view kDraftKvLastPageLen = "draft_kv_last_page_len";
 inline constexpr absl::string_view kDraftKvIndices = "draft_kv_indices";
 inline constexpr absl::string_view kSplitKvWork = "split_kv_work";
 inline constexpr absl::string_view kSplitKvUnitIndptr = "split_kv_unit_indptr";
@@ -77,6 +86,7 @@ struct BufferPlan {
   int64_t batch_capacity = 0;     // B
   int64_t kv_row_tokens = 0;      // R: token slots per request in kv_indices
   int64_t page_table_cols = 0;    // C, 0 without a page table
+  int64_t draft_branch_tokens = 0;  // per draft-decode step, token slots per branch; 0 without
   std::vector<BufferSpec> buffers;
   int64_t total_bytes = 0;
 

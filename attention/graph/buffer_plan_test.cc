@@ -19,7 +19,8 @@ TEST(BufferPlanTest, RealisticConfigMatchesHandComputedSizes) {
   std::printf("%s", PlanTable(*plan).c_str());
   // kv_indices: 256 requests * (32768 tokens rounded up to pages of 16 = 32768, + 4 draft).
   // page_table: ceil((32768 + 4) / 16) = 2049 columns. custom mask: 256 * 4 * (32768 + 4)
-  // bytes. draft_kv_indices: 256 * top-k 1 * (32768 + 3 steps). split-KV: 256 tiles (one
+  // bytes; the tree rows 256 * 4 * 4. Draft-decode over 256 * top-k 1 branches, 3 steps:
+  // draft_kv_indices 3 * 256 * (32768 + 3 steps), indptrs 3 * 257. split-KV: 256 tiles (one
   // 64-row tile per request: max(1, 4) query rows) + 131 unit boundaries; 262 partials.
   const std::map<std::string, std::pair<int64_t, int64_t>> want = {
       {"req_rows", {256, 1024}},
@@ -30,9 +31,14 @@ TEST(BufferPlanTest, RealisticConfigMatchesHandComputedSizes) {
       {"kv_last_page_len", {256, 1024}},
       {"kv_indices", {8389632, 33558528}},
       {"page_table", {524544, 2098176}},
+      {"tree_mask", {4096, 4096}},
       {"mask_indptr", {257, 2056}},
       {"custom_mask", {33558528, 33558528}},
-      {"draft_kv_indices", {8389376, 33557504}},
+      {"draft_qo_indptr", {257, 1028}},
+      {"draft_kv_indptr", {771, 3084}},
+      {"draft_kv_lens", {768, 3072}},
+      {"draft_kv_last_page_len", {768, 3072}},
+      {"draft_kv_indices", {3 * 8389376, 3 * 33557504}},
       {"split_kv_work", {387, 387 * 24}},
       {"split_kv_unit_indptr", {133, 532}},
       {"split_kv_reduce", {131, 131 * 20}},
@@ -51,6 +57,7 @@ TEST(BufferPlanTest, RealisticConfigMatchesHandComputedSizes) {
   EXPECT_EQ(plan->total_bytes, total);
   EXPECT_EQ(plan->kv_row_tokens, 32772);
   EXPECT_EQ(plan->page_table_cols, 2049);
+  EXPECT_EQ(plan->draft_branch_tokens, 32771);
   EXPECT_FALSE(plan->Find("custom_mask")->int32_addressed);
 }
 

@@ -54,6 +54,23 @@ absl::StatusOr<std::unique_ptr<GraphState>> GraphState::Create(const BackendConf
         "max_context_len: req_to_token rows hold ", req_to_token->max_context_len().value(),
         " positions, the config needs ", row, " (max_context_len + draft_tokens)"));
   }
+  if (config.speculative().topk() > 0) {
+    // The draft runs of a request at max_context_len reach furthest; DraftRowTokens grows by
+    // page_size when seq_len does, so the longest is among the last page's lengths.
+    const DraftDecodeShape shape{config.speculative().topk(), config.speculative().steps()};
+    int64_t draft_row = 0;
+    for (int64_t len = std::max<int64_t>(0, config.max_context_len() - pool_page_size.tokens() + 1);
+         len <= config.max_context_len(); ++len) {
+      draft_row = std::max(draft_row, DraftRowTokens(TokenLength(static_cast<int32_t>(len)), shape,
+                                                     pool_page_size));
+    }
+    if (req_to_token->max_context_len().value() < draft_row) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "max_context_len: req_to_token rows hold ", req_to_token->max_context_len().value(),
+          " positions, draft-decode with top-k ", shape.topk, " and ", shape.steps,
+          " steps reads up to ", draft_row));
+    }
+  }
   absl::StatusOr<BufferPlan> plan = ComputeBufferPlan(config, config.max_batch_size());
   if (!plan.ok()) return plan.status();
   std::unique_ptr<GraphState> state(
@@ -109,10 +126,27 @@ void GraphState::BuildViews() {
   v.split_kv = SplitKvPlanSpans{Typed<SplitKvWorkItem>(buffer(gb::kSplitKvWork)),
                                 Typed<int32_t>(buffer(gb::kSplitKvUnitIndptr)),
                                 Typed<SplitKvReduceItem>(buffer(gb::kSplitKvReduce))};
-  views_ = v;
+  v.tree_mask = Typed<uint8_t>(buffer(gb::kTreeMask));
+  v.mask_indptr = Typed<int64_t>(buffer(gb::kMaskIndptr));
+  v.custom_mask = Typed<uint8_t>(buffer(gb::kCustomMask));
+  v.draft_qo_indptr = Typed<TokenOffset>(buffer(gb::kDraftQoIndptr));
+  const int64_t steps = plan_.draft_branch_tokens > 0 ? config_.speculative().steps() : 0;
+  const size_t branches = static_cast<size_t>(plan_.batch_capacity) * config_.speculative().topk();
+  for (int64_t step = 0; step < steps; ++step) {
+    v.draft_steps.push_back(DraftStepBuffers{
+        Typed<TokenOffset>(buffer(gb::kDraftKvIndptr)).subspan(step * (branches + 1), branches + 1),
+        Typed<TokenLength>(buffer(gb::kDraftKvLens)).subspan(step * branches, branches),
+        Typed<TokenLength>(buffer(gb::kDraftKvLastPageLen)).subspan(step * branches, branches),
+        Typed<TokenSlot>(buffer(gb::kDraftKvIndices))
+            .subspan(step * branches * plan_.draft_branch_tokens,
+                     branches * plan_.draft_branch_tokens)});
+  }
+  views_ = std::move(v);
+  draft_step_views_.assign(steps, ForwardMetadataView{});
   rows_buffer_ = buffer(gb::kReqRows);
   kv_lens_buffer_ = buffer(gb::kKvLens);
   q_lens_buffer_ = buffer(gb::kQLens);
+  tree_mask_buffer_ = buffer(gb::kTreeMask);
   staged_rows_.assign(plan_.batch_capacity, kPaddedRow);
   staged_kv_lens_.assign(plan_.batch_capacity, kPaddedKvLen);
   staged_q_lens_.assign(plan_.batch_capacity, TokenLength(0));
@@ -157,12 +191,40 @@ absl::Status GraphState::CheckShape(int64_t bucket, ForwardMode mode, TokenLengt
             MaxQueryRowsPerRequest(config_), " query rows per request, got ", q.value()));
       }
       break;
+    case ForwardMode::kDraftExtend: {
+      const int64_t most = std::max<int64_t>(MaxQueryRowsPerRequest(config_),
+                                             config_.speculative().draft_tokens());
+      if (q.value() < 1 || q.value() > most) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "draft_extend capture needs 1 to max(max_query_rows_per_request, draft_tokens) = ",
+            most, " query rows per request, got ", q.value()));
+      }
+      break;
+    }
+    case ForwardMode::kTargetVerify:
+      if (config_.speculative().draft_tokens() < 1) {
+        return absl::FailedPreconditionError(
+            "target_verify capture: the config plans no draft tokens (speculative.draft_tokens)");
+      }
+      if (q.value() != config_.speculative().draft_tokens()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "target_verify has draft_tokens = ", config_.speculative().draft_tokens(),
+            " query rows per request, not ", q.value()));
+      }
+      break;
+    case ForwardMode::kDraftDecode:
+      if (plan_.draft_branch_tokens == 0 || config_.speculative().steps() < 1) {
+        return absl::FailedPreconditionError(
+            "draft_decode capture: the config plans no draft-decode (speculative.topk, steps)");
+      }
+      if (q != TokenLength(1)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "draft_decode has one query row per branch, not ", q.value()));
+      }
+      break;
     case ForwardMode::kMixed:
       return absl::InvalidArgumentError(
           "mixed batches have no fixed shape to capture; run them eagerly");
-    default:
-      return absl::UnimplementedError(absl::StrCat("mode ", ForwardModeName(mode),
-                                                   " has no graph support yet"));
   }
   if (bucket > plan_.batch_capacity) {
     return absl::FailedPreconditionError(absl::StrCat("bucket ", bucket,
@@ -174,11 +236,17 @@ absl::Status GraphState::CheckShape(int64_t bucket, ForwardMode mode, TokenLengt
 
 absl::StatusOr<CaptureHandle> GraphState::Capture(int64_t bucket, ForwardMode mode,
                                                   std::optional<TokenLength> q_len_per_request) {
-  if (mode == ForwardMode::kExtend && !q_len_per_request.has_value()) {
-    return absl::InvalidArgumentError("extend capture needs its query rows per request");
+  if ((mode == ForwardMode::kExtend || mode == ForwardMode::kDraftExtend) &&
+      !q_len_per_request.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(ForwardModeName(mode),
+                                                   " capture needs its query rows per request"));
   }
-  const TokenLength q = q_len_per_request.value_or(
-      mode == ForwardMode::kIdle ? TokenLength(0) : TokenLength(1));
+  TokenLength default_q(1);
+  if (mode == ForwardMode::kIdle) default_q = TokenLength(0);
+  if (mode == ForwardMode::kTargetVerify) {
+    default_q = TokenLength(config_.speculative().draft_tokens());
+  }
+  const TokenLength q = q_len_per_request.value_or(default_q);
   if (absl::Status s = CheckShape(bucket, mode, q); !s.ok()) return s;
   // Every per-batch buffer must hold the padded batch (DESIGN.md section 3, row 4: buffers
   // not regrown for a padded capture batch).
@@ -195,6 +263,24 @@ absl::StatusOr<CaptureHandle> GraphState::Capture(int64_t bucket, ForwardMode mo
     if (static_cast<int64_t>(rows) < bucket) {
       return absl::ResourceExhaustedError(absl::StrCat(
           name, ": holds ", rows, " requests, the padded batch has ", bucket));
+    }
+  }
+  if (mode == ForwardMode::kTargetVerify &&
+      static_cast<int64_t>(views_.mask_indptr.size()) < bucket + 1) {
+    return absl::ResourceExhaustedError(absl::StrCat(gb::kMaskIndptr, ": holds ",
+                                                     views_.mask_indptr.size(),
+                                                     " entries, the padded batch needs ",
+                                                     bucket + 1));
+  }
+  if (mode == ForwardMode::kDraftDecode) {
+    const int64_t branches = bucket * config_.speculative().topk();
+    for (const DraftStepBuffers& d : views_.draft_steps) {
+      if (static_cast<int64_t>(d.kv_lens.size()) < branches ||
+          static_cast<int64_t>(views_.draft_qo_indptr.size()) < branches + 1) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            gb::kDraftKvLens, ": holds ", d.kv_lens.size(), " branches, the padded batch has ",
+            branches));
+      }
     }
   }
   if (config_.consumers().page_table() && views_.page_table.rows() < bucket) {
@@ -232,43 +318,108 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
                                                    bs, " requests: only idle graphs run empty batches"));
   }
   const int64_t q = h.q_len_per_request.value();
-  const int64_t limit = config_.max_context_len() + config_.speculative().draft_tokens();
+  if (!batch.q_lens.empty()) {
+    if (h.mode != ForwardMode::kExtend && h.mode != ForwardMode::kDraftExtend) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "replay batch: per-request q_lens are for extend and draft_extend, not ",
+          ForwardModeName(h.mode)));
+    }
+    if (static_cast<int64_t>(batch.q_lens.size()) != bs) {
+      return absl::InvalidArgumentError(absl::StrCat("replay batch: ", bs, " rows but ",
+                                                     batch.q_lens.size(), " q_lens"));
+    }
+    for (int64_t i = 0; i < bs; ++i) {
+      if (batch.q_lens[i].value() < 1 || batch.q_lens[i].value() > q) {
+        return absl::InvalidArgumentError(absl::StrCat("q_lens[", i, "] = ",
+                                                       batch.q_lens[i].value(),
+                                                       " outside [1, ", q, "], the captured rows"));
+      }
+    }
+  }
+  const bool verify = h.mode == ForwardMode::kTargetVerify;
+  if (verify == batch.tree_mask.empty()) {
+    return absl::InvalidArgumentError(
+        verify ? "target_verify replay needs the tree mask"
+               : absl::StrCat("replay batch: a tree mask given to ", ForwardModeName(h.mode)));
+  }
+  if (verify) {
+    if (static_cast<int64_t>(batch.tree_mask.size()) != bs * q * q) {
+      return absl::InvalidArgumentError(absl::StrCat("tree_mask: ", batch.tree_mask.size(),
+                                                     " bytes, want bs * n * n = ", bs * q * q));
+    }
+    for (size_t k = 0; k < batch.tree_mask.size(); ++k) {
+      if (batch.tree_mask[k] > 1) {
+        return absl::InvalidArgumentError(absl::StrCat("tree_mask: byte ", k, " = ",
+                                                       batch.tree_mask[k], ", want 0 or 1"));
+      }
+    }
+  }
+  const bool draft_decode = h.mode == ForwardMode::kDraftDecode;
+  const DraftDecodeShape shape{config_.speculative().topk(), config_.speculative().steps()};
+  const int64_t limit = config_.max_context_len() +
+                        (draft_decode ? 0 : config_.speculative().draft_tokens());
   int64_t total = 0;
   int64_t longest = 0;
+  int64_t max_q = 0;
+  int64_t mask_bytes = 0;
   for (int64_t i = 0; i < bs; ++i) {
     const int64_t kv = batch.kv_lens[i].value();
-    if (kv < q) {
+    const int64_t q_i = batch.q_lens.empty() ? q : batch.q_lens[i].value();
+    if (kv < q_i) {
       return absl::InvalidArgumentError(absl::StrCat("kv_lens[", i, "] = ", kv, " is below the ",
-                                                     q, " query rows per request"));
+                                                     q_i, " query rows of the request"));
     }
     if (kv > limit) {
-      return absl::OutOfRangeError(absl::StrCat("kv_lens[", i, "] = ", kv,
-                                                " beyond max_context_len + draft_tokens = ", limit));
+      return absl::OutOfRangeError(absl::StrCat(
+          "kv_lens[", i, "] = ", kv, " beyond ",
+          draft_decode ? "max_context_len" : "max_context_len + draft_tokens", " = ", limit));
     }
-    if (absl::Status s = req_to_token_->Read(batch.req_rows[i], TokenCount(0), TokenCount(kv)).status();
+    const int64_t row_tokens =
+        draft_decode ? DraftRowTokens(batch.kv_lens[i], shape, page_size_) : kv;
+    if (absl::Status s =
+            req_to_token_->Read(batch.req_rows[i], TokenCount(0), TokenCount(row_tokens)).status();
         !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("request ", i, ": ", s.message()));
     }
     total += kv;
     longest = std::max(longest, kv);
+    max_q = std::max(max_q, q_i);
+    mask_bytes += verify ? q_i * kv : 0;
   }
   total += (h.bucket - bs) * kPaddedKvLen.value();
   // The capacity checks below cannot fail for a correct plan (rows are at most
   // max_context_len + draft_tokens, buckets at most the capacity); they turn a plan that
-  // sized a buffer wrong (DESIGN.md section 3, rows 1, 6, 7) into an error before any write.
+  // sized a buffer wrong (DESIGN.md section 3, rows 1, 6, 7, 10) into an error before any
+  // write.
   const int64_t kv_capacity = static_cast<int64_t>(views_.kv_indices.size());
   if (total > kv_capacity) {
     return absl::ResourceExhaustedError(absl::StrCat(gb::kKvIndices, ": the padded batch needs ",
                                                      total, " slots, capacity ", kv_capacity));
   }
-  const bool page_table = config_.consumers().page_table();
+  if (mask_bytes > static_cast<int64_t>(views_.custom_mask.size())) {
+    return absl::ResourceExhaustedError(absl::StrCat(gb::kCustomMask, ": the batch needs ",
+                                                     mask_bytes, " bytes, capacity ",
+                                                     views_.custom_mask.size()));
+  }
+  if (draft_decode) {
+    const int64_t need =
+        DraftStepTokens(batch.kv_lens, shape, shape.steps - 1) +
+        (h.bucket - bs) * shape.topk * kPaddedKvLen.value();
+    const int64_t capacity = static_cast<int64_t>(views_.draft_steps[0].kv_indices.size());
+    if (need > capacity) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          gb::kDraftKvIndices, ": the last step of the padded batch needs ", need,
+          " slots, capacity ", capacity, " per step"));
+    }
+  }
+  const bool page_table = config_.consumers().page_table() && !draft_decode;
   const int64_t pages = PagesForTokensCeil(TokenCount(longest), page_size_).value();
   if (page_table && pages > views_.page_table.cols()) {
     return absl::ResourceExhaustedError(absl::StrCat(gb::kPageTable, ": a row needs ", pages,
                                                      " pages, capacity ",
                                                      views_.page_table.cols(), " columns"));
   }
-  if (config_.consumers().split_kv().enabled()) {
+  if (config_.consumers().split_kv().enabled() && !draft_decode) {
     const int64_t q_tile = config_.consumers().split_kv().q_tile();
     const SplitKvCapacity need = SplitKvCapacityFor(bs * ((q + q_tile - 1) / q_tile),
                                                     config_.consumers().split_kv().num_units());
@@ -282,6 +433,25 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
   if (!counts.ok()) return counts.status();
 
   ReplayResult r;
+  if (draft_decode) {
+    const size_t branches = static_cast<size_t>(bs) * shape.topk;
+    for (int32_t step = 0; step < shape.steps; ++step) {
+      const DraftStepBuffers& d = views_.draft_steps[step];
+      ForwardMetadataView& v = draft_step_views_[step];
+      v = ForwardMetadataView{};
+      v.mode = h.mode;
+      v.kv_indptr = d.kv_indptr.subspan(0, branches + 1);
+      v.kv_indices = d.kv_indices.subspan(0, DraftStepTokens(batch.kv_lens, shape, step));
+      v.qo_indptr = views_.draft_qo_indptr.subspan(0, branches + 1);
+      v.kv_lens = d.kv_lens.subspan(0, branches);
+      v.kv_last_page_len = d.kv_last_page_len.subspan(0, branches);
+      v.max_q_len = TokenCount(bs > 0 ? 1 : 0);
+      v.max_kv_len = TokenCount(bs > 0 ? longest + step + 1 : 0);
+    }
+    r.metadata = draft_step_views_[0];
+    r.draft_steps = draft_step_views_;
+    return r;
+  }
   ForwardMetadataView& v = r.metadata;
   v.mode = h.mode;
   v.kv_indptr = views_.kv_indptr.subspan(0, bs + 1);
@@ -293,7 +463,11 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
     v.page_table = *PageTableSpan<const PageId>::Create(views_.page_table.entries(), bs,
                                                         views_.page_table.cols());
   }
-  v.max_q_len = TokenCount(bs > 0 ? q : 0);
+  if (verify) {
+    v.custom_mask = CustomMaskView{MaskLayout::kFull, views_.custom_mask.subspan(0, mask_bytes),
+                                   views_.mask_indptr.subspan(0, bs + 1)};
+  }
+  v.max_q_len = TokenCount(max_q);
   v.max_kv_len = MaxLength(batch.kv_lens);
   r.split_kv = *counts;
   return r;
@@ -307,13 +481,24 @@ absl::StatusOr<SplitKvPlanCounts> GraphState::Write(const CaptureHandle& h,
   std::fill(staged_rows_.begin() + bs, staged_rows_.begin() + padded, kPaddedRow);
   std::copy(batch.kv_lens.begin(), batch.kv_lens.end(), staged_kv_lens_.begin());
   std::fill(staged_kv_lens_.begin() + bs, staged_kv_lens_.begin() + padded, kPaddedKvLen);
-  std::fill(staged_q_lens_.begin(), staged_q_lens_.begin() + bs, h.q_len_per_request);
+  if (batch.q_lens.empty()) {
+    std::fill(staged_q_lens_.begin(), staged_q_lens_.begin() + bs, h.q_len_per_request);
+  } else {
+    std::copy(batch.q_lens.begin(), batch.q_lens.end(), staged_q_lens_.begin());
+  }
   std::fill(staged_q_lens_.begin() + bs, staged_q_lens_.begin() + padded, TokenLength(0));
   const int64_t bytes = static_cast<int64_t>(padded * sizeof(int32_t));
   for (auto [dst, src] : {std::pair<DeviceBuffer, const void*>{rows_buffer_, staged_rows_.data()},
                           {kv_lens_buffer_, staged_kv_lens_.data()},
                           {q_lens_buffer_, staged_q_lens_.data()}}) {
     if (absl::Status s = memory_->CopyToDevice(dst, 0, src, bytes); !s.ok()) return s;
+  }
+  if (!batch.tree_mask.empty()) {
+    if (absl::Status s = memory_->CopyToDevice(tree_mask_buffer_, 0, batch.tree_mask.data(),
+                                               static_cast<int64_t>(batch.tree_mask.size()));
+        !s.ok()) {
+      return s;
+    }
   }
   MetadataWriteRequest request;
   request.mode = h.mode;
@@ -325,6 +510,13 @@ absl::StatusOr<SplitKvPlanCounts> GraphState::Write(const CaptureHandle& h,
   request.page_table = config_.consumers().page_table();
   request.split_kv = config_.consumers().split_kv().enabled();
   if (request.split_kv) request.split_kv_options = ConfigSplitKvOptions(config_);
+  if (h.mode == ForwardMode::kTargetVerify) request.mask_layout = MaskLayout::kFull;
+  if (h.mode == ForwardMode::kDraftDecode) {
+    request.draft_decode = DraftDecodeShape{config_.speculative().topk(),
+                                            config_.speculative().steps()};
+    request.page_table = false;
+    request.split_kv = false;
+  }
   SplitKvPlanCounts counts;
   // The inputs were checked against the buffers: a writer error here is an internal one.
   if (absl::Status s = writer_->WriteBatchArrays(request, views_); !s.ok()) {

@@ -27,9 +27,16 @@
 // row is staged as kPaddedRow (-1): a writer must not read req_to_token for them (one that
 // did would fault rather than silently read a live request's slots).
 //
-// Modes: decode (one query row per request), extend with a fixed number of query rows per
-// request, idle (no real rows). The speculative modes plug in with spec_decode/.
-// Not thread-safe.
+// Modes (Capture's q_len_per_request in brackets):
+//  - decode [1], idle [0], extend [1 .. MaxQueryRowsPerRequest];
+//  - draft-extend [1 .. max(MaxQueryRowsPerRequest, draft_tokens)]: a fixed number of rows per
+//    request, or fewer per request through ReplayBatch::q_lens (the variable form);
+//  - target-verify [draft_tokens]: kv_lens are seq_len + n (the draft slots in the row), and
+//    ReplayBatch::tree_mask gives the tree; mask_indptr and the FULL mask are written too;
+//  - draft-decode [1 per branch]: kv_lens are the committed seq_lens; every one of the
+//    config's steps is written into its own arrays over bs * topk branches
+//    (ReplayResult::draft_steps), as draft_decode_layout.h lays them out.
+// Mixed batches run eagerly. Not thread-safe.
 
 #ifndef ATTNMETA_ATTENTION_GRAPH_GRAPH_STATE_H_
 #define ATTNMETA_ATTENTION_GRAPH_GRAPH_STATE_H_
@@ -60,22 +67,32 @@ namespace attnmeta {
 struct CaptureHandle {
   int64_t bucket = 0;
   ForwardMode mode = ForwardMode::kDecode;
-  TokenLength q_len_per_request;  // decode 1, extend n, idle 0
+  TokenLength q_len_per_request;  // decode 1, extend n, idle 0, target-verify draft_tokens
   uint64_t generation = 0;
 };
 
 // A real batch to replay.
 struct ReplayBatch {
   absl::Span<const ReqPoolIndex> req_rows;  // [bs], allocated rows of req_to_token
-  absl::Span<const TokenLength> kv_lens;    // [bs], KV tokens including this step's
+  // [bs], KV tokens including this step's; draft-decode: the committed seq_lens.
+  absl::Span<const TokenLength> kv_lens;
+  // Extend and draft-extend only: [bs] query rows per request, each in [1, the handle's
+  // q_len_per_request]; empty: the handle's for every request.
+  absl::Span<const TokenLength> q_lens;
+  // Target-verify only: [bs][n][n] 0/1 tree rows (VerifyTree::sees).
+  absl::Span<const uint8_t> tree_mask;
 };
 
 struct ReplayResult {
   // The real rows' metadata over the fixed buffers (bs = the batch's size; the page table is
   // [bs][page_table_cols]). Device addresses: dereference only when the memory is
   // host-accessible.
+  // Draft-decode: step 0's arrays (every step is in draft_steps).
   ForwardMetadataView metadata;
   SplitKvPlanCounts split_kv;  // what the split-KV plan wrote (zero when disabled)
+  // Draft-decode: [steps] the real branches' metadata of each step (valid until the next
+  // Replay or Capture); empty for the other modes.
+  absl::Span<const ForwardMetadataView> draft_steps;
 };
 
 class GraphState {
@@ -87,7 +104,8 @@ class GraphState {
 
   // Allocates the buffers of the config's plan for config.max_batch_size requests.
   // InvalidArgument: the config does not validate; FailedPrecondition: the KV pool's page
-  // size is not the config's, or req_to_token's rows are narrower than max_context_len;
+  // size is not the config's, or req_to_token's rows are narrower than max_context_len +
+  // draft_tokens or than the draft-decode runs of a request at max_context_len;
   // the plan's and the memory's errors. `req_to_token`, `memory` and `writer` must outlive
   // the state.
   static absl::StatusOr<std::unique_ptr<GraphState>> Create(const BackendConfig& config,
@@ -105,12 +123,12 @@ class GraphState {
   absl::Status Reserve(int64_t batch_capacity);
 
   // Writes the metadata of a padded batch of `bucket` requests (all padding) and returns the
-  // handle to replay it. `q_len_per_request`: decode 1 and idle 0 (the defaults), extend 1 to
-  // MaxQueryRowsPerRequest(config) (required). InvalidArgument: bucket < 1, a mixed batch
+  // handle to replay it. `q_len_per_request`: as listed at the top (required for extend and
+  // draft-extend; the others default to theirs). InvalidArgument: bucket < 1, a mixed batch
   // (mixed batches run eagerly), a query-row count the mode does not allow;
-  // FailedPrecondition: bucket > the capacity (Reserve first); ResourceExhausted: a per-batch
-  // buffer smaller than the bucket (names it); Unimplemented: a mode without graph support
-  // here (the speculative modes plug in with spec_decode/).
+  // FailedPrecondition: bucket > the capacity (Reserve first), a speculative mode the config
+  // does not plan for (target-verify needs draft_tokens, draft-decode topk and steps);
+  // ResourceExhausted: a per-batch buffer smaller than the bucket (names it).
   absl::StatusOr<CaptureHandle> Capture(int64_t bucket, ForwardMode mode,
                                         std::optional<TokenLength> q_len_per_request = {});
 
@@ -121,8 +139,10 @@ class GraphState {
   //   InvalidArgument: a handle whose shape Capture would refuse (a forged one), rows and
   //     lengths of different sizes, more rows than the bucket, an idle
   //     handle given rows or another handle none, a KV length below the query rows per
-  //     request;
-  //   OutOfRange: a KV length beyond max_context_len + draft_tokens, or beyond the row;
+  //     request, q_lens outside [1, the handle's] or given to another mode, a tree mask
+  //     missing, of the wrong size or with bytes other than 0/1, or given to another mode;
+  //   OutOfRange: a KV length beyond max_context_len + draft_tokens, or beyond the row
+  //     (draft-decode: its branches' draft runs beyond the row);
   //   ResourceExhausted: a buffer too small for the batch (the message names the buffer, the
   //     need and the capacity).
   absl::StatusOr<ReplayResult> Replay(const CaptureHandle& handle, const ReplayBatch& batch);
@@ -165,7 +185,9 @@ class GraphState {
   std::vector<TokenLength> staged_kv_lens_;
   std::vector<TokenLength> staged_q_lens_;
   // The device buffers the staged inputs are copied to, looked up once per (re)allocation.
-  DeviceBuffer rows_buffer_, kv_lens_buffer_, q_lens_buffer_;
+  DeviceBuffer rows_buffer_, kv_lens_buffer_, q_lens_buffer_, tree_mask_buffer_;
+  // [steps] the views ReplayResult::draft_steps points at, sized once.
+  std::vector<ForwardMetadataView> draft_step_views_;
 };
 
 }  // namespace attnmeta

@@ -203,9 +203,15 @@ TEST_F(GraphStateTest, CaptureRules) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(g.Capture(4, ForwardMode::kExtend, TokenLength(4)).ok());
   EXPECT_EQ(g.Capture(4, ForwardMode::kMixed).status().code(), absl::StatusCode::kInvalidArgument);
-  for (ForwardMode m : {ForwardMode::kDraftExtend, ForwardMode::kTargetVerify,
-                        ForwardMode::kDraftDecode}) {
-    EXPECT_EQ(g.Capture(4, m, TokenLength(1)).status().code(), absl::StatusCode::kUnimplemented)
+  // Speculative modes: draft-extend needs its rows; this config plans no draft tokens, top-k
+  // or steps, so target-verify and draft-decode cannot be captured.
+  EXPECT_EQ(g.Capture(4, ForwardMode::kDraftExtend).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(g.Capture(4, ForwardMode::kDraftExtend, TokenLength(5)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(g.Capture(4, ForwardMode::kDraftExtend, TokenLength(4)).ok());
+  for (ForwardMode m : {ForwardMode::kTargetVerify, ForwardMode::kDraftDecode}) {
+    EXPECT_EQ(g.Capture(4, m).status().code(), absl::StatusCode::kFailedPrecondition)
         << ForwardModeName(m);
   }
   EXPECT_EQ(g.Capture(4, ForwardMode::kIdle, TokenLength(1)).status().code(),

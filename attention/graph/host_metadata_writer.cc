@@ -4,6 +4,9 @@
 #include <cstdint>
 
 #include "attention/metadata/builders.h"
+#include "attention/metadata/custom_mask.h"
+#include "attention/metadata/draft_decode_layout.h"
+#include "attention/metadata/lengths.h"
 
 namespace attnmeta {
 
@@ -18,12 +21,57 @@ absl::Status HostMetadataWriter::WriteBatchArrays(const MetadataWriteRequest& r,
       !s.ok()) {
     return s;
   }
-  return BuildKvLastPageLen(kv_lens, r.page_size, b.kv_last_page_len.subspan(0, padded));
+  if (absl::Status s =
+          BuildKvLastPageLen(kv_lens, r.page_size, b.kv_last_page_len.subspan(0, padded));
+      !s.ok()) {
+    return s;
+  }
+  if (r.mask_layout == MaskLayout::kNone) return absl::OkStatus();
+  return BuildMaskIndptr(r.mask_layout, b.q_lens.subspan(0, padded), kv_lens,
+                         b.mask_indptr.subspan(0, padded + 1));
 }
+
+namespace {
+
+// Every draft-decode step: the real branches, then the padded ones.
+absl::Status WriteDraftDecode(const MetadataWriteRequest& r, const GraphBuffers& b) {
+  const size_t real = static_cast<size_t>(r.real_batch_size);
+  const size_t topk = static_cast<size_t>(r.draft_decode.topk);
+  const size_t real_branches = real * topk;
+  const size_t padded_branches = static_cast<size_t>(r.padded_batch_size) * topk;
+  const TokenSlot padding_slot = FirstSlotOf(kPaddingPage, r.page_size);
+  for (int32_t step = 0; step < r.draft_decode.steps; ++step) {
+    const DraftStepBuffers& d = b.draft_steps[step];
+    if (absl::Status s = BuildDraftDecodeStep(
+            *r.req_to_token, b.req_rows.subspan(0, real), b.kv_lens.subspan(0, real),
+            r.draft_decode, step, r.page_size,
+            DraftDecodeStepSpans{d.kv_lens.subspan(0, real_branches),
+                                 d.kv_indptr.subspan(0, real_branches + 1),
+                                 b.draft_qo_indptr.subspan(0, real_branches + 1),
+                                 d.kv_last_page_len.subspan(0, real_branches), d.kv_indices});
+        !s.ok()) {
+      return s;
+    }
+    for (size_t z = real_branches; z < padded_branches; ++z) {
+      d.kv_lens[z] = r.padded_kv_len;
+      d.kv_last_page_len[z] = LastPageLen(r.padded_kv_len, r.page_size);
+      const int64_t begin = d.kv_indptr[z].value();
+      for (int64_t t = 0; t < r.padded_kv_len.value(); ++t) {
+        d.kv_indices[begin + t] = padding_slot + TokenCount(t % r.page_size.tokens());
+      }
+      d.kv_indptr[z + 1] = d.kv_indptr[z] + r.padded_kv_len.count();
+      b.draft_qo_indptr[z + 1] = b.draft_qo_indptr[z];
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::Status HostMetadataWriter::WriteTokenArrays(const MetadataWriteRequest& r,
                                                   const GraphBuffers& b,
                                                   SplitKvPlanCounts* split_kv_counts) {
+  if (r.mode == ForwardMode::kDraftDecode) return WriteDraftDecode(r, b);
   const size_t real = static_cast<size_t>(r.real_batch_size);
   const size_t padded = static_cast<size_t>(r.padded_batch_size);
   const absl::Span<const ReqPoolIndex> rows = b.req_rows.subspan(0, real);
@@ -54,6 +102,18 @@ absl::Status HostMetadataWriter::WriteTokenArrays(const MetadataWriteRequest& r,
     for (size_t i = real; i < padded; ++i) {
       const absl::Span<PageId> row = b.page_table.row(static_cast<int64_t>(i));
       std::fill(row.begin(), row.end(), kPaddingPage);
+    }
+  }
+  if (r.mask_layout != MaskLayout::kNone) {
+    int64_t tree_bytes = 0;
+    for (size_t i = 0; i < real; ++i) {
+      tree_bytes += int64_t{b.q_lens[i].value()} * b.q_lens[i].value();
+    }
+    if (absl::Status s = BuildCustomMask(r.mask_layout, b.tree_mask.subspan(0, tree_bytes),
+                                         b.q_lens.subspan(0, padded), b.kv_lens.subspan(0, padded),
+                                         b.mask_indptr.subspan(0, padded + 1), b.custom_mask);
+        !s.ok()) {
+      return s;
     }
   }
   if (r.split_kv) {

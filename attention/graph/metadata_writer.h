@@ -10,7 +10,11 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include <vector>
+
 #include "absl/types/span.h"
+#include "attention/metadata/custom_mask.h"
+#include "attention/metadata/draft_decode_layout.h"
 #include "attention/metadata/forward_mode.h"
 #include "attention/metadata/page_table.h"
 #include "attention/metadata/split_kv_planner.h"
@@ -18,6 +22,14 @@
 #include "kvcache/units.h"
 
 namespace attnmeta {
+
+// One draft-decode step's arrays over B * topk branches (empty without top-k).
+struct DraftStepBuffers {
+  absl::Span<TokenOffset> kv_indptr;         // [B * topk + 1]
+  absl::Span<TokenLength> kv_lens;           // [B * topk]
+  absl::Span<TokenLength> kv_last_page_len;  // [B * topk]
+  absl::Span<TokenSlot> kv_indices;          // [B * topk * draft_branch_tokens]
+};
 
 // The fixed buffers as typed spans, each as long as its capacity (BufferPlan). The spans hold
 // device addresses; only a writer whose memory is host-accessible dereferences them.
@@ -27,6 +39,7 @@ struct GraphBuffers {
                                        // writer never reads req_to_token for padded rows
   absl::Span<TokenLength> kv_lens;     // real lengths, then the fill length
   absl::Span<TokenLength> q_lens;      // query rows per request, 0 for padded rows
+  absl::Span<uint8_t> tree_mask;       // target-verify: [real rows][n][n] tree rows
   // Outputs.
   absl::Span<TokenOffset> kv_indptr;        // [B + 1]
   absl::Span<TokenOffset> qo_indptr;        // [B + 1]
@@ -34,11 +47,20 @@ struct GraphBuffers {
   absl::Span<TokenSlot> kv_indices;         // [B * kv_row_tokens]
   PageTableSpan<PageId> page_table;         // [B][page_table_cols]; 0 x 0 when disabled
   SplitKvPlanSpans split_kv;                // empty spans when disabled
+  absl::Span<int64_t> mask_indptr;          // [B + 1] (draft_tokens > 0)
+  absl::Span<uint8_t> custom_mask;          // FULL layout (draft_tokens > 0)
+  absl::Span<TokenOffset> draft_qo_indptr;  // [B * topk + 1], shared by the steps (topk > 0)
+  std::vector<DraftStepBuffers> draft_steps;  // [steps] (topk > 0)
 };
 
 // One replay (or capture) to write. Rows [0, real_batch_size) are the batch's; rows
 // [real_batch_size, padded_batch_size) are padding: KV length `padded_kv_len` on slots of the
 // reserved padding page, no query rows.
+// Per mode: target-verify also writes mask_indptr and the FULL custom mask from tree_mask
+// (padded rows have no query rows, so no mask bytes). Draft-decode writes the draft arrays of
+// every step from the staged committed lengths (kv_lens) instead of the token-level
+// kv_indices: real branches as draft_decode_layout.h lays them out, padded branches (the
+// padded requests' topk each) one token on the padding page and no query row.
 struct MetadataWriteRequest {
   ForwardMode mode = ForwardMode::kDecode;
   int64_t real_batch_size = 0;
@@ -49,6 +71,8 @@ struct MetadataWriteRequest {
   bool page_table = false;                       // write the page table
   bool split_kv = false;                         // plan split-KV work
   SplitKvOptions split_kv_options;
+  MaskLayout mask_layout = MaskLayout::kNone;    // kFull for target-verify
+  DraftDecodeShape draft_decode;                 // the config's topk and steps (draft-decode)
 };
 
 class MetadataWriter {

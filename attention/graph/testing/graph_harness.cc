@@ -24,6 +24,8 @@ BackendConfig MakeTestConfig(int64_t page_size, const TestConfigOptions& o) {
   split->set_q_tile(4);
   split->set_layout(SPLIT_KV_LAYOUT_PAGED);
   c.mutable_speculative()->set_draft_tokens(o.draft_tokens);
+  c.mutable_speculative()->set_topk(o.topk);
+  c.mutable_speculative()->set_steps(o.steps);
   c.set_max_query_rows_per_request(o.max_query_rows_per_request);
   const absl::Status valid = ValidateBackendConfig(c);
   CHECK(valid.ok()) << valid;

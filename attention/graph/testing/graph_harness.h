@@ -42,6 +42,8 @@ struct TestConfigOptions {
   bool page_table = true;
   bool split_kv = true;
   int32_t draft_tokens = 0;
+  int32_t topk = 0;
+  int32_t steps = 0;
   int32_t max_query_rows_per_request = 4;
   int32_t num_kv_heads = 2;
 };

@@ -1,0 +1,208 @@
+// The speculative modes through the graph layer: for page sizes 1, 7, 16 and 64 on shuffled
+// pools, draft-extend (fixed and variable rows), target-verify (tree mask) and multi-step
+// draft-decode replayed through captured buckets give, for their real rows, exactly the eager
+// builders' arrays, validate (slot ownership included) and keep every buffer's canaries.
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "attention/graph/graph_state.h"
+#include "attention/graph/testing/graph_harness.h"
+#include "attention/metadata/testing/batch_fixture.h"
+#include "attention/metadata/testing/metadata_compare.h"
+#include "attention/metadata/validator.h"
+#include "gtest/gtest.h"
+#include "spec_decode/speculative_metadata.h"
+#include "spec_decode/verify_tree.h"
+
+namespace attnmeta {
+namespace {
+
+using testing::BatchFixture;
+using testing::ExpectSameMetadata;
+using testing::GraphHarness;
+using testing::MakeTestConfig;
+
+constexpr int32_t kDraft = 4;
+
+absl::Status Validate(const ForwardMetadataView& v, const BatchFixture& f, int64_t query_rows) {
+  ValidationContext ctx{f.pool_slots(), f.page_size(), TokenCount(query_rows)};
+  ctx.check_slot_ownership = true;
+  return ValidateForwardMetadata(v, ctx);
+}
+
+class SpeculativeGraphTest : public ::testing::TestWithParam<int64_t> {
+ protected:
+  int64_t ps() const { return GetParam(); }
+  uint64_t seed() const { return 500 + GetParam(); }
+};
+
+TEST_P(SpeculativeGraphTest, DraftExtendFixedAndVariable) {
+  std::mt19937_64 rng(seed());
+  BatchFixture f(ps(), seed());
+  for (int i = 0; i < 6; ++i) {
+    f.AddSequence(std::uniform_int_distribution<int64_t>(0, 400)(rng), kDraft);
+  }
+  GraphHarness h(MakeTestConfig(ps(), {.draft_tokens = kDraft}), f);
+  auto handle = h.state().Capture(8, ForwardMode::kDraftExtend, TokenLength(kDraft));
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  const int64_t bs = static_cast<int64_t>(f.rows().size());
+
+  auto fixed = h.state().Replay(*handle, ReplayBatch{f.rows(), f.kv_lens()});
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  auto eager = BuildDraftExtendMetadata({f.rows(), f.kv_lens(), kDraft, {}, 0, TokenCount(bs * kDraft)},
+                                        f.pool(), f.page_size());
+  ASSERT_TRUE(eager.ok()) << eager.status();
+  ExpectSameMetadata(fixed->metadata, eager->view());
+  EXPECT_TRUE(Validate(fixed->metadata, f, bs * kDraft).ok());
+
+  // Variable form: request i extends by accepted[i] + 1 rows, its KV ending there.
+  std::vector<TokenLength> accepted, q_lens, kv_lens;
+  int64_t rows = 0;
+  for (int64_t i = 0; i < bs; ++i) {
+    const int32_t a = static_cast<int32_t>(i % kDraft);
+    accepted.push_back(TokenLength(a));
+    q_lens.push_back(TokenLength(a + 1));
+    kv_lens.push_back(TokenLength(f.kv_lens()[i].value() - (kDraft - 1 - a)));
+    rows += a + 1;
+  }
+  auto variable = h.state().Replay(*handle, ReplayBatch{f.rows(), kv_lens, q_lens});
+  ASSERT_TRUE(variable.ok()) << variable.status();
+  auto eager_variable = BuildDraftExtendMetadata(
+      {f.rows(), kv_lens, 0, accepted, kDraft, TokenCount(rows)}, f.pool(), f.page_size());
+  ASSERT_TRUE(eager_variable.ok()) << eager_variable.status();
+  ExpectSameMetadata(variable->metadata, eager_variable->view());
+  EXPECT_TRUE(Validate(variable->metadata, f, rows).ok());
+  EXPECT_TRUE(h.memory().VerifyCanaries().ok()) << h.memory().VerifyCanaries();
+}
+
+TEST_P(SpeculativeGraphTest, TargetVerifyWithTreeMask) {
+  std::mt19937_64 rng(seed());
+  BatchFixture f(ps(), seed());
+  std::vector<TokenLength> seq_lens;
+  for (int i = 0; i < 6; ++i) {
+    const int64_t prefix = std::uniform_int_distribution<int64_t>(1, 500)(rng);
+    f.AddSequence(prefix, kDraft);
+    seq_lens.push_back(TokenLength(static_cast<int32_t>(prefix)));
+  }
+  std::vector<int32_t> parents;
+  for (size_t b = 0; b < seq_lens.size(); ++b) {
+    parents.push_back(-1);
+    for (int32_t t = 1; t < kDraft; ++t) {
+      parents.push_back(std::uniform_int_distribution<int32_t>(0, t - 1)(rng));
+    }
+  }
+  auto tree = BuildVerifyTreeFromParents(parents, seq_lens, kDraft);
+  ASSERT_TRUE(tree.ok()) << tree.status();
+  GraphHarness h(MakeTestConfig(ps(), {.draft_tokens = kDraft}), f);
+  auto handle = h.state().Capture(8, ForwardMode::kTargetVerify);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  const int64_t bs = static_cast<int64_t>(f.rows().size());
+  auto r = h.state().Replay(*handle, ReplayBatch{f.rows(), f.kv_lens(), {}, tree->sees});
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto eager = BuildTargetVerifyMetadata(f.pool(), f.rows(), *tree, MaskLayout::kFull,
+                                         TokenCount(bs * kDraft), f.page_size());
+  ASSERT_TRUE(eager.ok()) << eager.status();
+  ExpectSameMetadata(r->metadata, eager->view());
+  EXPECT_TRUE(Validate(r->metadata, f, bs * kDraft).ok()) << Validate(r->metadata, f, bs * kDraft);
+  EXPECT_TRUE(h.memory().VerifyCanaries().ok()) << h.memory().VerifyCanaries();
+}
+
+TEST_P(SpeculativeGraphTest, DraftDecodeEveryStep) {
+  for (int32_t topk : {1, 3}) {
+    SCOPED_TRACE(::testing::Message() << "page_size " << ps() << " topk " << topk);
+    const DraftDecodeShape shape{topk, 3};
+    std::mt19937_64 rng(seed() + topk);
+    BatchFixture f(ps(), seed() + topk);
+    std::vector<TokenLength> seq_lens;
+    for (int i = 0; i < 5; ++i) {
+      const TokenLength len(static_cast<int32_t>(std::uniform_int_distribution<int64_t>(1, 500)(rng)));
+      f.AddSequence(len.value(), DraftRowTokens(len, shape, f.page_size()) - len.value());
+      seq_lens.push_back(len);
+    }
+    GraphHarness h(MakeTestConfig(ps(), {.topk = topk, .steps = 3}), f);
+    auto handle = h.state().Capture(8, ForwardMode::kDraftDecode);
+    ASSERT_TRUE(handle.ok()) << handle.status();
+    auto r = h.state().Replay(*handle, ReplayBatch{f.rows(), seq_lens});
+    ASSERT_TRUE(r.ok()) << r.status();
+    const int64_t branches = static_cast<int64_t>(f.rows().size()) * topk;
+    auto eager = BuildDraftDecodeMetadata(f.pool(), f.rows(), seq_lens, shape,
+                                          TokenCount(branches), f.page_size());
+    ASSERT_TRUE(eager.ok()) << eager.status();
+    ASSERT_EQ(r->draft_steps.size(), 3u);
+    for (int step = 0; step < 3; ++step) {
+      SCOPED_TRACE(::testing::Message() << "step " << step);
+      ExpectSameMetadata(r->draft_steps[step], (*eager)[step].view());
+      EXPECT_TRUE(Validate(r->draft_steps[step], f, branches).ok())
+          << Validate(r->draft_steps[step], f, branches);
+    }
+    EXPECT_TRUE(h.memory().VerifyCanaries().ok()) << h.memory().VerifyCanaries();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(PageSizes, SpeculativeGraphTest, ::testing::Values(1, 7, 16, 64));
+
+// Refused replays name the problem and write nothing.
+TEST(SpeculativeGraphBadInputTest, RefusedReplaysWriteNothing) {
+  BatchFixture f(16, 9);
+  std::vector<TokenLength> seq_lens;
+  for (int i = 0; i < 3; ++i) {
+    f.AddSequence(100 + i, 60);
+    seq_lens.push_back(TokenLength(100 + i));
+  }
+  GraphHarness h(MakeTestConfig(16, {.draft_tokens = kDraft, .topk = 2, .steps = 3}), f);
+  GraphState& g = h.state();
+  auto verify = g.Capture(4, ForwardMode::kTargetVerify);
+  auto extend = g.Capture(4, ForwardMode::kDraftExtend, TokenLength(kDraft));
+  auto decode = g.Capture(4, ForwardMode::kDraftDecode);
+  auto plain = g.Capture(4, ForwardMode::kDecode);
+  ASSERT_TRUE(verify.ok() && extend.ok() && decode.ok() && plain.ok());
+  const std::vector<std::vector<uint8_t>> before = h.Contents();
+  std::vector<uint8_t> tree(3 * kDraft * kDraft, 1);
+  std::vector<uint8_t> short_tree(tree.begin(), tree.end() - 1);
+  std::vector<uint8_t> bad_byte = tree;
+  bad_byte[5] = 2;
+  std::vector<TokenLength> too_many = {TokenLength(1), TokenLength(5), TokenLength(1)};
+  std::vector<TokenLength> ones = {TokenLength(1), TokenLength(1), TokenLength(1)};
+  std::vector<TokenLength> past_context = {TokenLength(100), TokenLength(513), TokenLength(102)};
+  struct Case {
+    const char* what;
+    const CaptureHandle& handle;
+    ReplayBatch batch;
+    absl::StatusCode code;
+  } cases[] = {
+      {"verify without a tree", *verify, {f.rows(), f.kv_lens()}, absl::StatusCode::kInvalidArgument},
+      {"a short tree", *verify, {f.rows(), f.kv_lens(), {}, short_tree}, absl::StatusCode::kInvalidArgument},
+      {"a tree byte of 2", *verify, {f.rows(), f.kv_lens(), {}, bad_byte}, absl::StatusCode::kInvalidArgument},
+      {"a tree to draft-extend", *extend, {f.rows(), f.kv_lens(), {}, tree}, absl::StatusCode::kInvalidArgument},
+      {"more rows than captured", *extend, {f.rows(), f.kv_lens(), too_many}, absl::StatusCode::kInvalidArgument},
+      {"q_lens to decode", *plain, {f.rows(), f.kv_lens(), ones}, absl::StatusCode::kInvalidArgument},
+      {"a committed length past max_context_len", *decode, {f.rows(), past_context},
+       absl::StatusCode::kOutOfRange},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(g.Replay(c.handle, c.batch).status().code(), c.code) << c.what;
+    EXPECT_EQ(h.Contents(), before) << c.what;
+  }
+}
+
+// A config whose draft-decode runs do not fit req_to_token's rows is refused at creation. With
+// 16-token pages, top-k 4 and 3 steps, the furthest run is not at max_context_len = 512 but
+// at 511: 496 + 3 branches * 2 pages * 16 + 15 + 3 = 610 positions.
+TEST(SpeculativeGraphBadInputTest, DraftRunsMustFitTheRows) {
+  HostDeviceMemory memory;
+  HostMetadataWriter writer;
+  const BackendConfig config = MakeTestConfig(16, {.topk = 4, .steps = 3});
+  BatchFixture fits(16, 9, 256, 8, 610);
+  EXPECT_TRUE(GraphState::Create(config, &fits.pool(), fits.page_size(), &memory, &writer).ok());
+  BatchFixture short_rows(16, 9, 256, 8, 609);
+  absl::Status s =
+      GraphState::Create(config, &short_rows.pool(), short_rows.page_size(), &memory, &writer)
+          .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("610"), absl::string_view::npos) << s;
+}
+
+}  // namespace
+}  // namespace attnmeta
