@@ -143,6 +143,49 @@ TEST_P(SpeculativeGraphTest, DraftDecodeEveryStep) {
 
 INSTANTIATE_TEST_SUITE_P(PageSizes, SpeculativeGraphTest, ::testing::Values(1, 7, 16, 64));
 
+// Padded branches of a draft-decode replay (the padded requests' topk each) read one token of
+// the padding page and have no query row, at every step; target-verify's padded rows have no
+// mask bytes.
+TEST(SpeculativeGraphPaddingTest, PaddedBranchesAndRowsGetSafeValues) {
+  const DraftDecodeShape shape{2, 3};
+  BatchFixture f(16, 12);
+  std::vector<TokenLength> seq_lens;
+  for (int i = 0; i < 2; ++i) {
+    const TokenLength len(40 + 9 * i);
+    f.AddSequence(len.value(), DraftRowTokens(len, shape, f.page_size()) - len.value());
+    seq_lens.push_back(len);
+  }
+  GraphHarness h(MakeTestConfig(16, {.draft_tokens = kDraft, .topk = 2, .steps = 3}), f);
+  GraphState& g = h.state();
+  auto decode = g.Capture(8, ForwardMode::kDraftDecode);
+  ASSERT_TRUE(decode.ok()) << decode.status();
+  ASSERT_TRUE(g.Replay(*decode, ReplayBatch{f.rows(), seq_lens}).ok());
+  const GraphBuffers& b = g.buffers();
+  const int64_t real = 2 * shape.topk, padded = 8 * shape.topk;
+  for (int64_t z = real; z < padded; ++z) {
+    EXPECT_EQ(b.draft_qo_indptr[z + 1], b.draft_qo_indptr[real]) << "branch " << z;
+  }
+  EXPECT_EQ(b.draft_qo_indptr[real].value(), real);
+  for (int step = 0; step < shape.steps; ++step) {
+    const DraftStepBuffers& d = b.draft_steps[step];
+    for (int64_t z = real; z < padded; ++z) {
+      EXPECT_EQ(d.kv_lens[z], GraphState::kPaddedKvLen) << "step " << step << " branch " << z;
+      EXPECT_EQ(d.kv_last_page_len[z], TokenLength(1));
+      EXPECT_EQ(d.kv_indptr[z + 1] - d.kv_indptr[z], TokenCount(1));
+      EXPECT_EQ(PageOf(d.kv_indices[d.kv_indptr[z].value()], f.page_size()), kPaddingPage);
+    }
+  }
+  // Target-verify: mask_indptr stops growing after the real rows.
+  std::vector<uint8_t> tree(2 * kDraft * kDraft, 1);
+  std::vector<TokenLength> kv = {TokenLength(30), TokenLength(44)};
+  auto verify = g.Capture(8, ForwardMode::kTargetVerify);
+  ASSERT_TRUE(verify.ok()) << verify.status();
+  auto r = g.Replay(*verify, ReplayBatch{f.rows(), kv, {}, tree});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(b.mask_indptr[2], kDraft * (30 + 44));
+  for (int i = 3; i <= 8; ++i) EXPECT_EQ(b.mask_indptr[i], b.mask_indptr[2]) << i;
+}
+
 // Refused replays name the problem and write nothing.
 TEST(SpeculativeGraphBadInputTest, RefusedReplaysWriteNothing) {
   BatchFixture f(16, 9);

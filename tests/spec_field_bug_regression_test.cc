@@ -1,0 +1,124 @@
+// The field bugs of DESIGN.md section 3 that speculative decoding hit in the reference system
+// (rows 7, 8 and 10), each run through the real speculative path at the shape that broke it;
+// the mutation gate puts each bug back into the real code (tests/mutants/field_bug_row7_*,
+// draft_extend_rows_unchecked, field_bug_row10_*) and shows these tests failing.
+
+#include <vector>
+
+#include "attention/graph/testing/graph_harness.h"
+#include "attention/metadata/testing/batch_fixture.h"
+#include "attention/metadata/testing/metadata_compare.h"
+#include "attention/metadata/validator.h"
+#include "gtest/gtest.h"
+#include "spec_decode/speculative_metadata.h"
+#include "spec_decode/verify_tree.h"
+
+namespace attnmeta {
+namespace {
+
+using testing::BatchFixture;
+using testing::ExpectSameMetadata;
+using testing::GraphHarness;
+using testing::MakeTestConfig;
+
+absl::Status Validate(const ForwardMetadataView& v, const BatchFixture& f, int64_t query_rows) {
+  ValidationContext ctx{f.pool_slots(), f.page_size(), TokenCount(query_rows)};
+  ctx.check_slot_ownership = true;
+  return ValidateForwardMetadata(v, ctx);
+}
+
+// Row 7: the verify buffer without the draft-token slack overflowed near full context. Every
+// request here has max_context_len committed tokens plus its n draft tokens: target-verify
+// replays them (kv_len ctx + n) and equals the eager path.
+TEST(SpecFieldBugTest, Row7_VerifyAtFullContextFitsTheGraphBuffers) {
+  for (int64_t ps : {1, 16, 64}) {
+    SCOPED_TRACE(::testing::Message() << "page_size " << ps);
+    const int64_t ctx = 192;
+    const int32_t n = 4;
+    const int bs = 3;
+    BatchFixture f(ps, 7, bs * ((ctx + n) / ps + 2) + 8);
+    std::vector<TokenLength> seq_lens;
+    std::vector<int32_t> parents;
+    for (int i = 0; i < bs; ++i) {
+      f.AddSequence(ctx, n);
+      seq_lens.push_back(TokenLength(ctx));
+      for (int32_t t = 0; t < n; ++t) parents.push_back(t == 0 ? -1 : (t - 1) / 2);
+    }
+    auto tree = BuildVerifyTreeFromParents(parents, seq_lens, n);
+    ASSERT_TRUE(tree.ok()) << tree.status();
+    GraphHarness h(MakeTestConfig(ps, {.max_batch_size = bs, .max_context_len = ctx,
+                                       .draft_tokens = n}),
+                   f);
+    // The buggy plan: rows of ceil(ctx / ps) * ps slots, without the n draft slots.
+    EXPECT_EQ(h.state().plan().kv_row_tokens, (ctx + ps - 1) / ps * ps + n);
+    auto handle = h.state().Capture(bs, ForwardMode::kTargetVerify);
+    ASSERT_TRUE(handle.ok()) << handle.status();
+    auto r = h.state().Replay(*handle, ReplayBatch{f.rows(), f.kv_lens(), {}, tree->sees});
+    ASSERT_TRUE(r.ok()) << r.status();
+    auto eager = BuildTargetVerifyMetadata(f.pool(), f.rows(), *tree, MaskLayout::kFull,
+                                           TokenCount(bs * n), f.page_size());
+    ASSERT_TRUE(eager.ok()) << eager.status();
+    ExpectSameMetadata(r->metadata, eager->view());
+    EXPECT_TRUE(Validate(r->metadata, f, bs * n).ok()) << Validate(r->metadata, f, bs * n);
+    EXPECT_TRUE(h.memory().VerifyCanaries().ok()) << h.memory().VerifyCanaries();
+  }
+}
+
+// Row 8: an eager draft-extend took the prefill's qo_indptr, [0, 80], for a 4-row query and
+// wrote out of bounds. The builder is told the query tensor's rows and refuses the mismatch.
+TEST(SpecFieldBugTest, Row8_DraftExtendWithPrefillQoIndptrIsRefused) {
+  BatchFixture f(16, 8);
+  f.AddSequence(0, 80);  // the prompt: 80 tokens
+  const std::vector<TokenLength> prompt = {TokenLength(80)};
+  // The buggy call: rows per request taken from the prefill (80), query tensor of 4 rows.
+  auto buggy = BuildDraftExtendMetadata({f.rows(), prompt, 80, {}, 0, TokenCount(4)}, f.pool(),
+                                        f.page_size());
+  EXPECT_EQ(buggy.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(buggy.status().message().find("80 query rows"), absl::string_view::npos)
+      << buggy.status();
+  // The right one: 4 rows per request, qo_indptr [0, 4].
+  auto good = BuildDraftExtendMetadata({f.rows(), prompt, 4, {}, 0, TokenCount(4)}, f.pool(),
+                                       f.page_size());
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(good->qo_indptr, (std::vector<TokenOffset>{TokenOffset(0), TokenOffset(4)}));
+}
+
+// Row 10: the draft-decode buffer's row width lacked the top-k factor: an out-of-range token
+// index. Requests at max_context_len with top-k 4 over 3 steps replay every step into the
+// graph buffers and equal the eager path.
+TEST(SpecFieldBugTest, Row10_DraftDecodeAtFullContextWithTopK) {
+  for (int64_t ps : {1, 16, 64}) {
+    SCOPED_TRACE(::testing::Message() << "page_size " << ps);
+    const int64_t ctx = 192;
+    const DraftDecodeShape shape{4, 3};
+    const int bs = 3;
+    BatchFixture f(ps, 10, 4096);
+    std::vector<TokenLength> seq_lens;
+    for (int i = 0; i < bs; ++i) {
+      const TokenLength len(ctx);
+      f.AddSequence(ctx, DraftRowTokens(len, shape, f.page_size()) - ctx);
+      seq_lens.push_back(len);
+    }
+    GraphHarness h(MakeTestConfig(ps, {.max_batch_size = bs, .max_context_len = ctx,
+                                       .topk = shape.topk, .steps = shape.steps}),
+                   f);
+    // The buggy plan: B * (ceil(ctx / ps) * ps + steps) per step, without top-k.
+    EXPECT_EQ(h.state().plan().Find("draft_kv_indices")->capacity,
+              shape.steps * bs * shape.topk * h.state().plan().draft_branch_tokens);
+    auto handle = h.state().Capture(bs, ForwardMode::kDraftDecode);
+    ASSERT_TRUE(handle.ok()) << handle.status();
+    auto r = h.state().Replay(*handle, ReplayBatch{f.rows(), seq_lens});
+    ASSERT_TRUE(r.ok()) << r.status();
+    auto eager = BuildDraftDecodeMetadata(f.pool(), f.rows(), seq_lens, shape,
+                                          TokenCount(bs * shape.topk), f.page_size());
+    ASSERT_TRUE(eager.ok()) << eager.status();
+    for (int step = 0; step < shape.steps; ++step) {
+      ExpectSameMetadata(r->draft_steps[step], (*eager)[step].view());
+      EXPECT_TRUE(Validate(r->draft_steps[step], f, bs * shape.topk).ok());
+    }
+    EXPECT_TRUE(h.memory().VerifyCanaries().ok()) << h.memory().VerifyCanaries();
+  }
+}
+
+}  // namespace
+}  // namespace attnmeta
