@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "attention/metadata/builders.h"
 #include "attention/metadata/snapshot.h"
@@ -16,18 +17,34 @@ int main(int argc, char** argv) {
     return 2;
   }
   using attnmeta::ForwardMode;
-  for (ForwardMode mode :
-       {ForwardMode::kDecode, ForwardMode::kExtend, ForwardMode::kMixed, ForwardMode::kIdle}) {
+  for (ForwardMode mode : {ForwardMode::kDecode, ForwardMode::kExtend, ForwardMode::kMixed,
+                           ForwardMode::kIdle, ForwardMode::kDraftExtend,
+                           ForwardMode::kTargetVerify}) {
     attnmeta::testing::BatchFixture f(16, 7, /*num_pages=*/64, /*max_reqs=*/8,
                                       /*max_context=*/256);
-    if (mode != ForwardMode::kIdle) {
+    const bool speculative =
+        mode == ForwardMode::kDraftExtend || mode == ForwardMode::kTargetVerify;
+    if (speculative) {
+      // Three draft tokens per request; target-verify's tree: a root with two children.
+      f.AddSequence(37, 3);
+      f.AddSequence(20, 3);
+      f.AddSequenceSharingPrefix(0, 32, 33, 3);
+    } else if (mode != ForwardMode::kIdle) {
       const bool decode = mode == ForwardMode::kDecode;
       f.AddSequence(37, decode ? 1 : 5);
       f.AddSequence(decode ? 20 : 0, decode ? 1 : 19);
       f.AddSequenceSharingPrefix(0, 32, 33, mode == ForwardMode::kExtend ? 2 : 1);
     }
-    const attnmeta::ForwardBatch batch = f.Batch(mode);
-    auto m = attnmeta::BuildForwardMetadata(batch, f.pool(), f.page_size());
+    const std::vector<uint8_t> tree = {1, 0, 0, 1, 1, 0, 1, 0, 1,  //
+                                       1, 0, 0, 1, 1, 0, 1, 0, 1,  //
+                                       1, 0, 0, 1, 1, 0, 1, 0, 1};
+    attnmeta::ForwardBatch batch = f.Batch(mode);
+    attnmeta::BuildOptions options;
+    if (mode == ForwardMode::kTargetVerify) {
+      batch.tree_mask = tree;
+      options.mask_layout = attnmeta::MaskLayout::kFull;
+    }
+    auto m = attnmeta::BuildForwardMetadata(batch, f.pool(), f.page_size(), options);
     if (!m.ok()) {
       std::fprintf(stderr, "%s\n", m.status().ToString().c_str());
       return 1;

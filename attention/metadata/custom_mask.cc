@@ -20,6 +20,16 @@ absl::string_view MaskLayoutName(MaskLayout layout) {
   return "unknown";
 }
 
+absl::StatusOr<MaskLayout> ParseMaskLayout(absl::string_view name) {
+  if (name.empty()) return MaskLayout::kNone;
+  for (MaskLayout l : {MaskLayout::kNone, MaskLayout::kFull, MaskLayout::kQLenOnly,
+                       MaskLayout::kBitPacked}) {
+    if (MaskLayoutName(l) == name) return l;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown mask layout \"", name,
+                                                 "\" (none, full, qlen_only, bit_packed)"));
+}
+
 int32_t MaskWordBytes(TokenCount max_q_len) {
   if (max_q_len.value() <= 8) return 1;
   if (max_q_len.value() <= 16) return 2;

@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kvcache/units.h"
@@ -26,6 +27,8 @@ namespace attnmeta {
 enum class MaskLayout { kNone, kFull, kQLenOnly, kBitPacked };
 
 absl::string_view MaskLayoutName(MaskLayout layout);
+// The layout named `name` ("" is kNone). InvalidArgument for an unknown name.
+absl::StatusOr<MaskLayout> ParseMaskLayout(absl::string_view name);
 
 // The largest q_len a bit-packed mask holds.
 inline constexpr int64_t kMaxBitPackedRows = 32;

@@ -62,8 +62,12 @@ struct RecordedInputs {
   std::vector<TokenLength> kv_lens;
   std::vector<TokenLength> q_lens;
   std::vector<TokenPosition> starts;
+  MaskLayout mask_layout = MaskLayout::kNone;
+  std::vector<uint8_t> tree_mask;
 
-  ForwardBatch batch() const { return ForwardBatch{mode, req_rows, kv_lens, q_lens, starts}; }
+  ForwardBatch batch() const {
+    return ForwardBatch{mode, req_rows, kv_lens, q_lens, starts, tree_mask};
+  }
 };
 
 absl::Status RowOutside(absl::string_view array, int64_t i, int64_t row, int32_t max_reqs) {
@@ -90,6 +94,8 @@ absl::StatusOr<RecordedInputs> LoadInputs(const MetadataSnapshot& s) {
   }
   absl::StatusOr<ForwardMode> mode = ParseForwardMode(s.mode());
   if (!mode.ok()) return Wrap("mode", mode.status());
+  absl::StatusOr<MaskLayout> mask_layout = ParseMaskLayout(s.mask_layout());
+  if (!mask_layout.ok()) return Wrap("mask_layout", mask_layout.status());
   absl::flat_hash_map<int32_t, int32_t> dense_row;
   int64_t widest = 1;
   for (int k = 0; k < s.req_to_token_size(); ++k) {
@@ -127,7 +133,8 @@ absl::StatusOr<RecordedInputs> LoadInputs(const MetadataSnapshot& s) {
   absl::StatusOr<ReqToTokenPool> pool =
       ReqToTokenPool::Create(static_cast<int32_t>(rows), TokenCount(widest));
   if (!pool.ok()) return Wrap("req_to_token", pool.status());
-  RecordedInputs in{*ps, *std::move(pool), *mode, {}, {}, {}, {}};
+  RecordedInputs in{*ps, *std::move(pool), *mode, {}, {}, {}, {}, *mask_layout,
+                    std::vector<uint8_t>(s.tree_mask().begin(), s.tree_mask().end())};
   for (const ReqToTokenRow& r : s.req_to_token()) {
     const ReqPoolIndex row(dense_row.at(r.row()));
     if (absl::Status st = in.pool.AllocateRow(row); !st.ok()) return Wrap("req_to_token", st);
@@ -170,6 +177,7 @@ TokenCount QueryRows(absl::Span<const TokenLength> q_lens) {
 absl::StatusOr<ForwardMetadata> Rebuild(const MetadataSnapshot& s, const RecordedInputs& in) {
   BuildOptions options;
   options.page_table = s.page_table_enabled();
+  options.mask_layout = in.mask_layout;
   options.check = MetadataCheck{TokenCount(s.pool_slots()), QueryRows(in.q_lens)};
   absl::StatusOr<ForwardMetadata> m =
       BuildForwardMetadata(in.batch(), in.pool, in.page_size, options);
@@ -193,6 +201,9 @@ void RecordMetadata(const ForwardMetadata& m, MetadataSnapshot& s) {
   Append(m.page_table.span().entries(), s.mutable_page_table());
   s.set_max_q_len(m.max_q_len.value());
   s.set_max_kv_len(m.max_kv_len.value());
+  s.set_custom_mask(std::string(m.custom_mask.begin(), m.custom_mask.end()));
+  s.clear_mask_indptr();
+  for (int64_t v : m.mask_indptr) s.add_mask_indptr(v);
 }
 
 }  // namespace
@@ -211,6 +222,10 @@ absl::StatusOr<MetadataSnapshot> MakeSnapshot(const ForwardBatch& batch,
   Append(batch.q_lens, s.mutable_q_lens());
   Append(batch.kv_start_idx, s.mutable_kv_start_idx());
   s.set_page_table_enabled(m.page_table.rows() > 0 || m.page_table.cols() > 0);
+  if (m.mask_layout != MaskLayout::kNone) {
+    s.set_mask_layout(std::string(MaskLayoutName(m.mask_layout)));
+  }
+  s.set_tree_mask(std::string(batch.tree_mask.begin(), batch.tree_mask.end()));
   for (size_t i = 0; i < batch.req_rows.size(); ++i) {
     const int64_t start = batch.kv_start_idx.empty() ? 0 : batch.kv_start_idx[i].value();
     auto row = pool.Read(batch.req_rows[i], TokenCount(0),
@@ -279,6 +294,9 @@ absl::Status CheckSnapshot(const MetadataSnapshot& s) {
   recorded.page_table = *pt;
   recorded.max_q_len = TokenCount(s.max_q_len());
   recorded.max_kv_len = TokenCount(s.max_kv_len());
+  const std::vector<uint8_t> custom_mask(s.custom_mask().begin(), s.custom_mask().end());
+  const std::vector<int64_t> mask_indptr(s.mask_indptr().begin(), s.mask_indptr().end());
+  recorded.custom_mask = CustomMaskView{in->mask_layout, custom_mask, mask_indptr};
   // Ownership needs no second check: the rebuilt metadata passed it, and the recorded arrays
   // must equal the rebuilt ones.
   const ValidationContext ctx{TokenCount(s.pool_slots()), in->page_size, QueryRows(in->q_lens)};
@@ -300,6 +318,19 @@ absl::Status CheckSnapshot(const MetadataSnapshot& s) {
   if (absl::Status st = Compare<PageId>("page_table", pt->entries(), built.page_table.entries());
       !st.ok()) {
     return st;
+  }
+  if (mask_indptr != rebuilt->mask_indptr) {
+    return absl::InvalidArgumentError("mask_indptr: the recorded array differs from the rebuilt one");
+  }
+  if (custom_mask != rebuilt->custom_mask) {
+    size_t k = 0;
+    while (k < custom_mask.size() && k < rebuilt->custom_mask.size() &&
+           custom_mask[k] == rebuilt->custom_mask[k]) {
+      ++k;
+    }
+    return absl::InvalidArgumentError(absl::StrCat("custom_mask: recorded and rebuilt differ at byte ", k,
+                                                   " (", custom_mask.size(), " and ",
+                                                   rebuilt->custom_mask.size(), " bytes)"));
   }
   if (recorded.max_q_len != built.max_q_len || recorded.max_kv_len != built.max_kv_len) {
     return absl::InvalidArgumentError(absl::StrCat(

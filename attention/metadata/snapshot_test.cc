@@ -215,3 +215,51 @@ TEST_F(SnapshotTest, RewriteRecordsTheFixedBehaviour) {
 
 }  // namespace
 }  // namespace attnmeta
+
+namespace attnmeta {
+namespace {
+
+// A target-verify batch records its tree and mask; a corrupted mask, mask_indptr or tree is
+// named, and a text round trip checks.
+TEST(SnapshotMaskTest, TargetVerifyRecordsItsTreeAndMask) {
+  testing::BatchFixture f(16, 4);
+  f.AddSequence(30, 3);
+  f.AddSequence(9, 3);
+  // Request 0: a root with two children; request 1: a chain.
+  std::vector<uint8_t> tree = {1, 0, 0, 1, 1, 0, 1, 0, 1,  //
+                               1, 0, 0, 1, 1, 0, 1, 1, 1};
+  ForwardBatch batch = f.Batch(ForwardMode::kTargetVerify);
+  batch.tree_mask = tree;
+  for (MaskLayout layout : {MaskLayout::kFull, MaskLayout::kQLenOnly, MaskLayout::kBitPacked}) {
+    SCOPED_TRACE(MaskLayoutName(layout));
+    BuildOptions options;
+    options.mask_layout = layout;
+    auto m = BuildForwardMetadata(batch, f.pool(), f.page_size(), options);
+    ASSERT_TRUE(m.ok()) << m.status();
+    auto snap = MakeSnapshot(batch, f.pool(), f.page_size(), f.pool_slots(), *m);
+    ASSERT_TRUE(snap.ok()) << snap.status();
+    auto back = SnapshotFromText(SnapshotToText(*snap));
+    ASSERT_TRUE(back.ok());
+    EXPECT_TRUE(CheckSnapshot(*back).ok()) << CheckSnapshot(*back);
+    EXPECT_EQ(back->mask_layout(), MaskLayoutName(layout));
+
+    MetadataSnapshot flipped = *snap;
+    (*flipped.mutable_custom_mask())[1] ^= 1;
+    EXPECT_EQ(std::string(CheckSnapshot(flipped).message()).rfind("custom_mask", 0), 0u)
+        << CheckSnapshot(flipped);
+    MetadataSnapshot moved = *snap;
+    moved.set_mask_indptr(1, moved.mask_indptr(1) + 1);
+    EXPECT_EQ(std::string(CheckSnapshot(moved).message()).rfind("mask_indptr", 0), 0u)
+        << CheckSnapshot(moved);
+    MetadataSnapshot other_tree = *snap;
+    (*other_tree.mutable_tree_mask())[4] = 0;  // request 0's row 1 no longer sees itself
+    EXPECT_FALSE(CheckSnapshot(other_tree).ok());
+    MetadataSnapshot bad_layout = *snap;
+    bad_layout.set_mask_layout("diagonal");
+    EXPECT_EQ(std::string(CheckSnapshot(bad_layout).message()).rfind("mask_layout", 0), 0u)
+        << CheckSnapshot(bad_layout);
+  }
+}
+
+}  // namespace
+}  // namespace attnmeta
