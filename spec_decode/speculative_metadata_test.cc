@@ -59,24 +59,31 @@ TEST(DraftExtendTest, FixedFormHasNRowsPerRequest) {
 }
 
 TEST(DraftExtendTest, VariableFormTakesAcceptedLengthPlusOne) {
-  BatchFixture f(7, 4);
-  f.AddSequence(30, 1);
-  f.AddSequence(12, 3);
-  f.AddSequence(50, 4);
-  std::vector<TokenLength> accepted = {TokenLength(0), TokenLength(2), TokenLength(3)};
-  DraftExtendBatch b{f.rows(), f.kv_lens(), 0, accepted, 4, TokenCount(8)};
-  SpecBuildOptions checked;
-  checked.check_pool_slots = f.pool_slots();
-  auto m = BuildDraftExtendMetadata(b, f.pool(), f.page_size(), checked);
-  ASSERT_TRUE(m.ok()) << m.status();
-  EXPECT_EQ(m->qo_indptr, (std::vector<TokenOffset>{TokenOffset(0), TokenOffset(1), TokenOffset(4),
-                                                    TokenOffset(8)}));
-  EXPECT_EQ(m->max_q_len, TokenCount(4));
-  // The attention of each request's extended rows equals dense attention.
-  AttentionProblem p = MakeAttentionProblem(f, kDims, 5);
-  std::vector<float> out(p.q.size(), -1.0f);
-  ASSERT_TRUE(ReferenceAttentionPageTable(Inputs(p, *m, f.page_size(), p.q), absl::MakeSpan(out)).ok());
-  EXPECT_LT(RelativeL2Error(out, p.dense), kTolerance);
+  for (int64_t ps : {1, 7, 16, 64}) {
+    SCOPED_TRACE(::testing::Message() << "page_size " << ps << " seed " << 4 + ps);
+    BatchFixture f(ps, 4 + ps);
+    f.AddSequence(30, 1);
+    f.AddSequence(12, 3);
+    f.AddSequenceSharingPrefix(0, 30, 50, 4);
+    std::vector<TokenLength> accepted = {TokenLength(0), TokenLength(2), TokenLength(3)};
+    DraftExtendBatch b{f.rows(), f.kv_lens(), 0, accepted, 4, TokenCount(8)};
+    SpecBuildOptions checked;
+    checked.check_pool_slots = f.pool_slots();
+    auto m = BuildDraftExtendMetadata(b, f.pool(), f.page_size(), checked);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->qo_indptr, (std::vector<TokenOffset>{TokenOffset(0), TokenOffset(1),
+                                                      TokenOffset(4), TokenOffset(8)}));
+    EXPECT_EQ(m->max_q_len, TokenCount(4));
+    // The attention of each request's extended rows equals dense attention over its logical
+    // sequence, through token-level indices and through the page table.
+    AttentionProblem p = MakeAttentionProblem(f, kDims, 5 + ps);
+    std::vector<float> out(p.q.size(), -1.0f);
+    ASSERT_TRUE(ReferenceAttentionTokenLevel(Inputs(p, *m, f.page_size(), p.q), absl::MakeSpan(out)).ok());
+    EXPECT_LT(RelativeL2Error(out, p.dense), kTolerance);
+    std::fill(out.begin(), out.end(), -1.0f);
+    ASSERT_TRUE(ReferenceAttentionPageTable(Inputs(p, *m, f.page_size(), p.q), absl::MakeSpan(out)).ok());
+    EXPECT_LT(RelativeL2Error(out, p.dense), kTolerance);
+  }
 }
 
 TEST(DraftExtendTest, BadInputIsAnError) {
