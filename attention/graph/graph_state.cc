@@ -510,6 +510,8 @@ absl::StatusOr<SplitKvPlanCounts> GraphState::Write(const CaptureHandle& h,
   request.page_table = config_.consumers().page_table();
   request.split_kv = config_.consumers().split_kv().enabled();
   if (request.split_kv) request.split_kv_options = ConfigSplitKvOptions(config_);
+  request.q_len_per_request = h.q_len_per_request;
+  request.generation = generation_;
   if (h.mode == ForwardMode::kTargetVerify) request.mask_layout = MaskLayout::kFull;
   if (h.mode == ForwardMode::kDraftDecode) {
     request.draft_decode = DraftDecodeShape{config_.speculative().topk(),
@@ -518,12 +520,18 @@ absl::StatusOr<SplitKvPlanCounts> GraphState::Write(const CaptureHandle& h,
     request.split_kv = false;
   }
   SplitKvPlanCounts counts;
-  // The inputs were checked against the buffers: a writer error here is an internal one.
+  // The inputs were checked against the buffers: a writer error here is an internal one,
+  // except a writer that does not implement the request (Unimplemented stays so).
+  auto writer_error = [](absl::string_view stage, const absl::Status& s) {
+    return absl::Status(s.code() == absl::StatusCode::kUnimplemented ? s.code()
+                                                                      : absl::StatusCode::kInternal,
+                        absl::StrCat("metadata writer, ", stage, ": ", s.message()));
+  };
   if (absl::Status s = writer_->WriteBatchArrays(request, views_); !s.ok()) {
-    return absl::InternalError(absl::StrCat("metadata writer, batch arrays: ", s.message()));
+    return writer_error("batch arrays", s);
   }
   if (absl::Status s = writer_->WriteTokenArrays(request, views_, &counts); !s.ok()) {
-    return absl::InternalError(absl::StrCat("metadata writer, token arrays: ", s.message()));
+    return writer_error("token arrays", s);
   }
   return counts;
 }

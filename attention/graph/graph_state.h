@@ -17,7 +17,8 @@
 //
 // Every input and capacity is checked before anything is written; on error the buffers and
 // the state are exactly as before (an Internal error of the memory or the writer after the
-// checks, e.g. a device fault, is the exception: the buffers are then partly written). Replay
+// checks, e.g. a device fault, is the exception: the buffers are then partly written; a writer
+// that does not implement a request answers Unimplemented before it writes). Replay
 // allocates nothing (host heap or device memory). GraphState does not validate what it wrote:
 // a checked launcher runs ValidateForwardMetadata on ReplayResult::metadata, as the tests do.
 //

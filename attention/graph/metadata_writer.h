@@ -73,6 +73,10 @@ struct MetadataWriteRequest {
   SplitKvOptions split_kv_options;
   MaskLayout mask_layout = MaskLayout::kNone;    // kFull for target-verify
   DraftDecodeShape draft_decode;                 // the config's topk and steps (draft-decode)
+  TokenLength q_len_per_request;                 // the captured rows per request (a bound)
+  // The buffers' generation (GraphState::generation): a writer that keeps per-buffer state,
+  // such as captured device graphs, must drop it when this changes.
+  uint64_t generation = 0;
 };
 
 class MetadataWriter {

@@ -9,7 +9,9 @@
 // Wave size is 64 on CDNA (gfx9) and 32 on RDNA and NVIDIA, and HIP's host pass reports 64
 // whatever the target: block sizes that host and device code both use must not derive from
 // it (the launch would not match the kernel's stride on AMD), and host code that needs it asks
-// the device (hipDeviceGetAttribute, warp size).
+// the device (hipDeviceGetAttribute, warp size). Device code uses attnmeta::kWaveSize (the
+// target's, in the device pass) and the wave shuffles ATTNMETA_SHFL_UP / ATTNMETA_SHFL_DOWN
+// (all lanes active; CUDA has only the _sync forms, HIP 5.2 only the plain ones).
 //
 // No Abseil and no glog here: device sources include this header.
 
@@ -17,21 +19,46 @@
 #define ATTNMETA_ATTENTION_KERNELS_HIP_PORT_H_
 
 #include <cstddef>
+#include <cstdint>
 
 #if defined(ATTNMETA_GPU_ROCM)
 
 #include <hip/hip_runtime.h>
 
+namespace attnmeta {
+// The device pass knows the target's wave size; the host pass gets a placeholder that host
+// code must not use (see above).
+#if defined(__AMDGCN_WAVEFRONT_SIZE)
+inline constexpr int kWaveSize = __AMDGCN_WAVEFRONT_SIZE;
+#else
+inline constexpr int kWaveSize = 64;
+#endif
+}  // namespace attnmeta
+
+#define ATTNMETA_SHFL_UP(value, delta) __shfl_up((value), (delta))
+#define ATTNMETA_SHFL_DOWN(value, delta) __shfl_down((value), (delta))
+
 #elif defined(ATTNMETA_GPU_CUDA)
 
 #include <cuda_runtime.h>
+
+namespace attnmeta {
+inline constexpr int kWaveSize = 32;
+}  // namespace attnmeta
+
+#define ATTNMETA_SHFL_UP(value, delta) __shfl_up_sync(0xffffffffu, (value), (delta))
+#define ATTNMETA_SHFL_DOWN(value, delta) __shfl_down_sync(0xffffffffu, (value), (delta))
 
 using hipError_t = cudaError_t;
 using hipStream_t = cudaStream_t;
 using hipEvent_t = cudaEvent_t;
 using hipMemcpyKind = cudaMemcpyKind;
+using hipGraph_t = cudaGraph_t;
+using hipGraphExec_t = cudaGraphExec_t;
+using hipStreamCaptureMode = cudaStreamCaptureMode;
 
 constexpr hipError_t hipSuccess = cudaSuccess;
+constexpr hipStreamCaptureMode hipStreamCaptureModeThreadLocal = cudaStreamCaptureModeThreadLocal;
 constexpr hipMemcpyKind hipMemcpyHostToDevice = cudaMemcpyHostToDevice;
 constexpr hipMemcpyKind hipMemcpyDeviceToHost = cudaMemcpyDeviceToHost;
 constexpr hipMemcpyKind hipMemcpyDeviceToDevice = cudaMemcpyDeviceToDevice;
@@ -56,6 +83,28 @@ inline hipError_t hipMemcpyAsync(void* dst, const void* src, size_t bytes, hipMe
 inline hipError_t hipMemset(void* dst, int value, size_t bytes) {
   return cudaMemset(dst, value, bytes);
 }
+inline hipError_t hipMemsetAsync(void* dst, int value, size_t bytes, hipStream_t stream) {
+  return cudaMemsetAsync(dst, value, bytes, stream);
+}
+inline hipError_t hipStreamCreate(hipStream_t* s) { return cudaStreamCreate(s); }
+inline hipError_t hipStreamDestroy(hipStream_t s) { return cudaStreamDestroy(s); }
+inline hipError_t hipStreamSynchronize(hipStream_t s) { return cudaStreamSynchronize(s); }
+inline hipError_t hipStreamBeginCapture(hipStream_t s, hipStreamCaptureMode mode) {
+  return cudaStreamBeginCapture(s, mode);
+}
+inline hipError_t hipStreamEndCapture(hipStream_t s, hipGraph_t* graph) {
+  return cudaStreamEndCapture(s, graph);
+}
+inline hipError_t hipGraphInstantiate(hipGraphExec_t* exec, hipGraph_t graph, void* /*error_node*/,
+                                      char* /*log*/, size_t /*log_size*/) {
+  // CUDA 12 dropped the five-argument form; HIP keeps it.
+  return cudaGraphInstantiate(exec, graph, 0);
+}
+inline hipError_t hipGraphLaunch(hipGraphExec_t exec, hipStream_t s) {
+  return cudaGraphLaunch(exec, s);
+}
+inline hipError_t hipGraphExecDestroy(hipGraphExec_t exec) { return cudaGraphExecDestroy(exec); }
+inline hipError_t hipGraphDestroy(hipGraph_t graph) { return cudaGraphDestroy(graph); }
 inline hipError_t hipEventCreate(hipEvent_t* e) { return cudaEventCreate(e); }
 inline hipError_t hipEventDestroy(hipEvent_t e) { return cudaEventDestroy(e); }
 inline hipError_t hipEventRecord(hipEvent_t e, hipStream_t s) { return cudaEventRecord(e, s); }

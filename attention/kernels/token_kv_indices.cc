@@ -3,27 +3,15 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
-#include "attention/kernels/token_kv_indices_kernel.h"
+#include "attention/kernels/internal/launch_checks.h"
+#include "attention/kernels/metadata_kernels.h"
 
 namespace attnmeta {
-namespace {
-
-// Grid dimension y is limited to 65535 on NVIDIA GPUs.
-constexpr int64_t kMaxChunks = 65535;
-
-template <typename T>
-absl::Status CheckPointer(const char* name, DeviceSpan<T> span) {
-  if (!span.empty() && span.data() == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, " has ", span.size(), " elements but a null pointer"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
+using internal::CheckNotNull;
 
 absl::Status BuildTokenKvIndicesOnDevice(const TokenKvIndicesDeviceInputs& in,
-                                         DeviceSpan<TokenSlot> kv_indices, hipStream_t stream) {
+                                         DeviceSpan<TokenSlot> kv_indices, hipStream_t stream,
+                                         kernels::DeviceViolation* violation) {
   if (in.kv_indptr.empty()) {
     return absl::InvalidArgumentError("kv_indptr must have batch_size + 1 >= 1 entries, got 0");
   }
@@ -50,37 +38,39 @@ absl::Status BuildTokenKvIndicesOnDevice(const TokenKvIndicesDeviceInputs& in,
   if (bs > INT32_MAX) {
     return absl::OutOfRangeError(absl::StrCat("batch_size ", bs, " exceeds the grid"));
   }
-  for (absl::Status s : {CheckPointer("req_to_token", in.req_to_token),
-                         CheckPointer("req_pool_indices", in.req_pool_indices),
-                         CheckPointer("kv_indptr", in.kv_indptr),
-                         CheckPointer("kv_start_idx", in.kv_start_idx),
-                         CheckPointer("kv_indices", kv_indices)}) {
+  for (absl::Status s : {CheckNotNull("req_to_token", in.req_to_token),
+                         CheckNotNull("req_pool_indices", in.req_pool_indices),
+                         CheckNotNull("kv_indptr", in.kv_indptr),
+                         CheckNotNull("kv_start_idx", in.kv_start_idx),
+                         CheckNotNull("kv_indices", kv_indices)}) {
     if (!s.ok()) return s;
   }
-  const int64_t chunks = (in.max_kv_len.value() + kernels::kTokenKvIndicesChunk - 1) /
-                         kernels::kTokenKvIndicesChunk;
-  if (chunks > kMaxChunks) {
-    return absl::OutOfRangeError(
-        absl::StrCat("max_kv_len ", in.max_kv_len.value(), " needs ", chunks,
-                     " chunks per request, the grid allows ", kMaxChunks));
+  if (in.pool_slots.value() < 0 || in.pool_slots.value() > (int64_t{1} << 31) ||
+      static_cast<int64_t>(in.req_to_token.size()) / stride > INT32_MAX) {
+    return absl::OutOfRangeError("pool_slots or req_to_token rows beyond int32");
   }
-  if (bs == 0 || chunks == 0) return absl::OkStatus();
+  const int64_t passes = (in.max_kv_len.value() + kernels::kMetadataTokensPerPass - 1) /
+                         kernels::kMetadataTokensPerPass;
+  if (bs == 0 || passes == 0) return absl::OkStatus();
 
   kernels::TokenKvIndicesParams params;
-  params.req_to_token = reinterpret_cast<const int32_t*>(in.req_to_token.data());
-  params.req_to_token_stride = stride;
-  params.req_pool_indices = reinterpret_cast<const int32_t*>(in.req_pool_indices.data());
+  params.src.req_to_token = reinterpret_cast<const int32_t*>(in.req_to_token.data());
+  params.src.stride = stride;
+  params.src.max_reqs = static_cast<int32_t>(static_cast<int64_t>(in.req_to_token.size()) / stride);
+  params.src.pool_slots = in.pool_slots.value();
+  params.src.page_size = 1;
+  params.rows = reinterpret_cast<const int32_t*>(in.req_pool_indices.data());
   params.kv_indptr = reinterpret_cast<const int32_t*>(in.kv_indptr.data());
   params.kv_start_idx = reinterpret_cast<const int32_t*>(in.kv_start_idx.data());
   params.kv_indices = reinterpret_cast<int32_t*>(kv_indices.data());
+  params.kv_indices_capacity = static_cast<int64_t>(kv_indices.size());
   params.batch_size = static_cast<int32_t>(bs);
-  params.num_chunks = static_cast<int32_t>(chunks);
-  const hipError_t err = kernels::LaunchTokenKvIndicesKernel(params, stream);
-  if (err != hipSuccess) {
-    return absl::InternalError(
-        absl::StrCat("token kv_indices kernel launch failed: ", hipGetErrorString(err)));
-  }
-  return absl::OkStatus();
+  params.violation = violation;
+  return internal::LaunchResult(
+      kernels::LaunchTokenKvIndicesKernel(params, internal::Passes(in.max_kv_len.value(),
+                                                                   kernels::kMetadataTokensPerPass),
+                                          stream),
+      "token kv_indices");
 }
 
 }  // namespace attnmeta

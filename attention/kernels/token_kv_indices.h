@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "attention/kernels/device_span.h"
+#include "attention/kernels/device_violation.h"
 #include "attention/kernels/hip_port.h"
 #include "kvcache/req_to_token_pool.h"
 #include "kvcache/units.h"
@@ -26,6 +27,8 @@ struct TokenKvIndicesDeviceInputs {
   // The largest KV length of the batch (the host derives it from the real lengths); it sizes
   // the grid. 0 <= max_kv_len <= max_context_len.
   TokenCount max_kv_len;
+  // Slots of the KV pool: slots read are checked against it (0: not checked).
+  TokenCount pool_slots;
 };
 
 // Checks the shapes, launches on `stream` and returns the launch error.
@@ -33,11 +36,13 @@ struct TokenKvIndicesDeviceInputs {
 // empty nor batch_size, req_to_token not a whole number of rows, a null pointer with a
 // nonzero size); OutOfRange: max_kv_len outside [0, max_context_len] or a grid too large;
 // Internal: the launch failed. Nothing is launched unless the checks pass.
-// REQUIRES: the device arrays' contents are validated metadata (every request row in the
-// table, kv_start_idx[i] + kv_len_i <= max_context_len, kv_len_i <= max_kv_len and
-// kv_indptr[batch_size] <= kv_indices.size()): the launcher cannot read device memory.
+// What the launcher cannot see (the device arrays' contents) the kernel bounds-checks: a row
+// outside the table, a range past its row, an indptr past kv_indices or decreasing, a slot
+// outside the pool are recorded in `violation` (may be null) and never read or written out of
+// bounds; a row the grid does not reach (kv_len > max_kv_len) is written only in part.
 absl::Status BuildTokenKvIndicesOnDevice(const TokenKvIndicesDeviceInputs& in,
-                                         DeviceSpan<TokenSlot> kv_indices, hipStream_t stream);
+                                         DeviceSpan<TokenSlot> kv_indices, hipStream_t stream,
+                                         kernels::DeviceViolation* violation = nullptr);
 
 }  // namespace attnmeta
 

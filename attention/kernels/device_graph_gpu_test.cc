@@ -1,0 +1,207 @@
+// GraphState on the GPU: HipDeviceMemory and DeviceMetadataWriter with the metadata kernels
+// captured in a HIP/CUDA graph per bucket. For page sizes 1, 7, 16 and 64, random real batches
+// replayed through captured decode, extend and target-verify buckets give exactly the buffers
+// the host writer gives (real rows and padded rows), the real rows validate, and a regrow
+// invalidates the captured graph as on the host. Needs a GPU: fails when none is visible.
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attention/graph/graph_state.h"
+#include "attention/graph/testing/graph_harness.h"
+#include "attention/kernels/device_metadata_writer.h"
+#include "attention/kernels/hip_device_memory.h"
+#include "attention/kernels/testing/device_buffer.h"
+#include "attention/metadata/testing/batch_fixture.h"
+#include "attention/metadata/validator.h"
+#include "gtest/gtest.h"
+
+namespace attnmeta {
+namespace {
+
+using testing::BatchFixture;
+using testing::DeviceBuffer;
+using testing::GraphHarness;
+using testing::MakeTestConfig;
+
+constexpr int32_t kDraft = 4;
+constexpr int kExtendRows = 3;
+
+// The bytes of buffer `name` of a state, read back from wherever it lives.
+std::vector<uint8_t> Bytes(GraphState& g, DeviceMemory& memory, absl::string_view name,
+                           int64_t count_bytes) {
+  std::vector<uint8_t> out(count_bytes);
+  const attnmeta::DeviceBuffer b = g.buffer(name);
+  EXPECT_TRUE(memory.CopyToHost(out.data(), b, 0, count_bytes).ok()) << name;
+  return out;
+}
+
+template <typename T>
+std::vector<T> As(const std::vector<uint8_t>& bytes) {
+  std::vector<T> out(bytes.size() / sizeof(T));
+  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));
+  return out;
+}
+
+class DeviceGraphTest : public ::testing::TestWithParam<int64_t> {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(testing::RequireGpu().ok()) << testing::RequireGpu();
+    ASSERT_EQ(hipStreamCreate(&stream_), hipSuccess);
+  }
+  void TearDown() override {
+    if (stream_ != nullptr) (void)hipStreamDestroy(stream_);
+  }
+  hipStream_t stream_ = nullptr;
+};
+
+TEST_P(DeviceGraphTest, ReplaysEqualTheHostWriterAndARegrowRecaptures) {
+  const int64_t ps = GetParam();
+  const uint64_t seed = 900 + ps;
+  std::mt19937_64 rng(seed);
+  BatchFixture f(ps, seed, /*num_pages=*/20000 / ps + 64, /*max_reqs=*/40, /*max_context=*/520);
+  // 12 decode sequences (one new token), 12 extend (kExtendRows), 12 verify (kDraft drafts).
+  std::vector<TokenLength> verify_prefix;
+  for (int i = 0; i < 36; ++i) {
+    const int64_t cached = std::uniform_int_distribution<int64_t>(0, 500)(rng);
+    f.AddSequence(cached, i < 12 ? 1 : (i < 24 ? kExtendRows : kDraft));
+  }
+  const BackendConfig config = MakeTestConfig(
+      ps, {.max_batch_size = 8, .max_context_len = 512, .split_kv = false, .draft_tokens = kDraft});
+  GraphHarness host(config, f);
+
+  std::vector<TokenSlot> table(f.pool().table().begin(), f.pool().table().end());
+  auto d_table = DeviceBuffer<TokenSlot>::FromHost(table);
+  ASSERT_TRUE(d_table.ok()) << d_table.status();
+  HipDeviceMemory memory(stream_);
+  auto writer = DeviceMetadataWriter::Create(
+      DeviceReqToToken{d_table->const_span(), f.pool().max_context_len()}, f.pool_slots(), stream_,
+      {});
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  auto device = GraphState::Create(config, &f.pool(), f.page_size(), &memory, writer->get());
+  ASSERT_TRUE(device.ok()) << device.status();
+  GraphState& d = **device;
+
+  struct Bucket {
+    ForwardMode mode;
+    int first;  // the sequences this mode draws from: [first, first + 12)
+  };
+  for (int round = 0; round < 2; ++round) {
+    if (round == 1) {
+      // A regrow moves every buffer: the old captures are refused and new ones are made.
+      ASSERT_TRUE(d.Reserve(16).ok());
+      ASSERT_TRUE(host.state().Reserve(16).ok());
+    }
+    for (const Bucket& b : {Bucket{ForwardMode::kDecode, 0}, Bucket{ForwardMode::kExtend, 12},
+                            Bucket{ForwardMode::kTargetVerify, 24}}) {
+      const int64_t bucket = round == 0 ? 8 : 16;
+      std::optional<TokenLength> q;
+      if (b.mode == ForwardMode::kExtend) q = TokenLength(kExtendRows);
+      const int64_t before = (*writer)->graphs_captured();
+      auto dh = d.Capture(bucket, b.mode, q);
+      auto hh = host.state().Capture(bucket, b.mode, q);
+      ASSERT_TRUE(dh.ok() && hh.ok()) << dh.status() << hh.status();
+      EXPECT_EQ((*writer)->graphs_captured(), before + 1) << "one graph per bucket and mode";
+      for (int iter = 0; iter < 4; ++iter) {
+        const int64_t bs = std::uniform_int_distribution<int64_t>(1, std::min<int64_t>(bucket, 12))(rng);
+        SCOPED_TRACE(::testing::Message() << "page_size " << ps << " seed " << seed << " round "
+                                          << round << " mode " << ForwardModeName(b.mode)
+                                          << " iter " << iter << " bs " << bs);
+        std::vector<int> pick(12);
+        std::iota(pick.begin(), pick.end(), b.first);
+        std::shuffle(pick.begin(), pick.end(), rng);
+        pick.resize(bs);
+        std::vector<ReqPoolIndex> rows;
+        std::vector<TokenLength> kv;
+        std::vector<uint8_t> tree;
+        for (int i : pick) {
+          rows.push_back(f.rows()[i]);
+          kv.push_back(f.kv_lens()[i]);
+          for (int r = 0; r < kDraft && b.mode == ForwardMode::kTargetVerify; ++r) {
+            for (int c = 0; c < kDraft; ++c) tree.push_back(c == 0 || c == r || (c < r && rng() % 2));
+          }
+        }
+        const ReplayBatch batch{rows, kv, {}, tree};
+        auto dr = d.Replay(*dh, batch);
+        auto hr = host.state().Replay(*hh, batch);
+        ASSERT_TRUE(dr.ok()) << dr.status();
+        ASSERT_TRUE(hr.ok()) << hr.status();
+        EXPECT_EQ((*writer)->graphs_captured(), before + 1) << "replays launch the captured graph";
+        ASSERT_TRUE((*writer)->CheckViolations().ok()) << (*writer)->CheckViolations();
+        // Every buffer the replay wrote, padded rows included, byte for byte.
+        const int64_t total = hr->metadata.kv_indptr.back().value() + (bucket - bs);
+        std::vector<std::pair<std::string, int64_t>> written = {
+            {"kv_indptr", (bucket + 1) * 4}, {"qo_indptr", (bucket + 1) * 4},
+            {"kv_last_page_len", bucket * 4}, {"kv_indices", total * 4},
+            {"page_table", bucket * host.state().plan().page_table_cols * 4}};
+        if (b.mode == ForwardMode::kTargetVerify) {
+          written.push_back({"mask_indptr", (bucket + 1) * 8});
+          written.push_back({"custom_mask", hr->metadata.custom_mask.mask_indptr.back()});
+        }
+        for (const auto& [name, bytes] : written) {
+          EXPECT_EQ(Bytes(d, memory, name, bytes), Bytes(host.state(), host.memory(), name, bytes))
+              << name;
+        }
+        // The real rows, read back from the device, validate.
+        const std::vector<TokenOffset> kv_indptr =
+            As<TokenOffset>(Bytes(d, memory, "kv_indptr", (bs + 1) * 4));
+        const std::vector<TokenOffset> qo_indptr =
+            As<TokenOffset>(Bytes(d, memory, "qo_indptr", (bs + 1) * 4));
+        const std::vector<TokenLength> last =
+            As<TokenLength>(Bytes(d, memory, "kv_last_page_len", bs * 4));
+        const std::vector<TokenSlot> indices =
+            As<TokenSlot>(Bytes(d, memory, "kv_indices", kv_indptr.back().value() * 4));
+        ForwardMetadataView v = hr->metadata;  // host view for shape; arrays from the device
+        v.kv_indptr = kv_indptr;
+        v.qo_indptr = qo_indptr;
+        v.kv_last_page_len = last;
+        v.kv_indices = indices;
+        ValidationContext ctx{f.pool_slots(), f.page_size(), TokenCount(qo_indptr.back().value())};
+        ctx.check_slot_ownership = true;
+        EXPECT_TRUE(ValidateForwardMetadata(v, ctx).ok()) << ValidateForwardMetadata(v, ctx);
+      }
+      if (round == 1) {
+        // The round-0 handles were captured before the regrow.
+        CaptureHandle stale = *dh;
+        stale.generation -= 1;
+        EXPECT_EQ(d.Replay(stale, ReplayBatch{}).status().code(),
+                  absl::StatusCode::kFailedPrecondition);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(PageSizes, DeviceGraphTest, ::testing::Values(1, 7, 16, 64));
+
+// What the device writer does not implement is refused with a clear status.
+TEST(DeviceGraphUnsupportedTest, SplitKvAndDraftDecodeAreUnimplemented) {
+  ASSERT_TRUE(testing::RequireGpu().ok()) << testing::RequireGpu();
+  BatchFixture f(16, 3, 256, 8, 600);
+  std::vector<TokenSlot> table(f.pool().table().begin(), f.pool().table().end());
+  auto d_table = DeviceBuffer<TokenSlot>::FromHost(table);
+  ASSERT_TRUE(d_table.ok());
+  HipDeviceMemory memory(nullptr);
+  auto writer = DeviceMetadataWriter::Create(
+      DeviceReqToToken{d_table->const_span(), f.pool().max_context_len()}, f.pool_slots(), nullptr,
+      {});
+  ASSERT_TRUE(writer.ok());
+  auto split = GraphState::Create(MakeTestConfig(16), &f.pool(), f.page_size(), &memory,
+                                  writer->get());
+  ASSERT_TRUE(split.ok()) << split.status();
+  EXPECT_EQ((*split)->Capture(4, ForwardMode::kDecode).status().code(),
+            absl::StatusCode::kUnimplemented);
+  auto draft = GraphState::Create(MakeTestConfig(16, {.split_kv = false, .topk = 2, .steps = 2}),
+                                  &f.pool(), f.page_size(), &memory, writer->get());
+  ASSERT_TRUE(draft.ok()) << draft.status();
+  const absl::Status s = (*draft)->Capture(4, ForwardMode::kDraftDecode).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_NE(s.message().find("draft-decode"), absl::string_view::npos) << s;
+}
+
+}  // namespace
+}  // namespace attnmeta

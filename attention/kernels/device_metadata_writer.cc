@@ -1,0 +1,142 @@
+#include "attention/kernels/device_metadata_writer.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "attention/graph/graph_state.h"
+#include "attention/kernels/metadata_kernels.h"
+
+namespace attnmeta {
+namespace {
+
+// The graph layer stages padded rows as GraphState::kPaddedRow; the kernels recognise
+// kernels::kPaddedRow.
+static_assert(GraphState::kPaddedRow.value() == kernels::kPaddedRow);
+
+absl::Status Runtime(hipError_t err, absl::string_view what) {
+  if (err == hipSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("device metadata writer: ", what, ": ",
+                                          hipGetErrorString(err)));
+}
+
+template <typename T>
+DeviceSpan<T> Device(absl::Span<T> s, size_t n) {
+  return DeviceSpan<T>(s.data(), std::min(n, s.size()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DeviceMetadataWriter>> DeviceMetadataWriter::Create(
+    DeviceReqToToken req_to_token, TokenCount pool_slots, hipStream_t stream, Options options) {
+  if (req_to_token.table.empty() || req_to_token.max_context_len.value() < 1) {
+    return absl::InvalidArgumentError("device metadata writer: empty req_to_token");
+  }
+  absl::StatusOr<DeviceViolationWord> violation = DeviceViolationWord::Create();
+  if (!violation.ok()) return violation.status();
+  return std::unique_ptr<DeviceMetadataWriter>(new DeviceMetadataWriter(
+      req_to_token, pool_slots, stream, options, *std::move(violation)));
+}
+
+DeviceMetadataWriter::~DeviceMetadataWriter() { DropGraphs(); }
+
+void DeviceMetadataWriter::DropGraphs() {
+  for (Graph& g : graphs_) {
+    (void)hipGraphExecDestroy(g.exec);
+    (void)hipGraphDestroy(g.graph);
+  }
+  graphs_.clear();
+}
+
+absl::Status DeviceMetadataWriter::Launch(const MetadataWriteRequest& r, const GraphBuffers& b) {
+  const size_t padded = static_cast<size_t>(r.padded_batch_size);
+  if (absl::Status s = violation_.Reset(stream_); !s.ok()) return s;
+  DecodeMetadataDeviceArgs a;
+  a.req_to_token = req_to_token_;
+  a.pool_slots = pool_slots_;
+  a.page_size = r.page_size;
+  a.rows = Device<const ReqPoolIndex>(b.req_rows, padded);
+  a.kv_lens = Device<const TokenLength>(b.kv_lens, padded);
+  a.q_lens = Device<const TokenLength>(b.q_lens, padded);
+  a.kv_indptr = Device(b.kv_indptr, padded + 1);
+  a.qo_indptr = Device(b.qo_indptr, padded + 1);
+  a.kv_last_page_len = Device(b.kv_last_page_len, padded);
+  a.kv_indices = Device(b.kv_indices, b.kv_indices.size());
+  if (r.page_table) {
+    a.page_table = DeviceSpan<PageId>(b.page_table.entries().data(), b.page_table.entries().size());
+    a.page_table_cols = b.page_table.cols();
+  }
+  // The grid covers the longest row req_to_token holds, so that one capture serves any batch.
+  a.max_kv_len = req_to_token_.max_context_len;
+  if (absl::Status s = BuildDecodeMetadataOnDevice(a, violation_.device(), stream_); !s.ok()) {
+    return s;
+  }
+  if (r.mask_layout == MaskLayout::kNone) return absl::OkStatus();
+  TreeMaskDeviceArgs m;
+  m.q_lens = a.q_lens;
+  m.kv_lens = a.kv_lens;
+  m.tree = DeviceSpan<const uint8_t>(b.tree_mask.data(), b.tree_mask.size());
+  m.mask_indptr = Device(b.mask_indptr, padded + 1);
+  m.mask = Device(b.custom_mask, b.custom_mask.size());
+  m.max_mask_bytes_per_row =
+      std::max<int64_t>(1, int64_t{r.q_len_per_request.value()} * req_to_token_.max_context_len.value());
+  return BuildTreeMaskOnDevice(m, violation_.device(), stream_);
+}
+
+absl::Status DeviceMetadataWriter::WriteBatchArrays(const MetadataWriteRequest& r,
+                                                    const GraphBuffers& b) {
+  if (r.split_kv) {
+    return absl::UnimplementedError(
+        "device metadata writer: the split-KV plan has no device twin yet (use the host writer)");
+  }
+  if (r.mode == ForwardMode::kDraftDecode) {
+    return absl::UnimplementedError(
+        "device metadata writer: draft-decode's multi-step layout has no device twin yet");
+  }
+  if (r.mask_layout != MaskLayout::kNone && r.mask_layout != MaskLayout::kFull) {
+    return absl::UnimplementedError("device metadata writer: only the FULL mask layout");
+  }
+  if (!options_.use_graphs) return Launch(r, b);
+  if (r.generation != generation_) {
+    DropGraphs();
+    generation_ = r.generation;
+  }
+  auto it = std::find_if(graphs_.begin(), graphs_.end(), [&](const Graph& g) {
+    return g.bucket == r.padded_batch_size && g.mode == r.mode;
+  });
+  if (it == graphs_.end()) {
+    Graph g{r.generation, r.padded_batch_size, r.mode, nullptr, nullptr};
+    if (absl::Status s = Runtime(hipStreamBeginCapture(stream_, hipStreamCaptureModeThreadLocal),
+                                 "begin capture");
+        !s.ok()) {
+      return s;
+    }
+    const absl::Status launched = Launch(r, b);
+    const absl::Status ended = Runtime(hipStreamEndCapture(stream_, &g.graph), "end capture");
+    if (!launched.ok()) {
+      if (g.graph != nullptr) (void)hipGraphDestroy(g.graph);
+      return launched;
+    }
+    if (!ended.ok()) return ended;
+    if (absl::Status s = Runtime(hipGraphInstantiate(&g.exec, g.graph, nullptr, nullptr, 0),
+                                 "instantiate");
+        !s.ok()) {
+      (void)hipGraphDestroy(g.graph);
+      return s;
+    }
+    graphs_.push_back(g);
+    ++graphs_captured_;
+    it = graphs_.end() - 1;
+  }
+  return Runtime(hipGraphLaunch(it->exec, stream_), "graph launch");
+}
+
+absl::Status DeviceMetadataWriter::WriteTokenArrays(const MetadataWriteRequest&, const GraphBuffers&,
+                                                    SplitKvPlanCounts* split_kv_counts) {
+  if (split_kv_counts != nullptr) *split_kv_counts = SplitKvPlanCounts{};
+  return absl::OkStatus();
+}
+
+absl::Status DeviceMetadataWriter::CheckViolations() { return violation_.Check(stream_); }
+
+}  // namespace attnmeta

@@ -1,0 +1,96 @@
+// DeviceMetadataWriter: the graph layer's MetadataWriter (attention/graph/metadata_writer.h)
+// on the GPU. From the staged rows and lengths of a padded batch it writes every array of a
+// decode, extend, draft-extend or idle replay in one fused kernel launch (and target-verify's
+// FULL mask in a second), from device-resident inputs only, so that the launches can be
+// captured in a HIP/CUDA graph once per (buffer generation, bucket, mode) and replayed for
+// any real batch of that bucket: the kernels' arguments depend on the bucket and the buffers,
+// never on the real batch (padded rows are told apart by their staged row, kPaddedRow).
+//
+// With graphs on (the default) the first write of a (generation, bucket, mode) captures the
+// launches and every write launches the captured graph; a new generation (GraphState::Reserve
+// moved the buffers) drops the graphs captured before it. WriteBatchArrays queues everything;
+// WriteTokenArrays has nothing left to do. Neither waits for the GPU: CheckViolations does,
+// and turns what the kernels recorded (a row, length or slot in device memory that broke its
+// bound) into a Status.
+//
+// Not supported here (Unimplemented): the split-KV plan and draft-decode's multi-step layout,
+// whose device twins are not written yet; the host writer does both.
+
+#ifndef ATTNMETA_ATTENTION_KERNELS_DEVICE_METADATA_WRITER_H_
+#define ATTNMETA_ATTENTION_KERNELS_DEVICE_METADATA_WRITER_H_
+
+#include <cstdint>
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "attention/graph/metadata_writer.h"
+#include "attention/kernels/device_violation_word.h"
+#include "attention/kernels/hip_port.h"
+#include "attention/kernels/metadata_launchers.h"
+#include "kvcache/units.h"
+
+namespace attnmeta {
+
+class DeviceMetadataWriter : public MetadataWriter {
+ public:
+  struct Options {
+    bool use_graphs = true;
+  };
+
+  // `req_to_token` is the device copy of the table the replays' rows index (it must mirror
+  // the host ReqToTokenPool GraphState checks rows against: same rows and stride); slots read
+  // are checked against `pool_slots`. Launches on `stream`. InvalidArgument for an empty table
+  // or a stride < 1; Internal when the runtime fails.
+  static absl::StatusOr<std::unique_ptr<DeviceMetadataWriter>> Create(
+      DeviceReqToToken req_to_token, TokenCount pool_slots, hipStream_t stream, Options options);
+  DeviceMetadataWriter(const DeviceMetadataWriter&) = delete;
+  DeviceMetadataWriter& operator=(const DeviceMetadataWriter&) = delete;
+  ~DeviceMetadataWriter() override;
+
+  absl::Status WriteBatchArrays(const MetadataWriteRequest& request,
+                                const GraphBuffers& buffers) override;
+  absl::Status WriteTokenArrays(const MetadataWriteRequest& request, const GraphBuffers& buffers,
+                                SplitKvPlanCounts* split_kv_counts) override;
+
+  // Waits for the stream; OK, or OutOfRange naming the first violation the kernels of the last
+  // write recorded (every write clears the word first).
+  absl::Status CheckViolations();
+
+  // Graphs captured so far (a regrow shows as a new capture of the same bucket).
+  int64_t graphs_captured() const { return graphs_captured_; }
+
+ private:
+  struct Graph {
+    uint64_t generation;
+    int64_t bucket;
+    ForwardMode mode;
+    hipGraph_t graph;
+    hipGraphExec_t exec;
+  };
+  DeviceMetadataWriter(DeviceReqToToken req_to_token, TokenCount pool_slots, hipStream_t stream,
+                       Options options, DeviceViolationWord violation)
+      : req_to_token_(req_to_token),
+        pool_slots_(pool_slots),
+        stream_(stream),
+        options_(options),
+        violation_(std::move(violation)) {}
+  // Queues the kernels of `request` on the stream.
+  absl::Status Launch(const MetadataWriteRequest& request, const GraphBuffers& buffers);
+  void DropGraphs();
+
+  DeviceReqToToken req_to_token_;
+  TokenCount pool_slots_;
+  hipStream_t stream_;
+  Options options_;
+  DeviceViolationWord violation_;
+  std::vector<Graph> graphs_;
+  uint64_t generation_ = 0;
+  int64_t graphs_captured_ = 0;
+};
+
+}  // namespace attnmeta
+
+#endif  // ATTNMETA_ATTENTION_KERNELS_DEVICE_METADATA_WRITER_H_

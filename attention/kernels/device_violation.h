@@ -1,0 +1,59 @@
+// DeviceViolation: the first out-of-bounds input a metadata kernel met in device memory.
+//
+// The host checks every shape it can see, but lengths, request rows and slots live in device
+// memory (a graph replays without the host reading them). Every metadata kernel bounds-checks
+// what it reads there, never reads or writes outside a buffer (it clamps, and writes the
+// padding page's slot or page instead of a value it could not check), and records the first
+// violation here; the launcher's caller fetches it (DeviceViolationWord) and gets a Status.
+// Plain types and device helpers only: no Abseil, no glog.
+
+#ifndef ATTNMETA_ATTENTION_KERNELS_DEVICE_VIOLATION_H_
+#define ATTNMETA_ATTENTION_KERNELS_DEVICE_VIOLATION_H_
+
+#include <cstdint>
+
+#include "attention/kernels/hip_port.h"
+
+namespace attnmeta {
+namespace kernels {
+
+// Which input broke which bound.
+enum ViolationKind : int32_t {
+  kNoViolation = 0,
+  kRowOutsideTable = 1,       // a request row outside [0, max_reqs) (and not the padded -1)
+  kLengthNegative = 2,        // a KV or query length below 0
+  kLengthPastRow = 3,         // start + KV length past the row of req_to_token
+  kQueryPastKv = 4,           // more query rows than KV tokens
+  kTotalPastInt32 = 5,        // an indptr total past INT32_MAX
+  kTotalPastCapacity = 6,     // tokens (or mask bytes) past the output buffer
+  kSlotOutsidePool = 7,       // a slot of req_to_token or tok_idx outside the KV pool
+  kIndptrDecreasing = 8,      // an indptr entry below the one before it
+  kPagesPastTable = 9,        // a row needs more page-table columns than the table has
+};
+
+struct DeviceViolation {
+  int32_t recorded;  // 0 until the first violation
+  int32_t kind;      // ViolationKind
+  int64_t index;     // the entry of the array that broke the bound (request or token)
+  int64_t value;     // the offending value
+  int64_t bound;     // the bound it broke
+};
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+// Records the first violation only; later ones leave it as it is. `v` may be null.
+__device__ inline void RecordViolation(DeviceViolation* v, ViolationKind kind, int64_t index,
+                                       int64_t value, int64_t bound) {
+  if (v == nullptr) return;
+  if (atomicCAS(&v->recorded, 0, 1) == 0) {
+    v->kind = kind;
+    v->index = index;
+    v->value = value;
+    v->bound = bound;
+  }
+}
+#endif
+
+}  // namespace kernels
+}  // namespace attnmeta
+
+#endif  // ATTNMETA_ATTENTION_KERNELS_DEVICE_VIOLATION_H_

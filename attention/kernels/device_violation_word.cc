@@ -1,0 +1,94 @@
+#include "attention/kernels/device_violation_word.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace attnmeta {
+namespace {
+
+absl::Status Runtime(hipError_t err, absl::string_view what) {
+  if (err == hipSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", hipGetErrorString(err)));
+}
+
+}  // namespace
+
+absl::StatusOr<DeviceViolationWord> DeviceViolationWord::Create() {
+  kernels::DeviceViolation* word = nullptr;
+  if (absl::Status s = Runtime(hipMalloc(&word, sizeof(kernels::DeviceViolation)),
+                               "violation word: hipMalloc");
+      !s.ok()) {
+    return s;
+  }
+  DeviceViolationWord w(word);
+  if (absl::Status s = Runtime(hipMemset(word, 0, sizeof(kernels::DeviceViolation)),
+                               "violation word: hipMemset");
+      !s.ok()) {
+    return s;
+  }
+  return w;
+}
+
+DeviceViolationWord::DeviceViolationWord(DeviceViolationWord&& o) noexcept
+    : word_(std::exchange(o.word_, nullptr)) {}
+
+DeviceViolationWord& DeviceViolationWord::operator=(DeviceViolationWord&& o) noexcept {
+  std::swap(word_, o.word_);
+  return *this;
+}
+
+DeviceViolationWord::~DeviceViolationWord() {
+  if (word_ != nullptr) (void)hipFree(word_);
+}
+
+absl::Status DeviceViolationWord::Reset(hipStream_t stream) {
+  return Runtime(hipMemsetAsync(word_, 0, sizeof(kernels::DeviceViolation), stream),
+                 "violation word: hipMemsetAsync");
+}
+
+std::string DescribeViolation(const kernels::DeviceViolation& v) {
+  const std::string at = absl::StrCat("entry ", v.index, ": ");
+  switch (v.kind) {
+    case kernels::kRowOutsideTable:
+      return absl::StrCat("req_pool_indices ", at, "row ", v.value, " outside [0, ", v.bound, ")");
+    case kernels::kLengthNegative:
+      return absl::StrCat("lengths ", at, v.value, " is negative");
+    case kernels::kLengthPastRow:
+      return absl::StrCat("kv_lens ", at, v.value, " is past the row of ", v.bound,
+                          " positions of req_to_token");
+    case kernels::kQueryPastKv:
+      return absl::StrCat("q_lens ", at, v.value, " query rows over ", v.bound, " KV tokens");
+    case kernels::kTotalPastInt32:
+      return absl::StrCat("indptr ", at, "total ", v.value, " is past INT32_MAX");
+    case kernels::kTotalPastCapacity:
+      return absl::StrCat("output ", at, "needs ", v.value, " entries, the buffer holds ", v.bound);
+    case kernels::kSlotOutsidePool:
+      return absl::StrCat("slots ", at, "slot ", v.value, " outside the pool of ", v.bound);
+    case kernels::kIndptrDecreasing:
+      return absl::StrCat("kv_indptr ", at, v.value, " is below the entry before it (", v.bound,
+                          ")");
+    case kernels::kPagesPastTable:
+      return absl::StrCat("page_table ", at, "needs ", v.value, " pages, the table has ", v.bound,
+                          " columns");
+    default:
+      return absl::StrCat("unknown violation kind ", v.kind, " at entry ", v.index);
+  }
+}
+
+absl::Status DeviceViolationWord::Check(hipStream_t stream) const {
+  if (absl::Status s = Runtime(hipStreamSynchronize(stream), "violation word: sync"); !s.ok()) {
+    return s;
+  }
+  kernels::DeviceViolation v{};
+  if (absl::Status s = Runtime(hipMemcpy(&v, word_, sizeof(v), hipMemcpyDeviceToHost),
+                               "violation word: copy to host");
+      !s.ok()) {
+    return s;
+  }
+  if (v.recorded == 0) return absl::OkStatus();
+  return absl::OutOfRangeError(absl::StrCat("device metadata: ", DescribeViolation(v)));
+}
+
+}  // namespace attnmeta

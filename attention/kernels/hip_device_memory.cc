@@ -1,0 +1,82 @@
+#include "attention/kernels/hip_device_memory.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace attnmeta {
+namespace {
+
+absl::Status Runtime(hipError_t err, absl::string_view what) {
+  if (err == hipSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", hipGetErrorString(err)));
+}
+
+}  // namespace
+
+HipDeviceMemory::~HipDeviceMemory() {
+  for (const auto& [ptr, bytes] : live_) (void)hipFree(ptr);
+}
+
+absl::StatusOr<DeviceBuffer> HipDeviceMemory::Allocate(absl::string_view name, int64_t bytes) {
+  if (bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": ", bytes, " bytes requested"));
+  }
+  void* ptr = nullptr;
+  // hipMalloc of 0 bytes may return null; one byte keeps every buffer a distinct address.
+  const hipError_t err = hipMalloc(&ptr, static_cast<size_t>(bytes == 0 ? 1 : bytes));
+  if (err != hipSuccess) {
+    (void)hipGetLastError();  // clear the sticky-free error state of a failed allocation
+    return absl::ResourceExhaustedError(absl::StrCat(name, ": hipMalloc of ", bytes,
+                                                     " bytes failed: ", hipGetErrorString(err)));
+  }
+  live_[ptr] = bytes;
+  return DeviceBuffer{ptr, bytes};
+}
+
+void HipDeviceMemory::Free(DeviceBuffer buffer) {
+  if (live_.erase(buffer.ptr) > 0) (void)hipFree(buffer.ptr);
+}
+
+absl::Status HipDeviceMemory::CheckRange(DeviceBuffer buffer, int64_t offset, int64_t bytes) const {
+  auto it = live_.find(buffer.ptr);
+  if (it == live_.end()) {
+    return absl::OutOfRangeError("device memory: not a live allocation of this memory");
+  }
+  if (offset < 0 || bytes < 0 || offset > it->second - bytes) {
+    return absl::OutOfRangeError(absl::StrCat("device memory: [", offset, ", ", offset + bytes,
+                                              ") outside the ", it->second, "-byte buffer"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HipDeviceMemory::CopyToDevice(DeviceBuffer dst, int64_t offset, const void* src,
+                                           int64_t bytes) {
+  if (absl::Status s = CheckRange(dst, offset, bytes); !s.ok()) return s;
+  if (bytes == 0) return absl::OkStatus();
+  return Runtime(hipMemcpyAsync(static_cast<char*>(dst.ptr) + offset, src,
+                                static_cast<size_t>(bytes), hipMemcpyHostToDevice, stream_),
+                 "device memory: copy to device");
+}
+
+absl::Status HipDeviceMemory::CopyToHost(void* dst, DeviceBuffer src, int64_t offset,
+                                         int64_t bytes) {
+  if (absl::Status s = CheckRange(src, offset, bytes); !s.ok()) return s;
+  if (bytes == 0) return absl::OkStatus();
+  if (absl::Status s = Runtime(hipMemcpyAsync(dst, static_cast<const char*>(src.ptr) + offset,
+                                              static_cast<size_t>(bytes), hipMemcpyDeviceToHost,
+                                              stream_),
+                               "device memory: copy to host");
+      !s.ok()) {
+    return s;
+  }
+  return Runtime(hipStreamSynchronize(stream_), "device memory: sync");
+}
+
+absl::Status HipDeviceMemory::Fill(DeviceBuffer dst, int64_t offset, int64_t bytes, uint8_t value) {
+  if (absl::Status s = CheckRange(dst, offset, bytes); !s.ok()) return s;
+  if (bytes == 0) return absl::OkStatus();
+  return Runtime(hipMemsetAsync(static_cast<char*>(dst.ptr) + offset, value,
+                                static_cast<size_t>(bytes), stream_),
+                 "device memory: fill");
+}
+
+}  // namespace attnmeta

@@ -1,0 +1,149 @@
+// The device side of the metadata kernels: argument structs and launch functions shared by
+// the host launchers (metadata_launchers.h) and the device source. Plain types only: no
+// Abseil, no glog. Every kernel bounds-checks what it reads from device memory (request
+// rows, lengths, slots, indptr totals) against the bounds given here, clamps, and records the
+// first violation in `violation` (device_violation.h; may be null).
+
+#ifndef ATTNMETA_ATTENTION_KERNELS_METADATA_KERNELS_H_
+#define ATTNMETA_ATTENTION_KERNELS_METADATA_KERNELS_H_
+
+#include <cstdint>
+
+#include "attention/kernels/device_violation.h"
+#include "attention/kernels/hip_port.h"
+
+namespace attnmeta {
+namespace kernels {
+
+// The request row staged for a padded row of a captured graph: its tokens are slots of the
+// padding page (slot t % page_size), its page-table row all padding page (0).
+inline constexpr int32_t kPaddedRow = -1;
+
+// Threads per block of the token-parallel kernels and the tokens one block handles per pass
+// (threads * unroll).
+inline constexpr int32_t kMetadataThreads = 256;
+inline constexpr int32_t kMetadataTokensPerPass = kMetadataThreads * 4;
+
+// The KV pool and the request-to-token table, as every kernel that reads slots sees them.
+struct SlotSource {
+  const int32_t* req_to_token;  // [max_reqs * stride], row-major
+  int64_t stride;               // max_context_len, >= 1
+  int32_t max_reqs;             // >= 1
+  int64_t pool_slots;           // slots of the KV pool; 0: slots are not checked
+  int32_t page_size;            // >= 1
+};
+
+// indptr = [0, lens[0], lens[0] + lens[1], ...] and, when last_page_len is not null,
+// last_page_len[k] = (lens[k] - 1) % page_size + 1 (0 for an empty length). One block.
+// Violations: a negative length (taken as 0), a total past INT32_MAX (clamped).
+struct IndptrParams {
+  const int32_t* lens;     // [n]
+  int32_t* indptr;         // [n + 1]
+  int32_t* last_page_len;  // [n] or null
+  int32_t n;               // >= 0
+  int32_t page_size;       // >= 1
+  DeviceViolation* violation;
+};
+hipError_t LaunchIndptrKernel(const IndptrParams& p, hipStream_t stream);
+
+// page_table[i][j] = req_to_token[rows[i]][j * page_size] / page_size for
+// j < ceil(kv_lens[i] / page_size), else 0 (the padding page), for rows i < batch_size; rows
+// past the batch are not written. Grid (batch_size, passes). Violations: a row outside the
+// table (written as padding), a length past the row or needing more than `cols` pages
+// (clamped), a slot outside the pool (its page written as padding).
+struct PageTableParams {
+  SlotSource src;
+  const int32_t* rows;     // [batch_size], kPaddedRow allowed
+  const int32_t* kv_lens;  // [batch_size]
+  int32_t* page_table;     // [>= batch_size][cols]
+  int32_t batch_size;
+  int32_t cols;
+  DeviceViolation* violation;
+};
+hipError_t LaunchPageTableKernel(const PageTableParams& p, int32_t passes, hipStream_t stream);
+
+// kv_indices[kv_indptr[i] + t] = req_to_token[rows[i]][start[i] + t], t < kv_indptr[i + 1] -
+// kv_indptr[i]. Grid (batch_size, passes). Violations: a row outside the table, a range past
+// the row, an indptr end past kv_indices_capacity or decreasing (the out-of-bounds part is not
+// written), a slot outside the pool when src.pool_slots > 0.
+struct TokenKvIndicesParams {
+  SlotSource src;
+  const int32_t* rows;          // [batch_size]
+  const int32_t* kv_indptr;     // [batch_size + 1]
+  const int32_t* kv_start_idx;  // [batch_size] or null (all 0)
+  int32_t* kv_indices;          // [kv_indices_capacity]
+  int64_t kv_indices_capacity;
+  int32_t batch_size;
+  DeviceViolation* violation;
+};
+hipError_t LaunchTokenKvIndicesKernel(const TokenKvIndicesParams& p, int32_t passes,
+                                      hipStream_t stream);
+
+// Everything a decode (or fixed-row extend) replay writes, in one launch, from the staged
+// rows and lengths of a padded batch: kv_indptr, qo_indptr, kv_last_page_len, kv_indices
+// (padded rows: slots of the padding page) and, when page_table is not null, the page table
+// (padded rows: all padding). Each block derives its row's offsets from the lengths before
+// it, so no second launch is needed. Grid (padded_batch, passes); the grid depends only on the
+// padded batch and the buffers, so a captured graph replays any real batch.
+// Violations: those of the kernels above, and q_len > kv_len (q clamped).
+struct FusedMetadataParams {
+  SlotSource src;
+  const int32_t* rows;     // [padded_batch], kPaddedRow for padded rows
+  const int32_t* kv_lens;  // [padded_batch]
+  const int32_t* q_lens;   // [padded_batch]
+  int32_t* kv_indptr;      // [padded_batch + 1]
+  int32_t* qo_indptr;      // [padded_batch + 1]
+  int32_t* kv_last_page_len;  // [padded_batch]
+  int32_t* kv_indices;     // [kv_indices_capacity]
+  int64_t kv_indices_capacity;
+  int32_t* page_table;     // [>= padded_batch][page_table_cols], or null
+  int32_t page_table_cols;
+  int32_t padded_batch;
+  DeviceViolation* violation;
+};
+hipError_t LaunchFusedMetadataKernel(const FusedMetadataParams& p, int32_t passes,
+                                     hipStream_t stream);
+
+// Target-verify's FULL mask from tree rows: mask_indptr = [0] + cumsum(q_len * kv_len) and,
+// per request, [q_len][kv_len] bytes: 1 for the kv_len - q_len prefix columns, then the tree
+// row (tree rows of request i start at sum over k < i of q_len_k^2). Grid (padded_batch,
+// passes). Violations: q_len > kv_len or a negative length (clamped), tree rows or mask bytes
+// past their capacity (not read / not written).
+struct TreeMaskParams {
+  const int32_t* q_lens;   // [padded_batch]
+  const int32_t* kv_lens;  // [padded_batch]
+  const uint8_t* tree;     // [tree_capacity]
+  int64_t tree_capacity;
+  int64_t* mask_indptr;    // [padded_batch + 1]
+  uint8_t* mask;           // [mask_capacity]
+  int64_t mask_capacity;
+  int32_t padded_batch;
+  DeviceViolation* violation;
+};
+hipError_t LaunchTreeMaskKernel(const TreeMaskParams& p, int32_t passes, hipStream_t stream);
+
+// The paged-to-linear K/V gather: row r < cu_k[batch_size] of k_out / v_out is row tok_idx[r]
+// of k_pool / v_pool, row_bytes bytes each (any dtype and head layout). Rows move in 16-byte
+// words when row_bytes and every pointer are multiples of 16, else in 2-byte words. Grid-stride
+// over rows. Violations: cu_k[batch_size] past tok_idx's or the outputs' rows (clamped), a
+// slot outside the pool (the row written as zeros).
+struct GatherKvParams {
+  const uint8_t* k_pool;
+  const uint8_t* v_pool;
+  int64_t pool_slots;
+  int64_t row_bytes;      // a multiple of 2
+  const int32_t* tok_idx;  // [tok_capacity]
+  int64_t tok_capacity;
+  const int32_t* cu_k;     // [batch_size + 1]
+  int32_t batch_size;
+  uint8_t* k_out;          // [out_rows * row_bytes]
+  uint8_t* v_out;
+  int64_t out_rows;
+  DeviceViolation* violation;
+};
+hipError_t LaunchGatherKvKernel(const GatherKvParams& p, int32_t blocks, hipStream_t stream);
+
+}  // namespace kernels
+}  // namespace attnmeta
+
+#endif  // ATTNMETA_ATTENTION_KERNELS_METADATA_KERNELS_H_

@@ -1,0 +1,332 @@
+#include "attention/kernels/metadata_kernels.h"
+
+#include "attention/kernels/internal/block_reduce.h"
+
+namespace attnmeta {
+namespace kernels {
+namespace {
+
+constexpr int kThreads = kMetadataThreads;
+constexpr int kUnroll = kMetadataTokensPerPass / kMetadataThreads;
+constexpr int64_t kInt32Max = 2147483647;
+constexpr int kIndptrThreads = 1024;
+constexpr int kGatherThreads = 128;
+
+__device__ inline int64_t Clamp(int64_t v, int64_t lo, int64_t hi) {
+  return v < lo ? lo : (v > hi ? hi : v);
+}
+
+// A request's row, checked: the row's first slot, or null for a padded row and for a row
+// outside the table (recorded).
+__device__ inline const int32_t* RowSlots(const SlotSource& s, int32_t row, int64_t request,
+                                          DeviceViolation* v) {
+  if (row == kPaddedRow) return nullptr;
+  if (row < 0 || row >= s.max_reqs) {
+    RecordViolation(v, kRowOutsideTable, request, row, s.max_reqs);
+    return nullptr;
+  }
+  return s.req_to_token + row * s.stride;
+}
+
+// A KV length clamped to [0, limit], recording what was clamped.
+__device__ inline int64_t CheckedLength(int64_t len, int64_t limit, int64_t request,
+                                        DeviceViolation* v) {
+  if (len < 0) {
+    RecordViolation(v, kLengthNegative, request, len, 0);
+    return 0;
+  }
+  if (len > limit) {
+    RecordViolation(v, kLengthPastRow, request, len, limit);
+    return limit;
+  }
+  return len;
+}
+
+// The slot of token t: the row's, checked against the pool, or the padding page's.
+__device__ inline int32_t SlotAt(const SlotSource& s, const int32_t* row, int64_t t,
+                                 int64_t request, DeviceViolation* v) {
+  if (row == nullptr) return static_cast<int32_t>(t % s.page_size);
+  const int32_t slot = row[t];
+  if (s.pool_slots > 0 && (slot < 0 || slot >= s.pool_slots)) {
+    RecordViolation(v, kSlotOutsidePool, request, slot, s.pool_slots);
+    return static_cast<int32_t>(t % s.page_size);
+  }
+  return slot;
+}
+
+// dst[t] = slot of token t for t in [0, n), this block's share of a grid-stride loop over
+// gridDim.y blocks: passes of kMetadataTokensPerPass tokens, kUnroll loads in flight.
+__device__ inline void CopySlots(const SlotSource& s, const int32_t* row, int32_t* dst,
+                                 int64_t n, int64_t request, DeviceViolation* v) {
+  for (int64_t t0 = int64_t{blockIdx.y} * kMetadataTokensPerPass + threadIdx.x; t0 < n;
+       t0 += int64_t{gridDim.y} * kMetadataTokensPerPass) {
+    int32_t slot[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t t = t0 + u * kThreads;
+      if (t < n) slot[u] = SlotAt(s, row, t, request, v);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t t = t0 + u * kThreads;
+      if (t < n) dst[t] = slot[u];
+    }
+  }
+}
+
+// Row i of the page table: the page of token j * page_size for the first ceil(len /
+// page_size) columns, the padding page after them; this block's share over gridDim.y blocks.
+__device__ inline void WritePageTableRow(const SlotSource& s, const int32_t* row, int64_t len,
+                                         int32_t* out, int32_t cols, int64_t request,
+                                         DeviceViolation* v) {
+  int64_t pages = (len + s.page_size - 1) / s.page_size;
+  if (pages > cols) {
+    if (blockIdx.y == 0 && threadIdx.x == 0) RecordViolation(v, kPagesPastTable, request, pages, cols);
+    pages = cols;
+  }
+  for (int64_t j = int64_t{blockIdx.y} * kThreads + threadIdx.x; j < cols;
+       j += int64_t{gridDim.y} * kThreads) {
+    int32_t page = 0;
+    if (row != nullptr && j < pages) {
+      const int32_t slot = row[j * s.page_size];
+      if (s.pool_slots > 0 && (slot < 0 || slot >= s.pool_slots)) {
+        RecordViolation(v, kSlotOutsidePool, request, slot, s.pool_slots);
+      } else {
+        page = slot / s.page_size;
+      }
+    }
+    out[j] = page;
+  }
+}
+
+__device__ inline int32_t LastPageLen(int64_t len, int32_t page_size) {
+  return len == 0 ? 0 : static_cast<int32_t>((len - 1) % page_size + 1);
+}
+
+__global__ void __launch_bounds__(kIndptrThreads) IndptrKernel(IndptrParams p) {
+  __shared__ internal::BlockScratch<kIndptrThreads> scratch;
+  int64_t carry = 0;
+  if (threadIdx.x == 0) p.indptr[0] = 0;
+  for (int32_t k0 = 0; k0 < p.n; k0 += kIndptrThreads) {
+    const int32_t k = k0 + threadIdx.x;
+    int64_t len = 0;
+    if (k < p.n) {
+      len = p.lens[k];
+      if (len < 0) {
+        RecordViolation(p.violation, kLengthNegative, k, len, 0);
+        len = 0;
+      }
+      if (p.last_page_len != nullptr) p.last_page_len[k] = LastPageLen(len, p.page_size);
+    }
+    int64_t block_total = 0;
+    const int64_t end = carry + internal::BlockInclusiveScan<kIndptrThreads>(len, scratch, &block_total);
+    if (k < p.n) {
+      if (end > kInt32Max) RecordViolation(p.violation, kTotalPastInt32, k, end, kInt32Max);
+      p.indptr[k + 1] = static_cast<int32_t>(Clamp(end, 0, kInt32Max));
+    }
+    carry += block_total;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) PageTableKernel(PageTableParams p) {
+  const int32_t i = blockIdx.x;
+  const int32_t* row = RowSlots(p.src, p.rows[i], i, p.violation);
+  const int64_t len = CheckedLength(p.kv_lens[i], p.src.stride, i, p.violation);
+  WritePageTableRow(p.src, row, len, p.page_table + int64_t{i} * p.cols, p.cols, i, p.violation);
+}
+
+__global__ void __launch_bounds__(kThreads) TokenKvIndicesKernel(TokenKvIndicesParams p) {
+  const int32_t i = blockIdx.x;
+  const int64_t begin = p.kv_indptr[i];
+  const int64_t end = p.kv_indptr[i + 1];
+  if (begin < 0 || end < begin) {
+    if (blockIdx.y == 0 && threadIdx.x == 0) {
+      RecordViolation(p.violation, kIndptrDecreasing, i + 1, end, begin);
+    }
+    return;
+  }
+  const int64_t start = p.kv_start_idx != nullptr ? p.kv_start_idx[i] : 0;
+  if (start < 0 || start > p.src.stride) {
+    if (blockIdx.y == 0 && threadIdx.x == 0) {
+      RecordViolation(p.violation, kLengthPastRow, i, start, p.src.stride);
+    }
+    return;
+  }
+  int64_t len = CheckedLength(end - begin, p.src.stride - start, i, p.violation);
+  if (begin + len > p.kv_indices_capacity) {
+    RecordViolation(p.violation, kTotalPastCapacity, i, begin + len, p.kv_indices_capacity);
+    len = begin < p.kv_indices_capacity ? p.kv_indices_capacity - begin : 0;
+  }
+  // A row outside the table reads as the padding page, like a padded row.
+  const int32_t* row = RowSlots(p.src, p.rows[i], i, p.violation);
+  CopySlots(p.src, row == nullptr ? nullptr : row + start, p.kv_indices + begin, len, i,
+            p.violation);
+}
+
+__global__ void __launch_bounds__(kThreads) FusedMetadataKernel(FusedMetadataParams p) {
+  __shared__ internal::BlockScratch<kThreads> scratch;
+  const int32_t i = blockIdx.x;
+  const bool first_pass = blockIdx.y == 0;
+  // Where this row starts: the clamped lengths of the rows before it (every block computes it,
+  // so that one launch suffices).
+  int64_t kv_before = 0, q_before = 0;
+  for (int32_t k = threadIdx.x; k < i; k += kThreads) {
+    const int64_t kv = Clamp(p.kv_lens[k], 0, p.src.stride);
+    kv_before += kv;
+    if (first_pass) q_before += Clamp(p.q_lens[k], 0, kv);
+  }
+  kv_before = internal::BlockSum<kThreads>(kv_before, scratch);
+  if (first_pass) q_before = internal::BlockSum<kThreads>(q_before, scratch);
+
+  DeviceViolation* v = p.violation;
+  const int32_t* row = RowSlots(p.src, p.rows[i], i, v);
+  int64_t len = CheckedLength(p.kv_lens[i], p.src.stride, i, v);
+  int64_t q = p.q_lens[i];
+  if (q < 0 || q > len) {
+    RecordViolation(v, q < 0 ? kLengthNegative : kQueryPastKv, i, q, len);
+    q = Clamp(q, 0, len);
+  }
+  if (first_pass && threadIdx.x == 0) {
+    if (i == 0) {
+      p.kv_indptr[0] = 0;
+      p.qo_indptr[0] = 0;
+    }
+    if (kv_before + len > kInt32Max) {
+      RecordViolation(v, kTotalPastInt32, i, kv_before + len, kInt32Max);
+    }
+    p.kv_indptr[i + 1] = static_cast<int32_t>(Clamp(kv_before + len, 0, kInt32Max));
+    p.qo_indptr[i + 1] = static_cast<int32_t>(Clamp(q_before + q, 0, kInt32Max));
+    p.kv_last_page_len[i] = LastPageLen(len, p.src.page_size);
+  }
+  int64_t writable = len;
+  if (kv_before + len > p.kv_indices_capacity) {
+    RecordViolation(v, kTotalPastCapacity, i, kv_before + len, p.kv_indices_capacity);
+    writable = kv_before < p.kv_indices_capacity ? p.kv_indices_capacity - kv_before : 0;
+  }
+  CopySlots(p.src, row, p.kv_indices + kv_before, writable, i, v);
+  if (p.page_table != nullptr) {
+    WritePageTableRow(p.src, row, len, p.page_table + int64_t{i} * p.page_table_cols,
+                      p.page_table_cols, i, v);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) TreeMaskKernel(TreeMaskParams p) {
+  __shared__ internal::BlockScratch<kThreads> scratch;
+  const int32_t i = blockIdx.x;
+  DeviceViolation* v = p.violation;
+  auto lengths = [&](int32_t k, int64_t* q, int64_t* kv) {
+    *kv = p.kv_lens[k] < 0 ? 0 : p.kv_lens[k];
+    *q = Clamp(p.q_lens[k], 0, *kv);
+  };
+  int64_t mask_before = 0, tree_before = 0;
+  for (int32_t k = threadIdx.x; k < i; k += kThreads) {
+    int64_t q, kv;
+    lengths(k, &q, &kv);
+    mask_before += q * kv;
+    tree_before += q * q;
+  }
+  mask_before = internal::BlockSum<kThreads>(mask_before, scratch);
+  tree_before = internal::BlockSum<kThreads>(tree_before, scratch);
+  int64_t q, kv;
+  lengths(i, &q, &kv);
+  if (p.kv_lens[i] < 0 || p.q_lens[i] < 0 || p.q_lens[i] > kv) {
+    RecordViolation(v, p.q_lens[i] > kv ? kQueryPastKv : kLengthNegative, i, p.q_lens[i], kv);
+  }
+  if (blockIdx.y == 0 && threadIdx.x == 0) {
+    if (i == 0) p.mask_indptr[0] = 0;
+    p.mask_indptr[i + 1] = mask_before + q * kv;
+  }
+  int64_t bytes = q * kv;
+  if (mask_before + bytes > p.mask_capacity) {
+    RecordViolation(v, kTotalPastCapacity, i, mask_before + bytes, p.mask_capacity);
+    bytes = mask_before < p.mask_capacity ? p.mask_capacity - mask_before : 0;
+  }
+  const bool tree_ok = tree_before + q * q <= p.tree_capacity;
+  if (!tree_ok) RecordViolation(v, kTotalPastCapacity, i, tree_before + q * q, p.tree_capacity);
+  const int64_t prefix = kv - q;
+  uint8_t* out = p.mask + mask_before;
+  const uint8_t* tree = p.tree + tree_before;
+  for (int64_t e = int64_t{blockIdx.y} * kThreads + threadIdx.x; e < bytes;
+       e += int64_t{gridDim.y} * kThreads) {
+    const int64_t r = e / kv, c = e % kv;
+    out[e] = c < prefix ? 1 : (tree_ok ? tree[r * q + (c - prefix)] : 0);
+  }
+}
+
+template <typename Word>
+__device__ inline void CopyRow(const uint8_t* src, uint8_t* dst, int64_t row_bytes) {
+  const Word* s = reinterpret_cast<const Word*>(src);
+  Word* d = reinterpret_cast<Word*>(dst);
+  for (int64_t w = threadIdx.x; w < row_bytes / static_cast<int64_t>(sizeof(Word)); w += kGatherThreads) {
+    d[w] = s == nullptr ? Word{} : s[w];
+  }
+}
+
+template <typename Word>
+__global__ void __launch_bounds__(kGatherThreads) GatherKvKernel(GatherKvParams p) {
+  int64_t total = p.cu_k[p.batch_size];
+  const int64_t rows_ok = p.tok_capacity < p.out_rows ? p.tok_capacity : p.out_rows;
+  if (total < 0 || total > rows_ok) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      RecordViolation(p.violation, kTotalPastCapacity, p.batch_size, total, rows_ok);
+    }
+    total = Clamp(total, 0, rows_ok);
+  }
+  for (int64_t r = blockIdx.x; r < total; r += gridDim.x) {
+    const int64_t slot = p.tok_idx[r];
+    const bool ok = slot >= 0 && slot < p.pool_slots;
+    if (!ok && threadIdx.x == 0) RecordViolation(p.violation, kSlotOutsidePool, r, slot, p.pool_slots);
+    CopyRow<Word>(ok ? p.k_pool + slot * p.row_bytes : nullptr, p.k_out + r * p.row_bytes, p.row_bytes);
+    CopyRow<Word>(ok ? p.v_pool + slot * p.row_bytes : nullptr, p.v_out + r * p.row_bytes, p.row_bytes);
+  }
+}
+
+struct alignas(16) Word16 {
+  uint32_t x, y, z, w;
+};
+
+}  // namespace
+
+hipError_t LaunchIndptrKernel(const IndptrParams& p, hipStream_t stream) {
+  IndptrKernel<<<1, kIndptrThreads, 0, stream>>>(p);
+  return hipGetLastError();
+}
+
+hipError_t LaunchPageTableKernel(const PageTableParams& p, int32_t passes, hipStream_t stream) {
+  PageTableKernel<<<dim3(p.batch_size, passes), kThreads, 0, stream>>>(p);
+  return hipGetLastError();
+}
+
+hipError_t LaunchTokenKvIndicesKernel(const TokenKvIndicesParams& p, int32_t passes,
+                                      hipStream_t stream) {
+  TokenKvIndicesKernel<<<dim3(p.batch_size, passes), kThreads, 0, stream>>>(p);
+  return hipGetLastError();
+}
+
+hipError_t LaunchFusedMetadataKernel(const FusedMetadataParams& p, int32_t passes,
+                                     hipStream_t stream) {
+  FusedMetadataKernel<<<dim3(p.padded_batch, passes), kThreads, 0, stream>>>(p);
+  return hipGetLastError();
+}
+
+hipError_t LaunchTreeMaskKernel(const TreeMaskParams& p, int32_t passes, hipStream_t stream) {
+  TreeMaskKernel<<<dim3(p.padded_batch, passes), kThreads, 0, stream>>>(p);
+  return hipGetLastError();
+}
+
+hipError_t LaunchGatherKvKernel(const GatherKvParams& p, int32_t blocks, hipStream_t stream) {
+  const bool words16 = p.row_bytes % 16 == 0 &&
+                       (reinterpret_cast<uintptr_t>(p.k_pool) | reinterpret_cast<uintptr_t>(p.v_pool) |
+                        reinterpret_cast<uintptr_t>(p.k_out) | reinterpret_cast<uintptr_t>(p.v_out)) %
+                               16 ==
+                           0;
+  if (words16) {
+    GatherKvKernel<Word16><<<blocks, kGatherThreads, 0, stream>>>(p);
+  } else {
+    GatherKvKernel<uint16_t><<<blocks, kGatherThreads, 0, stream>>>(p);
+  }
+  return hipGetLastError();
+}
+
+}  // namespace kernels
+}  // namespace attnmeta

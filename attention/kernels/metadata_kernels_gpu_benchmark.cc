@@ -1,0 +1,405 @@
+// Bandwidth of the metadata kernels against a device-to-device copy of the same bytes measured
+// in the same run, the fused decode-metadata launch against the separate launches it replaces
+// and against the kv_indices kernel alone, and the host time of one graph replay step.
+//
+// Method (METHOD.md): every launch's status checked; outputs poisoned before timing and
+// checked against host-computed arrays after; medians of CUDA-event-timed samples after
+// warm-up; inputs rotate over enough sets that the large shapes stream past the 50 MB L2;
+// random shuffled page layouts, never zeros. Bytes counted: what the kernel must read and
+// write (an int32 read and an int32 write per token for kv_indices, per page for the page
+// table, both for the fused launch; K and V rows read and written for the gather); the copy
+// reference moves the same number of bytes (half read, half written).
+//
+// Usage: metadata_kernels_gpu_benchmark [OUT_DIR]   (writes OUT_DIR/metadata_kernels.csv and
+// .md besides stdout). Needs a GPU; exits non-zero on any error or mismatch.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "attention/graph/graph_state.h"
+#include "attention/graph/testing/graph_harness.h"
+#include "attention/kernels/device_metadata_writer.h"
+#include "attention/kernels/device_violation_word.h"
+#include "attention/kernels/hip_device_memory.h"
+#include "attention/kernels/metadata_kernels.h"
+#include "attention/kernels/metadata_launchers.h"
+#include "attention/kernels/testing/device_buffer.h"
+#include "attention/kernels/token_kv_indices.h"
+#include "attention/metadata/testing/batch_fixture.h"
+
+namespace attnmeta {
+namespace {
+
+using testing::DeviceBuffer;
+using testing::GpuStatus;
+
+#define BENCH_CHECK(expr)                                                              \
+  do {                                                                                 \
+    const absl::Status _s = (expr);                                                    \
+    if (!_s.ok()) {                                                                    \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, _s.ToString().c_str());  \
+      std::exit(1);                                                                    \
+    }                                                                                  \
+  } while (0)
+
+template <typename T>
+T Unwrap(absl::StatusOr<T> v) {
+  BENCH_CHECK(v.status());
+  return *std::move(v);
+}
+
+constexpr int kLaunchesPerSample = 8;
+constexpr int kSamples = 31;
+constexpr int64_t kRotationBytes = int64_t{256} << 20;  // 5x the L2
+
+// Median microseconds of one call of `launch(set)`, sets rotating.
+double TimeUs(int sets, const std::function<void(int)>& launch) {
+  hipEvent_t start, stop;
+  BENCH_CHECK(GpuStatus(hipEventCreate(&start), "hipEventCreate"));
+  BENCH_CHECK(GpuStatus(hipEventCreate(&stop), "hipEventCreate"));
+  std::vector<float> ms;
+  int next = 0;
+  for (int s = -3; s < kSamples; ++s) {
+    BENCH_CHECK(GpuStatus(hipEventRecord(start, nullptr), "hipEventRecord"));
+    for (int l = 0; l < kLaunchesPerSample; ++l, next = (next + 1) % sets) launch(next);
+    BENCH_CHECK(GpuStatus(hipEventRecord(stop, nullptr), "hipEventRecord"));
+    BENCH_CHECK(GpuStatus(hipEventSynchronize(stop), "hipEventSynchronize"));
+    float t = 0;
+    BENCH_CHECK(GpuStatus(hipEventElapsedTime(&t, start, stop), "hipEventElapsedTime"));
+    if (s >= 0) ms.push_back(t / kLaunchesPerSample);
+  }
+  BENCH_CHECK(GpuStatus(hipEventDestroy(start), "hipEventDestroy"));
+  BENCH_CHECK(GpuStatus(hipEventDestroy(stop), "hipEventDestroy"));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2] * 1e3;
+}
+
+struct Row {
+  std::string op;
+  int64_t bs, ctx, ps;
+  double bytes, us, copy_us;
+};
+std::vector<Row> rows;
+
+void Report(const Row& r) {
+  rows.push_back(r);
+  const double tbs = r.bytes / (r.us * 1e-6) / 1e12;
+  const double copy_tbs = r.bytes / (r.copy_us * 1e-6) / 1e12;
+  std::printf("%-22s bs=%5lld ctx=%7lld ps=%3lld  %9.2f us %6.3f TB/s | copy %9.2f us %6.3f TB/s | %6.1f%% of copy\n",
+              r.op.c_str(), static_cast<long long>(r.bs), static_cast<long long>(r.ctx),
+              static_cast<long long>(r.ps), r.us, tbs, r.copy_us, copy_tbs, 100.0 * r.copy_us / r.us);
+}
+
+// One shape's inputs: req_to_token rows of shuffled pages, the batch's rows and lengths.
+struct Set {
+  DeviceBuffer<TokenSlot> table;
+  DeviceBuffer<ReqPoolIndex> rows;
+  DeviceBuffer<TokenLength> kv_lens, q_lens;
+  DeviceBuffer<TokenOffset> kv_indptr, qo_indptr;
+  DeviceBuffer<TokenLength> last;
+  DeviceBuffer<TokenSlot> indices;
+  DeviceBuffer<PageId> pages;
+  DeviceBuffer<uint8_t> copy_src, copy_dst;
+};
+
+void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceViolationWord& word) {
+  const PageSize page_size = *PageSize::Create(ps);
+  const int64_t tokens = bs * ctx;
+  const int64_t cols = (ctx + ps - 1) / ps;
+  const int64_t pool_pages = bs * cols + 1;
+  const int64_t set_bytes = tokens * 8 + bs * cols * 8;
+  const int sets = static_cast<int>(std::clamp<int64_t>(kRotationBytes / set_bytes, 1, 8));
+  // Host arrays of set 0 (the others are shuffled copies), kept for the output checks.
+  std::vector<TokenSlot> table(tokens);
+  std::vector<ReqPoolIndex> req_rows(bs);
+  std::vector<TokenLength> kv(bs, TokenLength(static_cast<int32_t>(ctx))), q(bs, TokenLength(1));
+  std::vector<Set> s;
+  for (int k = 0; k < sets; ++k) {
+    std::vector<int32_t> page_order(pool_pages - 1);
+    std::iota(page_order.begin(), page_order.end(), 1);
+    std::shuffle(page_order.begin(), page_order.end(), rng);
+    for (int64_t i = 0; i < bs; ++i) {
+      for (int64_t t = 0; t < ctx; ++t) {
+        table[i * ctx + t] = TokenSlot(static_cast<int32_t>(page_order[i * cols + t / ps] * ps + t % ps));
+      }
+    }
+    for (int64_t i = 0; i < bs; ++i) req_rows[i] = ReqPoolIndex(static_cast<int32_t>(i));
+    std::shuffle(req_rows.begin(), req_rows.end(), rng);
+    std::vector<TokenOffset> kv_indptr(bs + 1);
+    for (int64_t i = 0; i <= bs; ++i) kv_indptr[i] = TokenOffset(static_cast<int32_t>(i * ctx));
+    const int64_t copy_bytes = static_cast<int64_t>(tokens * 4 + bs * cols * 4);
+    s.push_back(Set{Unwrap(DeviceBuffer<TokenSlot>::FromHost(table)),
+                    Unwrap(DeviceBuffer<ReqPoolIndex>::FromHost(req_rows)),
+                    Unwrap(DeviceBuffer<TokenLength>::FromHost(kv)),
+                    Unwrap(DeviceBuffer<TokenLength>::FromHost(q)),
+                    Unwrap(DeviceBuffer<TokenOffset>::FromHost(kv_indptr)),
+                    Unwrap(DeviceBuffer<TokenOffset>::Create(bs + 1)),
+                    Unwrap(DeviceBuffer<TokenLength>::Create(bs)),
+                    Unwrap(DeviceBuffer<TokenSlot>::Create(tokens)),
+                    Unwrap(DeviceBuffer<PageId>::Create(bs * cols)),
+                    Unwrap(DeviceBuffer<uint8_t>::Create(copy_bytes)),
+                    Unwrap(DeviceBuffer<uint8_t>::Create(copy_bytes))});
+    BENCH_CHECK(GpuStatus(hipMemset(s.back().copy_src.data(), 0x5a, copy_bytes), "fill"));
+  }
+  const TokenCount pool_slots(pool_pages * ps);
+  auto poison = [&] {
+    for (Set& x : s) {
+      BENCH_CHECK(GpuStatus(hipMemset(x.indices.data(), 0xff, tokens * 4), "poison"));
+      BENCH_CHECK(GpuStatus(hipMemset(x.pages.data(), 0xff, bs * cols * 4), "poison"));
+      BENCH_CHECK(GpuStatus(hipMemset(x.qo_indptr.data(), 0xff, (bs + 1) * 4), "poison"));
+    }
+  };
+  // Checks set `k`'s outputs against its table, which is re-read from the device.
+  auto check = [&](bool want_indices, bool want_pages, bool want_indptr, const char* op) {
+    BENCH_CHECK(GpuStatus(hipDeviceSynchronize(), op));
+    BENCH_CHECK(word.Check(nullptr));
+    for (const Set& x : s) {
+      const std::vector<TokenSlot> t = Unwrap(x.table.ToHost());
+      const std::vector<ReqPoolIndex> r = Unwrap(x.rows.ToHost());
+      const std::vector<TokenSlot> got = want_indices ? Unwrap(x.indices.ToHost()) : std::vector<TokenSlot>{};
+      const std::vector<PageId> pg = want_pages ? Unwrap(x.pages.ToHost()) : std::vector<PageId>{};
+      for (int64_t i = 0; i < bs; ++i) {
+        const TokenSlot* row = t.data() + int64_t{r[i].value()} * ctx;
+        if (want_indices && !std::equal(row, row + ctx, got.begin() + i * ctx)) {
+          std::fprintf(stderr, "MISMATCH %s kv_indices bs=%lld ctx=%lld ps=%lld row %lld\n", op,
+                       (long long)bs, (long long)ctx, (long long)ps, (long long)i);
+          std::exit(1);
+        }
+        for (int64_t j = 0; want_pages && j < cols; ++j) {
+          if (pg[i * cols + j] != PageOf(row[j * ps], page_size)) {
+            std::fprintf(stderr, "MISMATCH %s page_table row %lld col %lld\n", op, (long long)i, (long long)j);
+            std::exit(1);
+          }
+        }
+      }
+      if (want_indptr) {
+        const std::vector<TokenOffset> qo = Unwrap(x.qo_indptr.ToHost());
+        for (int64_t i = 0; i <= bs; ++i) {
+          if (qo[i].value() != i) {
+            std::fprintf(stderr, "MISMATCH %s qo_indptr %lld\n", op, (long long)i);
+            std::exit(1);
+          }
+        }
+      }
+    }
+  };
+  auto copy_us = [&](int64_t bytes) {
+    return TimeUs(sets, [&](int k) {
+      BENCH_CHECK(GpuStatus(hipMemcpyAsync(s[k].copy_dst.data(), s[k].copy_src.data(), bytes,
+                                           hipMemcpyDeviceToDevice, nullptr),
+                            "copy"));
+    });
+  };
+  auto table_of = [&](int k) { return DeviceReqToToken{s[k].table.const_span(), TokenCount(ctx)}; };
+  auto kv_indices = [&](int k) {
+    TokenKvIndicesDeviceInputs in{s[k].table.const_span(), TokenCount(ctx), s[k].rows.const_span(),
+                                  s[k].kv_indptr.const_span(), {}, TokenCount(ctx), pool_slots};
+    BENCH_CHECK(BuildTokenKvIndicesOnDevice(in, s[k].indices.span(), nullptr, word.device()));
+  };
+  auto page_table = [&](int k) {
+    BENCH_CHECK(BuildPageTableOnDevice(table_of(k), pool_slots, s[k].rows.const_span(),
+                                       s[k].kv_lens.const_span(), page_size, s[k].pages.span(), cols,
+                                       word.device(), nullptr));
+  };
+  auto indptr = [&](int k) {
+    BENCH_CHECK(BuildIndptrOnDevice(s[k].q_lens.const_span(), s[k].qo_indptr.span(),
+                                    s[k].last.span(), page_size, word.device(), nullptr));
+  };
+  auto fused = [&](int k) {
+    DecodeMetadataDeviceArgs a;
+    a.req_to_token = table_of(k);
+    a.pool_slots = pool_slots;
+    a.page_size = page_size;
+    a.rows = s[k].rows.const_span();
+    a.kv_lens = s[k].kv_lens.const_span();
+    a.q_lens = s[k].q_lens.const_span();
+    a.kv_indptr = s[k].kv_indptr.span();
+    a.qo_indptr = s[k].qo_indptr.span();
+    a.kv_last_page_len = s[k].last.span();
+    a.kv_indices = s[k].indices.span();
+    a.page_table = s[k].pages.span();
+    a.page_table_cols = cols;
+    a.max_kv_len = TokenCount(ctx);
+    BENCH_CHECK(BuildDecodeMetadataOnDevice(a, word.device(), nullptr));
+  };
+  BENCH_CHECK(word.Reset(nullptr));
+  const double token_bytes = 8.0 * tokens, page_bytes = 8.0 * bs * cols;
+
+  poison();
+  const double kv_us = TimeUs(sets, kv_indices);
+  check(true, false, false, "kv_indices");
+  Report({"kv_indices", bs, ctx, ps, token_bytes, kv_us, copy_us(tokens * 4)});
+
+  poison();
+  const double pt_us = TimeUs(sets, page_table);
+  check(false, true, false, "page_table");
+  Report({"page_table", bs, ctx, ps, page_bytes, pt_us, copy_us(bs * cols * 4)});
+
+  poison();
+  const double ip_us = TimeUs(sets, indptr);
+  check(false, false, true, "indptr");
+  Report({"indptr+last_page_len", bs, ctx, ps, 12.0 * bs, ip_us, copy_us(bs * 6)});
+
+  poison();
+  const double sep_us = TimeUs(sets, [&](int k) {
+    indptr(k);
+    kv_indices(k);
+    page_table(k);
+  });
+  check(true, true, true, "separate");
+  Report({"separate (3 launches)", bs, ctx, ps, token_bytes + page_bytes, sep_us,
+          copy_us(tokens * 4 + bs * cols * 4)});
+
+  poison();
+  // The fused launch rewrites kv_indptr from the lengths: the kernels above read it, so it is
+  // timed last.
+  const double fused_us = TimeUs(sets, fused);
+  check(true, true, true, "fused");
+  Report({"fused (1 launch)", bs, ctx, ps, token_bytes + page_bytes, fused_us,
+          copy_us(tokens * 4 + bs * cols * 4)});
+  std::printf("    fused / kv_indices alone = %.3f, fused / separate = %.3f\n", fused_us / kv_us,
+              fused_us / sep_us);
+}
+
+void RunGather(int64_t tokens, int heads, int head_dim, std::mt19937_64& rng, DeviceViolationWord& word) {
+  const int64_t row = int64_t{heads} * head_dim * 2;
+  const int64_t pool_slots = tokens + 4096;
+  std::vector<uint8_t> k(pool_slots * row);
+  for (size_t i = 0; i < k.size(); i += 8) k[i] = static_cast<uint8_t>(rng());
+  std::vector<TokenSlot> tok(tokens);
+  std::vector<int32_t> perm(pool_slots);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  for (int64_t r = 0; r < tokens; ++r) tok[r] = TokenSlot(perm[r]);
+  auto dk = Unwrap(DeviceBuffer<uint8_t>::FromHost(k));
+  auto dv = Unwrap(DeviceBuffer<uint8_t>::FromHost(k));
+  auto dtok = Unwrap(DeviceBuffer<TokenSlot>::FromHost(tok));
+  auto dcu = Unwrap(DeviceBuffer<TokenOffset>::FromHost(
+      std::vector<TokenOffset>{TokenOffset(0), TokenOffset(static_cast<int32_t>(tokens))}));
+  auto ko = Unwrap(DeviceBuffer<uint8_t>::Create(tokens * row));
+  auto vo = Unwrap(DeviceBuffer<uint8_t>::Create(tokens * row));
+  BENCH_CHECK(GpuStatus(hipMemset(ko.data(), 0xee, tokens * row), "poison"));
+  GatherKvDeviceArgs a{dk.const_span(), dv.const_span(), heads, head_dim, KvElementType::kBf16,
+                       dtok.const_span(), dcu.const_span(), ko.span(), vo.span()};
+  const double us = TimeUs(1, [&](int) { BENCH_CHECK(GatherKvOnDevice(a, word.device(), nullptr)); });
+  BENCH_CHECK(GpuStatus(hipDeviceSynchronize(), "gather"));
+  BENCH_CHECK(word.Check(nullptr));
+  const std::vector<uint8_t> got = Unwrap(ko.ToHost());
+  for (int64_t r = 0; r < tokens; r += 97) {
+    if (!std::equal(got.begin() + r * row, got.begin() + (r + 1) * row, k.begin() + tok[r].value() * row)) {
+      std::fprintf(stderr, "MISMATCH gather row %lld\n", (long long)r);
+      std::exit(1);
+    }
+  }
+  const double copy = TimeUs(1, [&](int) {
+    BENCH_CHECK(GpuStatus(hipMemcpyAsync(ko.data(), dk.data(), 2 * tokens * row,
+                                         hipMemcpyDeviceToDevice, nullptr),
+                          "copy"));
+  });
+  Report({absl::StrFormat("gather %dx%d bf16", heads, head_dim), 1, tokens, 1, 4.0 * tokens * row, us,
+          copy});
+}
+
+// The host time of one decode replay step: GraphState::Replay staging the batch and launching
+// the captured graph (one launch), and the GPU time of that graph.
+void RunReplayStep() {
+  const int bs = 256;
+  const int64_t ctx = 4096, ps = 16;
+  testing::BatchFixture f(ps, 7, bs * (ctx / ps + 1) + 64, bs + 8, ctx + 16);
+  for (int i = 0; i < bs; ++i) f.AddSequence(ctx - 1, 1);
+  std::vector<TokenSlot> table(f.pool().table().begin(), f.pool().table().end());
+  auto d_table = Unwrap(DeviceBuffer<TokenSlot>::FromHost(table));
+  hipStream_t stream;
+  BENCH_CHECK(GpuStatus(hipStreamCreate(&stream), "stream"));
+  HipDeviceMemory memory(stream);
+  auto writer = Unwrap(DeviceMetadataWriter::Create(
+      DeviceReqToToken{d_table.const_span(), f.pool().max_context_len()}, f.pool_slots(), stream, {}));
+  const BackendConfig config = testing::MakeTestConfig(
+      ps, {.max_batch_size = bs, .max_context_len = ctx, .split_kv = false});
+  auto state = Unwrap(GraphState::Create(config, &f.pool(), f.page_size(), &memory, writer.get()));
+  const CaptureHandle h = Unwrap(state->Capture(bs, ForwardMode::kDecode));
+  const ReplayBatch batch{f.rows(), f.kv_lens()};
+  for (int w = 0; w < 10; ++w) BENCH_CHECK(state->Replay(h, batch).status());
+  BENCH_CHECK(GpuStatus(hipStreamSynchronize(stream), "sync"));
+  constexpr int kSteps = 200;
+  std::vector<double> host_us;
+  hipEvent_t start, stop;
+  BENCH_CHECK(GpuStatus(hipEventCreate(&start), "event"));
+  BENCH_CHECK(GpuStatus(hipEventCreate(&stop), "event"));
+  std::vector<float> gpu_us;
+  for (int step = 0; step < kSteps; ++step) {
+    BENCH_CHECK(GpuStatus(hipEventRecord(start, stream), "record"));
+    const auto t0 = std::chrono::steady_clock::now();
+    BENCH_CHECK(state->Replay(h, batch).status());
+    const auto t1 = std::chrono::steady_clock::now();
+    BENCH_CHECK(GpuStatus(hipEventRecord(stop, stream), "record"));
+    BENCH_CHECK(GpuStatus(hipEventSynchronize(stop), "sync"));
+    float ms = 0;
+    BENCH_CHECK(GpuStatus(hipEventElapsedTime(&ms, start, stop), "elapsed"));
+    host_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    gpu_us.push_back(ms * 1e3f);
+  }
+  BENCH_CHECK(writer->CheckViolations());
+  std::sort(host_us.begin(), host_us.end());
+  std::sort(gpu_us.begin(), gpu_us.end());
+  std::printf("replay step bs=%d ctx=%lld ps=%lld: host %.2f us median (p90 %.2f), GPU %.2f us "
+              "median for the staged copies + one graph launch; graphs captured: %lld\n",
+              bs, (long long)ctx, (long long)ps, host_us[kSteps / 2], host_us[kSteps * 9 / 10],
+              gpu_us[kSteps / 2], (long long)writer->graphs_captured());
+  Report({"replay step (host us)", bs, ctx, ps, 0, host_us[kSteps / 2], 0});
+  BENCH_CHECK(GpuStatus(hipEventDestroy(start), "event"));
+  BENCH_CHECK(GpuStatus(hipEventDestroy(stop), "event"));
+  state.reset();
+  BENCH_CHECK(GpuStatus(hipStreamDestroy(stream), "stream"));
+}
+
+void Write(const std::string& dir) {
+  if (dir.empty()) return;
+  std::ofstream csv(dir + "/metadata_kernels.csv");
+  std::ofstream md(dir + "/metadata_kernels.md");
+  csv << "op,bs,ctx,page_size,bytes,us,tb_per_s,copy_us,copy_tb_per_s,fraction_of_copy\n";
+  md << "| op | bs | ctx | page size | us | TB/s | copy us | copy TB/s | % of copy |\n"
+     << "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+  for (const Row& r : rows) {
+    const double tbs = r.bytes > 0 ? r.bytes / (r.us * 1e-6) / 1e12 : 0;
+    const double ctbs = r.bytes > 0 && r.copy_us > 0 ? r.bytes / (r.copy_us * 1e-6) / 1e12 : 0;
+    const double frac = r.copy_us > 0 ? r.copy_us / r.us : 0;
+    csv << absl::StrFormat("%s,%d,%d,%d,%.0f,%.3f,%.4f,%.3f,%.4f,%.4f\n", r.op, r.bs, r.ctx, r.ps,
+                           r.bytes, r.us, tbs, r.copy_us, ctbs, frac);
+    md << absl::StrFormat("| %s | %d | %d | %d | %.2f | %.3f | %.2f | %.3f | %.1f |\n", r.op, r.bs,
+                          r.ctx, r.ps, r.us, tbs, r.copy_us, ctbs, 100 * frac);
+  }
+}
+
+}  // namespace
+}  // namespace attnmeta
+
+int main(int argc, char** argv) {
+  using namespace attnmeta;
+  BENCH_CHECK(testing::RequireGpu());
+  DeviceViolationWord word = Unwrap(DeviceViolationWord::Create());
+  std::mt19937_64 rng(42);
+  struct Shape {
+    int64_t bs, ctx;
+  };
+  for (int64_t ps : {1, 16, 64}) {
+    for (Shape s : {Shape{1, 16384}, Shape{8, 4096}, Shape{64, 4096}, Shape{256, 4096},
+                    Shape{1024, 4096}, Shape{8, 131072}, Shape{64, 131072}, Shape{1024, 32768}}) {
+      RunShape(s.bs, s.ctx, ps, rng, word);
+    }
+  }
+  RunGather(65536, 8, 128, rng, word);
+  RunGather(65536, 1, 256, rng, word);
+  RunReplayStep();
+  Write(argc > 1 ? argv[1] : "");
+  return 0;
+}

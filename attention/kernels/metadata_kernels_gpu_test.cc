@@ -1,0 +1,435 @@
+// GPU tests of the metadata kernels: each device twin produces exactly the host builder's
+// arrays (page sizes 1, 7, 16 and 64, pools laid out by the real allocator with shuffled
+// pages, outputs poisoned first and their tails checked untouched), and corrupted
+// device-resident metadata is clamped and named by the violation word instead of being read
+// out of bounds (the bundle also runs this binary under compute-sanitizer memcheck).
+// Needs a GPU: fails when none is visible.
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attention/graph/host_metadata_writer.h"
+#include "attention/graph/metadata_writer.h"
+#include "attention/kernels/device_violation_word.h"
+#include "attention/kernels/metadata_kernels.h"
+#include "attention/kernels/metadata_launchers.h"
+#include "attention/kernels/testing/device_buffer.h"
+#include "attention/kernels/token_kv_indices.h"
+#include "attention/metadata/builders.h"
+#include "attention/metadata/context_gather.h"
+#include "attention/metadata/custom_mask.h"
+#include "attention/metadata/testing/batch_fixture.h"
+#include "gtest/gtest.h"
+
+namespace attnmeta {
+namespace {
+
+using testing::BatchFixture;
+using testing::DeviceBuffer;
+
+template <typename T>
+DeviceBuffer<T> Upload(const std::vector<T>& host) {
+  auto b = DeviceBuffer<T>::FromHost(host);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return *std::move(b);
+}
+
+template <typename T>
+std::vector<T> Download(const DeviceBuffer<T>& b) {
+  auto h = b.ToHost();
+  EXPECT_TRUE(h.ok()) << h.status();
+  return *std::move(h);
+}
+
+class GpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(testing::RequireGpu().ok()) << testing::RequireGpu();
+    auto w = DeviceViolationWord::Create();
+    ASSERT_TRUE(w.ok()) << w.status();
+    word_ = std::make_unique<DeviceViolationWord>(*std::move(w));
+  }
+  kernels::DeviceViolation* violation() { return word_->device(); }
+  // The recorded violation, then clears the word for the next launch.
+  absl::Status Violations() {
+    const absl::Status s = word_->Check(nullptr);
+    EXPECT_TRUE(word_->Reset(nullptr).ok());
+    return s;
+  }
+  std::unique_ptr<DeviceViolationWord> word_;
+};
+
+class PageSizeGpuTest : public GpuTest, public ::testing::WithParamInterface<int64_t> {};
+
+// A batch of `n` sequences with random cached lengths and `new_tokens` each.
+BatchFixture MakeBatch(int64_t ps, int n, int64_t max_cached, int64_t new_tokens, uint64_t seed) {
+  BatchFixture f(ps, seed, /*num_pages=*/n * (max_cached + new_tokens) / ps + n + 8,
+                 /*max_reqs=*/n + 4, /*max_context=*/max_cached + new_tokens + 16);
+  std::mt19937_64 rng(seed);
+  for (int i = 0; i < n; ++i) {
+    f.AddSequence(std::uniform_int_distribution<int64_t>(0, max_cached)(rng), new_tokens);
+  }
+  return f;
+}
+
+DeviceReqToToken DeviceTable(const BatchFixture& f, DeviceBuffer<TokenSlot>& table) {
+  std::vector<TokenSlot> host(f.pool().table().begin(), f.pool().table().end());
+  table = Upload(host);
+  return DeviceReqToToken{table.const_span(), f.pool().max_context_len()};
+}
+
+TEST_P(PageSizeGpuTest, IndptrAndLastPageLenEqualTheHostBuilders) {
+  const PageSize ps = *PageSize::Create(GetParam());
+  std::mt19937_64 rng(GetParam());
+  for (int n : {0, 1, 1000, 3000}) {
+    SCOPED_TRACE(::testing::Message() << "n " << n << " page_size " << GetParam());
+    std::vector<TokenLength> lens(n);
+    for (TokenLength& l : lens) l = TokenLength(std::uniform_int_distribution<int32_t>(0, 9000)(rng));
+    std::vector<TokenOffset> want_indptr(n + 1);
+    std::vector<TokenLength> want_last(n);
+    ASSERT_TRUE(BuildIndptr(lens, absl::MakeSpan(want_indptr)).ok());
+    ASSERT_TRUE(BuildKvLastPageLen(lens, ps, absl::MakeSpan(want_last)).ok());
+    DeviceBuffer<TokenLength> d_lens = Upload(lens);
+    DeviceBuffer<TokenOffset> d_indptr = Upload(std::vector<TokenOffset>(n + 1, TokenOffset(-5)));
+    DeviceBuffer<TokenLength> d_last = Upload(std::vector<TokenLength>(n, TokenLength(-5)));
+    ASSERT_TRUE(BuildIndptrOnDevice(d_lens.const_span(), d_indptr.span(), d_last.span(), ps,
+                                    violation(), nullptr)
+                    .ok());
+    EXPECT_EQ(Download(d_indptr), want_indptr);
+    EXPECT_EQ(Download(d_last), want_last);
+    EXPECT_TRUE(Violations().ok()) << Violations();
+  }
+}
+
+TEST_P(PageSizeGpuTest, PageTableEqualsTheHostBuilderAndKeepsRowsPastTheBatch) {
+  const BatchFixture f = MakeBatch(GetParam(), 20, 700, 1, 10 + GetParam());
+  const int64_t bs = 20;
+  const int64_t cols = (720 + GetParam() - 1) / GetParam() + 3;
+  PageTable want(bs, cols);
+  ASSERT_TRUE(BuildPageTable(f.pool(), f.rows(), f.kv_lens(), f.page_size(), want.span()).ok());
+  DeviceBuffer<TokenSlot> table = Upload(std::vector<TokenSlot>{});
+  const DeviceReqToToken src = DeviceTable(f, table);
+  DeviceBuffer<ReqPoolIndex> rows = Upload(f.rows());
+  DeviceBuffer<TokenLength> lens = Upload(f.kv_lens());
+  // Two extra rows past the batch: the kernel must leave them.
+  DeviceBuffer<PageId> out = Upload(std::vector<PageId>((bs + 2) * cols, PageId(77)));
+  ASSERT_TRUE(BuildPageTableOnDevice(src, f.pool_slots(), rows.const_span(), lens.const_span(),
+                                     f.page_size(), out.span(), cols, violation(), nullptr)
+                  .ok());
+  const std::vector<PageId> got = Download(out);
+  const absl::Span<const PageId> w = want.span().entries();
+  EXPECT_EQ(std::vector<PageId>(got.begin(), got.begin() + bs * cols),
+            std::vector<PageId>(w.begin(), w.end()));
+  EXPECT_EQ(std::vector<PageId>(got.begin() + bs * cols, got.end()),
+            std::vector<PageId>(2 * cols, PageId(77)));
+  EXPECT_TRUE(Violations().ok()) << Violations();
+}
+
+// The fused launch against the host writer over the same padded batch (real rows, then
+// padded rows staged as kPaddedRow with the fill length and no query rows).
+TEST_P(PageSizeGpuTest, FusedDecodeMetadataEqualsTheHostWriter) {
+  for (int64_t q : {1, 3}) {
+    SCOPED_TRACE(::testing::Message() << "q " << q << " page_size " << GetParam());
+    const BatchFixture f = MakeBatch(GetParam(), 12, 900, q, 20 + GetParam() + q);
+    const int64_t padded = 16;
+    std::vector<ReqPoolIndex> rows(f.rows());
+    std::vector<TokenLength> kv(f.kv_lens());
+    std::vector<TokenLength> qs(12, TokenLength(static_cast<int32_t>(q)));
+    rows.resize(padded, ReqPoolIndex(kernels::kPaddedRow));
+    kv.resize(padded, TokenLength(1));
+    qs.resize(padded, TokenLength(0));
+    const int64_t cols = (1000 + GetParam() - 1) / GetParam() + 2;
+    const int64_t capacity = padded * 1000;
+    // The host writer's result.
+    std::vector<TokenOffset> h_kv_indptr(padded + 1), h_qo_indptr(padded + 1);
+    std::vector<TokenLength> h_last(padded);
+    std::vector<TokenSlot> h_indices(capacity, TokenSlot(-9));
+    std::vector<PageId> h_table(padded * cols, PageId(-9));
+    GraphBuffers hb;
+    hb.req_rows = absl::MakeSpan(rows);
+    hb.kv_lens = absl::MakeSpan(kv);
+    hb.q_lens = absl::MakeSpan(qs);
+    hb.kv_indptr = absl::MakeSpan(h_kv_indptr);
+    hb.qo_indptr = absl::MakeSpan(h_qo_indptr);
+    hb.kv_last_page_len = absl::MakeSpan(h_last);
+    hb.kv_indices = absl::MakeSpan(h_indices);
+    hb.page_table = *PageTableSpan<PageId>::Create(absl::MakeSpan(h_table), padded, cols);
+    MetadataWriteRequest req;
+    req.mode = q == 1 ? ForwardMode::kDecode : ForwardMode::kExtend;
+    req.real_batch_size = 12;
+    req.padded_batch_size = padded;
+    req.padded_kv_len = TokenLength(1);
+    req.page_size = f.page_size();
+    req.req_to_token = &f.pool();
+    req.page_table = true;
+    HostMetadataWriter host;
+    ASSERT_TRUE(host.WriteBatchArrays(req, hb).ok());
+    ASSERT_TRUE(host.WriteTokenArrays(req, hb, nullptr).ok());
+
+    DeviceBuffer<TokenSlot> table = Upload(std::vector<TokenSlot>{});
+    DecodeMetadataDeviceArgs a;
+    a.req_to_token = DeviceTable(f, table);
+    a.pool_slots = f.pool_slots();
+    a.page_size = f.page_size();
+    DeviceBuffer<ReqPoolIndex> d_rows = Upload(rows);
+    DeviceBuffer<TokenLength> d_kv = Upload(kv), d_q = Upload(qs);
+    DeviceBuffer<TokenOffset> d_kv_indptr = Upload(std::vector<TokenOffset>(padded + 1, TokenOffset(-9)));
+    DeviceBuffer<TokenOffset> d_qo_indptr = Upload(std::vector<TokenOffset>(padded + 1, TokenOffset(-9)));
+    DeviceBuffer<TokenLength> d_last = Upload(std::vector<TokenLength>(padded, TokenLength(-9)));
+    DeviceBuffer<TokenSlot> d_indices = Upload(std::vector<TokenSlot>(capacity, TokenSlot(-9)));
+    DeviceBuffer<PageId> d_table = Upload(std::vector<PageId>(padded * cols, PageId(-9)));
+    a.rows = d_rows.const_span();
+    a.kv_lens = d_kv.const_span();
+    a.q_lens = d_q.const_span();
+    a.kv_indptr = d_kv_indptr.span();
+    a.qo_indptr = d_qo_indptr.span();
+    a.kv_last_page_len = d_last.span();
+    a.kv_indices = d_indices.span();
+    a.page_table = d_table.span();
+    a.page_table_cols = cols;
+    a.max_kv_len = f.pool().max_context_len();
+    ASSERT_TRUE(BuildDecodeMetadataOnDevice(a, violation(), nullptr).ok());
+    EXPECT_EQ(Download(d_kv_indptr), h_kv_indptr);
+    EXPECT_EQ(Download(d_qo_indptr), h_qo_indptr);
+    EXPECT_EQ(Download(d_last), h_last);
+    EXPECT_EQ(Download(d_indices), h_indices) << "the tail past kv_indptr[B] stays poisoned too";
+    EXPECT_EQ(Download(d_table), h_table);
+    EXPECT_TRUE(Violations().ok()) << Violations();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(PageSizes, PageSizeGpuTest, ::testing::Values(1, 7, 16, 64));
+
+TEST_F(GpuTest, TreeMaskEqualsTheHostBuilder) {
+  // Three requests (the last padded: no query rows), trees of 3 and 4 rows.
+  const std::vector<TokenLength> q = {TokenLength(3), TokenLength(4), TokenLength(0)};
+  const std::vector<TokenLength> kv = {TokenLength(10), TokenLength(7), TokenLength(1)};
+  std::vector<uint8_t> tree;
+  std::mt19937_64 rng(3);
+  for (TokenLength l : q) {
+    for (int r = 0; r < l.value(); ++r) {
+      for (int c = 0; c < l.value(); ++c) tree.push_back(c == r || (c < r && rng() % 2) ? 1 : 0);
+    }
+  }
+  std::vector<int64_t> want_indptr(4);
+  ASSERT_TRUE(BuildMaskIndptr(MaskLayout::kFull, q, kv, absl::MakeSpan(want_indptr)).ok());
+  std::vector<uint8_t> want(want_indptr.back() + 5, 7);
+  ASSERT_TRUE(BuildCustomMask(MaskLayout::kFull, tree, q, kv, want_indptr, absl::MakeSpan(want)).ok());
+  DeviceBuffer<TokenLength> d_q = Upload(q), d_kv = Upload(kv);
+  DeviceBuffer<uint8_t> d_tree = Upload(tree);
+  DeviceBuffer<int64_t> d_indptr = Upload(std::vector<int64_t>(4, -1));
+  DeviceBuffer<uint8_t> d_mask = Upload(std::vector<uint8_t>(want.size(), 7));
+  TreeMaskDeviceArgs a{d_q.const_span(), d_kv.const_span(), d_tree.const_span(), d_indptr.span(),
+                       d_mask.span(), 40};
+  ASSERT_TRUE(BuildTreeMaskOnDevice(a, violation(), nullptr).ok());
+  EXPECT_EQ(Download(d_indptr), want_indptr);
+  EXPECT_EQ(Download(d_mask), want);
+  EXPECT_TRUE(Violations().ok()) << Violations();
+}
+
+// The gather copies pool rows tok_idx[r] into row r, in 16-byte words or 2-byte words.
+TEST_F(GpuTest, GatherKvCopiesThePoolRowsOfTokIdx) {
+  const BatchFixture f = MakeBatch(16, 6, 300, 5, 31);
+  auto m = BuildForwardMetadata(f.Batch(ForwardMode::kExtend), f.pool(), f.page_size());
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto g = GatherContextTokens(
+      ContextGatherInputs{ForwardMode::kExtend, m->kv_indptr, m->kv_indices, m->kv_lens, f.pool_slots()});
+  ASSERT_TRUE(g.ok()) << g.status();
+  std::mt19937_64 rng(5);
+  struct Dims {
+    int32_t heads, head_dim;
+  };
+  for (Dims d : {Dims{8, 128}, Dims{1, 256}, Dims{3, 40}, Dims{3, 41}, Dims{2, 64}}) {
+    for (KvElementType dtype : {KvElementType::kBf16, KvElementType::kFp16}) {
+      SCOPED_TRACE(::testing::Message() << d.heads << " heads of " << d.head_dim);
+      const int64_t row = int64_t{d.heads} * d.head_dim * 2;
+      std::vector<uint8_t> k(f.pool_slots().value() * row), v(k.size());
+      for (uint8_t& x : k) x = static_cast<uint8_t>(rng());
+      for (uint8_t& x : v) x = static_cast<uint8_t>(rng());
+      DeviceBuffer<uint8_t> dk = Upload(k), dv = Upload(v);
+      DeviceBuffer<TokenSlot> tok = Upload(g->tok_idx);
+      DeviceBuffer<TokenOffset> cu = Upload(g->cu_k);
+      const size_t rows = g->tok_idx.size() + 3;
+      DeviceBuffer<uint8_t> ko = Upload(std::vector<uint8_t>(rows * row, 0xEE));
+      DeviceBuffer<uint8_t> vo = Upload(std::vector<uint8_t>(rows * row, 0xEE));
+      GatherKvDeviceArgs a{dk.const_span(), dv.const_span(), d.heads, d.head_dim, dtype,
+                           tok.const_span(), cu.const_span(), ko.span(), vo.span()};
+      ASSERT_TRUE(GatherKvOnDevice(a, violation(), nullptr).ok());
+      const std::vector<uint8_t> got_k = Download(ko), got_v = Download(vo);
+      for (size_t r = 0; r < rows; ++r) {
+        const bool real = r < g->tok_idx.size();
+        const int64_t s = real ? g->tok_idx[r].value() : 0;
+        for (int64_t b = 0; b < row; ++b) {
+          const uint8_t want_k = real ? k[s * row + b] : 0xEE;
+          const uint8_t want_v = real ? v[s * row + b] : 0xEE;
+          ASSERT_EQ(got_k[r * row + b], want_k) << "row " << r << " byte " << b;
+          ASSERT_EQ(got_v[r * row + b], want_v) << "row " << r << " byte " << b;
+        }
+      }
+      EXPECT_TRUE(Violations().ok()) << Violations();
+    }
+  }
+}
+
+// Corrupted device-resident metadata: the kernels stay in bounds, write safe values, and the
+// violation word names the first problem.
+class GuardGpuTest : public GpuTest {
+ protected:
+  void ExpectViolation(const std::string& words) {
+    const absl::Status s = Violations();
+    EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+    EXPECT_NE(s.message().find(words), absl::string_view::npos) << s;
+  }
+};
+
+TEST_F(GuardGpuTest, FusedLaunchClampsAndNamesBadRowsLengthsSlotsAndCapacity) {
+  const BatchFixture f = MakeBatch(16, 4, 200, 1, 41);
+  struct Case {
+    const char* what;
+    int corrupt_row;           // entry whose row is replaced, or -1
+    int32_t row;
+    int corrupt_len;           // entry whose length is replaced, or -1
+    int32_t len;
+    bool bad_slot;             // a req_to_token entry outside the pool
+    int64_t capacity;          // kv_indices capacity
+    const char* words;
+  } cases[] = {
+      {"row outside the table", 2, 999, -1, 0, false, 4096, "row 999 outside"},
+      {"negative row", 1, -7, -1, 0, false, 4096, "row -7 outside"},
+      {"length past the row", -1, 0, 3, 100000, false, 4096, "past the row"},
+      {"negative length", -1, 0, 0, -3, false, 4096, "is negative"},
+      {"slot outside the pool", -1, 0, -1, 0, true, 4096, "outside the pool"},
+      {"kv_indices too small", -1, 0, -1, 0, false, 100, "the buffer holds 100"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    std::vector<ReqPoolIndex> rows(f.rows());
+    std::vector<TokenLength> kv(f.kv_lens());
+    std::vector<TokenLength> q(4, TokenLength(1));
+    if (c.corrupt_row >= 0) rows[c.corrupt_row] = ReqPoolIndex(c.row);
+    if (c.corrupt_len >= 0) kv[c.corrupt_len] = TokenLength(c.len);
+    std::vector<TokenSlot> table(f.pool().table().begin(), f.pool().table().end());
+    if (c.bad_slot) table[f.rows()[1].value() * f.pool().max_context_len().value() + 5] = TokenSlot(1 << 30);
+    DeviceBuffer<TokenSlot> d_table = Upload(table);
+    DeviceBuffer<ReqPoolIndex> d_rows = Upload(rows);
+    DeviceBuffer<TokenLength> d_kv = Upload(kv), d_q = Upload(q);
+    DeviceBuffer<TokenOffset> d_kv_indptr = Upload(std::vector<TokenOffset>(5));
+    DeviceBuffer<TokenOffset> d_qo_indptr = Upload(std::vector<TokenOffset>(5));
+    DeviceBuffer<TokenLength> d_last = Upload(std::vector<TokenLength>(4));
+    // The capacity given to the kernel, then a poisoned tail it must not touch.
+    DeviceBuffer<TokenSlot> d_indices = Upload(std::vector<TokenSlot>(c.capacity + 64, TokenSlot(-9)));
+    const int64_t cols = 20;
+    DeviceBuffer<PageId> d_pt = Upload(std::vector<PageId>(4 * cols, PageId(-9)));
+    DecodeMetadataDeviceArgs a;
+    a.req_to_token = DeviceReqToToken{d_table.const_span(), f.pool().max_context_len()};
+    a.pool_slots = f.pool_slots();
+    a.page_size = f.page_size();
+    a.rows = d_rows.const_span();
+    a.kv_lens = d_kv.const_span();
+    a.q_lens = d_q.const_span();
+    a.kv_indptr = d_kv_indptr.span();
+    a.qo_indptr = d_qo_indptr.span();
+    a.kv_last_page_len = d_last.span();
+    a.kv_indices = DeviceSpan<TokenSlot>(d_indices.data(), c.capacity);
+    a.page_table = d_pt.span();
+    a.page_table_cols = cols;
+    a.max_kv_len = f.pool().max_context_len();
+    ASSERT_TRUE(BuildDecodeMetadataOnDevice(a, violation(), nullptr).ok());
+    ExpectViolation(c.words);
+    const std::vector<TokenSlot> got = Download(d_indices);
+    for (int64_t k = c.capacity; k < c.capacity + 64; ++k) {
+      ASSERT_EQ(got[k], TokenSlot(-9)) << "written past the capacity at " << k;
+    }
+    for (int64_t k = 0; k < c.capacity; ++k) {
+      ASSERT_TRUE(got[k] == TokenSlot(-9) ||
+                  (got[k].value() >= 0 && got[k].value() < f.pool_slots().value()))
+          << "entry " << k << " = " << got[k].value();
+    }
+  }
+}
+
+TEST_F(GuardGpuTest, OtherKernelsNameTheirViolations) {
+  const BatchFixture f = MakeBatch(16, 3, 100, 1, 43);
+  DeviceBuffer<TokenSlot> d_table = Upload(std::vector<TokenSlot>{});
+  const DeviceReqToToken src = DeviceTable(f, d_table);
+  // Indptr: a negative length.
+  {
+    DeviceBuffer<TokenLength> lens = Upload(std::vector<TokenLength>{TokenLength(4), TokenLength(-2)});
+    DeviceBuffer<TokenOffset> indptr = Upload(std::vector<TokenOffset>(3));
+    ASSERT_TRUE(BuildIndptrOnDevice(lens.const_span(), indptr.span(), {}, f.page_size(),
+                                    violation(), nullptr)
+                    .ok());
+    ExpectViolation("is negative");
+  }
+  // Token kv_indices: a decreasing indptr, and one past the output.
+  for (const auto& [indptr, words] :
+       {std::pair<std::vector<TokenOffset>, std::string>{
+            {TokenOffset(0), TokenOffset(10), TokenOffset(4), TokenOffset(20)}, "below the entry"},
+        {{TokenOffset(0), TokenOffset(10), TokenOffset(20), TokenOffset(120)}, "the buffer holds 64"}}) {
+    DeviceBuffer<ReqPoolIndex> rows = Upload(f.rows());
+    DeviceBuffer<TokenOffset> d_indptr = Upload(indptr);
+    DeviceBuffer<TokenSlot> out = Upload(std::vector<TokenSlot>(64 + 16, TokenSlot(-9)));
+    TokenKvIndicesDeviceInputs in{src.table, src.max_context_len, rows.const_span(),
+                                  d_indptr.const_span(), {}, f.pool().max_context_len(),
+                                  f.pool_slots()};
+    ASSERT_TRUE(BuildTokenKvIndicesOnDevice(in, DeviceSpan<TokenSlot>(out.data(), 64), nullptr,
+                                            violation())
+                    .ok());
+    ExpectViolation(words);
+    const std::vector<TokenSlot> got = Download(out);
+    for (int k = 64; k < 80; ++k) ASSERT_EQ(got[k], TokenSlot(-9)) << k;
+  }
+  // Gather: a slot outside the pool, and a total past the outputs.
+  {
+    const int64_t row = 2 * 64 * 2;
+    DeviceBuffer<uint8_t> pool = Upload(std::vector<uint8_t>(f.pool_slots().value() * row, 1));
+    DeviceBuffer<TokenSlot> tok = Upload(std::vector<TokenSlot>{TokenSlot(17), TokenSlot(1 << 29)});
+    DeviceBuffer<TokenOffset> cu = Upload(std::vector<TokenOffset>{TokenOffset(0), TokenOffset(2)});
+    DeviceBuffer<uint8_t> out = Upload(std::vector<uint8_t>(2 * row, 9));
+    GatherKvDeviceArgs a{pool.const_span(), pool.const_span(), 2, 64, KvElementType::kBf16,
+                         tok.const_span(), cu.const_span(), out.span(), out.span()};
+    ASSERT_TRUE(GatherKvOnDevice(a, violation(), nullptr).ok());
+    ExpectViolation("outside the pool");
+    DeviceBuffer<TokenOffset> long_cu = Upload(std::vector<TokenOffset>{TokenOffset(0), TokenOffset(900)});
+    a.cu_k = long_cu.const_span();
+    ASSERT_TRUE(GatherKvOnDevice(a, violation(), nullptr).ok());
+    ExpectViolation("needs 900");
+  }
+}
+
+// What the host can see is refused before any launch.
+TEST_F(GpuTest, LaunchersRefuseBadShapesNullsAndMisalignedPointers) {
+  DeviceBuffer<TokenLength> lens = Upload(std::vector<TokenLength>(4, TokenLength(1)));
+  DeviceBuffer<TokenOffset> indptr = Upload(std::vector<TokenOffset>(5));
+  const PageSize ps = *PageSize::Create(16);
+  EXPECT_EQ(BuildIndptrOnDevice(lens.const_span(), DeviceSpan<TokenOffset>(indptr.data(), 4), {},
+                                ps, nullptr, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BuildIndptrOnDevice(DeviceSpan<const TokenLength>(nullptr, 4), indptr.span(), {}, ps,
+                                nullptr, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  DeviceBuffer<uint8_t> pool = Upload(std::vector<uint8_t>(64 * 256 + 2, 1));
+  DeviceBuffer<TokenSlot> tok = Upload(std::vector<TokenSlot>{TokenSlot(1)});
+  DeviceBuffer<TokenOffset> cu = Upload(std::vector<TokenOffset>{TokenOffset(0), TokenOffset(1)});
+  DeviceBuffer<uint8_t> out = Upload(std::vector<uint8_t>(256 + 2, 0));
+  // One byte off the 2-byte element.
+  GatherKvDeviceArgs misaligned{DeviceSpan<const uint8_t>(pool.data() + 1, 64 * 256),
+                                DeviceSpan<const uint8_t>(pool.data() + 1, 64 * 256),
+                                1, 128, KvElementType::kBf16, tok.const_span(), cu.const_span(),
+                                DeviceSpan<uint8_t>(out.data(), 256), DeviceSpan<uint8_t>(out.data(), 256)};
+  EXPECT_EQ(GatherKvOnDevice(misaligned, nullptr, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  GatherKvDeviceArgs wide = misaligned;
+  wide.k_pool = wide.v_pool = DeviceSpan<const uint8_t>(pool.data(), 64 * 256);
+  wide.head_dim = 257;
+  EXPECT_EQ(GatherKvOnDevice(wide, nullptr, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  DecodeMetadataDeviceArgs decode;  // empty table
+  EXPECT_EQ(BuildDecodeMetadataOnDevice(decode, nullptr, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace attnmeta

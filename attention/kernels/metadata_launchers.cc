@@ -1,0 +1,245 @@
+#include "attention/kernels/metadata_launchers.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "attention/kernels/internal/launch_checks.h"
+#include "attention/kernels/metadata_kernels.h"
+
+namespace attnmeta {
+
+using internal::CheckNotNull;
+using internal::LaunchResult;
+using internal::Passes;
+
+absl::Status BuildIndptrOnDevice(DeviceSpan<const TokenLength> lens, DeviceSpan<TokenOffset> indptr,
+                                 DeviceSpan<TokenLength> last_page_len, PageSize page_size,
+                                 kernels::DeviceViolation* violation, hipStream_t stream) {
+  if (indptr.size() != lens.size() + 1) {
+    return absl::InvalidArgumentError(absl::StrCat("indptr has ", indptr.size(),
+                                                   " entries, want lens + 1 = ", lens.size() + 1));
+  }
+  if (!last_page_len.empty() && last_page_len.size() != lens.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("last_page_len has ", last_page_len.size(),
+                                                   " entries, want 0 or ", lens.size()));
+  }
+  if (lens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+    return absl::OutOfRangeError(absl::StrCat(lens.size(), " lengths, beyond int32"));
+  }
+  for (absl::Status s : {CheckNotNull("lens", lens), CheckNotNull("indptr", indptr),
+                         CheckNotNull("last_page_len", last_page_len)}) {
+    if (!s.ok()) return s;
+  }
+  kernels::IndptrParams p;
+  p.lens = reinterpret_cast<const int32_t*>(lens.data());
+  p.indptr = reinterpret_cast<int32_t*>(indptr.data());
+  p.last_page_len = last_page_len.empty() ? nullptr : reinterpret_cast<int32_t*>(last_page_len.data());
+  p.n = static_cast<int32_t>(lens.size());
+  p.page_size = static_cast<int32_t>(page_size.tokens());
+  p.violation = violation;
+  return LaunchResult(kernels::LaunchIndptrKernel(p, stream), "indptr");
+}
+
+namespace {
+
+absl::StatusOr<kernels::SlotSource> Source(const DeviceReqToToken& r, TokenCount pool_slots,
+                                           PageSize page_size) {
+  const int64_t stride = r.max_context_len.value();
+  if (stride < 1 || r.table.empty() || r.table.size() % stride != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("req_to_token has ", r.table.size(),
+                                                   " entries, not a whole number >= 1 of rows of ",
+                                                   stride));
+  }
+  if (absl::Status s = CheckNotNull("req_to_token", r.table); !s.ok()) return s;
+  const int64_t rows = static_cast<int64_t>(r.table.size()) / stride;
+  if (rows > std::numeric_limits<int32_t>::max() || pool_slots.value() < 0 ||
+      pool_slots.value() > (int64_t{1} << 31) || page_size.tokens() > (int64_t{1} << 30)) {
+    return absl::OutOfRangeError("req_to_token rows, pool slots or page size beyond int32");
+  }
+  kernels::SlotSource s;
+  s.req_to_token = reinterpret_cast<const int32_t*>(r.table.data());
+  s.stride = stride;
+  s.max_reqs = static_cast<int32_t>(rows);
+  s.pool_slots = pool_slots.value();
+  s.page_size = static_cast<int32_t>(page_size.tokens());
+  return s;
+}
+
+}  // namespace
+
+absl::Status BuildPageTableOnDevice(const DeviceReqToToken& req_to_token, TokenCount pool_slots,
+                                    DeviceSpan<const ReqPoolIndex> rows,
+                                    DeviceSpan<const TokenLength> kv_lens, PageSize page_size,
+                                    DeviceSpan<PageId> page_table, int64_t cols,
+                                    kernels::DeviceViolation* violation, hipStream_t stream) {
+  absl::StatusOr<kernels::SlotSource> src = Source(req_to_token, pool_slots, page_size);
+  if (!src.ok()) return src.status();
+  const int64_t bs = static_cast<int64_t>(rows.size());
+  if (kv_lens.size() != rows.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(rows.size(), " rows but ", kv_lens.size(),
+                                                   " kv_lens"));
+  }
+  if (cols < 0 || cols > std::numeric_limits<int32_t>::max() ||
+      static_cast<int64_t>(page_table.size()) < bs * cols) {
+    return absl::InvalidArgumentError(absl::StrCat("page_table of ", page_table.size(),
+                                                   " entries is not [", bs, "][", cols, "]"));
+  }
+  for (absl::Status s : {CheckNotNull("rows", rows), CheckNotNull("kv_lens", kv_lens),
+                         CheckNotNull("page_table", page_table)}) {
+    if (!s.ok()) return s;
+  }
+  if (bs == 0 || cols == 0) return absl::OkStatus();
+  if (bs > std::numeric_limits<int32_t>::max()) return absl::OutOfRangeError("batch beyond the grid");
+  kernels::PageTableParams p;
+  p.src = *src;
+  p.rows = reinterpret_cast<const int32_t*>(rows.data());
+  p.kv_lens = reinterpret_cast<const int32_t*>(kv_lens.data());
+  p.page_table = reinterpret_cast<int32_t*>(page_table.data());
+  p.batch_size = static_cast<int32_t>(bs);
+  p.cols = static_cast<int32_t>(cols);
+  p.violation = violation;
+  return LaunchResult(
+      kernels::LaunchPageTableKernel(p, Passes(cols, kernels::kMetadataThreads), stream),
+      "page table");
+}
+
+absl::Status BuildDecodeMetadataOnDevice(const DecodeMetadataDeviceArgs& a,
+                                         kernels::DeviceViolation* violation, hipStream_t stream) {
+  absl::StatusOr<kernels::SlotSource> src = Source(a.req_to_token, a.pool_slots, a.page_size);
+  if (!src.ok()) return src.status();
+  const size_t b = a.rows.size();
+  if (a.kv_lens.size() != b || a.q_lens.size() != b || a.kv_indptr.size() != b + 1 ||
+      a.qo_indptr.size() != b + 1 || a.kv_last_page_len.size() != b) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "decode metadata: ", b, " rows, ", a.kv_lens.size(), " kv_lens, ", a.q_lens.size(),
+        " q_lens, ", a.kv_indptr.size(), " kv_indptr, ", a.qo_indptr.size(), " qo_indptr, ",
+        a.kv_last_page_len.size(), " kv_last_page_len"));
+  }
+  if (!a.page_table.empty() &&
+      (a.page_table_cols < 1 || a.page_table_cols > std::numeric_limits<int32_t>::max() ||
+       a.page_table.size() < b * static_cast<size_t>(a.page_table_cols))) {
+    return absl::InvalidArgumentError(absl::StrCat("page_table of ", a.page_table.size(),
+                                                   " entries is not [", b, "][",
+                                                   a.page_table_cols, "]"));
+  }
+  if (a.max_kv_len.value() < 1 || a.max_kv_len.value() > src->stride) {
+    return absl::OutOfRangeError(absl::StrCat("max_kv_len ", a.max_kv_len.value(),
+                                              " outside [1, max_context_len = ", src->stride, "]"));
+  }
+  if (b > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+    return absl::OutOfRangeError("batch beyond the grid");
+  }
+  for (absl::Status s :
+       {CheckNotNull("rows", a.rows), CheckNotNull("kv_lens", a.kv_lens),
+        CheckNotNull("q_lens", a.q_lens), CheckNotNull("kv_indptr", a.kv_indptr),
+        CheckNotNull("qo_indptr", a.qo_indptr), CheckNotNull("kv_last_page_len", a.kv_last_page_len),
+        CheckNotNull("kv_indices", a.kv_indices), CheckNotNull("page_table", a.page_table)}) {
+    if (!s.ok()) return s;
+  }
+  if (b == 0) return absl::OkStatus();
+  kernels::FusedMetadataParams p;
+  p.src = *src;
+  p.rows = reinterpret_cast<const int32_t*>(a.rows.data());
+  p.kv_lens = reinterpret_cast<const int32_t*>(a.kv_lens.data());
+  p.q_lens = reinterpret_cast<const int32_t*>(a.q_lens.data());
+  p.kv_indptr = reinterpret_cast<int32_t*>(a.kv_indptr.data());
+  p.qo_indptr = reinterpret_cast<int32_t*>(a.qo_indptr.data());
+  p.kv_last_page_len = reinterpret_cast<int32_t*>(a.kv_last_page_len.data());
+  p.kv_indices = reinterpret_cast<int32_t*>(a.kv_indices.data());
+  p.kv_indices_capacity = static_cast<int64_t>(a.kv_indices.size());
+  p.page_table = a.page_table.empty() ? nullptr : reinterpret_cast<int32_t*>(a.page_table.data());
+  p.page_table_cols = static_cast<int32_t>(a.page_table_cols);
+  p.padded_batch = static_cast<int32_t>(b);
+  p.violation = violation;
+  const int32_t passes = std::max(Passes(a.max_kv_len.value(), kernels::kMetadataTokensPerPass),
+                                  Passes(a.page_table_cols, kernels::kMetadataThreads));
+  return LaunchResult(kernels::LaunchFusedMetadataKernel(p, passes, stream), "decode metadata");
+}
+
+absl::Status BuildTreeMaskOnDevice(const TreeMaskDeviceArgs& a, kernels::DeviceViolation* violation,
+                                   hipStream_t stream) {
+  const size_t b = a.q_lens.size();
+  if (a.kv_lens.size() != b || a.mask_indptr.size() != b + 1) {
+    return absl::InvalidArgumentError(absl::StrCat("tree mask: ", b, " q_lens, ",
+                                                   a.kv_lens.size(), " kv_lens, ",
+                                                   a.mask_indptr.size(), " mask_indptr"));
+  }
+  if (a.max_mask_bytes_per_row < 1) {
+    return absl::OutOfRangeError("tree mask: max_mask_bytes_per_row must be >= 1");
+  }
+  if (b > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+    return absl::OutOfRangeError("batch beyond the grid");
+  }
+  for (absl::Status s : {CheckNotNull("q_lens", a.q_lens), CheckNotNull("kv_lens", a.kv_lens),
+                         CheckNotNull("tree", a.tree), CheckNotNull("mask_indptr", a.mask_indptr),
+                         CheckNotNull("mask", a.mask)}) {
+    if (!s.ok()) return s;
+  }
+  if (b == 0) return absl::OkStatus();
+  kernels::TreeMaskParams p;
+  p.q_lens = reinterpret_cast<const int32_t*>(a.q_lens.data());
+  p.kv_lens = reinterpret_cast<const int32_t*>(a.kv_lens.data());
+  p.tree = a.tree.data();
+  p.tree_capacity = static_cast<int64_t>(a.tree.size());
+  p.mask_indptr = a.mask_indptr.data();
+  p.mask = a.mask.data();
+  p.mask_capacity = static_cast<int64_t>(a.mask.size());
+  p.padded_batch = static_cast<int32_t>(b);
+  p.violation = violation;
+  return LaunchResult(
+      kernels::LaunchTreeMaskKernel(p, Passes(a.max_mask_bytes_per_row, kernels::kMetadataThreads),
+                                    stream),
+      "tree mask");
+}
+
+absl::Status GatherKvOnDevice(const GatherKvDeviceArgs& a, kernels::DeviceViolation* violation,
+                              hipStream_t stream) {
+  if (a.head_dim < 1 || a.head_dim > 256 || a.num_kv_heads < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("gather: head_dim ", a.head_dim,
+                                                   " outside [1, 256] or num_kv_heads ",
+                                                   a.num_kv_heads, " < 1"));
+  }
+  const int64_t element = 2;  // bf16 and fp16
+  const int64_t row_bytes = int64_t{a.num_kv_heads} * a.head_dim * element;
+  if (a.k_pool.size() != a.v_pool.size() || a.k_pool.size() % row_bytes != 0 ||
+      a.k_out.size() != a.v_out.size() || a.k_out.size() % row_bytes != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gather: K/V pools of ", a.k_pool.size(), " and ", a.v_pool.size(), " bytes and outputs of ",
+        a.k_out.size(), " and ", a.v_out.size(), " bytes are not whole rows of ", row_bytes));
+  }
+  if (a.cu_k.empty()) return absl::InvalidArgumentError("gather: cu_k needs bs + 1 >= 1 entries");
+  for (const void* ptr : {static_cast<const void*>(a.k_pool.data()),
+                          static_cast<const void*>(a.v_pool.data()),
+                          static_cast<const void*>(a.k_out.data()),
+                          static_cast<const void*>(a.v_out.data())}) {
+    if (reinterpret_cast<uintptr_t>(ptr) % element != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("gather: a K/V pointer is not aligned to the ",
+                                                     element, "-byte element"));
+    }
+  }
+  for (absl::Status s : {CheckNotNull("k_pool", a.k_pool), CheckNotNull("v_pool", a.v_pool),
+                         CheckNotNull("tok_idx", a.tok_idx), CheckNotNull("cu_k", a.cu_k),
+                         CheckNotNull("k_out", a.k_out), CheckNotNull("v_out", a.v_out)}) {
+    if (!s.ok()) return s;
+  }
+  kernels::GatherKvParams p;
+  p.k_pool = a.k_pool.data();
+  p.v_pool = a.v_pool.data();
+  p.pool_slots = static_cast<int64_t>(a.k_pool.size()) / row_bytes;
+  p.row_bytes = row_bytes;
+  p.tok_idx = reinterpret_cast<const int32_t*>(a.tok_idx.data());
+  p.tok_capacity = static_cast<int64_t>(a.tok_idx.size());
+  p.cu_k = reinterpret_cast<const int32_t*>(a.cu_k.data());
+  p.batch_size = static_cast<int32_t>(a.cu_k.size() - 1);
+  p.k_out = a.k_out.data();
+  p.v_out = a.v_out.data();
+  p.out_rows = static_cast<int64_t>(a.k_out.size()) / row_bytes;
+  p.violation = violation;
+  // Enough blocks to fill a large GPU; each loops over rows.
+  const int32_t blocks = static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(p.out_rows, 4096)));
+  return LaunchResult(kernels::LaunchGatherKvKernel(p, blocks, stream), "K/V gather");
+}
+
+}  // namespace attnmeta

@@ -1,0 +1,107 @@
+// Host launchers of the metadata kernels: the device twins of the host builders
+// (attention/metadata/builders.h), the fused decode-metadata launch a graph replay runs, the
+// target-verify mask and the paged-to-linear K/V gather.
+//
+// Each launcher checks what the host can see (sizes that agree, non-null pointers for
+// non-empty spans, alignment, the grid's limits) and returns InvalidArgument / OutOfRange
+// before launching anything; then launches on `stream` and returns Internal if the launch
+// failed. What lives in device memory (rows, lengths, slots) is bounds-checked by the kernels:
+// they never read or write outside a buffer and record the first violation in `violation`
+// (DeviceViolationWord; may be null), which the caller checks after the stream.
+
+#ifndef ATTNMETA_ATTENTION_KERNELS_METADATA_LAUNCHERS_H_
+#define ATTNMETA_ATTENTION_KERNELS_METADATA_LAUNCHERS_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "attention/kernels/device_span.h"
+#include "attention/kernels/device_violation.h"
+#include "attention/kernels/hip_port.h"
+#include "kvcache/req_to_token_pool.h"
+#include "kvcache/units.h"
+
+namespace attnmeta {
+
+// req_to_token in device memory: [max_reqs][max_context_len], row-major.
+struct DeviceReqToToken {
+  DeviceSpan<const TokenSlot> table;
+  TokenCount max_context_len;  // the row stride, >= 1
+};
+
+// The device twin of BuildIndptr and BuildKvLastPageLen: indptr = [0, lens[0], ...] and, when
+// last_page_len is not empty, the last page's length of each. InvalidArgument: indptr not
+// lens.size() + 1, last_page_len neither empty nor lens.size(), a null pointer; OutOfRange: more
+// than INT32_MAX lengths.
+absl::Status BuildIndptrOnDevice(DeviceSpan<const TokenLength> lens, DeviceSpan<TokenOffset> indptr,
+                                 DeviceSpan<TokenLength> last_page_len, PageSize page_size,
+                                 kernels::DeviceViolation* violation, hipStream_t stream);
+
+// The device twin of BuildPageTable: rows [0, bs) of `page_table` ([>= bs][cols] row-major),
+// the padding page past each row's pages. `pool_slots` bounds the slots read (0: unchecked).
+// InvalidArgument: sizes, null pointers, a table smaller than bs rows.
+absl::Status BuildPageTableOnDevice(const DeviceReqToToken& req_to_token, TokenCount pool_slots,
+                                    DeviceSpan<const ReqPoolIndex> rows,
+                                    DeviceSpan<const TokenLength> kv_lens, PageSize page_size,
+                                    DeviceSpan<PageId> page_table, int64_t cols,
+                                    kernels::DeviceViolation* violation, hipStream_t stream);
+
+// Every array of a decode (or fixed-row extend) replay from the staged inputs of a padded
+// batch of B rows, in one kernel launch (kernels/metadata_kernels.h, FusedMetadataParams).
+struct DecodeMetadataDeviceArgs {
+  DeviceReqToToken req_to_token;
+  TokenCount pool_slots;                      // bounds the slots read
+  PageSize page_size = *PageSize::Create(1);
+  DeviceSpan<const ReqPoolIndex> rows;        // [B], kernels::kPaddedRow for padded rows
+  DeviceSpan<const TokenLength> kv_lens;      // [B]
+  DeviceSpan<const TokenLength> q_lens;       // [B]
+  DeviceSpan<TokenOffset> kv_indptr;          // [B + 1]
+  DeviceSpan<TokenOffset> qo_indptr;          // [B + 1]
+  DeviceSpan<TokenLength> kv_last_page_len;   // [B]
+  DeviceSpan<TokenSlot> kv_indices;           // capacity; entries past kv_indptr[B] untouched
+  DeviceSpan<PageId> page_table;              // [>= B][page_table_cols], or empty: none
+  int64_t page_table_cols = 0;
+  // The longest row the grid covers: a captured graph passes max_context_len (+ draft
+  // tokens) so that it replays any batch; 1 <= max_kv_len <= max_context_len.
+  TokenCount max_kv_len;
+};
+absl::Status BuildDecodeMetadataOnDevice(const DecodeMetadataDeviceArgs& args,
+                                         kernels::DeviceViolation* violation, hipStream_t stream);
+
+// Target-verify's FULL mask and mask_indptr from tree rows (the device twin of
+// BuildMaskIndptr + BuildCustomMask with MaskLayout::kFull) for a padded batch of B rows.
+struct TreeMaskDeviceArgs {
+  DeviceSpan<const TokenLength> q_lens;   // [B]
+  DeviceSpan<const TokenLength> kv_lens;  // [B]
+  DeviceSpan<const uint8_t> tree;         // per request [q_len][q_len], back to back
+  DeviceSpan<int64_t> mask_indptr;        // [B + 1]
+  DeviceSpan<uint8_t> mask;               // capacity
+  int64_t max_mask_bytes_per_row = 1;     // the grid's bound: max q_len * kv_len of a request
+};
+absl::Status BuildTreeMaskOnDevice(const TreeMaskDeviceArgs& args,
+                                   kernels::DeviceViolation* violation, hipStream_t stream);
+
+enum class KvElementType { kBf16, kFp16 };
+
+// The context-prefill gather on the device: row r < cu_k[bs] of k_out / v_out is pool row
+// tok_idx[r] (ContextGather's arrays), each [num_kv_heads][head_dim] of `dtype`.
+// InvalidArgument: head_dim outside [1, 256], num_kv_heads < 1, pools that are not whole
+// rows or differ in size, outputs that are not whole rows, a pointer not aligned to the
+// element size, null pointers.
+struct GatherKvDeviceArgs {
+  DeviceSpan<const uint8_t> k_pool;  // [pool_slots][num_kv_heads][head_dim]
+  DeviceSpan<const uint8_t> v_pool;
+  int32_t num_kv_heads = 1;
+  int32_t head_dim = 1;
+  KvElementType dtype = KvElementType::kBf16;
+  DeviceSpan<const TokenSlot> tok_idx;  // [>= cu_k[bs]]
+  DeviceSpan<const TokenOffset> cu_k;   // [bs + 1]
+  DeviceSpan<uint8_t> k_out;            // [rows][num_kv_heads][head_dim]
+  DeviceSpan<uint8_t> v_out;
+};
+absl::Status GatherKvOnDevice(const GatherKvDeviceArgs& args, kernels::DeviceViolation* violation,
+                              hipStream_t stream);
+
+}  // namespace attnmeta
+
+#endif  // ATTNMETA_ATTENTION_KERNELS_METADATA_LAUNCHERS_H_
