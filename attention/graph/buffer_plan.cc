@@ -92,9 +92,7 @@ absl::StatusOr<BufferPlan> ComputeBufferPlan(const BackendConfig& c, int64_t bat
   };
   using E = BufferElement;
   for (absl::Status s : {
-           add(gb::kReqRows, E::kInt32, "[B]", {b}),
-           add(gb::kKvLens, E::kInt32, "[B]", {b}),
-           add(gb::kQLens, E::kInt32, "[B]", {b}),
+           add(gb::kStagedInputs, E::kInt32, "[3 * B]: rows, kv_lens, q_lens", {3, b}),
            add(gb::kKvIndptr, E::kInt32, "[B + 1]", {b + 1}),
            add(gb::kQoIndptr, E::kInt32, "[B + 1]", {b + 1}),
            add(gb::kKvLastPageLen, E::kInt32, "[B]", {b}),

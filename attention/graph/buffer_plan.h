@@ -8,9 +8,9 @@
 // buffer a kernel addresses with int32 offsets is checked to fit them.
 //
 // The buffers, for a batch capacity B (config.max_batch_size, or more after a regrow):
-//   req_rows         int32   [B]          request rows of the replayed batch (input)
-//   kv_lens          int32   [B]          KV lengths (input; the padded rows' fill value)
-//   q_lens           int32   [B]          query rows per request (input; 0 for padded rows)
+//   staged_inputs    int32   [3 * B]      the replayed batch's inputs, one copy per replay:
+//                                         [B] request rows, [B] KV lengths (the padded rows'
+//                                         fill value), [B] query rows (0 for padded rows)
 //   kv_indptr        int32   [B + 1]
 //   qo_indptr        int32   [B + 1]
 //   kv_last_page_len int32   [B]
@@ -50,9 +50,7 @@ absl::string_view ElementName(BufferElement element);
 
 // The buffers' names, shared by the plan, the graph state and the tests.
 namespace graph_buffer {
-inline constexpr absl::string_view kReqRows = "req_rows";
-inline constexpr absl::string_view kKvLens = "kv_lens";
-inline constexpr absl::string_view kQLens = "q_lens";
+inline constexpr absl::string_view kStagedInputs = "staged_inputs";
 inline constexpr absl::string_view kKvIndptr = "kv_indptr";
 inline constexpr absl::string_view kQoIndptr = "qo_indptr";
 inline constexpr absl::string_view kKvLastPageLen = "kv_last_page_len";

@@ -23,9 +23,7 @@ TEST(BufferPlanTest, RealisticConfigMatchesHandComputedSizes) {
   // draft_kv_indices 3 * 256 * (32768 + 3 steps), indptrs 3 * 257. split-KV: 256 tiles (one
   // 64-row tile per request: max(1, 4) query rows) + 131 unit boundaries; 262 partials.
   const std::map<std::string, std::pair<int64_t, int64_t>> want = {
-      {"req_rows", {256, 1024}},
-      {"kv_lens", {256, 1024}},
-      {"q_lens", {256, 1024}},
+      {"staged_inputs", {768, 3072}},
       {"kv_indptr", {257, 1028}},
       {"qo_indptr", {257, 1028}},
       {"kv_last_page_len", {256, 1024}},
@@ -68,7 +66,7 @@ TEST(BufferPlanTest, OptionalBuffersFollowTheConfig) {
   c.mutable_speculative()->Clear();
   auto plan = ComputeBufferPlan(c, 8);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->buffers.size(), 7u);
+  EXPECT_EQ(plan->buffers.size(), 5u);
   EXPECT_EQ(plan->Find("page_table"), nullptr);
   EXPECT_EQ(plan->Find("custom_mask"), nullptr);
   EXPECT_EQ(plan->Find("kv_indices")->capacity, 8 * 32768);

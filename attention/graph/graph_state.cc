@@ -1,6 +1,7 @@
 #include "attention/graph/graph_state.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -112,9 +113,11 @@ DeviceBuffer GraphState::buffer(absl::string_view name) const {
 void GraphState::BuildViews() {
   namespace gb = graph_buffer;
   GraphBuffers v;
-  v.req_rows = Typed<ReqPoolIndex>(buffer(gb::kReqRows));
-  v.kv_lens = Typed<TokenLength>(buffer(gb::kKvLens));
-  v.q_lens = Typed<TokenLength>(buffer(gb::kQLens));
+  const size_t cap = static_cast<size_t>(plan_.batch_capacity);
+  staged_buffer_ = buffer(gb::kStagedInputs);
+  v.req_rows = Typed<ReqPoolIndex>(staged_buffer_).subspan(0, cap);
+  v.kv_lens = Typed<TokenLength>(staged_buffer_).subspan(cap, cap);
+  v.q_lens = Typed<TokenLength>(staged_buffer_).subspan(2 * cap, cap);
   v.kv_indptr = Typed<TokenOffset>(buffer(gb::kKvIndptr));
   v.qo_indptr = Typed<TokenOffset>(buffer(gb::kQoIndptr));
   v.kv_last_page_len = Typed<TokenLength>(buffer(gb::kKvLastPageLen));
@@ -143,13 +146,11 @@ void GraphState::BuildViews() {
   }
   views_ = std::move(v);
   draft_step_views_.assign(steps, ForwardMetadataView{});
-  rows_buffer_ = buffer(gb::kReqRows);
-  kv_lens_buffer_ = buffer(gb::kKvLens);
-  q_lens_buffer_ = buffer(gb::kQLens);
   tree_mask_buffer_ = buffer(gb::kTreeMask);
   staged_rows_.assign(plan_.batch_capacity, kPaddedRow);
   staged_kv_lens_.assign(plan_.batch_capacity, kPaddedKvLen);
   staged_q_lens_.assign(plan_.batch_capacity, TokenLength(0));
+  staging_.assign(3 * cap * sizeof(int32_t), 0);
 }
 
 absl::Status GraphState::Reserve(int64_t batch_capacity) {
@@ -252,9 +253,7 @@ absl::StatusOr<CaptureHandle> GraphState::Capture(int64_t bucket, ForwardMode mo
   // not regrown for a padded capture batch).
   namespace gb = graph_buffer;
   const std::pair<absl::string_view, size_t> per_batch[] = {
-      {gb::kReqRows, views_.req_rows.size()},
-      {gb::kKvLens, views_.kv_lens.size()},
-      {gb::kQLens, views_.q_lens.size()},
+      {gb::kStagedInputs, views_.req_rows.size()},
       {gb::kKvLastPageLen, views_.kv_last_page_len.size()},
       {gb::kKvIndptr, views_.kv_indptr.size() - 1},
       {gb::kQoIndptr, views_.qo_indptr.size() - 1},
@@ -376,10 +375,12 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
     }
     const int64_t row_tokens =
         draft_decode ? DraftRowTokens(batch.kv_lens[i], shape, page_size_) : kv;
-    if (absl::Status s =
-            req_to_token_->Read(batch.req_rows[i], TokenCount(0), TokenCount(row_tokens)).status();
-        !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("request ", i, ": ", s.message()));
+    // The common case is checked inline; the pool explains a failure.
+    if (!req_to_token_->IsAllocated(batch.req_rows[i]) ||
+        row_tokens > req_to_token_->max_context_len().value()) {
+      const absl::Status s =
+          req_to_token_->Read(batch.req_rows[i], TokenCount(0), TokenCount(row_tokens)).status();
+      if (!s.ok()) return absl::Status(s.code(), absl::StrCat("request ", i, ": ", s.message()));
     }
     total += kv;
     longest = std::max(longest, kv);
@@ -487,11 +488,15 @@ absl::StatusOr<SplitKvPlanCounts> GraphState::Write(const CaptureHandle& h,
     std::copy(batch.q_lens.begin(), batch.q_lens.end(), staged_q_lens_.begin());
   }
   std::fill(staged_q_lens_.begin() + bs, staged_q_lens_.begin() + padded, TokenLength(0));
-  const int64_t bytes = static_cast<int64_t>(padded * sizeof(int32_t));
-  for (auto [dst, src] : {std::pair<DeviceBuffer, const void*>{rows_buffer_, staged_rows_.data()},
-                          {kv_lens_buffer_, staged_kv_lens_.data()},
-                          {q_lens_buffer_, staged_q_lens_.data()}}) {
-    if (absl::Status s = memory_->CopyToDevice(dst, 0, src, bytes); !s.ok()) return s;
+  // One copy per replay: the three arrays side by side, as the staged_inputs buffer holds them.
+  const size_t cap = staged_rows_.size() * sizeof(int32_t);
+  std::memcpy(staging_.data(), staged_rows_.data(), cap);
+  std::memcpy(staging_.data() + cap, staged_kv_lens_.data(), cap);
+  std::memcpy(staging_.data() + 2 * cap, staged_q_lens_.data(), cap);
+  if (absl::Status s = memory_->CopyToDevice(staged_buffer_, 0, staging_.data(),
+                                             static_cast<int64_t>(staging_.size()));
+      !s.ok()) {
+    return s;
   }
   if (!batch.tree_mask.empty()) {
     if (absl::Status s = memory_->CopyToDevice(tree_mask_buffer_, 0, batch.tree_mask.data(),

@@ -185,8 +185,10 @@ class GraphState {
   std::vector<ReqPoolIndex> staged_rows_;
   std::vector<TokenLength> staged_kv_lens_;
   std::vector<TokenLength> staged_q_lens_;
+  // staged_inputs' layout on the host ([B] rows, kv_lens, q_lens), copied in one go.
+  std::vector<uint8_t> staging_;
   // The device buffers the staged inputs are copied to, looked up once per (re)allocation.
-  DeviceBuffer rows_buffer_, kv_lens_buffer_, q_lens_buffer_, tree_mask_buffer_;
+  DeviceBuffer staged_buffer_, tree_mask_buffer_;
   // [steps] the views ReplayResult::draft_steps points at, sized once.
   std::vector<ForwardMetadataView> draft_step_views_;
 };

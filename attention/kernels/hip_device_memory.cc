@@ -1,5 +1,7 @@
 #include "attention/kernels/hip_device_memory.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 
 namespace attnmeta {
@@ -13,7 +15,26 @@ absl::Status Runtime(hipError_t err, absl::string_view what) {
 }  // namespace
 
 HipDeviceMemory::~HipDeviceMemory() {
+  (void)hipStreamSynchronize(stream_);
   for (const auto& [ptr, bytes] : live_) (void)hipFree(ptr);
+  for (PinnedSlot& slot : pinned_) {
+    if (slot.host != nullptr) (void)hipHostFree(slot.host);
+    if (slot.free_again != nullptr) (void)hipEventDestroy(slot.free_again);
+  }
+}
+
+bool HipDeviceMemory::EnsurePinned() {
+  if (pinned_tried_) return pinned_ok_;
+  pinned_tried_ = true;
+  for (PinnedSlot& slot : pinned_) {
+    if (hipHostMalloc(&slot.host, kPinnedSlotBytes, hipHostMallocDefault) != hipSuccess ||
+        hipEventCreateWithFlags(&slot.free_again, hipEventDisableTiming) != hipSuccess) {
+      (void)hipGetLastError();
+      return false;
+    }
+  }
+  pinned_ok_ = true;
+  return true;
 }
 
 absl::StatusOr<DeviceBuffer> HipDeviceMemory::Allocate(absl::string_view name, int64_t bytes) {
@@ -52,9 +73,28 @@ absl::Status HipDeviceMemory::CopyToDevice(DeviceBuffer dst, int64_t offset, con
                                            int64_t bytes) {
   if (absl::Status s = CheckRange(dst, offset, bytes); !s.ok()) return s;
   if (bytes == 0) return absl::OkStatus();
-  return Runtime(hipMemcpyAsync(static_cast<char*>(dst.ptr) + offset, src,
-                                static_cast<size_t>(bytes), hipMemcpyHostToDevice, stream_),
-                 "device memory: copy to device");
+  char* to = static_cast<char*>(dst.ptr) + offset;
+  if (bytes > kPinnedSlotBytes || !EnsurePinned()) {
+    return Runtime(hipMemcpyAsync(to, src, static_cast<size_t>(bytes), hipMemcpyHostToDevice, stream_),
+                   "device memory: copy to device");
+  }
+  PinnedSlot& slot = pinned_[next_pinned_];
+  next_pinned_ = (next_pinned_ + 1) % kPinnedSlots;
+  if (slot.in_flight) {
+    if (absl::Status s = Runtime(hipEventSynchronize(slot.free_again), "device memory: pinned slot");
+        !s.ok()) {
+      return s;
+    }
+  }
+  std::memcpy(slot.host, src, static_cast<size_t>(bytes));
+  if (absl::Status s = Runtime(hipMemcpyAsync(to, slot.host, static_cast<size_t>(bytes),
+                                              hipMemcpyHostToDevice, stream_),
+                               "device memory: copy to device");
+      !s.ok()) {
+    return s;
+  }
+  slot.in_flight = true;
+  return Runtime(hipEventRecord(slot.free_again, stream_), "device memory: pinned slot event");
 }
 
 absl::Status HipDeviceMemory::CopyToHost(void* dst, DeviceBuffer src, int64_t offset,

@@ -2,6 +2,12 @@
 // GPU. Allocations are hipMalloc'd; copies and fills are queued on one stream, the stream the
 // metadata writer launches on, so that a replay's staged inputs arrive before its kernels run
 // (CopyToHost waits for the stream).
+//
+// A replay stages a few kilobytes: a copy from pageable memory makes the runtime copy it
+// through its own staging and wait, several microseconds of host time. Copies up to
+// kPinnedSlotBytes therefore go through a small ring of pinned host slots (memcpy into the
+// slot, an asynchronous copy from it, an event marking when the slot is free again); the ring
+// falls back to a plain copy when pinned memory cannot be had.
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_HIP_DEVICE_MEMORY_H_
 #define ATTNMETA_ATTENTION_KERNELS_HIP_DEVICE_MEMORY_H_
@@ -34,12 +40,26 @@ class HipDeviceMemory : public DeviceMemory {
   hipStream_t stream() const { return stream_; }
   int64_t live_allocations() const { return static_cast<int64_t>(live_.size()); }
 
+  static constexpr int64_t kPinnedSlotBytes = 64 << 10;
+  static constexpr int kPinnedSlots = 4;
+
  private:
+  struct PinnedSlot {
+    void* host = nullptr;
+    hipEvent_t free_again = nullptr;
+    bool in_flight = false;
+  };
+  // Allocates the ring on first use; false when pinned memory cannot be had.
+  bool EnsurePinned();
   // OutOfRange unless [offset, offset + bytes) lies in a live allocation of this memory.
   absl::Status CheckRange(DeviceBuffer buffer, int64_t offset, int64_t bytes) const;
 
   hipStream_t stream_;
   absl::flat_hash_map<void*, int64_t> live_;  // pointer -> bytes
+  PinnedSlot pinned_[kPinnedSlots];
+  int next_pinned_ = 0;
+  bool pinned_tried_ = false;
+  bool pinned_ok_ = false;
 };
 
 }  // namespace attnmeta

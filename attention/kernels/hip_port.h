@@ -106,6 +106,15 @@ inline hipError_t hipGraphLaunch(hipGraphExec_t exec, hipStream_t s) {
 inline hipError_t hipGraphExecDestroy(hipGraphExec_t exec) { return cudaGraphExecDestroy(exec); }
 inline hipError_t hipGraphDestroy(hipGraph_t graph) { return cudaGraphDestroy(graph); }
 inline hipError_t hipEventCreate(hipEvent_t* e) { return cudaEventCreate(e); }
+constexpr unsigned hipEventDisableTiming = cudaEventDisableTiming;
+inline hipError_t hipEventCreateWithFlags(hipEvent_t* e, unsigned flags) {
+  return cudaEventCreateWithFlags(e, flags);
+}
+constexpr unsigned hipHostMallocDefault = 0;
+inline hipError_t hipHostMalloc(void** p, size_t bytes, unsigned /*flags*/) {
+  return cudaMallocHost(p, bytes);
+}
+inline hipError_t hipHostFree(void* p) { return cudaFreeHost(p); }
 inline hipError_t hipEventDestroy(hipEvent_t e) { return cudaEventDestroy(e); }
 inline hipError_t hipEventRecord(hipEvent_t e, hipStream_t s) { return cudaEventRecord(e, s); }
 inline hipError_t hipEventSynchronize(hipEvent_t e) { return cudaEventSynchronize(e); }

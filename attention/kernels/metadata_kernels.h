@@ -31,6 +31,7 @@ struct SlotSource {
   int32_t max_reqs;             // >= 1
   int64_t pool_slots;           // slots of the KV pool; 0: slots are not checked
   int32_t page_size;            // >= 1
+  int32_t page_size_log2;       // log2(page_size) for a power of two, else -1
 };
 
 // indptr = [0, lens[0], lens[0] + lens[1], ...] and, when last_page_len is not null,

@@ -42,60 +42,107 @@ __device__ inline int64_t CheckedLength(int64_t len, int64_t limit, int64_t requ
   return len;
 }
 
-// The slot of token t: the row's, checked against the pool, or the padding page's.
-__device__ inline int32_t SlotAt(const SlotSource& s, const int32_t* row, int64_t t,
-                                 int64_t request, DeviceViolation* v) {
-  if (row == nullptr) return static_cast<int32_t>(t % s.page_size);
-  const int32_t slot = row[t];
-  if (s.pool_slots > 0 && (slot < 0 || slot >= s.pool_slots)) {
+// A slot read from a row, checked against the pool: itself, or (recorded) the padding page's
+// slot of token t.
+__device__ inline int32_t CheckedSlot(const SlotSource& s, int32_t slot, int32_t t, int64_t request,
+                                      DeviceViolation* v) {
+  // One unsigned compare catches negative slots too (pool_slots <= 2^31).
+  if (s.pool_slots > 0 && static_cast<uint32_t>(slot) >= static_cast<uint64_t>(s.pool_slots)) {
     RecordViolation(v, kSlotOutsidePool, request, slot, s.pool_slots);
-    return static_cast<int32_t>(t % s.page_size);
+    return t % s.page_size;
   }
   return slot;
 }
 
-// dst[t] = slot of token t for t in [0, n), this block's share of a grid-stride loop over
-// gridDim.y blocks: passes of kMetadataTokensPerPass tokens, kUnroll loads in flight.
-__device__ inline void CopySlots(const SlotSource& s, const int32_t* row, int32_t* dst,
-                                 int64_t n, int64_t request, DeviceViolation* v) {
-  for (int64_t t0 = int64_t{blockIdx.y} * kMetadataTokensPerPass + threadIdx.x; t0 < n;
-       t0 += int64_t{gridDim.y} * kMetadataTokensPerPass) {
-    int32_t slot[kUnroll];
+// One pass of a row's tokens, in two halves so that the loads of a pass are all in flight
+// before anything waits on them: thread x of a pass starting at token p0 handles tokens
+// p0 + x + u * kThreads, u < kUnroll. 32-bit indices: a row holds fewer than 2^31 slots.
+struct Pass {
+  int32_t t0;  // p0 + threadIdx.x
+  int32_t slot[kUnroll];
+};
+
+// Loads the slots of the pass's tokens below n (the row's, or the padding page's for a null
+// row).
+__device__ inline void LoadPass(const SlotSource& s, const int32_t* row, int32_t n, Pass& pass) {
+  if (row != nullptr) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t t = t0 + u * kThreads;
-      if (t < n) slot[u] = SlotAt(s, row, t, request, v);
+      const int32_t t = pass.t0 + u * kThreads;
+      if (t < n) pass.slot[u] = row[t];
     }
+  } else {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t t = t0 + u * kThreads;
-      if (t < n) dst[t] = slot[u];
+    for (int u = 0; u < kUnroll; ++u) pass.slot[u] = (pass.t0 + u * kThreads) % s.page_size;
+  }
+}
+
+// Stores the pass's tokens below n: dst[t] = the checked slot; for the tokens below
+// pages_below that start a page (power-of-two page sizes), pages[t >> log2] = its page.
+__device__ inline void StorePass(const SlotSource& s, bool real_row, const Pass& pass, int32_t n,
+                                 int32_t* dst, int32_t* pages, int32_t pages_below, int64_t request,
+                                 DeviceViolation* v) {
+  const int32_t page_mask = s.page_size - 1;
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int32_t t = pass.t0 + u * kThreads;
+    if (t < n) {
+      const int32_t slot = real_row ? CheckedSlot(s, pass.slot[u], t, request, v) : pass.slot[u];
+      dst[t] = slot;
+      if (t < pages_below && (t & page_mask) == 0) {
+        pages[t >> s.page_size_log2] = real_row ? slot >> s.page_size_log2 : 0;
+      }
     }
   }
 }
 
-// Row i of the page table: the page of token j * page_size for the first ceil(len /
-// page_size) columns, the padding page after them; this block's share over gridDim.y blocks.
+// dst[t] = slot of token t for t in [0, n), this block's share of a grid-stride loop over
+// gridDim.y blocks (passes of kMetadataTokensPerPass tokens), starting at its pass
+// `first_pass`; page-table entries from the same loads below pages_below (see StorePass).
+__device__ inline void CopySlots(const SlotSource& s, const int32_t* row, int32_t* dst, int32_t n,
+                                 int32_t* pages, int32_t pages_below, int32_t first_pass,
+                                 int64_t request, DeviceViolation* v) {
+  Pass pass;
+  for (pass.t0 = (blockIdx.y + first_pass * gridDim.y) * kMetadataTokensPerPass + threadIdx.x;
+       pass.t0 < n; pass.t0 += gridDim.y * kMetadataTokensPerPass) {
+    LoadPass(s, row, n, pass);
+    StorePass(s, row != nullptr, pass, n, dst, pages, pages_below, request, v);
+  }
+}
+
+// Columns [first, cols) of row i of the page table: the page of token j * page_size for the
+// first ceil(len / page_size) columns, the padding page after them; this block's share over
+// gridDim.y blocks, loads first as in CopySlots.
 __device__ inline void WritePageTableRow(const SlotSource& s, const int32_t* row, int64_t len,
-                                         int32_t* out, int32_t cols, int64_t request,
-                                         DeviceViolation* v) {
+                                         int32_t* out, int64_t first, int32_t cols,
+                                         int64_t request, DeviceViolation* v) {
   int64_t pages = (len + s.page_size - 1) / s.page_size;
   if (pages > cols) {
     if (blockIdx.y == 0 && threadIdx.x == 0) RecordViolation(v, kPagesPastTable, request, pages, cols);
     pages = cols;
   }
-  for (int64_t j = int64_t{blockIdx.y} * kThreads + threadIdx.x; j < cols;
-       j += int64_t{gridDim.y} * kThreads) {
-    int32_t page = 0;
-    if (row != nullptr && j < pages) {
-      const int32_t slot = row[j * s.page_size];
-      if (s.pool_slots > 0 && (slot < 0 || slot >= s.pool_slots)) {
-        RecordViolation(v, kSlotOutsidePool, request, slot, s.pool_slots);
-      } else {
-        page = slot / s.page_size;
-      }
+  for (int64_t j0 = first + int64_t{blockIdx.y} * kMetadataTokensPerPass + threadIdx.x; j0 < cols;
+       j0 += int64_t{gridDim.y} * kMetadataTokensPerPass) {
+    int32_t slot[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t j = j0 + u * kThreads;
+      slot[u] = (row != nullptr && j < pages) ? row[j * s.page_size] : -1;
     }
-    out[j] = page;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t j = j0 + u * kThreads;
+      if (j >= cols) continue;
+      int32_t page = 0;
+      if (row != nullptr && j < pages) {
+        if (s.pool_slots > 0 && (slot[u] < 0 || slot[u] >= s.pool_slots)) {
+          RecordViolation(v, kSlotOutsidePool, request, slot[u], s.pool_slots);
+        } else {
+          page = slot[u] / s.page_size;
+        }
+      }
+      out[j] = page;
+    }
   }
 }
 
@@ -132,7 +179,7 @@ __global__ void __launch_bounds__(kThreads) PageTableKernel(PageTableParams p) {
   const int32_t i = blockIdx.x;
   const int32_t* row = RowSlots(p.src, p.rows[i], i, p.violation);
   const int64_t len = CheckedLength(p.kv_lens[i], p.src.stride, i, p.violation);
-  WritePageTableRow(p.src, row, len, p.page_table + int64_t{i} * p.cols, p.cols, i, p.violation);
+  WritePageTableRow(p.src, row, len, p.page_table + int64_t{i} * p.cols, 0, p.cols, i, p.violation);
 }
 
 __global__ void __launch_bounds__(kThreads) TokenKvIndicesKernel(TokenKvIndicesParams p) {
@@ -159,14 +206,23 @@ __global__ void __launch_bounds__(kThreads) TokenKvIndicesKernel(TokenKvIndicesP
   }
   // A row outside the table reads as the padding page, like a padded row.
   const int32_t* row = RowSlots(p.src, p.rows[i], i, p.violation);
-  CopySlots(p.src, row == nullptr ? nullptr : row + start, p.kv_indices + begin, len, i,
-            p.violation);
+  CopySlots(p.src, row == nullptr ? nullptr : row + start, p.kv_indices + begin,
+            static_cast<int32_t>(len), nullptr, 0, 0, i, p.violation);
 }
 
 __global__ void __launch_bounds__(kThreads) FusedMetadataKernel(FusedMetadataParams p) {
   __shared__ internal::BlockScratch<kThreads> scratch;
   const int32_t i = blockIdx.x;
   const bool first_pass = blockIdx.y == 0;
+  DeviceViolation* v = p.violation;
+  const int32_t* row = RowSlots(p.src, p.rows[i], i, v);
+  const int64_t len = CheckedLength(p.kv_lens[i], p.src.stride, i, v);
+  // The first pass's loads do not depend on where the row lands in kv_indices: they are issued
+  // before the block sums the lengths before its row, and wait in registers.
+  Pass pass;
+  pass.t0 = blockIdx.y * kMetadataTokensPerPass + threadIdx.x;
+  LoadPass(p.src, row, static_cast<int32_t>(len), pass);
+
   // Where this row starts: the clamped lengths of the rows before it (every block computes it,
   // so that one launch suffices).
   int64_t kv_before = 0, q_before = 0;
@@ -175,12 +231,8 @@ __global__ void __launch_bounds__(kThreads) FusedMetadataKernel(FusedMetadataPar
     kv_before += kv;
     if (first_pass) q_before += Clamp(p.q_lens[k], 0, kv);
   }
-  kv_before = internal::BlockSum<kThreads>(kv_before, scratch);
-  if (first_pass) q_before = internal::BlockSum<kThreads>(q_before, scratch);
+  internal::BlockSum2<kThreads>(kv_before, q_before, scratch);
 
-  DeviceViolation* v = p.violation;
-  const int32_t* row = RowSlots(p.src, p.rows[i], i, v);
-  int64_t len = CheckedLength(p.kv_lens[i], p.src.stride, i, v);
   int64_t q = p.q_lens[i];
   if (q < 0 || q > len) {
     RecordViolation(v, q < 0 ? kLengthNegative : kQueryPastKv, i, q, len);
@@ -203,9 +255,21 @@ __global__ void __launch_bounds__(kThreads) FusedMetadataKernel(FusedMetadataPar
     RecordViolation(v, kTotalPastCapacity, i, kv_before + len, p.kv_indices_capacity);
     writable = kv_before < p.kv_indices_capacity ? p.kv_indices_capacity - kv_before : 0;
   }
-  CopySlots(p.src, row, p.kv_indices + kv_before, writable, i, v);
-  if (p.page_table != nullptr) {
-    WritePageTableRow(p.src, row, len, p.page_table + int64_t{i} * p.page_table_cols,
+  int32_t* pt_row = p.page_table != nullptr ? p.page_table + int64_t{i} * p.page_table_cols : nullptr;
+  // With a power-of-two page size the page-table entries of the tokens copied come from the
+  // same loads; the page-table pass then writes the columns past them (padding, or pages past
+  // a clamped capacity), or every column for other page sizes.
+  const int64_t table_tokens = int64_t{p.page_table_cols} * p.src.page_size;
+  const int64_t shared = pt_row != nullptr && p.src.page_size_log2 >= 0
+                             ? (writable < table_tokens ? writable : table_tokens)
+                             : 0;
+  int32_t* dst = p.kv_indices + kv_before;
+  StorePass(p.src, row != nullptr, pass, static_cast<int32_t>(writable), dst, pt_row,
+            static_cast<int32_t>(shared), i, v);
+  CopySlots(p.src, row, dst, static_cast<int32_t>(writable), pt_row, static_cast<int32_t>(shared),
+            /*first_pass=*/1, i, v);
+  if (pt_row != nullptr) {
+    WritePageTableRow(p.src, row, len, pt_row, (shared + p.src.page_size - 1) / p.src.page_size,
                       p.page_table_cols, i, v);
   }
 }
@@ -225,8 +289,7 @@ __global__ void __launch_bounds__(kThreads) TreeMaskKernel(TreeMaskParams p) {
     mask_before += q * kv;
     tree_before += q * q;
   }
-  mask_before = internal::BlockSum<kThreads>(mask_before, scratch);
-  tree_before = internal::BlockSum<kThreads>(tree_before, scratch);
+  internal::BlockSum2<kThreads>(mask_before, tree_before, scratch);
   int64_t q, kv;
   lengths(i, &q, &kv);
   if (p.kv_lens[i] < 0 || p.q_lens[i] < 0 || p.q_lens[i] > kv) {

@@ -5,10 +5,12 @@
 // Method (METHOD.md): every launch's status checked; outputs poisoned before timing and
 // checked against host-computed arrays after; medians of CUDA-event-timed samples after
 // warm-up; inputs rotate over enough sets that the large shapes stream past the 50 MB L2;
-// random shuffled page layouts, never zeros. Bytes counted: what the kernel must read and
-// write (an int32 read and an int32 write per token for kv_indices, per page for the page
-// table, both for the fused launch; K and V rows read and written for the gather); the copy
-// reference moves the same number of bytes (half read, half written).
+// random shuffled page layouts, never zeros. Bytes counted: what the kernel must move to and
+// from memory: an int32 read and an int32 write per token for kv_indices; per page for the
+// page table, the int32 written and the 32-byte sector its slot is read from (min(page_size,
+// 8) int32 of req_to_token: DRAM is read in sectors, so a strided read of one slot per page
+// costs a sector); both for the fused launch; K and V rows read and written for the gather.
+// The copy reference moves the same number of bytes (half read, half written).
 //
 // Usage: metadata_kernels_gpu_benchmark [OUT_DIR]   (writes OUT_DIR/metadata_kernels.csv and
 // .md besides stdout). Needs a GPU; exits non-zero on any error or mismatch.
@@ -136,7 +138,7 @@ void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceV
     std::shuffle(req_rows.begin(), req_rows.end(), rng);
     std::vector<TokenOffset> kv_indptr(bs + 1);
     for (int64_t i = 0; i <= bs; ++i) kv_indptr[i] = TokenOffset(static_cast<int32_t>(i * ctx));
-    const int64_t copy_bytes = static_cast<int64_t>(tokens * 4 + bs * cols * 4);
+    const int64_t copy_bytes = tokens * 4 + bs * cols * 20;
     s.push_back(Set{Unwrap(DeviceBuffer<TokenSlot>::FromHost(table)),
                     Unwrap(DeviceBuffer<ReqPoolIndex>::FromHost(req_rows)),
                     Unwrap(DeviceBuffer<TokenLength>::FromHost(kv)),
@@ -232,7 +234,8 @@ void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceV
     BENCH_CHECK(BuildDecodeMetadataOnDevice(a, word.device(), nullptr));
   };
   BENCH_CHECK(word.Reset(nullptr));
-  const double token_bytes = 8.0 * tokens, page_bytes = 8.0 * bs * cols;
+  const double token_bytes = 8.0 * tokens;
+  const double page_bytes = (4.0 * std::min<int64_t>(ps, 8) + 4.0) * bs * cols;
 
   poison();
   const double kv_us = TimeUs(sets, kv_indices);
@@ -242,7 +245,7 @@ void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceV
   poison();
   const double pt_us = TimeUs(sets, page_table);
   check(false, true, false, "page_table");
-  Report({"page_table", bs, ctx, ps, page_bytes, pt_us, copy_us(bs * cols * 4)});
+  Report({"page_table", bs, ctx, ps, page_bytes, pt_us, copy_us(static_cast<int64_t>(page_bytes / 2))});
 
   poison();
   const double ip_us = TimeUs(sets, indptr);
@@ -257,7 +260,7 @@ void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceV
   });
   check(true, true, true, "separate");
   Report({"separate (3 launches)", bs, ctx, ps, token_bytes + page_bytes, sep_us,
-          copy_us(tokens * 4 + bs * cols * 4)});
+          copy_us(static_cast<int64_t>((token_bytes + page_bytes) / 2))});
 
   poison();
   // The fused launch rewrites kv_indptr from the lengths: the kernels above read it, so it is
@@ -265,7 +268,7 @@ void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceV
   const double fused_us = TimeUs(sets, fused);
   check(true, true, true, "fused");
   Report({"fused (1 launch)", bs, ctx, ps, token_bytes + page_bytes, fused_us,
-          copy_us(tokens * 4 + bs * cols * 4)});
+          copy_us(static_cast<int64_t>((token_bytes + page_bytes) / 2))});
   std::printf("    fused / kv_indices alone = %.3f, fused / separate = %.3f\n", fused_us / kv_us,
               fused_us / sep_us);
 }
@@ -300,8 +303,12 @@ void RunGather(int64_t tokens, int heads, int head_dim, std::mt19937_64& rng, De
       std::exit(1);
     }
   }
+  // The reference moves the same bytes: K and V rows, read and written.
+  auto copy_src = Unwrap(DeviceBuffer<uint8_t>::Create(2 * tokens * row));
+  auto copy_dst = Unwrap(DeviceBuffer<uint8_t>::Create(2 * tokens * row));
+  BENCH_CHECK(GpuStatus(hipMemset(copy_src.data(), 0x5a, 2 * tokens * row), "fill"));
   const double copy = TimeUs(1, [&](int) {
-    BENCH_CHECK(GpuStatus(hipMemcpyAsync(ko.data(), dk.data(), 2 * tokens * row,
+    BENCH_CHECK(GpuStatus(hipMemcpyAsync(copy_dst.data(), copy_src.data(), 2 * tokens * row,
                                          hipMemcpyDeviceToDevice, nullptr),
                           "copy"));
   });
@@ -320,6 +327,7 @@ void RunReplayStep() {
   auto d_table = Unwrap(DeviceBuffer<TokenSlot>::FromHost(table));
   hipStream_t stream;
   BENCH_CHECK(GpuStatus(hipStreamCreate(&stream), "stream"));
+  {  // everything that uses the stream goes before it
   HipDeviceMemory memory(stream);
   auto writer = Unwrap(DeviceMetadataWriter::Create(
       DeviceReqToToken{d_table.const_span(), f.pool().max_context_len()}, f.pool_slots(), stream, {}));
@@ -358,7 +366,7 @@ void RunReplayStep() {
   Report({"replay step (host us)", bs, ctx, ps, 0, host_us[kSteps / 2], 0});
   BENCH_CHECK(GpuStatus(hipEventDestroy(start), "event"));
   BENCH_CHECK(GpuStatus(hipEventDestroy(stop), "event"));
-  state.reset();
+  }
   BENCH_CHECK(GpuStatus(hipStreamDestroy(stream), "stream"));
 }
 
@@ -385,6 +393,7 @@ void Write(const std::string& dir) {
 
 int main(int argc, char** argv) {
   using namespace attnmeta;
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a crash must not lose the lines before it
   BENCH_CHECK(testing::RequireGpu());
   DeviceViolationWord word = Unwrap(DeviceViolationWord::Create());
   std::mt19937_64 rng(42);

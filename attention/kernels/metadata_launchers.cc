@@ -64,6 +64,7 @@ absl::StatusOr<kernels::SlotSource> Source(const DeviceReqToToken& r, TokenCount
   s.max_reqs = static_cast<int32_t>(rows);
   s.pool_slots = pool_slots.value();
   s.page_size = static_cast<int32_t>(page_size.tokens());
+  s.page_size_log2 = page_size.log2();
   return s;
 }
 
@@ -101,7 +102,7 @@ absl::Status BuildPageTableOnDevice(const DeviceReqToToken& req_to_token, TokenC
   p.cols = static_cast<int32_t>(cols);
   p.violation = violation;
   return LaunchResult(
-      kernels::LaunchPageTableKernel(p, Passes(cols, kernels::kMetadataThreads), stream),
+      kernels::LaunchPageTableKernel(p, Passes(cols, kernels::kMetadataTokensPerPass), stream),
       "page table");
 }
 
@@ -153,8 +154,13 @@ absl::Status BuildDecodeMetadataOnDevice(const DecodeMetadataDeviceArgs& a,
   p.page_table_cols = static_cast<int32_t>(a.page_table_cols);
   p.padded_batch = static_cast<int32_t>(b);
   p.violation = violation;
-  const int32_t passes = std::max(Passes(a.max_kv_len.value(), kernels::kMetadataTokensPerPass),
-                                  Passes(a.page_table_cols, kernels::kMetadataThreads));
+  // Every block sums the lengths before its row, so a block covers several passes when the
+  // batch alone fills the GPU (about kTargetBlocks blocks in flight on a large one).
+  constexpr int64_t kTargetBlocks = 1024;
+  const int32_t needed = std::max(Passes(a.max_kv_len.value(), kernels::kMetadataTokensPerPass),
+                                  Passes(a.page_table_cols, kernels::kMetadataTokensPerPass));
+  const int32_t passes = std::min<int32_t>(
+      needed, Passes(kTargetBlocks, static_cast<int64_t>(b)));
   return LaunchResult(kernels::LaunchFusedMetadataKernel(p, passes, stream), "decode metadata");
 }
 

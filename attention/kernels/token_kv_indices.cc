@@ -59,6 +59,7 @@ absl::Status BuildTokenKvIndicesOnDevice(const TokenKvIndicesDeviceInputs& in,
   params.src.max_reqs = static_cast<int32_t>(static_cast<int64_t>(in.req_to_token.size()) / stride);
   params.src.pool_slots = in.pool_slots.value();
   params.src.page_size = 1;
+  params.src.page_size_log2 = 0;
   params.rows = reinterpret_cast<const int32_t*>(in.req_pool_indices.data());
   params.kv_indptr = reinterpret_cast<const int32_t*>(in.kv_indptr.data());
   params.kv_start_idx = reinterpret_cast<const int32_t*>(in.kv_start_idx.data());

@@ -16,27 +16,46 @@ namespace internal {
 // Shared memory for kThreads / 32 wave partials: enough for waves of 32 and of 64.
 template <int kThreads>
 struct BlockScratch {
-  int64_t wave[kThreads / 32];
-  int64_t total;
+  int64_t wave[2][kThreads / 32];
+  int64_t total[2];
 };
+
+// The sums of every thread's `a` and `b`, returned to every thread (one pass of
+// synchronization for both).
+template <int kThreads>
+__device__ inline void BlockSum2(int64_t& a, int64_t& b, BlockScratch<kThreads>& scratch) {
+  for (int d = kWaveSize / 2; d > 0; d /= 2) {
+    a += ATTNMETA_SHFL_DOWN(a, d);
+    b += ATTNMETA_SHFL_DOWN(b, d);
+  }
+  const int lane = threadIdx.x % kWaveSize;
+  const int wave = threadIdx.x / kWaveSize;
+  if (lane == 0) {
+    scratch.wave[0][wave] = a;
+    scratch.wave[1][wave] = b;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int64_t ta = 0, tb = 0;
+    for (int w = 0; w < kThreads / kWaveSize; ++w) {
+      ta += scratch.wave[0][w];
+      tb += scratch.wave[1][w];
+    }
+    scratch.total[0] = ta;
+    scratch.total[1] = tb;
+  }
+  __syncthreads();
+  a = scratch.total[0];
+  b = scratch.total[1];
+  __syncthreads();  // scratch may be reused at once
+}
 
 // The sum of every thread's `value`, returned to every thread.
 template <int kThreads>
 __device__ inline int64_t BlockSum(int64_t value, BlockScratch<kThreads>& scratch) {
-  for (int d = kWaveSize / 2; d > 0; d /= 2) value += ATTNMETA_SHFL_DOWN(value, d);
-  const int lane = threadIdx.x % kWaveSize;
-  const int wave = threadIdx.x / kWaveSize;
-  if (lane == 0) scratch.wave[wave] = value;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int64_t total = 0;
-    for (int w = 0; w < kThreads / kWaveSize; ++w) total += scratch.wave[w];
-    scratch.total = total;
-  }
-  __syncthreads();
-  const int64_t total = scratch.total;
-  __syncthreads();  // scratch may be reused at once
-  return total;
+  int64_t unused = 0;
+  BlockSum2<kThreads>(value, unused, scratch);
+  return value;
 }
 
 // The inclusive prefix sum of `value` over threads 0..threadIdx.x; *block_total receives the
@@ -50,20 +69,20 @@ __device__ inline int64_t BlockInclusiveScan(int64_t value, BlockScratch<kThread
     const int64_t up = ATTNMETA_SHFL_UP(value, d);
     if (lane >= d) value += up;
   }
-  if (lane == kWaveSize - 1) scratch.wave[wave] = value;
+  if (lane == kWaveSize - 1) scratch.wave[0][wave] = value;
   __syncthreads();
   if (threadIdx.x == 0) {
     int64_t run = 0;
     for (int w = 0; w < kThreads / kWaveSize; ++w) {
-      const int64_t v = scratch.wave[w];
-      scratch.wave[w] = run;
+      const int64_t v = scratch.wave[0][w];
+      scratch.wave[0][w] = run;
       run += v;
     }
-    scratch.total = run;
+    scratch.total[0] = run;
   }
   __syncthreads();
-  value += scratch.wave[wave];
-  *block_total = scratch.total;
+  value += scratch.wave[0][wave];
+  *block_total = scratch.total[0];
   __syncthreads();
   return value;
 }
