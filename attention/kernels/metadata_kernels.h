@@ -61,6 +61,8 @@ struct PageTableParams {
   int32_t cols;
   DeviceViolation* violation;
 };
+// Columns one block pass of the page-table kernel covers.
+inline constexpr int32_t kPageTableColumnsPerPass = kMetadataThreads * 8;
 hipError_t LaunchPageTableKernel(const PageTableParams& p, int32_t passes, hipStream_t stream);
 
 // kv_indices[kv_indptr[i] + t] = req_to_token[rows[i]][start[i] + t], t < kv_indptr[i + 1] -
@@ -141,6 +143,7 @@ struct GatherKvParams {
   uint8_t* v_out;
   int64_t out_rows;
   DeviceViolation* violation;
+  int32_t lanes_per_row;  // set by the launch function
 };
 hipError_t LaunchGatherKvKernel(const GatherKvParams& p, int32_t blocks, hipStream_t stream);
 

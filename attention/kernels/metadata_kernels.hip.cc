@@ -1,5 +1,7 @@
 #include "attention/kernels/metadata_kernels.h"
 
+#include <algorithm>
+
 #include "attention/kernels/internal/block_reduce.h"
 
 namespace attnmeta {
@@ -11,6 +13,7 @@ constexpr int kUnroll = kMetadataTokensPerPass / kMetadataThreads;
 constexpr int64_t kInt32Max = 2147483647;
 constexpr int kIndptrThreads = 1024;
 constexpr int kGatherThreads = 128;
+constexpr int kPageTableUnroll = kPageTableColumnsPerPass / kMetadataThreads;
 
 __device__ inline int64_t Clamp(int64_t v, int64_t lo, int64_t hi) {
   return v < lo ? lo : (v > hi ? hi : v);
@@ -110,35 +113,52 @@ __device__ inline void CopySlots(const SlotSource& s, const int32_t* row, int32_
   }
 }
 
+// 32-bit page arithmetic (a row holds fewer than 2^31 tokens), with shifts for power-of-two
+// page sizes: 64-bit division costs more instructions than a metadata kernel's per-token work.
+__device__ inline int32_t PagesCeil(int32_t tokens, const SlotSource& s) {
+  return s.page_size_log2 >= 0 ? (tokens + s.page_size - 1) >> s.page_size_log2
+                               : (tokens + s.page_size - 1) / s.page_size;
+}
+
+__device__ inline int32_t LastPageLen(int32_t len, const SlotSource& s) {
+  if (len == 0) return 0;
+  return (s.page_size_log2 >= 0 ? (len - 1) & (s.page_size - 1) : (len - 1) % s.page_size) + 1;
+}
+
 // Columns [first, cols) of row i of the page table: the page of token j * page_size for the
 // first ceil(len / page_size) columns, the padding page after them; this block's share over
-// gridDim.y blocks, loads first as in CopySlots.
-__device__ inline void WritePageTableRow(const SlotSource& s, const int32_t* row, int64_t len,
-                                         int32_t* out, int64_t first, int32_t cols,
+// gridDim.y blocks (passes of kThreads * Unroll columns), loads first as in CopySlots. Each
+// load is a sector of its own (one slot per page), so the standalone kernel keeps more in
+// flight than the token copy does.
+template <int Unroll>
+__device__ inline void WritePageTableRow(const SlotSource& s, const int32_t* row, int32_t len,
+                                         int32_t* out, int32_t first, int32_t cols,
                                          int64_t request, DeviceViolation* v) {
-  int64_t pages = (len + s.page_size - 1) / s.page_size;
+  constexpr int32_t kPerPass = kThreads * Unroll;
+  if (first >= cols) return;
+  int32_t pages = PagesCeil(len, s);
   if (pages > cols) {
     if (blockIdx.y == 0 && threadIdx.x == 0) RecordViolation(v, kPagesPastTable, request, pages, cols);
     pages = cols;
   }
-  for (int64_t j0 = first + int64_t{blockIdx.y} * kMetadataTokensPerPass + threadIdx.x; j0 < cols;
-       j0 += int64_t{gridDim.y} * kMetadataTokensPerPass) {
-    int32_t slot[kUnroll];
+  for (int32_t j0 = first + blockIdx.y * kPerPass + threadIdx.x; j0 < cols;
+       j0 += gridDim.y * kPerPass) {
+    int32_t slot[Unroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t j = j0 + u * kThreads;
-      slot[u] = (row != nullptr && j < pages) ? row[j * s.page_size] : -1;
+    for (int u = 0; u < Unroll; ++u) {
+      const int32_t j = j0 + u * kThreads;
+      slot[u] = (row != nullptr && j < pages) ? row[static_cast<int64_t>(j) * s.page_size] : -1;
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t j = j0 + u * kThreads;
+    for (int u = 0; u < Unroll; ++u) {
+      const int32_t j = j0 + u * kThreads;
       if (j >= cols) continue;
       int32_t page = 0;
       if (row != nullptr && j < pages) {
-        if (s.pool_slots > 0 && (slot[u] < 0 || slot[u] >= s.pool_slots)) {
+        if (s.pool_slots > 0 && static_cast<uint32_t>(slot[u]) >= static_cast<uint64_t>(s.pool_slots)) {
           RecordViolation(v, kSlotOutsidePool, request, slot[u], s.pool_slots);
         } else {
-          page = slot[u] / s.page_size;
+          page = s.page_size_log2 >= 0 ? slot[u] >> s.page_size_log2 : slot[u] / s.page_size;
         }
       }
       out[j] = page;
@@ -146,9 +166,6 @@ __device__ inline void WritePageTableRow(const SlotSource& s, const int32_t* row
   }
 }
 
-__device__ inline int32_t LastPageLen(int64_t len, int32_t page_size) {
-  return len == 0 ? 0 : static_cast<int32_t>((len - 1) % page_size + 1);
-}
 
 __global__ void __launch_bounds__(kIndptrThreads) IndptrKernel(IndptrParams p) {
   __shared__ internal::BlockScratch<kIndptrThreads> scratch;
@@ -163,7 +180,9 @@ __global__ void __launch_bounds__(kIndptrThreads) IndptrKernel(IndptrParams p) {
         RecordViolation(p.violation, kLengthNegative, k, len, 0);
         len = 0;
       }
-      if (p.last_page_len != nullptr) p.last_page_len[k] = LastPageLen(len, p.page_size);
+      if (p.last_page_len != nullptr) {
+        p.last_page_len[k] = len == 0 ? 0 : static_cast<int32_t>(len - 1) % p.page_size + 1;
+      }
     }
     int64_t block_total = 0;
     const int64_t end = carry + internal::BlockInclusiveScan<kIndptrThreads>(len, scratch, &block_total);
@@ -179,7 +198,8 @@ __global__ void __launch_bounds__(kThreads) PageTableKernel(PageTableParams p) {
   const int32_t i = blockIdx.x;
   const int32_t* row = RowSlots(p.src, p.rows[i], i, p.violation);
   const int64_t len = CheckedLength(p.kv_lens[i], p.src.stride, i, p.violation);
-  WritePageTableRow(p.src, row, len, p.page_table + int64_t{i} * p.cols, 0, p.cols, i, p.violation);
+  WritePageTableRow<kPageTableUnroll>(p.src, row, static_cast<int32_t>(len),
+                                      p.page_table + int64_t{i} * p.cols, 0, p.cols, i, p.violation);
 }
 
 __global__ void __launch_bounds__(kThreads) TokenKvIndicesKernel(TokenKvIndicesParams p) {
@@ -226,12 +246,13 @@ __global__ void __launch_bounds__(kThreads) FusedMetadataKernel(FusedMetadataPar
   // Where this row starts: the clamped lengths of the rows before it (every block computes it,
   // so that one launch suffices).
   int64_t kv_before = 0, q_before = 0;
-  for (int32_t k = threadIdx.x; k < i; k += kThreads) {
-    const int64_t kv = Clamp(p.kv_lens[k], 0, p.src.stride);
-    kv_before += kv;
-    if (first_pass) q_before += Clamp(p.q_lens[k], 0, kv);
-  }
-  internal::BlockSum2<kThreads>(kv_before, q_before, scratch);
+  internal::FirstWaveSum2<kThreads>(
+      i,
+      [&](int32_t k, int64_t* kv, int64_t* q) {
+        *kv = Clamp(p.kv_lens[k], 0, p.src.stride);
+        *q = first_pass ? Clamp(p.q_lens[k], 0, *kv) : 0;
+      },
+      kv_before, q_before, scratch);
 
   int64_t q = p.q_lens[i];
   if (q < 0 || q > len) {
@@ -248,7 +269,7 @@ __global__ void __launch_bounds__(kThreads) FusedMetadataKernel(FusedMetadataPar
     }
     p.kv_indptr[i + 1] = static_cast<int32_t>(Clamp(kv_before + len, 0, kInt32Max));
     p.qo_indptr[i + 1] = static_cast<int32_t>(Clamp(q_before + q, 0, kInt32Max));
-    p.kv_last_page_len[i] = LastPageLen(len, p.src.page_size);
+    p.kv_last_page_len[i] = LastPageLen(static_cast<int32_t>(len), p.src);
   }
   int64_t writable = len;
   if (kv_before + len > p.kv_indices_capacity) {
@@ -269,8 +290,8 @@ __global__ void __launch_bounds__(kThreads) FusedMetadataKernel(FusedMetadataPar
   CopySlots(p.src, row, dst, static_cast<int32_t>(writable), pt_row, static_cast<int32_t>(shared),
             /*first_pass=*/1, i, v);
   if (pt_row != nullptr) {
-    WritePageTableRow(p.src, row, len, pt_row, (shared + p.src.page_size - 1) / p.src.page_size,
-                      p.page_table_cols, i, v);
+    WritePageTableRow<kUnroll>(p.src, row, static_cast<int32_t>(len), pt_row,
+                      PagesCeil(static_cast<int32_t>(shared), p.src), p.page_table_cols, i, v);
   }
 }
 
@@ -317,15 +338,6 @@ __global__ void __launch_bounds__(kThreads) TreeMaskKernel(TreeMaskParams p) {
 }
 
 template <typename Word>
-__device__ inline void CopyRow(const uint8_t* src, uint8_t* dst, int64_t row_bytes) {
-  const Word* s = reinterpret_cast<const Word*>(src);
-  Word* d = reinterpret_cast<Word*>(dst);
-  for (int64_t w = threadIdx.x; w < row_bytes / static_cast<int64_t>(sizeof(Word)); w += kGatherThreads) {
-    d[w] = s == nullptr ? Word{} : s[w];
-  }
-}
-
-template <typename Word>
 __global__ void __launch_bounds__(kGatherThreads) GatherKvKernel(GatherKvParams p) {
   int64_t total = p.cu_k[p.batch_size];
   const int64_t rows_ok = p.tok_capacity < p.out_rows ? p.tok_capacity : p.out_rows;
@@ -335,12 +347,27 @@ __global__ void __launch_bounds__(kGatherThreads) GatherKvKernel(GatherKvParams 
     }
     total = Clamp(total, 0, rows_ok);
   }
-  for (int64_t r = blockIdx.x; r < total; r += gridDim.x) {
+  // lanes_per_row threads copy a row; a block moves kGatherThreads / lanes_per_row rows at once,
+  // so that short rows (one head of 256) still keep every thread busy.
+  const int32_t lanes = p.lanes_per_row;
+  const int32_t rows_per_block = kGatherThreads / lanes;
+  const int32_t lane = threadIdx.x % lanes;
+  const int64_t words = p.row_bytes / static_cast<int64_t>(sizeof(Word));
+  for (int64_t r = int64_t{blockIdx.x} * rows_per_block + threadIdx.x / lanes; r < total;
+       r += int64_t{gridDim.x} * rows_per_block) {
     const int64_t slot = p.tok_idx[r];
     const bool ok = slot >= 0 && slot < p.pool_slots;
-    if (!ok && threadIdx.x == 0) RecordViolation(p.violation, kSlotOutsidePool, r, slot, p.pool_slots);
-    CopyRow<Word>(ok ? p.k_pool + slot * p.row_bytes : nullptr, p.k_out + r * p.row_bytes, p.row_bytes);
-    CopyRow<Word>(ok ? p.v_pool + slot * p.row_bytes : nullptr, p.v_out + r * p.row_bytes, p.row_bytes);
+    if (!ok && lane == 0) RecordViolation(p.violation, kSlotOutsidePool, r, slot, p.pool_slots);
+    const Word* k = reinterpret_cast<const Word*>(p.k_pool + slot * p.row_bytes);
+    const Word* v = reinterpret_cast<const Word*>(p.v_pool + slot * p.row_bytes);
+    Word* ko = reinterpret_cast<Word*>(p.k_out + r * p.row_bytes);
+    Word* vo = reinterpret_cast<Word*>(p.v_out + r * p.row_bytes);
+    for (int64_t w = lane; w < words; w += lanes) {
+      const Word kw = ok ? k[w] : Word{};
+      const Word vw = ok ? v[w] : Word{};
+      ko[w] = kw;
+      vo[w] = vw;
+    }
   }
 }
 
@@ -378,15 +405,24 @@ hipError_t LaunchTreeMaskKernel(const TreeMaskParams& p, int32_t passes, hipStre
 }
 
 hipError_t LaunchGatherKvKernel(const GatherKvParams& p, int32_t blocks, hipStream_t stream) {
+  GatherKvParams q = p;
   const bool words16 = p.row_bytes % 16 == 0 &&
                        (reinterpret_cast<uintptr_t>(p.k_pool) | reinterpret_cast<uintptr_t>(p.v_pool) |
                         reinterpret_cast<uintptr_t>(p.k_out) | reinterpret_cast<uintptr_t>(p.v_out)) %
                                16 ==
                            0;
+  // Lanes per row: the row's words rounded up to a power of two, at least a wave of 32 and at
+  // most the block.
+  const int64_t words = p.row_bytes / (words16 ? 16 : 2);
+  q.lanes_per_row = 32;
+  while (q.lanes_per_row < kGatherThreads && q.lanes_per_row < words) q.lanes_per_row *= 2;
+  const int64_t rows_per_block = kGatherThreads / q.lanes_per_row;
+  const int32_t grid = static_cast<int32_t>(
+      std::min<int64_t>(blocks, (p.out_rows + rows_per_block - 1) / rows_per_block + 1));
   if (words16) {
-    GatherKvKernel<Word16><<<blocks, kGatherThreads, 0, stream>>>(p);
+    GatherKvKernel<Word16><<<grid, kGatherThreads, 0, stream>>>(q);
   } else {
-    GatherKvKernel<uint16_t><<<blocks, kGatherThreads, 0, stream>>>(p);
+    GatherKvKernel<uint16_t><<<grid, kGatherThreads, 0, stream>>>(q);
   }
   return hipGetLastError();
 }

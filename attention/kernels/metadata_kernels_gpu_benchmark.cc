@@ -28,6 +28,7 @@
 
 #include "absl/strings/str_format.h"
 #include "attention/graph/graph_state.h"
+#include "attention/graph/host_device_memory.h"
 #include "attention/graph/testing/graph_harness.h"
 #include "attention/kernels/device_metadata_writer.h"
 #include "attention/kernels/device_violation_word.h"
@@ -339,11 +340,30 @@ void RunReplayStep() {
   for (int w = 0; w < 10; ++w) BENCH_CHECK(state->Replay(h, batch).status());
   BENCH_CHECK(GpuStatus(hipStreamSynchronize(stream), "sync"));
   constexpr int kSteps = 200;
-  std::vector<double> host_us;
+  std::vector<double> host_us, copy_us;
   hipEvent_t start, stop;
   BENCH_CHECK(GpuStatus(hipEventCreate(&start), "event"));
   BENCH_CHECK(GpuStatus(hipEventCreate(&stop), "event"));
   std::vector<float> gpu_us;
+  // The writer alone: a launch of the same captured graph, the inputs as last staged.
+  MetadataWriteRequest last_request;
+  last_request.mode = ForwardMode::kDecode;
+  last_request.real_batch_size = bs;
+  last_request.padded_batch_size = bs;
+  last_request.padded_kv_len = GraphState::kPaddedKvLen;
+  last_request.page_size = f.page_size();
+  last_request.req_to_token = &f.pool();
+  last_request.page_table = true;
+  last_request.q_len_per_request = TokenLength(1);
+  last_request.generation = state->generation();
+  for (int step = 0; step < kSteps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    BENCH_CHECK(writer->WriteBatchArrays(last_request, state->buffers()));
+    const auto t1 = std::chrono::steady_clock::now();
+    BENCH_CHECK(GpuStatus(hipStreamSynchronize(stream), "sync"));
+    copy_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  for (int w = 0; w < 10; ++w) BENCH_CHECK(state->Replay(h, batch).status());
   for (int step = 0; step < kSteps; ++step) {
     BENCH_CHECK(GpuStatus(hipEventRecord(start, stream), "record"));
     const auto t0 = std::chrono::steady_clock::now();
@@ -357,10 +377,12 @@ void RunReplayStep() {
     gpu_us.push_back(ms * 1e3f);
   }
   BENCH_CHECK(writer->CheckViolations());
+  std::sort(copy_us.begin(), copy_us.end());
+  std::printf("the writer alone (its graph launch): host %.2f us median\n", copy_us[kSteps / 2]);
   std::sort(host_us.begin(), host_us.end());
   std::sort(gpu_us.begin(), gpu_us.end());
   std::printf("replay step bs=%d ctx=%lld ps=%lld: host %.2f us median (p90 %.2f), GPU %.2f us "
-              "median for the staged copies + one graph launch; graphs captured: %lld\n",
+              "median for the staged copy + one graph launch; graphs captured: %lld\n",
               bs, (long long)ctx, (long long)ps, host_us[kSteps / 2], host_us[kSteps * 9 / 10],
               gpu_us[kSteps / 2], (long long)writer->graphs_captured());
   Report({"replay step (host us)", bs, ctx, ps, 0, host_us[kSteps / 2], 0});
@@ -368,6 +390,42 @@ void RunReplayStep() {
   BENCH_CHECK(GpuStatus(hipEventDestroy(stop), "event"));
   }
   BENCH_CHECK(GpuStatus(hipStreamDestroy(stream), "stream"));
+}
+
+// GraphState's own host work per replay on this machine: the same batch through a writer
+// that writes nothing, into host memory.
+class NoWriter : public MetadataWriter {
+ public:
+  absl::Status WriteBatchArrays(const MetadataWriteRequest&, const GraphBuffers&) override {
+    return absl::OkStatus();
+  }
+  absl::Status WriteTokenArrays(const MetadataWriteRequest&, const GraphBuffers&,
+                                SplitKvPlanCounts*) override {
+    return absl::OkStatus();
+  }
+};
+
+void RunHostBookkeeping() {
+  const int bs = 256;
+  const int64_t ctx = 4096, ps = 16;
+  testing::BatchFixture f(ps, 7, bs * (ctx / ps + 1) + 64, bs + 8, ctx + 16);
+  for (int i = 0; i < bs; ++i) f.AddSequence(ctx - 1, 1);
+  HostDeviceMemory memory;
+  NoWriter writer;
+  const BackendConfig config = testing::MakeTestConfig(
+      ps, {.max_batch_size = bs, .max_context_len = ctx, .split_kv = false});
+  auto state = Unwrap(GraphState::Create(config, &f.pool(), f.page_size(), &memory, &writer));
+  const CaptureHandle h = Unwrap(state->Capture(bs, ForwardMode::kDecode));
+  const ReplayBatch batch{f.rows(), f.kv_lens()};
+  std::vector<double> us;
+  for (int step = 0; step < 2000; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    BENCH_CHECK(state->Replay(h, batch).status());
+    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(us.begin(), us.end());
+  std::printf("GraphState::Replay host work alone (no writer, host memory) bs=%d: %.2f us median\n", bs,
+              us[us.size() / 2]);
 }
 
 void Write(const std::string& dir) {
@@ -400,14 +458,22 @@ int main(int argc, char** argv) {
   struct Shape {
     int64_t bs, ctx;
   };
+  // --shape=BS,CTX,PS runs that one shape (for a profiler).
+  if (argc > 1 && std::string(argv[1]).rfind("--shape=", 0) == 0) {
+    long long bs = 0, ctx = 0, ps = 0;
+    if (std::sscanf(argv[1] + 8, "%lld,%lld,%lld", &bs, &ctx, &ps) != 3) return 2;
+    RunShape(bs, ctx, ps, rng, word);
+    return 0;
+  }
   for (int64_t ps : {1, 16, 64}) {
-    for (Shape s : {Shape{1, 16384}, Shape{8, 4096}, Shape{64, 4096}, Shape{256, 4096},
+    for (Shape s : {Shape{1, 16384}, Shape{1024, 1024}, Shape{8, 4096}, Shape{64, 4096}, Shape{256, 4096},
                     Shape{1024, 4096}, Shape{8, 131072}, Shape{64, 131072}, Shape{1024, 32768}}) {
       RunShape(s.bs, s.ctx, ps, rng, word);
     }
   }
   RunGather(65536, 8, 128, rng, word);
   RunGather(65536, 1, 256, rng, word);
+  RunHostBookkeeping();
   RunReplayStep();
   Write(argc > 1 ? argv[1] : "");
   return 0;

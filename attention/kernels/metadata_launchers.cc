@@ -102,7 +102,7 @@ absl::Status BuildPageTableOnDevice(const DeviceReqToToken& req_to_token, TokenC
   p.cols = static_cast<int32_t>(cols);
   p.violation = violation;
   return LaunchResult(
-      kernels::LaunchPageTableKernel(p, Passes(cols, kernels::kMetadataTokensPerPass), stream),
+      kernels::LaunchPageTableKernel(p, Passes(cols, kernels::kPageTableColumnsPerPass), stream),
       "page table");
 }
 
@@ -156,7 +156,7 @@ absl::Status BuildDecodeMetadataOnDevice(const DecodeMetadataDeviceArgs& a,
   p.violation = violation;
   // Every block sums the lengths before its row, so a block covers several passes when the
   // batch alone fills the GPU (about kTargetBlocks blocks in flight on a large one).
-  constexpr int64_t kTargetBlocks = 1024;
+  constexpr int64_t kTargetBlocks = 768;
   const int32_t needed = std::max(Passes(a.max_kv_len.value(), kernels::kMetadataTokensPerPass),
                                   Passes(a.page_table_cols, kernels::kMetadataTokensPerPass));
   const int32_t passes = std::min<int32_t>(

@@ -58,6 +58,34 @@ __device__ inline int64_t BlockSum(int64_t value, BlockScratch<kThreads>& scratc
   return value;
 }
 
+// The sums of a[k] and b[k] over k < n, computed by the block's first wave alone (the other
+// waves, which may have loads in flight, only wait at one barrier), returned to every thread.
+// get(k, &a, &b) reads entry k.
+template <int kThreads, typename Get>
+__device__ inline void FirstWaveSum2(int32_t n, Get get, int64_t& a, int64_t& b,
+                                     BlockScratch<kThreads>& scratch) {
+  if (threadIdx.x < kWaveSize) {
+    int64_t sa = 0, sb = 0;
+    for (int32_t k = threadIdx.x; k < n; k += kWaveSize) {
+      int64_t x, y;
+      get(k, &x, &y);
+      sa += x;
+      sb += y;
+    }
+    for (int d = kWaveSize / 2; d > 0; d /= 2) {
+      sa += ATTNMETA_SHFL_DOWN(sa, d);
+      sb += ATTNMETA_SHFL_DOWN(sb, d);
+    }
+    if (threadIdx.x == 0) {
+      scratch.total[0] = sa;
+      scratch.total[1] = sb;
+    }
+  }
+  __syncthreads();
+  a = scratch.total[0];
+  b = scratch.total[1];
+}
+
 // The inclusive prefix sum of `value` over threads 0..threadIdx.x; *block_total receives the
 // sum over the block.
 template <int kThreads>
