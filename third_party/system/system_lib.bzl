@@ -8,6 +8,6 @@ def system_linkopts(libs, extra = []):
       extra: further flags (system libraries such as -lpthread) appended in both modes.
     """
     return select({
-        "@//third_party:static_link": ["-Wl,--start-group"] + ["-l:lib%s.a" % l for l in libs] + ["-Wl,--end-group"] + extra,
+        "@attnmeta//third_party:static_link": ["-Wl,--start-group"] + ["-l:lib%s.a" % l for l in libs] + ["-Wl,--end-group"] + extra,
         "//conditions:default": ["-l%s" % l for l in libs] + extra,
     })
