@@ -477,6 +477,27 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
 absl::StatusOr<SplitKvPlanCounts> GraphState::Write(const CaptureHandle& h,
                                                     const ReplayBatch& batch) {
   const size_t bs = batch.req_rows.size();
+  MetadataWriteRequest request;
+  request.mode = h.mode;
+  request.real_batch_size = static_cast<int64_t>(bs);
+  request.padded_batch_size = h.bucket;
+  request.padded_kv_len = kPaddedKvLen;
+  request.page_size = page_size_;
+  request.req_to_token = req_to_token_;
+  request.page_table = config_.consumers().page_table();
+  request.split_kv = config_.consumers().split_kv().enabled();
+  if (request.split_kv) request.split_kv_options = ConfigSplitKvOptions(config_);
+  request.q_len_per_request = h.q_len_per_request;
+  request.generation = generation_;
+  if (h.mode == ForwardMode::kTargetVerify) request.mask_layout = MaskLayout::kFull;
+  if (h.mode == ForwardMode::kDraftDecode) {
+    request.draft_decode = DraftDecodeShape{config_.speculative().topk(),
+                                            config_.speculative().steps()};
+    request.page_table = false;
+    request.split_kv = false;
+  }
+  // Before anything is staged: a request the writer cannot write changes nothing.
+  if (absl::Status s = writer_->CheckSupported(request); !s.ok()) return s;
   const size_t padded = static_cast<size_t>(h.bucket);
   std::copy(batch.req_rows.begin(), batch.req_rows.end(), staged_rows_.begin());
   std::fill(staged_rows_.begin() + bs, staged_rows_.begin() + padded, kPaddedRow);
@@ -504,25 +525,6 @@ absl::StatusOr<SplitKvPlanCounts> GraphState::Write(const CaptureHandle& h,
         !s.ok()) {
       return s;
     }
-  }
-  MetadataWriteRequest request;
-  request.mode = h.mode;
-  request.real_batch_size = static_cast<int64_t>(bs);
-  request.padded_batch_size = h.bucket;
-  request.padded_kv_len = kPaddedKvLen;
-  request.page_size = page_size_;
-  request.req_to_token = req_to_token_;
-  request.page_table = config_.consumers().page_table();
-  request.split_kv = config_.consumers().split_kv().enabled();
-  if (request.split_kv) request.split_kv_options = ConfigSplitKvOptions(config_);
-  request.q_len_per_request = h.q_len_per_request;
-  request.generation = generation_;
-  if (h.mode == ForwardMode::kTargetVerify) request.mask_layout = MaskLayout::kFull;
-  if (h.mode == ForwardMode::kDraftDecode) {
-    request.draft_decode = DraftDecodeShape{config_.speculative().topk(),
-                                            config_.speculative().steps()};
-    request.page_table = false;
-    request.split_kv = false;
   }
   SplitKvPlanCounts counts;
   // The inputs were checked against the buffers: a writer error here is an internal one,

@@ -224,6 +224,52 @@ TEST_F(GraphStateTest, CaptureRules) {
   EXPECT_EQ(g.Replay(*idle, Batch(1)).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A writer that cannot write a request says so before anything is staged: the buffers stay.
+class ExtendOnlyWriter : public MetadataWriter {
+ public:
+  absl::Status CheckSupported(const MetadataWriteRequest& r) const override {
+    return r.mode == ForwardMode::kExtend ? absl::OkStatus()
+                                          : absl::UnimplementedError("extend only");
+  }
+  absl::Status WriteBatchArrays(const MetadataWriteRequest& r, const GraphBuffers& b) override {
+    return host_.WriteBatchArrays(r, b);
+  }
+  absl::Status WriteTokenArrays(const MetadataWriteRequest& r, const GraphBuffers& b,
+                                SplitKvPlanCounts* c) override {
+    return host_.WriteTokenArrays(r, b, c);
+  }
+
+ private:
+  HostMetadataWriter host_;
+};
+
+TEST(GraphStateWriterTest, UnsupportedRequestsAreRefusedBeforeStaging) {
+  BatchFixture f(16, 3, 256, 8, 600);
+  f.AddSequence(40, 2);
+  f.AddSequence(70, 2);
+  HostDeviceMemory memory;
+  ExtendOnlyWriter writer;
+  auto g = GraphState::Create(MakeTestConfig(16), &f.pool(), f.page_size(), &memory, &writer);
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto extend = (*g)->Capture(4, ForwardMode::kExtend, TokenLength(2));
+  ASSERT_TRUE(extend.ok()) << extend.status();
+  ASSERT_TRUE((*g)->Replay(*extend, ReplayBatch{f.rows(), f.kv_lens()}).ok());
+  std::vector<std::vector<uint8_t>> before;
+  for (const BufferSpec& spec : (*g)->plan().buffers) {
+    std::vector<uint8_t> bytes(spec.bytes);
+    ASSERT_TRUE(memory.CopyToHost(bytes.data(), (*g)->buffer(spec.name), 0, spec.bytes).ok());
+    before.push_back(std::move(bytes));
+  }
+  EXPECT_EQ((*g)->Capture(4, ForwardMode::kDecode).status().code(),
+            absl::StatusCode::kUnimplemented);
+  size_t k = 0;
+  for (const BufferSpec& spec : (*g)->plan().buffers) {
+    std::vector<uint8_t> bytes(spec.bytes);
+    ASSERT_TRUE(memory.CopyToHost(bytes.data(), (*g)->buffer(spec.name), 0, spec.bytes).ok());
+    EXPECT_EQ(bytes, before[k++]) << spec.name << " changed";
+  }
+}
+
 TEST(GraphStateCreateTest, ConfigMustMatchThePool) {
   BatchFixture f(16, 1, 64, 8, 256);
   HostDeviceMemory memory;

@@ -83,6 +83,13 @@ class MetadataWriter {
  public:
   virtual ~MetadataWriter() = default;
 
+  // OK when the writer can write `request`, else Unimplemented. GraphState asks before it
+  // stages anything, so that a request the writer cannot write leaves every buffer as it was.
+  virtual absl::Status CheckSupported(const MetadataWriteRequest& request) const {
+    (void)request;
+    return absl::OkStatus();
+  }
+
   // Per-batch arrays, O(padded batch size): kv_indptr, qo_indptr and kv_last_page_len over
   // rows [0, padded_batch_size] from the staged kv_lens and q_lens.
   // REQUIRES: GraphState checked the request against the buffers and staged the inputs.

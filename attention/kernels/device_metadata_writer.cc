@@ -83,8 +83,7 @@ absl::Status DeviceMetadataWriter::Launch(const MetadataWriteRequest& r, const G
   return BuildTreeMaskOnDevice(m, violation_.device(), stream_);
 }
 
-absl::Status DeviceMetadataWriter::WriteBatchArrays(const MetadataWriteRequest& r,
-                                                    const GraphBuffers& b) {
+absl::Status DeviceMetadataWriter::CheckSupported(const MetadataWriteRequest& r) const {
   if (r.split_kv) {
     return absl::UnimplementedError(
         "device metadata writer: the split-KV plan has no device twin yet (use the host writer)");
@@ -96,6 +95,12 @@ absl::Status DeviceMetadataWriter::WriteBatchArrays(const MetadataWriteRequest& 
   if (r.mask_layout != MaskLayout::kNone && r.mask_layout != MaskLayout::kFull) {
     return absl::UnimplementedError("device metadata writer: only the FULL mask layout");
   }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceMetadataWriter::WriteBatchArrays(const MetadataWriteRequest& r,
+                                                    const GraphBuffers& b) {
+  if (absl::Status s = CheckSupported(r); !s.ok()) return s;
   if (!options_.use_graphs) return Launch(r, b);
   if (r.generation != generation_) {
     DropGraphs();
@@ -117,7 +122,10 @@ absl::Status DeviceMetadataWriter::WriteBatchArrays(const MetadataWriteRequest& 
       if (g.graph != nullptr) (void)hipGraphDestroy(g.graph);
       return launched;
     }
-    if (!ended.ok()) return ended;
+    if (!ended.ok()) {
+      if (g.graph != nullptr) (void)hipGraphDestroy(g.graph);
+      return ended;
+    }
     if (absl::Status s = Runtime(hipGraphInstantiate(&g.exec, g.graph, nullptr, nullptr, 0),
                                  "instantiate");
         !s.ok()) {

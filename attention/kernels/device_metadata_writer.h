@@ -50,6 +50,8 @@ class DeviceMetadataWriter : public MetadataWriter {
   DeviceMetadataWriter& operator=(const DeviceMetadataWriter&) = delete;
   ~DeviceMetadataWriter() override;
 
+  // Unimplemented for the split-KV plan, draft-decode and mask layouts other than FULL.
+  absl::Status CheckSupported(const MetadataWriteRequest& request) const override;
   absl::Status WriteBatchArrays(const MetadataWriteRequest& request,
                                 const GraphBuffers& buffers) override;
   absl::Status WriteTokenArrays(const MetadataWriteRequest& request, const GraphBuffers& buffers,

@@ -29,6 +29,7 @@ enum ViolationKind : int32_t {
   kSlotOutsidePool = 7,       // a slot of req_to_token or tok_idx outside the KV pool
   kIndptrDecreasing = 8,      // an indptr entry below the one before it
   kPagesPastTable = 9,        // a row needs more page-table columns than the table has
+  kOffsetNegative = 10,       // an indptr entry below 0
 };
 
 struct DeviceViolation {

@@ -69,6 +69,8 @@ std::string DescribeViolation(const kernels::DeviceViolation& v) {
     case kernels::kIndptrDecreasing:
       return absl::StrCat("kv_indptr ", at, v.value, " is below the entry before it (", v.bound,
                           ")");
+    case kernels::kOffsetNegative:
+      return absl::StrCat("kv_indptr ", at, v.value, " is negative");
     case kernels::kPagesPastTable:
       return absl::StrCat("page_table ", at, "needs ", v.value, " pages, the table has ", v.bound,
                           " columns");

@@ -19,11 +19,11 @@ __device__ inline int64_t Clamp(int64_t v, int64_t lo, int64_t hi) {
   return v < lo ? lo : (v > hi ? hi : v);
 }
 
-// A request's row, checked: the row's first slot, or null for a padded row and for a row
-// outside the table (recorded).
+// A request's row, checked: the row's first slot, or null for a padded row (where the
+// kernel's batch may hold one) and for a row outside the table (recorded).
 __device__ inline const int32_t* RowSlots(const SlotSource& s, int32_t row, int64_t request,
-                                          DeviceViolation* v) {
-  if (row == kPaddedRow) return nullptr;
+                                          DeviceViolation* v, bool padded_allowed = true) {
+  if (row == kPaddedRow && padded_allowed) return nullptr;
   if (row < 0 || row >= s.max_reqs) {
     RecordViolation(v, kRowOutsideTable, request, row, s.max_reqs);
     return nullptr;
@@ -135,12 +135,12 @@ __device__ inline void WritePageTableRow(const SlotSource& s, const int32_t* row
                                          int32_t* out, int32_t first, int32_t cols,
                                          int64_t request, DeviceViolation* v) {
   constexpr int32_t kPerPass = kThreads * Unroll;
-  if (first >= cols) return;
   int32_t pages = PagesCeil(len, s);
   if (pages > cols) {
     if (blockIdx.y == 0 && threadIdx.x == 0) RecordViolation(v, kPagesPastTable, request, pages, cols);
     pages = cols;
   }
+  if (first >= cols) return;
   for (int32_t j0 = first + blockIdx.y * kPerPass + threadIdx.x; j0 < cols;
        j0 += gridDim.y * kPerPass) {
     int32_t slot[Unroll];
@@ -208,7 +208,11 @@ __global__ void __launch_bounds__(kThreads) TokenKvIndicesKernel(TokenKvIndicesP
   const int64_t end = p.kv_indptr[i + 1];
   if (begin < 0 || end < begin) {
     if (blockIdx.y == 0 && threadIdx.x == 0) {
-      RecordViolation(p.violation, kIndptrDecreasing, i + 1, end, begin);
+      if (begin < 0) {
+        RecordViolation(p.violation, kOffsetNegative, i, begin, 0);
+      } else {
+        RecordViolation(p.violation, kIndptrDecreasing, i + 1, end, begin);
+      }
     }
     return;
   }
@@ -224,8 +228,9 @@ __global__ void __launch_bounds__(kThreads) TokenKvIndicesKernel(TokenKvIndicesP
     RecordViolation(p.violation, kTotalPastCapacity, i, begin + len, p.kv_indices_capacity);
     len = begin < p.kv_indices_capacity ? p.kv_indices_capacity - begin : 0;
   }
-  // A row outside the table reads as the padding page, like a padded row.
-  const int32_t* row = RowSlots(p.src, p.rows[i], i, p.violation);
+  // A row outside the table (-1 included: this batch has no padded rows) is recorded and
+  // written as the padding page.
+  const int32_t* row = RowSlots(p.src, p.rows[i], i, p.violation, /*padded_allowed=*/false);
   CopySlots(p.src, row == nullptr ? nullptr : row + start, p.kv_indices + begin,
             static_cast<int32_t>(len), nullptr, 0, 0, i, p.violation);
 }
@@ -313,9 +318,9 @@ __global__ void __launch_bounds__(kThreads) TreeMaskKernel(TreeMaskParams p) {
   internal::BlockSum2<kThreads>(mask_before, tree_before, scratch);
   int64_t q, kv;
   lengths(i, &q, &kv);
-  if (p.kv_lens[i] < 0 || p.q_lens[i] < 0 || p.q_lens[i] > kv) {
-    RecordViolation(v, p.q_lens[i] > kv ? kQueryPastKv : kLengthNegative, i, p.q_lens[i], kv);
-  }
+  if (p.kv_lens[i] < 0) RecordViolation(v, kLengthNegative, i, p.kv_lens[i], 0);
+  if (p.q_lens[i] < 0) RecordViolation(v, kLengthNegative, i, p.q_lens[i], 0);
+  if (p.q_lens[i] > kv) RecordViolation(v, kQueryPastKv, i, p.q_lens[i], kv);
   if (blockIdx.y == 0 && threadIdx.x == 0) {
     if (i == 0) p.mask_indptr[0] = 0;
     p.mask_indptr[i + 1] = mask_before + q * kv;

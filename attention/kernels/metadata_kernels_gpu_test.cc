@@ -350,6 +350,39 @@ TEST_F(GuardGpuTest, FusedLaunchClampsAndNamesBadRowsLengthsSlotsAndCapacity) {
   }
 }
 
+// With a power-of-two page size the fused launch takes page-table entries from the token loads;
+// a table too narrow for a row is still named.
+TEST_F(GuardGpuTest, FusedLaunchNamesATooNarrowPageTable) {
+  const BatchFixture f = MakeBatch(16, 4, 200, 1, 41);
+  DeviceBuffer<TokenSlot> d_table = Upload(std::vector<TokenSlot>{});
+  DecodeMetadataDeviceArgs a;
+  a.req_to_token = DeviceTable(f, d_table);
+  a.pool_slots = f.pool_slots();
+  a.page_size = f.page_size();
+  DeviceBuffer<ReqPoolIndex> rows = Upload(f.rows());
+  DeviceBuffer<TokenLength> kv = Upload(f.kv_lens());
+  DeviceBuffer<TokenLength> q = Upload(std::vector<TokenLength>(4, TokenLength(1)));
+  DeviceBuffer<TokenOffset> kv_indptr = Upload(std::vector<TokenOffset>(5));
+  DeviceBuffer<TokenOffset> qo_indptr = Upload(std::vector<TokenOffset>(5));
+  DeviceBuffer<TokenLength> last = Upload(std::vector<TokenLength>(4));
+  DeviceBuffer<TokenSlot> indices = Upload(std::vector<TokenSlot>(4096));
+  DeviceBuffer<PageId> pt = Upload(std::vector<PageId>(4 * 2 + 8, PageId(-9)));
+  a.rows = rows.const_span();
+  a.kv_lens = kv.const_span();
+  a.q_lens = q.const_span();
+  a.kv_indptr = kv_indptr.span();
+  a.qo_indptr = qo_indptr.span();
+  a.kv_last_page_len = last.span();
+  a.kv_indices = indices.span();
+  a.page_table = DeviceSpan<PageId>(pt.data(), 4 * 2);  // 2 columns; rows need up to 13
+  a.page_table_cols = 2;
+  a.max_kv_len = f.pool().max_context_len();
+  ASSERT_TRUE(BuildDecodeMetadataOnDevice(a, violation(), nullptr).ok());
+  ExpectViolation("the table has 2 columns");
+  const std::vector<PageId> got = Download(pt);
+  for (int k = 8; k < 16; ++k) EXPECT_EQ(got[k], PageId(-9)) << "written past the table at " << k;
+}
+
 TEST_F(GuardGpuTest, OtherKernelsNameTheirViolations) {
   const BatchFixture f = MakeBatch(16, 3, 100, 1, 43);
   DeviceBuffer<TokenSlot> d_table = Upload(std::vector<TokenSlot>{});
@@ -380,6 +413,42 @@ TEST_F(GuardGpuTest, OtherKernelsNameTheirViolations) {
     ExpectViolation(words);
     const std::vector<TokenSlot> got = Download(out);
     for (int k = 64; k < 80; ++k) ASSERT_EQ(got[k], TokenSlot(-9)) << k;
+  }
+  // Token kv_indices: the padded row (-1) is a row outside the table here; an empty start span
+  // with a pointer means all zeros (it is not read).
+  {
+    DeviceBuffer<ReqPoolIndex> rows = Upload(std::vector<ReqPoolIndex>{f.rows()[0], ReqPoolIndex(-1)});
+    DeviceBuffer<TokenOffset> d_indptr =
+        Upload(std::vector<TokenOffset>{TokenOffset(0), TokenOffset(10), TokenOffset(15)});
+    DeviceBuffer<TokenSlot> out = Upload(std::vector<TokenSlot>(15, TokenSlot(-9)));
+    TokenKvIndicesDeviceInputs in{src.table, src.max_context_len, rows.const_span(),
+                                  d_indptr.const_span(), {}, f.pool().max_context_len(),
+                                  f.pool_slots()};
+    ASSERT_TRUE(BuildTokenKvIndicesOnDevice(in, out.span(), nullptr, violation()).ok());
+    ExpectViolation("row -1 outside");
+    DeviceBuffer<TokenPosition> one_start = Upload(std::vector<TokenPosition>{TokenPosition(3)});
+    DeviceBuffer<ReqPoolIndex> row0 = Upload(std::vector<ReqPoolIndex>{f.rows()[0]});
+    DeviceBuffer<TokenOffset> ten = Upload(std::vector<TokenOffset>{TokenOffset(0), TokenOffset(10)});
+    in = TokenKvIndicesDeviceInputs{src.table, src.max_context_len, row0.const_span(),
+                                    ten.const_span(), DeviceSpan<const TokenPosition>(one_start.data(), 0),
+                                    f.pool().max_context_len(), f.pool_slots()};
+    ASSERT_TRUE(BuildTokenKvIndicesOnDevice(in, out.span(), nullptr, violation()).ok());
+    EXPECT_TRUE(Violations().ok());
+    const std::vector<TokenSlot> got = Download(out);
+    auto row = f.pool().Read(f.rows()[0], TokenCount(0), TokenCount(10));
+    ASSERT_TRUE(row.ok()) << row.status();
+    EXPECT_EQ(std::vector<TokenSlot>(got.begin(), got.begin() + 10),
+              std::vector<TokenSlot>(row->begin(), row->end()));
+  }
+  // Page table: a table with no columns, or too few, for rows that need pages.
+  {
+    DeviceBuffer<ReqPoolIndex> rows = Upload(f.rows());
+    DeviceBuffer<TokenLength> lens = Upload(f.kv_lens());
+    DeviceBuffer<PageId> none = Upload(std::vector<PageId>{});
+    ASSERT_TRUE(BuildPageTableOnDevice(src, f.pool_slots(), rows.const_span(), lens.const_span(),
+                                       f.page_size(), none.span(), 0, violation(), nullptr)
+                    .ok());
+    ExpectViolation("the table has 0 columns");
   }
   // Gather: a slot outside the pool, and a total past the outputs.
   {

@@ -91,7 +91,7 @@ absl::Status BuildPageTableOnDevice(const DeviceReqToToken& req_to_token, TokenC
                          CheckNotNull("page_table", page_table)}) {
     if (!s.ok()) return s;
   }
-  if (bs == 0 || cols == 0) return absl::OkStatus();
+  if (bs == 0) return absl::OkStatus();
   if (bs > std::numeric_limits<int32_t>::max()) return absl::OutOfRangeError("batch beyond the grid");
   kernels::PageTableParams p;
   p.src = *src;
@@ -207,7 +207,14 @@ absl::Status GatherKvOnDevice(const GatherKvDeviceArgs& a, kernels::DeviceViolat
                                                    " outside [1, 256] or num_kv_heads ",
                                                    a.num_kv_heads, " < 1"));
   }
-  const int64_t element = 2;  // bf16 and fp16
+  int64_t element = 0;
+  switch (a.dtype) {
+    case KvElementType::kBf16:
+    case KvElementType::kFp16:
+      element = 2;
+      break;
+  }
+  if (element == 0) return absl::InvalidArgumentError("gather: unknown K/V element type");
   const int64_t row_bytes = int64_t{a.num_kv_heads} * a.head_dim * element;
   if (a.k_pool.size() != a.v_pool.size() || a.k_pool.size() % row_bytes != 0 ||
       a.k_out.size() != a.v_out.size() || a.k_out.size() % row_bytes != 0) {

@@ -49,9 +49,7 @@ absl::Status BuildTokenKvIndicesOnDevice(const TokenKvIndicesDeviceInputs& in,
       static_cast<int64_t>(in.req_to_token.size()) / stride > INT32_MAX) {
     return absl::OutOfRangeError("pool_slots or req_to_token rows beyond int32");
   }
-  const int64_t passes = (in.max_kv_len.value() + kernels::kMetadataTokensPerPass - 1) /
-                         kernels::kMetadataTokensPerPass;
-  if (bs == 0 || passes == 0) return absl::OkStatus();
+  if (bs == 0) return absl::OkStatus();
 
   kernels::TokenKvIndicesParams params;
   params.src.req_to_token = reinterpret_cast<const int32_t*>(in.req_to_token.data());
@@ -62,15 +60,18 @@ absl::Status BuildTokenKvIndicesOnDevice(const TokenKvIndicesDeviceInputs& in,
   params.src.page_size_log2 = 0;
   params.rows = reinterpret_cast<const int32_t*>(in.req_pool_indices.data());
   params.kv_indptr = reinterpret_cast<const int32_t*>(in.kv_indptr.data());
-  params.kv_start_idx = reinterpret_cast<const int32_t*>(in.kv_start_idx.data());
+  // An empty span means all zeros, whatever its pointer: the kernel reads starts only when
+  // given a pointer.
+  params.kv_start_idx = in.kv_start_idx.empty()
+                            ? nullptr
+                            : reinterpret_cast<const int32_t*>(in.kv_start_idx.data());
   params.kv_indices = reinterpret_cast<int32_t*>(kv_indices.data());
   params.kv_indices_capacity = static_cast<int64_t>(kv_indices.size());
   params.batch_size = static_cast<int32_t>(bs);
   params.violation = violation;
   return internal::LaunchResult(
-      kernels::LaunchTokenKvIndicesKernel(params, internal::Passes(in.max_kv_len.value(),
-                                                                   kernels::kMetadataTokensPerPass),
-                                          stream),
+      kernels::LaunchTokenKvIndicesKernel(
+          params, internal::Passes(in.max_kv_len.value(), kernels::kMetadataTokensPerPass), stream),
       "token kv_indices");
 }
 

@@ -25,7 +25,8 @@ struct TokenKvIndicesDeviceInputs {
   DeviceSpan<const TokenOffset> kv_indptr;          // [batch_size + 1], [0] == 0, non-decreasing
   DeviceSpan<const TokenPosition> kv_start_idx;     // [batch_size], or empty for all zeros
   // The largest KV length of the batch (the host derives it from the real lengths); it sizes
-  // the grid. 0 <= max_kv_len <= max_context_len.
+  // the grid (rows longer than it are still written in full, by fewer blocks).
+  // 0 <= max_kv_len <= max_context_len.
   TokenCount max_kv_len;
   // Slots of the KV pool: slots read are checked against it (0: not checked).
   TokenCount pool_slots;
@@ -39,7 +40,8 @@ struct TokenKvIndicesDeviceInputs {
 // What the launcher cannot see (the device arrays' contents) the kernel bounds-checks: a row
 // outside the table, a range past its row, an indptr past kv_indices or decreasing, a slot
 // outside the pool are recorded in `violation` (may be null) and never read or written out of
-// bounds; a row the grid does not reach (kv_len > max_kv_len) is written only in part.
+// bounds. The padded row (-1) of a graph batch is not accepted here: it is a row outside the
+// table.
 absl::Status BuildTokenKvIndicesOnDevice(const TokenKvIndicesDeviceInputs& in,
                                          DeviceSpan<TokenSlot> kv_indices, hipStream_t stream,
                                          kernels::DeviceViolation* violation = nullptr);

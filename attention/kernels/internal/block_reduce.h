@@ -50,17 +50,10 @@ __device__ inline void BlockSum2(int64_t& a, int64_t& b, BlockScratch<kThreads>&
   __syncthreads();  // scratch may be reused at once
 }
 
-// The sum of every thread's `value`, returned to every thread.
-template <int kThreads>
-__device__ inline int64_t BlockSum(int64_t value, BlockScratch<kThreads>& scratch) {
-  int64_t unused = 0;
-  BlockSum2<kThreads>(value, unused, scratch);
-  return value;
-}
-
 // The sums of a[k] and b[k] over k < n, computed by the block's first wave alone (the other
 // waves, which may have loads in flight, only wait at one barrier), returned to every thread.
-// get(k, &a, &b) reads entry k.
+// get(k, &a, &b) reads entry k. REQUIRES: `scratch` is not used again in the kernel (there is
+// no barrier after the results are read).
 template <int kThreads, typename Get>
 __device__ inline void FirstWaveSum2(int32_t n, Get get, int64_t& a, int64_t& b,
                                      BlockScratch<kThreads>& scratch) {
