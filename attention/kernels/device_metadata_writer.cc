@@ -4,21 +4,20 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "attention/kernels/internal/launch_checks.h"
 #include "attention/graph/graph_state.h"
 #include "attention/kernels/metadata_kernels.h"
 
 namespace attnmeta {
 namespace {
 
+absl::Status Runtime(hipError_t err, absl::string_view what) {
+  return internal::RuntimeStatus(err, absl::StrCat("device metadata writer: ", what));
+}
+
 // The graph layer stages padded rows as GraphState::kPaddedRow; the kernels recognise
 // kernels::kPaddedRow.
 static_assert(GraphState::kPaddedRow.value() == kernels::kPaddedRow);
-
-absl::Status Runtime(hipError_t err, absl::string_view what) {
-  if (err == hipSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("device metadata writer: ", what, ": ",
-                                          hipGetErrorString(err)));
-}
 
 template <typename T>
 DeviceSpan<T> Device(absl::Span<T> s, size_t n) {

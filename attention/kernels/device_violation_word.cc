@@ -4,26 +4,20 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "attention/kernels/internal/launch_checks.h"
 
 namespace attnmeta {
-namespace {
-
-absl::Status Runtime(hipError_t err, absl::string_view what) {
-  if (err == hipSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", hipGetErrorString(err)));
-}
-
-}  // namespace
+using internal::RuntimeStatus;
 
 absl::StatusOr<DeviceViolationWord> DeviceViolationWord::Create() {
   kernels::DeviceViolation* word = nullptr;
-  if (absl::Status s = Runtime(hipMalloc(&word, sizeof(kernels::DeviceViolation)),
+  if (absl::Status s = RuntimeStatus(hipMalloc(&word, sizeof(kernels::DeviceViolation)),
                                "violation word: hipMalloc");
       !s.ok()) {
     return s;
   }
   DeviceViolationWord w(word);
-  if (absl::Status s = Runtime(hipMemset(word, 0, sizeof(kernels::DeviceViolation)),
+  if (absl::Status s = RuntimeStatus(hipMemset(word, 0, sizeof(kernels::DeviceViolation)),
                                "violation word: hipMemset");
       !s.ok()) {
     return s;
@@ -44,7 +38,7 @@ DeviceViolationWord::~DeviceViolationWord() {
 }
 
 absl::Status DeviceViolationWord::Reset(hipStream_t stream) {
-  return Runtime(hipMemsetAsync(word_, 0, sizeof(kernels::DeviceViolation), stream),
+  return RuntimeStatus(hipMemsetAsync(word_, 0, sizeof(kernels::DeviceViolation), stream),
                  "violation word: hipMemsetAsync");
 }
 
@@ -80,11 +74,11 @@ std::string DescribeViolation(const kernels::DeviceViolation& v) {
 }
 
 absl::Status DeviceViolationWord::Check(hipStream_t stream) const {
-  if (absl::Status s = Runtime(hipStreamSynchronize(stream), "violation word: sync"); !s.ok()) {
+  if (absl::Status s = RuntimeStatus(hipStreamSynchronize(stream), "violation word: sync"); !s.ok()) {
     return s;
   }
   kernels::DeviceViolation v{};
-  if (absl::Status s = Runtime(hipMemcpy(&v, word_, sizeof(v), hipMemcpyDeviceToHost),
+  if (absl::Status s = RuntimeStatus(hipMemcpy(&v, word_, sizeof(v), hipMemcpyDeviceToHost),
                                "violation word: copy to host");
       !s.ok()) {
     return s;

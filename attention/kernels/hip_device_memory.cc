@@ -3,16 +3,10 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "attention/kernels/internal/launch_checks.h"
 
 namespace attnmeta {
-namespace {
-
-absl::Status Runtime(hipError_t err, absl::string_view what) {
-  if (err == hipSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", hipGetErrorString(err)));
-}
-
-}  // namespace
+using internal::RuntimeStatus;
 
 HipDeviceMemory::~HipDeviceMemory() {
   (void)hipStreamSynchronize(stream_);
@@ -75,46 +69,46 @@ absl::Status HipDeviceMemory::CopyToDevice(DeviceBuffer dst, int64_t offset, con
   if (bytes == 0) return absl::OkStatus();
   char* to = static_cast<char*>(dst.ptr) + offset;
   if (bytes > kPinnedSlotBytes || !EnsurePinned()) {
-    return Runtime(hipMemcpyAsync(to, src, static_cast<size_t>(bytes), hipMemcpyHostToDevice, stream_),
+    return RuntimeStatus(hipMemcpyAsync(to, src, static_cast<size_t>(bytes), hipMemcpyHostToDevice, stream_),
                    "device memory: copy to device");
   }
   PinnedSlot& slot = pinned_[next_pinned_];
   next_pinned_ = (next_pinned_ + 1) % kPinnedSlots;
   if (slot.in_flight) {
-    if (absl::Status s = Runtime(hipEventSynchronize(slot.free_again), "device memory: pinned slot");
+    if (absl::Status s = RuntimeStatus(hipEventSynchronize(slot.free_again), "device memory: pinned slot");
         !s.ok()) {
       return s;
     }
   }
   std::memcpy(slot.host, src, static_cast<size_t>(bytes));
-  if (absl::Status s = Runtime(hipMemcpyAsync(to, slot.host, static_cast<size_t>(bytes),
+  if (absl::Status s = RuntimeStatus(hipMemcpyAsync(to, slot.host, static_cast<size_t>(bytes),
                                               hipMemcpyHostToDevice, stream_),
                                "device memory: copy to device");
       !s.ok()) {
     return s;
   }
   slot.in_flight = true;
-  return Runtime(hipEventRecord(slot.free_again, stream_), "device memory: pinned slot event");
+  return RuntimeStatus(hipEventRecord(slot.free_again, stream_), "device memory: pinned slot event");
 }
 
 absl::Status HipDeviceMemory::CopyToHost(void* dst, DeviceBuffer src, int64_t offset,
                                          int64_t bytes) {
   if (absl::Status s = CheckRange(src, offset, bytes); !s.ok()) return s;
   if (bytes == 0) return absl::OkStatus();
-  if (absl::Status s = Runtime(hipMemcpyAsync(dst, static_cast<const char*>(src.ptr) + offset,
+  if (absl::Status s = RuntimeStatus(hipMemcpyAsync(dst, static_cast<const char*>(src.ptr) + offset,
                                               static_cast<size_t>(bytes), hipMemcpyDeviceToHost,
                                               stream_),
                                "device memory: copy to host");
       !s.ok()) {
     return s;
   }
-  return Runtime(hipStreamSynchronize(stream_), "device memory: sync");
+  return RuntimeStatus(hipStreamSynchronize(stream_), "device memory: sync");
 }
 
 absl::Status HipDeviceMemory::Fill(DeviceBuffer dst, int64_t offset, int64_t bytes, uint8_t value) {
   if (absl::Status s = CheckRange(dst, offset, bytes); !s.ok()) return s;
   if (bytes == 0) return absl::OkStatus();
-  return Runtime(hipMemsetAsync(static_cast<char*>(dst.ptr) + offset, value,
+  return RuntimeStatus(hipMemsetAsync(static_cast<char*>(dst.ptr) + offset, value,
                                 static_cast<size_t>(bytes), stream_),
                  "device memory: fill");
 }

@@ -25,6 +25,12 @@ absl::Status CheckNotNull(absl::string_view name, DeviceSpan<T> span) {
   return absl::OkStatus();
 }
 
+// Internal naming `what` when a runtime call failed, else OK.
+inline absl::Status RuntimeStatus(hipError_t err, absl::string_view what) {
+  if (err == hipSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", hipGetErrorString(err)));
+}
+
 // Internal naming the kernel when its launch failed.
 inline absl::Status LaunchResult(hipError_t err, absl::string_view kernel) {
   if (err == hipSuccess) return absl::OkStatus();
