@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(kThreads) FusedMetadataKernel(FusedMetadataPar
   // Where this row starts: the clamped lengths of the rows before it (every block computes it,
   // so that one launch suffices).
   int64_t kv_before = 0, q_before = 0;
-  internal::FirstWaveSum2<kThreads>(
+  internal::BlockSum2Once<kThreads>(
       i,
       [&](int32_t k, int64_t* kv, int64_t* q) {
         *kv = Clamp(p.kv_lens[k], 0, p.src.stride);

@@ -50,33 +50,35 @@ __device__ inline void BlockSum2(int64_t& a, int64_t& b, BlockScratch<kThreads>&
   __syncthreads();  // scratch may be reused at once
 }
 
-// The sums of a[k] and b[k] over k < n, computed by the block's first wave alone (the other
-// waves, which may have loads in flight, only wait at one barrier), returned to every thread.
-// get(k, &a, &b) reads entry k. REQUIRES: `scratch` is not used again in the kernel (there is
-// no barrier after the results are read).
+// The sums of a[k] and b[k] over k < n, returned to every thread, with the loads of all
+// threads in flight at once and a single barrier: each wave reduces its share by shuffles,
+// and every thread adds up the waves' partials. get(k, &a, &b) reads entry k.
+// REQUIRES: `scratch` is not used again in the kernel (no barrier after the partials are read).
 template <int kThreads, typename Get>
-__device__ inline void FirstWaveSum2(int32_t n, Get get, int64_t& a, int64_t& b,
+__device__ inline void BlockSum2Once(int32_t n, Get get, int64_t& a, int64_t& b,
                                      BlockScratch<kThreads>& scratch) {
-  if (threadIdx.x < kWaveSize) {
-    int64_t sa = 0, sb = 0;
-    for (int32_t k = threadIdx.x; k < n; k += kWaveSize) {
-      int64_t x, y;
-      get(k, &x, &y);
-      sa += x;
-      sb += y;
-    }
-    for (int d = kWaveSize / 2; d > 0; d /= 2) {
-      sa += ATTNMETA_SHFL_DOWN(sa, d);
-      sb += ATTNMETA_SHFL_DOWN(sb, d);
-    }
-    if (threadIdx.x == 0) {
-      scratch.total[0] = sa;
-      scratch.total[1] = sb;
-    }
+  int64_t sa = 0, sb = 0;
+  for (int32_t k = threadIdx.x; k < n; k += kThreads) {
+    int64_t x, y;
+    get(k, &x, &y);
+    sa += x;
+    sb += y;
+  }
+  for (int d = kWaveSize / 2; d > 0; d /= 2) {
+    sa += ATTNMETA_SHFL_DOWN(sa, d);
+    sb += ATTNMETA_SHFL_DOWN(sb, d);
+  }
+  if (threadIdx.x % kWaveSize == 0) {
+    scratch.wave[0][threadIdx.x / kWaveSize] = sa;
+    scratch.wave[1][threadIdx.x / kWaveSize] = sb;
   }
   __syncthreads();
-  a = scratch.total[0];
-  b = scratch.total[1];
+  a = 0;
+  b = 0;
+  for (int w = 0; w < kThreads / kWaveSize; ++w) {
+    a += scratch.wave[0][w];
+    b += scratch.wave[1][w];
+  }
 }
 
 // The inclusive prefix sum of `value` over threads 0..threadIdx.x; *block_total receives the
