@@ -272,14 +272,12 @@ absl::StatusOr<CaptureHandle> GraphState::Capture(int64_t bucket, ForwardMode mo
                                                      bucket + 1));
   }
   if (mode == ForwardMode::kDraftDecode) {
+    // Every step's arrays are as long as step 0's.
     const int64_t branches = bucket * config_.speculative().topk();
-    for (const DraftStepBuffers& d : views_.draft_steps) {
-      if (static_cast<int64_t>(d.kv_lens.size()) < branches ||
-          static_cast<int64_t>(views_.draft_qo_indptr.size()) < branches + 1) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            gb::kDraftKvLens, ": holds ", d.kv_lens.size(), " branches, the padded batch has ",
-            branches));
-      }
+    const int64_t held = static_cast<int64_t>(views_.draft_steps[0].kv_lens.size());
+    if (held < branches || static_cast<int64_t>(views_.draft_qo_indptr.size()) < branches + 1) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          gb::kDraftKvLens, ": holds ", held, " branches, the padded batch has ", branches));
     }
   }
   if (config_.consumers().page_table() && views_.page_table.rows() < bucket) {

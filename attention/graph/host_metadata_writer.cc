@@ -12,6 +12,8 @@ namespace attnmeta {
 
 absl::Status HostMetadataWriter::WriteBatchArrays(const MetadataWriteRequest& r,
                                                   const GraphBuffers& b) {
+  // Draft-decode's arrays are per step and per branch: WriteTokenArrays writes them all.
+  if (r.mode == ForwardMode::kDraftDecode) return absl::OkStatus();
   const size_t padded = static_cast<size_t>(r.padded_batch_size);
   const absl::Span<const TokenLength> kv_lens = b.kv_lens.subspan(0, padded);
   if (absl::Status s = BuildIndptr(kv_lens, b.kv_indptr.subspan(0, padded + 1)); !s.ok()) {

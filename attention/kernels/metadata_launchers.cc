@@ -46,26 +46,7 @@ namespace {
 
 absl::StatusOr<kernels::SlotSource> Source(const DeviceReqToToken& r, TokenCount pool_slots,
                                            PageSize page_size) {
-  const int64_t stride = r.max_context_len.value();
-  if (stride < 1 || r.table.empty() || r.table.size() % stride != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("req_to_token has ", r.table.size(),
-                                                   " entries, not a whole number >= 1 of rows of ",
-                                                   stride));
-  }
-  if (absl::Status s = CheckNotNull("req_to_token", r.table); !s.ok()) return s;
-  const int64_t rows = static_cast<int64_t>(r.table.size()) / stride;
-  if (rows > std::numeric_limits<int32_t>::max() || pool_slots.value() < 0 ||
-      pool_slots.value() > (int64_t{1} << 31) || page_size.tokens() > (int64_t{1} << 30)) {
-    return absl::OutOfRangeError("req_to_token rows, pool slots or page size beyond int32");
-  }
-  kernels::SlotSource s;
-  s.req_to_token = reinterpret_cast<const int32_t*>(r.table.data());
-  s.stride = stride;
-  s.max_reqs = static_cast<int32_t>(rows);
-  s.pool_slots = pool_slots.value();
-  s.page_size = static_cast<int32_t>(page_size.tokens());
-  s.page_size_log2 = page_size.log2();
-  return s;
+  return internal::CheckedSlotSource(r.table, r.max_context_len, pool_slots, page_size);
 }
 
 }  // namespace

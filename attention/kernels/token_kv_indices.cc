@@ -38,26 +38,20 @@ absl::Status BuildTokenKvIndicesOnDevice(const TokenKvIndicesDeviceInputs& in,
   if (bs > INT32_MAX) {
     return absl::OutOfRangeError(absl::StrCat("batch_size ", bs, " exceeds the grid"));
   }
-  for (absl::Status s : {CheckNotNull("req_to_token", in.req_to_token),
-                         CheckNotNull("req_pool_indices", in.req_pool_indices),
+  for (absl::Status s : {CheckNotNull("req_pool_indices", in.req_pool_indices),
                          CheckNotNull("kv_indptr", in.kv_indptr),
                          CheckNotNull("kv_start_idx", in.kv_start_idx),
                          CheckNotNull("kv_indices", kv_indices)}) {
     if (!s.ok()) return s;
   }
-  if (in.pool_slots.value() < 0 || in.pool_slots.value() > (int64_t{1} << 31) ||
-      static_cast<int64_t>(in.req_to_token.size()) / stride > INT32_MAX) {
-    return absl::OutOfRangeError("pool_slots or req_to_token rows beyond int32");
-  }
   if (bs == 0) return absl::OkStatus();
+  // Token-level: no page arithmetic, so the slots are read as pages of one.
+  absl::StatusOr<kernels::SlotSource> src = internal::CheckedSlotSource(
+      in.req_to_token, in.max_context_len, in.pool_slots, *PageSize::Create(1));
+  if (!src.ok()) return src.status();
 
   kernels::TokenKvIndicesParams params;
-  params.src.req_to_token = reinterpret_cast<const int32_t*>(in.req_to_token.data());
-  params.src.stride = stride;
-  params.src.max_reqs = static_cast<int32_t>(static_cast<int64_t>(in.req_to_token.size()) / stride);
-  params.src.pool_slots = in.pool_slots.value();
-  params.src.page_size = 1;
-  params.src.page_size_log2 = 0;
+  params.src = *src;
   params.rows = reinterpret_cast<const int32_t*>(in.req_pool_indices.data());
   params.kv_indptr = reinterpret_cast<const int32_t*>(in.kv_indptr.data());
   // An empty span means all zeros, whatever its pointer: the kernel reads starts only when
