@@ -1,0 +1,91 @@
+#include "attention/metadata/metadata_diff.h"
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "attention/metadata/builders.h"
+#include "attention/metadata/testing/batch_fixture.h"
+#include "gtest/gtest.h"
+
+namespace attnmeta {
+namespace {
+
+ForwardMetadata Build(const testing::BatchFixture& f, ForwardMode mode) {
+  absl::StatusOr<ForwardMetadata> m = BuildForwardMetadata(f.Batch(mode), f.pool(), f.page_size());
+  EXPECT_TRUE(m.ok()) << m.status();
+  return *std::move(m);
+}
+
+class MetadataDiffTest : public ::testing::Test {
+ protected:
+  MetadataDiffTest() : fixture_(16, /*seed=*/11) {
+    fixture_.AddSequence(40, 3);
+    fixture_.AddSequence(17, 5);
+    want_ = Build(fixture_, ForwardMode::kExtend);
+    got_ = want_;
+  }
+  testing::BatchFixture fixture_;
+  ForwardMetadata want_;
+  ForwardMetadata got_;
+};
+
+TEST_F(MetadataDiffTest, EqualMetadataIsOk) {
+  EXPECT_TRUE(DiffMetadata(got_.view(), want_.view()).ok());
+}
+
+TEST_F(MetadataDiffTest, NamesTheFirstDifferentKvIndex) {
+  got_.kv_indices[17] = TokenSlot(got_.kv_indices[17].value() + 1);
+  const absl::Status s = DiffMetadata(got_.view(), want_.view());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(), absl::StrCat("kv_indices[17]: got ", got_.kv_indices[17].value(),
+                                      ", want ", want_.kv_indices[17].value()));
+}
+
+TEST_F(MetadataDiffTest, EveryArrayIsCompared) {
+  struct Case {
+    const char* prefix;
+    void (*corrupt)(ForwardMetadata&);
+  };
+  const Case cases[] = {
+      {"kv_indptr[2]", [](ForwardMetadata& m) { m.kv_indptr[2] = TokenOffset(1); }},
+      {"qo_indptr[1]", [](ForwardMetadata& m) { m.qo_indptr[1] = TokenOffset(4); }},
+      {"kv_lens[0]", [](ForwardMetadata& m) { m.kv_lens[0] = TokenLength(42); }},
+      {"kv_last_page_len[1]", [](ForwardMetadata& m) { m.kv_last_page_len[1] = TokenLength(3); }},
+      {"max_q_len", [](ForwardMetadata& m) { m.max_q_len = TokenCount(9); }},
+      {"max_kv_len", [](ForwardMetadata& m) { m.max_kv_len = TokenCount(9); }},
+      {"page_table row 1[0]", [](ForwardMetadata& m) { m.page_table.span().row(1)[0] = PageId(77); }},
+      {"mode", [](ForwardMetadata& m) { m.mode = ForwardMode::kMixed; }},
+      {"batch size", [](ForwardMetadata& m) { m.kv_lens.pop_back(); }},
+      {"kv_indices: got has", [](ForwardMetadata& m) { m.kv_indices.resize(10); }},
+  };
+  for (const Case& c : cases) {
+    ForwardMetadata got = want_;
+    c.corrupt(got);
+    const absl::Status s = DiffMetadata(got.view(), want_.view());
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << c.prefix;
+    EXPECT_TRUE(absl::StartsWith(s.message(), c.prefix)) << s;
+  }
+}
+
+TEST_F(MetadataDiffTest, WiderPageTableMustBePaddedPastTheRows) {
+  const PageTableSpan<const PageId> want = want_.page_table.span();
+  std::vector<PageId> wide(want.rows() * (want.cols() + 2), kPaddingPage);
+  for (int64_t i = 0; i < want.rows(); ++i) {
+    for (int64_t j = 0; j < want.cols(); ++j) wide[i * (want.cols() + 2) + j] = want.row(i)[j];
+  }
+  ForwardMetadataView got = want_.view();
+  got.page_table =
+      *PageTableSpan<const PageId>::Create(absl::MakeConstSpan(wide), want.rows(), want.cols() + 2);
+  EXPECT_TRUE(DiffMetadata(got, want_.view()).ok());
+  wide[want.cols() + 1] = PageId(5);
+  const absl::Status s = DiffMetadata(got, want_.view());
+  EXPECT_TRUE(absl::StartsWith(s.message(), "page_table row 0[")) << s;
+}
+
+TEST_F(MetadataDiffTest, TablePresenceMustAgree) {
+  ForwardMetadataView got = want_.view();
+  got.page_table = {};
+  EXPECT_TRUE(absl::StartsWith(DiffMetadata(got, want_.view()).message(), "page table: got none"));
+}
+
+}  // namespace
+}  // namespace attnmeta
