@@ -56,15 +56,9 @@ absl::StatusOr<std::unique_ptr<GraphState>> GraphState::Create(const BackendConf
         " positions, the config needs ", row, " (max_context_len + draft_tokens)"));
   }
   if (config.speculative().topk() > 0) {
-    // The draft runs of a request at max_context_len reach furthest; DraftRowTokens grows by
-    // page_size when seq_len does, so the longest is among the last page's lengths.
     const DraftDecodeShape shape{config.speculative().topk(), config.speculative().steps()};
-    int64_t draft_row = 0;
-    for (int64_t len = std::max<int64_t>(0, config.max_context_len() - pool_page_size.tokens() + 1);
-         len <= config.max_context_len(); ++len) {
-      draft_row = std::max(draft_row, DraftRowTokens(TokenLength(static_cast<int32_t>(len)), shape,
-                                                     pool_page_size));
-    }
+    const int64_t draft_row = MaxDraftRowTokens(
+        TokenLength(static_cast<int32_t>(config.max_context_len())), shape, pool_page_size);
     if (req_to_token->max_context_len().value() < draft_row) {
       return absl::FailedPreconditionError(absl::StrCat(
           "max_context_len: req_to_token rows hold ", req_to_token->max_context_len().value(),

@@ -29,6 +29,17 @@ int64_t DraftRowTokens(TokenLength seq_len, DraftDecodeShape shape, PageSize pag
   return DraftSourcePosition(seq_len, shape.topk - 1, shape, page_size) + shape.steps;
 }
 
+int64_t MaxDraftRowTokens(TokenLength max_seq_len, DraftDecodeShape shape, PageSize page_size) {
+  // DraftRowTokens grows by page_size when seq_len does, so the longest is among the last
+  // page's lengths.
+  int64_t row = 0;
+  for (int64_t len = std::max<int64_t>(0, max_seq_len.value() - page_size.tokens() + 1);
+       len <= max_seq_len.value(); ++len) {
+    row = std::max(row, DraftRowTokens(TokenLength(static_cast<int32_t>(len)), shape, page_size));
+  }
+  return row;
+}
+
 int64_t DraftStepTokens(absl::Span<const TokenLength> seq_lens, DraftDecodeShape shape,
                         int32_t step) {
   int64_t sum = 0;

@@ -42,6 +42,10 @@ int64_t DraftSourcePosition(TokenLength seq_len, int32_t branch, DraftDecodeShap
 // branch plus steps.
 int64_t DraftRowTokens(TokenLength seq_len, DraftDecodeShape shape, PageSize page_size);
 
+// The most positions DraftRowTokens needs for any seq_len <= max_seq_len: how wide
+// req_to_token rows must be for draft-decode. REQUIRES: as DraftSourcePosition, max_seq_len >= 0.
+int64_t MaxDraftRowTokens(TokenLength max_seq_len, DraftDecodeShape shape, PageSize page_size);
+
 // kv_indptr[bs * topk] of step `step`: seq_lens_sum * topk + bs * topk * (step + 1).
 int64_t DraftStepTokens(absl::Span<const TokenLength> seq_lens, DraftDecodeShape shape,
                         int32_t step);

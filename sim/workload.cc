@@ -1,0 +1,185 @@
+#include "sim/workload.h"
+
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "attention/graph/backend_config.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+
+extern const char kAttnmetaDefaultWorkloadText[];
+
+namespace attnmeta {
+namespace {
+
+absl::Status Bad(absl::string_view path, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+}
+
+bool IsName(absl::string_view s) {
+  if (s.empty()) return false;
+  for (char c : s) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// The tokens a request holds at most: its prompt and output, plus what a speculative round
+// holds beyond them (the draft runs of draft-decode or the verify tree's slots).
+int64_t PeakTokens(const Scenario& s, const Request& r) {
+  const SpeculativeConfig& spec = s.backend().speculative();
+  const int64_t extra =
+      spec.draft_tokens() > 0
+          ? std::max<int64_t>(spec.draft_tokens(), int64_t{spec.topk()} * spec.steps())
+          : 0;
+  return int64_t{r.prompt_len()} + r.output_len() + extra;
+}
+
+absl::Status ValidateScenario(const Workload& w, const Scenario& s, absl::string_view path) {
+  for (int64_t ps : w.page_sizes()) {
+    BackendConfig config = s.backend();
+    config.set_page_size(ps);
+    if (absl::Status st = ValidateBackendConfig(config); !st.ok()) {
+      return Bad(absl::StrCat(path, ".backend"),
+                 absl::StrCat("at page size ", ps, ": ", st.message()));
+    }
+  }
+  if (s.kv_pool_tokens() < 1) return Bad(absl::StrCat(path, ".kv_pool_tokens"), "must be >= 1");
+  for (int64_t ps : w.page_sizes()) {
+    if (s.kv_pool_tokens() / ps < 1) {
+      return Bad(absl::StrCat(path, ".kv_pool_tokens"),
+                 absl::StrCat(s.kv_pool_tokens(), " tokens are less than one page of ", ps));
+    }
+    if ((s.kv_pool_tokens() / ps + 1) * ps > (int64_t{1} << 31)) {
+      return Bad(absl::StrCat(path, ".kv_pool_tokens"), "the pool's slots exceed 2^31");
+    }
+  }
+  if (s.max_running_requests() < 1) {
+    return Bad(absl::StrCat(path, ".max_running_requests"), "must be >= 1");
+  }
+  if (s.chunked_prefill_tokens() < 1) {
+    return Bad(absl::StrCat(path, ".chunked_prefill_tokens"), "must be >= 1");
+  }
+  if (s.max_steps() < 1) return Bad(absl::StrCat(path, ".max_steps"), "must be >= 1");
+  const SpeculativeConfig& spec = s.backend().speculative();
+  if (spec.draft_tokens() > 0) {
+    if (spec.draft_tokens() > 64) {
+      return Bad(absl::StrCat(path, ".backend.speculative.draft_tokens"), "at most 64");
+    }
+    if (spec.topk() < 1 || spec.steps() < 1) {
+      return Bad(absl::StrCat(path, ".backend.speculative"),
+                 "EAGLE (draft_tokens > 0) needs topk >= 1 and steps >= 1");
+    }
+    if (!s.has_acceptance() || s.acceptance().probability() < 0 ||
+        s.acceptance().probability() > 1) {
+      return Bad(absl::StrCat(path, ".acceptance.probability"),
+                 "speculative decoding needs a probability in [0, 1]");
+    }
+  }
+  if (s.requests().empty()) return Bad(absl::StrCat(path, ".requests"), "no requests");
+  absl::flat_hash_map<int32_t, int32_t> group_prefix;
+  for (int i = 0; i < s.requests_size(); ++i) {
+    const Request& r = s.requests(i);
+    const std::string rp = absl::StrCat(path, ".requests[", i, "]");
+    if (r.arrival_step() < 0) return Bad(absl::StrCat(rp, ".arrival_step"), "must be >= 0");
+    if (r.prompt_len() < 1) return Bad(absl::StrCat(rp, ".prompt_len"), "must be >= 1");
+    if (r.output_len() < 1) return Bad(absl::StrCat(rp, ".output_len"), "must be >= 1");
+    if (int64_t{r.prompt_len()} + r.output_len() > s.backend().max_context_len()) {
+      return Bad(absl::StrCat(rp, ".output_len"),
+                 absl::StrCat("prompt + output = ", int64_t{r.prompt_len()} + r.output_len(),
+                              " tokens exceed max_context_len ", s.backend().max_context_len()));
+    }
+    for (int64_t ps : w.page_sizes()) {
+      // A request alone must fit, or the scheduler could never run it.
+      const int64_t pages = (PeakTokens(s, r) + ps - 1) / ps + s.backend().speculative().topk();
+      if (pages > s.kv_pool_tokens() / ps) {
+        return Bad(rp, absl::StrCat("needs up to ", pages, " pages of ", ps,
+                                    " tokens; the pool has ", s.kv_pool_tokens() / ps));
+      }
+    }
+    if (r.prefix_group() < 0) return Bad(absl::StrCat(rp, ".prefix_group"), "must be >= 0");
+    if (r.prefix_group() == 0) {
+      if (r.shared_prefix_len() != 0) {
+        return Bad(absl::StrCat(rp, ".shared_prefix_len"), "set without a prefix_group");
+      }
+      continue;
+    }
+    if (r.shared_prefix_len() < 1 || r.shared_prefix_len() > r.prompt_len()) {
+      return Bad(absl::StrCat(rp, ".shared_prefix_len"),
+                 absl::StrCat(r.shared_prefix_len(), " is outside [1, prompt_len ",
+                              r.prompt_len(), "]"));
+    }
+    auto [it, inserted] = group_prefix.emplace(r.prefix_group(), r.shared_prefix_len());
+    if (!inserted && it->second != r.shared_prefix_len()) {
+      return Bad(absl::StrCat(rp, ".shared_prefix_len"),
+                 absl::StrCat(r.shared_prefix_len(), " differs from ", it->second,
+                              ", the group's earlier requests' shared prefix"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+class CollectFirstError : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, google::protobuf::io::ColumnNumber column,
+                const std::string& message) override {
+    if (first_.empty()) first_ = absl::StrCat("line ", line + 1, ":", column + 1, ": ", message);
+  }
+  const std::string& first() const { return first_; }
+
+ private:
+  std::string first_;
+};
+
+}  // namespace
+
+absl::Status ValidateWorkload(const Workload& w) {
+  if (w.page_sizes().empty()) return Bad("page_sizes", "no page sizes");
+  for (int i = 0; i < w.page_sizes_size(); ++i) {
+    if (!PageSize::Create(w.page_sizes(i)).ok()) {
+      return Bad(absl::StrCat("page_sizes[", i, "]"),
+                 absl::StrCat(w.page_sizes(i), " is outside [1, ", PageSize::kMaxTokens, "]"));
+    }
+  }
+  if (w.check_steps() < 0) return Bad("check_steps", "must be >= 0");
+  if (w.scenarios().empty()) return Bad("scenarios", "no scenarios");
+  absl::flat_hash_set<std::string> names;
+  for (int i = 0; i < w.scenarios_size(); ++i) {
+    const Scenario& s = w.scenarios(i);
+    const std::string path = absl::StrCat("scenarios[", i, "]");
+    if (!IsName(s.name())) {
+      return Bad(absl::StrCat(path, ".name"), absl::StrCat("\"", s.name(), "\" is not [A-Za-z0-9_]+"));
+    }
+    if (!names.insert(s.name()).second) {
+      return Bad(absl::StrCat(path, ".name"), absl::StrCat("\"", s.name(), "\" repeats"));
+    }
+    if (absl::Status st = ValidateScenario(w, s, path); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Workload> ParseWorkload(absl::string_view text) {
+  Workload w;
+  google::protobuf::TextFormat::Parser parser;
+  CollectFirstError errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(std::string(text), &w)) {
+    return absl::InvalidArgumentError(absl::StrCat("not a Workload in text format: ", errors.first()));
+  }
+  if (absl::Status st = ValidateWorkload(w); !st.ok()) return st;
+  return w;
+}
+
+absl::string_view DefaultWorkloadText() { return kAttnmetaDefaultWorkloadText; }
+
+BackendConfig ScenarioConfig(const Scenario& scenario, PageSize page_size) {
+  BackendConfig config = scenario.backend();
+  config.set_page_size(page_size.tokens());
+  return config;
+}
+
+}  // namespace attnmeta

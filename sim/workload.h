@@ -1,0 +1,38 @@
+// Workload (workload.proto): loading, checking, and the embedded default workload.
+
+#ifndef ATTNMETA_SIM_WORKLOAD_H_
+#define ATTNMETA_SIM_WORKLOAD_H_
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "attention/graph/backend_config.pb.h"
+#include "kvcache/units.h"
+#include "sim/workload.pb.h"
+
+namespace attnmeta {
+
+// OK, or InvalidArgument whose message starts with the path of the first bad field
+// ("scenarios[1].requests[3].prompt_len: ..."): no page sizes or scenarios, a page size out of
+// range, a negative check_steps, a scenario name that is not [A-Za-z0-9_]+ or repeats, a backend
+// that ValidateBackendConfig rejects at some page size, a pool of less than one page, non-positive
+// max_running_requests, chunked_prefill_tokens or max_steps, speculative settings without top-k,
+// steps or an acceptance probability in [0, 1], more than 64 draft tokens, a request with a
+// negative arrival, a non-positive prompt or output, prompt + output beyond max_context_len, a
+// request that needs more pages than the pool has, a shared prefix outside [1, prompt_len] or
+// without a group, and requests of one group with different shared prefixes.
+absl::Status ValidateWorkload(const Workload& workload);
+
+// Parses text format and validates. InvalidArgument naming the line and column of a syntax
+// error or an unknown field, or ValidateWorkload's error.
+absl::StatusOr<Workload> ParseWorkload(absl::string_view text);
+
+// The default workload, compiled in (sim/default_workload.textproto).
+absl::string_view DefaultWorkloadText();
+
+// The scenario's backend with `page_size`. REQUIRES: ValidateWorkload passed.
+BackendConfig ScenarioConfig(const Scenario& scenario, PageSize page_size);
+
+}  // namespace attnmeta
+
+#endif  // ATTNMETA_SIM_WORKLOAD_H_

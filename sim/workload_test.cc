@@ -1,0 +1,110 @@
+#include "sim/workload.h"
+
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace attnmeta {
+namespace {
+
+TEST(WorkloadTest, DefaultWorkloadParsesAndCoversEveryFeature) {
+  absl::StatusOr<Workload> w = ParseWorkload(DefaultWorkloadText());
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(std::vector<int64_t>(w->page_sizes().begin(), w->page_sizes().end()),
+            (std::vector<int64_t>{1, 7, 16, 64}));
+  bool topk1 = false, topk4 = false, mixed = false, shared = false, padded_past_pool = false;
+  for (const Scenario& s : w->scenarios()) {
+    const SpeculativeConfig& spec = s.backend().speculative();
+    topk1 |= spec.draft_tokens() > 0 && spec.topk() == 1;
+    topk4 |= spec.draft_tokens() > 0 && spec.topk() == 4;
+    mixed |= s.mixed_chunk();
+    for (const Request& r : s.requests()) shared |= r.prefix_group() > 0;
+    for (int32_t b : s.backend().capture_batch_sizes()) {
+      padded_past_pool |= b > s.max_running_requests();
+    }
+  }
+  EXPECT_TRUE(topk1 && topk4 && mixed && shared && padded_past_pool);
+}
+
+// Parses the default workload with `edit` applied to its first scenario, expecting an error
+// whose message starts with `path`.
+void ExpectRejected(void (*edit)(Workload&), absl::string_view path) {
+  absl::StatusOr<Workload> w = ParseWorkload(DefaultWorkloadText());
+  ASSERT_TRUE(w.ok());
+  edit(*w);
+  const absl::Status s = ValidateWorkload(*w);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << path;
+  EXPECT_TRUE(absl::StartsWith(s.message(), path)) << s;
+}
+
+TEST(WorkloadTest, EveryBadFieldIsNamed) {
+  ExpectRejected([](Workload& w) { w.clear_page_sizes(); }, "page_sizes: no page sizes");
+  ExpectRejected([](Workload& w) { w.set_page_sizes(2, 0); }, "page_sizes[2]");
+  ExpectRejected([](Workload& w) { w.set_check_steps(-1); }, "check_steps");
+  ExpectRejected([](Workload& w) { w.clear_scenarios(); }, "scenarios: no scenarios");
+  ExpectRejected([](Workload& w) { w.mutable_scenarios(1)->set_name("bad name"); },
+                 "scenarios[1].name");
+  ExpectRejected([](Workload& w) { w.mutable_scenarios(1)->set_name("chat"); },
+                 "scenarios[1].name: \"chat\" repeats");
+  ExpectRejected([](Workload& w) { w.mutable_scenarios(0)->mutable_backend()->set_num_kv_heads(3); },
+                 "scenarios[0].backend: at page size 1: num_kv_heads");
+  ExpectRejected([](Workload& w) { w.mutable_scenarios(0)->set_kv_pool_tokens(32); },
+                 "scenarios[0].kv_pool_tokens: 32 tokens are less than one page of 64");
+  ExpectRejected([](Workload& w) { w.mutable_scenarios(0)->set_max_running_requests(0); },
+                 "scenarios[0].max_running_requests");
+  ExpectRejected([](Workload& w) { w.mutable_scenarios(0)->set_chunked_prefill_tokens(0); },
+                 "scenarios[0].chunked_prefill_tokens");
+  ExpectRejected([](Workload& w) { w.mutable_scenarios(0)->set_max_steps(0); },
+                 "scenarios[0].max_steps");
+  ExpectRejected(
+      [](Workload& w) { w.mutable_scenarios(1)->mutable_acceptance()->set_probability(1.5); },
+      "scenarios[1].acceptance.probability");
+  ExpectRejected(
+      [](Workload& w) {
+        w.mutable_scenarios(1)->mutable_backend()->mutable_speculative()->set_draft_tokens(65);
+      },
+      "scenarios[1].backend");
+  ExpectRejected([](Workload& w) { w.mutable_scenarios(0)->mutable_requests(3)->set_prompt_len(0); },
+                 "scenarios[0].requests[3].prompt_len");
+  ExpectRejected([](Workload& w) { w.mutable_scenarios(0)->mutable_requests(3)->set_output_len(0); },
+                 "scenarios[0].requests[3].output_len: must be >= 1");
+  ExpectRejected(
+      [](Workload& w) { w.mutable_scenarios(0)->mutable_requests(3)->set_output_len(500); },
+      "scenarios[0].requests[3].output_len: prompt + output");
+  ExpectRejected(
+      [](Workload& w) { w.mutable_scenarios(0)->mutable_requests(3)->set_arrival_step(-2); },
+      "scenarios[0].requests[3].arrival_step");
+  ExpectRejected(
+      [](Workload& w) { w.mutable_scenarios(0)->mutable_requests(3)->set_shared_prefix_len(5); },
+      "scenarios[0].requests[3].shared_prefix_len: set without a prefix_group");
+  ExpectRejected(
+      [](Workload& w) { w.mutable_scenarios(0)->mutable_requests(4)->set_shared_prefix_len(90); },
+      "scenarios[0].requests[4].shared_prefix_len: 90 differs from 96");
+  ExpectRejected(
+      [](Workload& w) {
+        Scenario* s = w.mutable_scenarios(0);
+        s->mutable_backend()->set_max_context_len(4096);
+        s->mutable_requests(3)->set_prompt_len(1600);
+      },
+      "scenarios[0].requests[3]: needs up to");
+}
+
+TEST(WorkloadTest, SyntaxErrorsNameTheLine) {
+  const absl::StatusOr<Workload> w = ParseWorkload("name: \"x\"\npage_sizes: [1, 16\nseed: 3\n");
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(w.status().message(), "line 3:")) << w.status();
+  const absl::StatusOr<Workload> unknown = ParseWorkload("name: \"x\"\nseeds: 3\n");
+  EXPECT_TRUE(absl::StrContains(unknown.status().message(), "line 2:")) << unknown.status();
+  EXPECT_TRUE(absl::StrContains(unknown.status().message(), "seeds")) << unknown.status();
+}
+
+TEST(WorkloadTest, ScenarioConfigTakesThePageSize) {
+  absl::StatusOr<Workload> w = ParseWorkload(DefaultWorkloadText());
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(ScenarioConfig(w->scenarios(0), *PageSize::Create(7)).page_size(), 7);
+}
+
+}  // namespace
+}  // namespace attnmeta
