@@ -221,6 +221,9 @@ class Run {
   double eager_us_ = 0, replay_us_ = 0;
   std::vector<float> k_scratch_, v_scratch_;
   std::vector<Req*> finishing_;
+  // Set by a retraction, cleared when a request finishes: no new admissions in between, so a
+  // retracted request is not readmitted into the same shortage (which would thrash).
+  bool admission_paused_ = false;
 };
 
 double MicrosSince(std::chrono::steady_clock::time_point t0) {
@@ -414,6 +417,7 @@ void Run::Release(Req& r) {
 void Run::Finish(Req& r) {
   Release(r);
   r.state = State::kFinished;
+  admission_paused_ = false;
   report_->set_requests_finished(report_->requests_finished() + 1);
 }
 
@@ -429,6 +433,7 @@ bool Run::RetractNewest(bool prefills) {
   Release(*newest);
   newest->state = State::kWaiting;
   waiting_.push_front(newest->index);
+  admission_paused_ = true;
   report_->set_retractions(report_->retractions() + 1);
   return true;
 }
@@ -497,7 +502,7 @@ bool Run::PrefillStep() {
     free_rows -= r.state == State::kRunning || r.state == State::kPrefill;
   }
   std::vector<int> admitted;
-  while (budget > 0 && free_rows > 0 && !waiting_.empty()) {
+  while (budget > 0 && free_rows > 0 && !waiting_.empty() && !admission_paused_) {
     Req& r = reqs_[waiting_.front()];
     const int64_t cached =
         prefixes_.contains(r.spec->prefix_group()) ? CachedPrefixLen(r) : 0;

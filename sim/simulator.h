@@ -13,7 +13,7 @@
 //    rolled back), target-verify over a tree with the FULL mask, greedy acceptance against an
 //    acceptance model, the accepted tokens' K/V moved to their positions and the rest freed,
 //    then a variable draft-extend; when the pool cannot hold the step, the newest requests are
-//    retracted (freed and queued again);
+//    retracted (freed and queued again), and no request is admitted until one finishes;
 //  - an idle step when nothing has arrived yet.
 // Every forward's metadata is built eagerly and validated (slot ownership included); a
 // replayed one is validated and must equal the eager one (DiffMetadata). In the checked steps
