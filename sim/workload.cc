@@ -6,6 +6,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "attention/graph/backend_config.h"
+#include "attention/graph/buffer_plan.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 
@@ -47,6 +48,16 @@ absl::Status ValidateScenario(const Workload& w, const Scenario& s, absl::string
       return Bad(absl::StrCat(path, ".backend"),
                  absl::StrCat("at page size ", ps, ": ", st.message()));
     }
+    absl::StatusOr<BufferPlan> plan = ComputeBufferPlan(config, config.max_batch_size());
+    if (!plan.ok()) {
+      return Bad(absl::StrCat(path, ".backend"),
+                 absl::StrCat("at page size ", ps, ": ", plan.status().message()));
+    }
+    if (plan->total_bytes > kMaxSimulatedBytes) {
+      return Bad(absl::StrCat(path, ".backend"),
+                 absl::StrCat("at page size ", ps, " the graph buffers take ", plan->total_bytes,
+                              " bytes; the simulator holds at most ", kMaxSimulatedBytes));
+    }
   }
   if (s.kv_pool_tokens() < 1) return Bad(absl::StrCat(path, ".kv_pool_tokens"), "must be >= 1");
   for (int64_t ps : w.page_sizes()) {
@@ -57,6 +68,14 @@ absl::Status ValidateScenario(const Workload& w, const Scenario& s, absl::string
     if ((s.kv_pool_tokens() / ps + 1) * ps > (int64_t{1} << 31)) {
       return Bad(absl::StrCat(path, ".kv_pool_tokens"), "the pool's slots exceed 2^31");
     }
+  }
+  // The simulator keeps float K and V for every slot of the pool.
+  const int64_t kv_bytes = s.kv_pool_tokens() * 8 * int64_t{s.backend().num_kv_heads()} *
+                           s.backend().head_dim();
+  if (kv_bytes > kMaxSimulatedBytes) {
+    return Bad(absl::StrCat(path, ".kv_pool_tokens"),
+               absl::StrCat("the pool's K/V take ", kv_bytes,
+                            " bytes; the simulator holds at most ", kMaxSimulatedBytes));
   }
   if (s.max_running_requests() < 1) {
     return Bad(absl::StrCat(path, ".max_running_requests"), "must be >= 1");

@@ -3,6 +3,8 @@
 #ifndef ATTNMETA_SIM_WORKLOAD_H_
 #define ATTNMETA_SIM_WORKLOAD_H_
 
+#include <cstdint>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -12,10 +14,15 @@
 
 namespace attnmeta {
 
+// What the simulator holds in host memory at most for one run's graph buffers, and for its
+// K/V pool (float K and V of every slot).
+inline constexpr int64_t kMaxSimulatedBytes = int64_t{4} << 30;
+
 // OK, or InvalidArgument whose message starts with the path of the first bad field
 // ("scenarios[1].requests[3].prompt_len: ..."): no page sizes or scenarios, a page size out of
 // range, a negative check_steps, a scenario name that is not [A-Za-z0-9_]+ or repeats, a backend
-// that ValidateBackendConfig rejects at some page size, a pool of less than one page, non-positive
+// that ValidateBackendConfig rejects at some page size or whose buffers ComputeBufferPlan
+// refuses, graph buffers or a K/V pool above kMaxSimulatedBytes, a pool of less than one page, non-positive
 // max_running_requests, chunked_prefill_tokens or max_steps, speculative settings without top-k,
 // steps or an acceptance probability in [0, 1], more than 64 draft tokens, a request with a
 // negative arrival, a non-positive prompt or output, prompt + output beyond max_context_len, a

@@ -82,6 +82,15 @@ TEST(WorkloadTest, EveryBadFieldIsNamed) {
   ExpectRejected(
       [](Workload& w) { w.mutable_scenarios(0)->mutable_requests(4)->set_shared_prefix_len(90); },
       "scenarios[0].requests[4].shared_prefix_len: 90 differs from 96");
+  ExpectRejected([](Workload& w) { w.mutable_scenarios(0)->set_kv_pool_tokens(int64_t{1} << 30); },
+                 "scenarios[0].kv_pool_tokens: the pool's K/V take");
+  ExpectRejected(
+      [](Workload& w) {
+        BackendConfig* b = w.mutable_scenarios(0)->mutable_backend();
+        b->set_max_batch_size(1 << 20);
+        b->set_max_context_len(1 << 20);
+      },
+      "scenarios[0].backend: at page size 1");
   ExpectRejected(
       [](Workload& w) {
         Scenario* s = w.mutable_scenarios(0);
