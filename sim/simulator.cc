@@ -15,12 +15,12 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/types/span.h"
 #include "attention/graph/backend_config.h"
 #include "attention/graph/batch_buckets.h"
+#include "attention/graph/buffer_plan.h"
 #include "attention/graph/graph_state.h"
-#include "attention/graph/host_device_memory.h"
-#include "attention/graph/host_metadata_writer.h"
 #include "attention/metadata/builders.h"
 #include "attention/metadata/draft_decode_layout.h"
 #include "attention/metadata/metadata_diff.h"
@@ -32,6 +32,7 @@
 #include "kvcache/paged_token_allocator.h"
 #include "kvcache/req_to_token_pool.h"
 #include "kvcache/units.h"
+#include "sim/replay_backend.h"
 #include "sim/workload.h"
 #include "spec_decode/greedy_accept.h"
 #include "spec_decode/speculative_metadata.h"
@@ -122,6 +123,7 @@ class Run {
         accept_rng_(Mix(seed ^ scenario.acceptance().seed())) {
     report_->set_scenario(scenario.name());
     report_->set_page_size(page_size.tokens());
+    report_->set_backend(options.backend);
     dims_.num_q_heads = config_.num_q_heads();
     dims_.num_kv_heads = config_.num_kv_heads();
     dims_.head_dim = config_.head_dim();
@@ -183,6 +185,11 @@ class Run {
                    const std::vector<std::vector<DenseSequence>>& dense,
                    const ForwardBatch* snapshot_batch);
   std::optional<int64_t> Bucket(int64_t bs) const;
+  // A replayed view's arrays copied to the host through the backend's memory (on the GPU
+  // backend the view holds device addresses).
+  absl::StatusOr<ForwardMetadata> ReadBack(const ForwardMetadataView& v);
+  template <typename T>
+  absl::Status CopyToHost(absl::Span<const T> from, int64_t count, std::vector<T>& to);
   void Fail(const std::string& what, const absl::Status& status, const ForwardBatch* batch,
             const ForwardMetadata* m);
   void Snapshot(const std::string& what, const ForwardBatch& batch, const ForwardMetadata& m);
@@ -205,8 +212,7 @@ class Run {
   std::optional<PagedTokenAllocator> alloc_;
   std::optional<ReqToTokenPool> r2t_;
   std::vector<float> k_pool_, v_pool_;
-  HostDeviceMemory memory_;
-  HostMetadataWriter writer_;
+  std::unique_ptr<ReplayBackend> backend_;  // declared before graph_, which frees into it
   std::unique_ptr<GraphState> graph_;
   std::map<std::pair<ForwardMode, int64_t>, CaptureHandle> handles_;
 
@@ -252,8 +258,12 @@ absl::Status Run::Setup() {
   const int64_t slots = alloc_->pool_slots().value();
   k_pool_.assign(slots * kv_row(), 0.0f);
   v_pool_.assign(slots * kv_row(), 0.0f);
-  absl::StatusOr<std::unique_ptr<GraphState>> graph =
-      GraphState::Create(config_, &*r2t_, page_size_, &memory_, &writer_);
+  absl::StatusOr<std::unique_ptr<ReplayBackend>> backend =
+      MakeReplayBackend(options_.backend, *r2t_, alloc_->pool_slots());
+  if (!backend.ok()) return backend.status();
+  backend_ = *std::move(backend);
+  absl::StatusOr<std::unique_ptr<GraphState>> graph = GraphState::Create(
+      config_, &*r2t_, page_size_, &backend_->memory(), &backend_->writer());
   if (!graph.ok()) return graph.status();
   graph_ = *std::move(graph);
   report_->set_pool_pages(pages);
@@ -303,9 +313,11 @@ void Run::Execute() {
   if (failure_.has_value()) report_->set_failure(failure_->message);
   if (eager_forwards_ > 0) report_->set_eager_build_us_per_forward(eager_us_ / eager_forwards_);
   if (replays_ > 0) report_->set_replay_us_per_forward(replay_us_ / replays_);
-  if (absl::Status s = memory_.VerifyCanaries(); !s.ok() && !failure_.has_value()) {
-    report_->set_passed(false);
-    report_->set_failure(absl::StrCat("graph buffers: ", s.message()));
+  if (backend_ != nullptr && !failure_.has_value()) {
+    if (absl::Status s = backend_->CheckAfterReplay(); !s.ok()) {
+      report_->set_passed(false);
+      report_->set_failure(absl::StrCat("graph buffers: ", s.message()));
+    }
   }
 }
 
@@ -1125,6 +1137,11 @@ void Run::CheckReplay(ForwardMode mode, const ReplayBatch& batch,
     std::optional<TokenLength> q_len;
     if (mode == ForwardMode::kDraftExtend) q_len = TokenLength(spec_.draft_tokens());
     absl::StatusOr<CaptureHandle> handle = graph_->Capture(*bucket, mode, q_len);
+    if (handle.status().code() == absl::StatusCode::kUnimplemented) {
+      // The backend's writer cannot write this mode (or this config's split-KV plan).
+      report_->set_replays_unsupported(report_->replays_unsupported() + 1);
+      return;
+    }
     if (!handle.ok()) {
       Fail(absl::StrCat(ForwardModeName(mode), " capture of bucket ", *bucket), handle.status(),
            nullptr, nullptr);
@@ -1133,13 +1150,21 @@ void Run::CheckReplay(ForwardMode mode, const ReplayBatch& batch,
     report_->set_graph_captures(report_->graph_captures() + 1);
     it = handles_.emplace(std::make_pair(mode, *bucket), *handle).first;
   }
+  const std::string what = absl::StrCat(ForwardModeName(mode), " (replay, bucket ", *bucket, ")");
+  if (absl::Status s = backend_->SyncReqToToken(*r2t_); !s.ok()) {
+    Fail(what, s, nullptr, nullptr);
+    return;
+  }
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<ReplayResult> replay = graph_->Replay(it->second, batch);
   replay_us_ += MicrosSince(t0);
   ++replays_;
-  const std::string what = absl::StrCat(ForwardModeName(mode), " (replay, bucket ", *bucket, ")");
   if (!replay.ok()) {
     Fail(what, replay.status(), nullptr, nullptr);
+    return;
+  }
+  if (absl::Status s = backend_->CheckAfterReplay(); !s.ok()) {
+    Fail(what, s, nullptr, nullptr);
     return;
   }
   std::vector<ForwardMetadataView> views;
@@ -1156,15 +1181,67 @@ void Run::CheckReplay(ForwardMode mode, const ReplayBatch& batch,
   for (size_t i = 0; i < views.size(); ++i) {
     const std::string label =
         views.size() > 1 ? absl::StrCat(what, " step ", i) : what;
-    if (absl::Status s = DiffMetadata(views[i], eager[i]->view()); !s.ok()) {
-      Fail(absl::StrCat(label, " differs from the eager metadata"), s, snapshot_batch, eager[i]);
+    absl::StatusOr<ForwardMetadata> host = ReadBack(views[i]);
+    if (!host.ok()) {
+      Fail(label, host.status(), nullptr, nullptr);
       return;
     }
-    CheckView(label, views[i], dense[i]);
+    if (absl::Status s = DiffMetadata(host->view(), eager[i]->view()); !s.ok()) {
+      Fail(absl::StrCat(label, " differs from the eager metadata"), s, snapshot_batch, &*host);
+      return;
+    }
+    CheckView(label, host->view(), dense[i]);
     if (failure_.has_value()) return;
   }
   ModeReport& m = Mode(mode);
   m.set_replays(m.replays() + 1);
+}
+
+template <typename T>
+absl::Status Run::CopyToHost(absl::Span<const T> from, int64_t count, std::vector<T>& to) {
+  if (count < 0 || count > static_cast<int64_t>(from.size())) {
+    return absl::OutOfRangeError(absl::StrCat("a replayed array of ", from.size(),
+                                              " entries read up to ", count));
+  }
+  to.resize(count);
+  if (count == 0) return absl::OkStatus();
+  const uintptr_t at = reinterpret_cast<uintptr_t>(from.data());
+  const int64_t bytes = count * static_cast<int64_t>(sizeof(T));
+  for (const BufferSpec& spec : graph_->plan().buffers) {
+    const DeviceBuffer b = graph_->buffer(spec.name);
+    const uintptr_t base = reinterpret_cast<uintptr_t>(b.ptr);
+    if (at >= base && at + bytes <= base + b.bytes) {
+      return backend_->memory().CopyToHost(to.data(), b, static_cast<int64_t>(at - base), bytes);
+    }
+  }
+  return absl::InternalError("a replayed array lies outside every graph buffer");
+}
+
+absl::StatusOr<ForwardMetadata> Run::ReadBack(const ForwardMetadataView& v) {
+  const int64_t bs = v.batch_size();
+  ForwardMetadata m;
+  m.mode = v.mode;
+  m.max_q_len = v.max_q_len;
+  m.max_kv_len = v.max_kv_len;
+  m.mask_layout = v.custom_mask.layout;
+  absl::Status s = CopyToHost(v.kv_indptr, bs + 1, m.kv_indptr);
+  if (s.ok()) s = CopyToHost(v.qo_indptr, bs + 1, m.qo_indptr);
+  if (s.ok()) s = CopyToHost(v.kv_lens, bs, m.kv_lens);
+  if (s.ok()) s = CopyToHost(v.kv_last_page_len, bs, m.kv_last_page_len);
+  if (s.ok()) s = CopyToHost(v.kv_indices, m.kv_indptr.back().value(), m.kv_indices);
+  if (s.ok() && !v.custom_mask.mask_indptr.empty()) {
+    s = CopyToHost(v.custom_mask.mask_indptr, bs + 1, m.mask_indptr);
+    if (s.ok()) s = CopyToHost(v.custom_mask.mask, m.mask_indptr.back(), m.custom_mask);
+  }
+  if (s.ok() && v.page_table.rows() > 0) {
+    m.page_table = PageTable(v.page_table.rows(), v.page_table.cols());
+    std::vector<PageId> entries;
+    s = CopyToHost(v.page_table.entries(), static_cast<int64_t>(v.page_table.entries().size()),
+                   entries);
+    if (s.ok()) std::copy(entries.begin(), entries.end(), m.page_table.span().entries().begin());
+  }
+  if (!s.ok()) return s;
+  return m;
 }
 
 void Run::Fail(const std::string& what, const absl::Status& status, const ForwardBatch* batch,
@@ -1217,6 +1294,11 @@ absl::StatusOr<SimReport> RunWorkload(const Workload& workload, const SimOptions
   }
   if (absl::Status s = ValidateWorkload(w); !s.ok()) return s;
   if (options.max_steps < 0) return absl::InvalidArgumentError("--steps must be >= 0");
+  const std::vector<std::string> backends = ReplayBackendNames();
+  if (std::find(backends.begin(), backends.end(), options.backend) == backends.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("--backend=", options.backend, ": this build has ",
+                                                   absl::StrJoin(backends, ", ")));
+  }
   if (options.dump_all && options.dump_dir.empty()) {
     return absl::InvalidArgumentError("--dump_all needs --dump_dir");
   }
@@ -1237,10 +1319,12 @@ absl::StatusOr<SimReport> RunWorkload(const Workload& workload, const SimOptions
 }
 
 std::string FormatReportTable(const SimReport& report) {
-  std::string out = absl::StrFormat(
-      "%-14s %4s %6s  %-62s %7s %7s %6s %9s %9s %9s %8s %5s %4s %9s %8s %8s  %s\n", "scenario", "ps",
+  std::string out = absl::StrCat(
+      "replay backend: ", report.runs().empty() ? "" : report.runs(0).backend(), "\n");
+  out += absl::StrFormat(
+      "%-14s %4s %6s  %-62s %7s %7s %6s %9s %9s %9s %8s %5s %9s %9s %8s %8s  %s\n", "scenario", "ps",
       "steps", "forwards by mode (replayed)", "prefill", "output", "accept", "retr/back", "pages hw",
-      "graph B", "replays", "eager", "fall", "max err", "build us", "replay us", "result");
+      "graph B", "replays", "eager", "fall/unsup", "max err", "build us", "replay us", "result");
   for (const RunReport& r : report.runs()) {
     std::string modes;
     int64_t replays = 0, forwards = 0;
@@ -1251,10 +1335,11 @@ std::string FormatReportTable(const SimReport& report) {
       forwards += m.forwards();
     }
     out += absl::StrFormat(
-        "%-14s %4d %6d  %-62s %7d %7d %6d %4d/%-4d %4d/%-4d %9d %8d %5d %4d %9.2e %8.1f %8.1f  %s\n",
+        "%-14s %4d %6d  %-62s %7d %7d %6d %4d/%-4d %4d/%-4d %9d %8d %5d %4d/%-4d %9.2e %8.1f %8.1f  %s\n",
         r.scenario(), r.page_size(), r.steps(), modes, r.prefill_tokens(), r.generated_tokens(),
         r.accepted_draft_tokens(), r.retractions(), r.admission_backoffs(), r.pages_high_water(), r.pool_pages(),
-        r.graph_buffer_bytes(), replays, forwards, r.eager_fallbacks(), r.max_relative_error(),
+        r.graph_buffer_bytes(), replays, forwards, r.eager_fallbacks(), r.replays_unsupported(),
+        r.max_relative_error(),
         r.eager_build_us_per_forward(), r.replay_us_per_forward(),
         r.passed() ? (r.finished() ? "PASS" : "PASS (stopped by --steps)") : "FAIL");
     if (!r.passed()) out += absl::StrCat("    failure: ", r.failure(), "\n");

@@ -1,9 +1,11 @@
 // The serving simulator behind attnmeta_sim: a small scheduler drives a Workload through the
-// whole stack, step by step, on the CPU, and checks everything it can at every step.
+// whole stack, step by step, and checks everything it can at every step.
 //
 // For every scenario and page size: a PagedTokenAllocator with a shuffled free list and a
-// ReqToTokenPool hold the requests; a GraphState (host memory, host metadata writer) captures
-// and replays the graph-able modes. Each step the scheduler runs one of:
+// ReqToTokenPool hold the requests; a GraphState on the options' replay backend (host memory
+// and the host writer, or device memory and the metadata kernels in captured graphs) captures
+// and replays the graph-able modes; what the backend's writer cannot write (Unimplemented) is
+// counted, not replayed. Each step the scheduler runs one of:
 //  - a prefill step: chunked prefill under a token budget, requests admitted while rows and
 //    pages last (fewer when the pool is short: a backoff), shared prefixes taken from a prefix
 //    cache of whole pages; with mixed_chunk the running decodes join it (a mixed batch);
@@ -16,7 +18,8 @@
 //    retracted (freed and queued again), and no request is admitted until one finishes;
 //  - an idle step when nothing has arrived yet.
 // Every forward's metadata is built eagerly and validated (slot ownership included); a
-// replayed one is validated and must equal the eager one (DiffMetadata). In the checked steps
+// replayed one is read back to the host, validated, and must equal the eager one
+// (DiffMetadata). In the checked steps
 // the attention of every metadata path (token-level, page table, split-KV) over the K/V pool
 // is compared with dense attention over each request's logical tokens, which the simulator
 // tracks without slots. The first failure stops the run and is reported, with a
@@ -38,6 +41,8 @@
 namespace attnmeta {
 
 struct SimOptions {
+  // Where graph replays run (replay_backend.h): "cpu", or "gpu" in a GPU build.
+  std::string backend = "cpu";
   std::vector<int64_t> page_sizes;  // empty: the workload's
   int64_t max_steps = 0;            // > 0: stop each run after this many steps (not a failure)
   std::optional<uint64_t> seed;     // replaces the workload's seed

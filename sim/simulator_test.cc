@@ -119,6 +119,9 @@ TEST(SimulatorTest, BadOptionsRunNothing) {
   options.dump_all = false;
   options.max_steps = -1;
   EXPECT_EQ(RunWorkload(Default(), options).status().code(), absl::StatusCode::kInvalidArgument);
+  options.max_steps = 0;
+  options.backend = "tpu";
+  EXPECT_EQ(RunWorkload(Default(), options).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(SimulatorTest, MaxStepsTooSmallFails) {

@@ -28,6 +28,8 @@ expect_rc 2 "$sim" --steps=abc
 expect_rc 2 "$sim" --page_sizes=0 --quiet
 grep -q "page_sizes\[0\]" "$tmp/out" || { echo "bad page size not named"; cat "$tmp/out"; exit 1; }
 expect_rc 2 "$sim" --dump_all --quiet
+expect_rc 2 "$sim" --backend=tpu --quiet
+grep -q 'backend' "$tmp/out" || { echo "bad backend not named"; cat "$tmp/out"; exit 1; }
 sed 's/prompt_len: 190 /prompt_len: 0 /' "$workload" >"$tmp/bad.textproto"
 expect_rc 2 "$sim" --workload="$tmp/bad.textproto"
 grep -q "scenarios\[0\].requests\[0\].prompt_len" "$tmp/out" || { echo "field not named"; cat "$tmp/out"; exit 1; }

@@ -1,11 +1,13 @@
 // attnmeta_sim: runs a serving workload through the whole stack on the CPU and checks every
 // step (sim/simulator.h); prints a report table and exits 0 only when every run passed.
 //
-//   attnmeta_sim [--workload=FILE] [--page_sizes=1,16,...] [--steps=N] [--seed=N]
-//                [--dump_dir=DIR [--dump_all]] [--report=FILE.json] [--quiet]
+//   attnmeta_sim [--workload=FILE] [--backend=cpu|gpu] [--page_sizes=1,16,...] [--steps=N]
+//                [--seed=N] [--dump_dir=DIR [--dump_all]] [--report=FILE.json] [--quiet]
 //
 // Without --workload it runs the default workload compiled into it (the same text ships as
-// sim/default_workload.textproto). Exit codes: 0 PASS, 1 FAIL (the report names the first
+// sim/default_workload.textproto). --backend=gpu (a build with --config=cuda or rocm, on a
+// machine with a GPU) replays the graphs with the device metadata kernels instead of the host
+// writer; the checks are the same. Exit codes: 0 PASS, 1 FAIL (the report names the first
 // failure of each failing run, and --dump_dir holds a MetadataSnapshot of the failing forward,
 // which `metadata_check` replays), 2 for a bad flag, workload or option (nothing is run).
 //
@@ -31,8 +33,9 @@
 namespace {
 
 constexpr char kUsage[] =
-    "usage: attnmeta_sim [--workload=FILE] [--page_sizes=1,16,...] [--steps=N] [--seed=N]\n"
-    "                    [--dump_dir=DIR [--dump_all]] [--report=FILE.json] [--quiet]\n";
+    "usage: attnmeta_sim [--workload=FILE] [--backend=cpu|gpu] [--page_sizes=1,16,...]\n"
+    "                    [--steps=N] [--seed=N] [--dump_dir=DIR [--dump_all]]\n"
+    "                    [--report=FILE.json] [--quiet]\n";
 
 std::string Resolve(const std::string& path) {
   const char* cwd = std::getenv("BUILD_WORKING_DIRECTORY");
@@ -62,6 +65,8 @@ int main(int argc, char** argv) {
     if (name == "--help" || name == "-h") {
       std::printf("%s", kUsage);
       return 0;
+    } else if (name == "--backend" && need_value()) {
+      options.backend = value;
     } else if (name == "--workload" && need_value()) {
       workload_file = Resolve(value);
     } else if (name == "--page_sizes" && need_value()) {

@@ -1,0 +1,22 @@
+// The "gpu" ReplayBackend: HipDeviceMemory and DeviceMetadataWriter on one stream, with a
+// device copy of req_to_token refreshed before every replay.
+
+#ifndef ATTNMETA_SIM_GPU_REPLAY_BACKEND_H_
+#define ATTNMETA_SIM_GPU_REPLAY_BACKEND_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kvcache/req_to_token_pool.h"
+#include "kvcache/units.h"
+#include "sim/replay_backend.h"
+
+namespace attnmeta {
+
+// FailedPrecondition when no GPU is visible; Internal for a runtime failure.
+absl::StatusOr<std::unique_ptr<ReplayBackend>> MakeGpuReplayBackend(const ReqToTokenPool& table,
+                                                                    TokenCount pool_slots);
+
+}  // namespace attnmeta
+
+#endif  // ATTNMETA_SIM_GPU_REPLAY_BACKEND_H_
