@@ -10,8 +10,12 @@
 // whatever the target: block sizes that host and device code both use must not derive from
 // it (the launch would not match the kernel's stride on AMD), and host code that needs it asks
 // the device (hipDeviceGetAttribute, warp size). Device code uses attnmeta::kWaveSize (the
-// target's, in the device pass) and the wave shuffles ATTNMETA_SHFL_UP / ATTNMETA_SHFL_DOWN
-// (all lanes active; CUDA has only the _sync forms, HIP 5.2 only the plain ones).
+// target's, in the device pass) and the wave shuffles ATTNMETA_SHFL_UP / ATTNMETA_SHFL_DOWN /
+// ATTNMETA_SHFL_XOR (all lanes active; CUDA has only the _sync forms, HIP 5.2 only the plain
+// ones). Kernels declare ATTNMETA_LAUNCH_BOUNDS(threads, min blocks per multiprocessor) and
+// convert fp16 through HalfBitsToFloat / FloatToHalfBits (the vendor's conversion
+// instructions, round to nearest even), on raw bits so that no vendor half type reaches a
+// shared header.
 //
 // No Abseil and no glog here: device sources include this header.
 
@@ -37,6 +41,19 @@ inline constexpr int kWaveSize = 64;
 
 #define ATTNMETA_SHFL_UP(value, delta) __shfl_up((value), (delta))
 #define ATTNMETA_SHFL_DOWN(value, delta) __shfl_down((value), (delta))
+#define ATTNMETA_SHFL_XOR(value, mask) __shfl_xor((value), (mask))
+// HIP's second __launch_bounds__ argument is waves per execution unit, not blocks per
+// multiprocessor: the register hint is NVIDIA's only.
+#define ATTNMETA_LAUNCH_BOUNDS(threads, min_blocks) __launch_bounds__(threads)
+
+#if defined(__HIPCC__)
+#include <hip/hip_fp16.h>
+
+namespace attnmeta {
+__device__ inline float HalfBitsToFloat(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
+__device__ inline uint16_t FloatToHalfBits(float x) { return __half_as_ushort(__float2half(x)); }
+}  // namespace attnmeta
+#endif
 
 #elif defined(ATTNMETA_GPU_CUDA)
 
@@ -48,6 +65,17 @@ inline constexpr int kWaveSize = 32;
 
 #define ATTNMETA_SHFL_UP(value, delta) __shfl_up_sync(0xffffffffu, (value), (delta))
 #define ATTNMETA_SHFL_DOWN(value, delta) __shfl_down_sync(0xffffffffu, (value), (delta))
+#define ATTNMETA_SHFL_XOR(value, mask) __shfl_xor_sync(0xffffffffu, (value), (mask))
+#define ATTNMETA_LAUNCH_BOUNDS(threads, min_blocks) __launch_bounds__(threads, min_blocks)
+
+#if defined(__CUDACC__)
+#include <cuda_fp16.h>
+
+namespace attnmeta {
+__device__ inline float HalfBitsToFloat(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
+__device__ inline uint16_t FloatToHalfBits(float x) { return __half_as_ushort(__float2half_rn(x)); }
+}  // namespace attnmeta
+#endif
 
 using hipError_t = cudaError_t;
 using hipStream_t = cudaStream_t;
@@ -58,6 +86,7 @@ using hipGraphExec_t = cudaGraphExec_t;
 using hipStreamCaptureMode = cudaStreamCaptureMode;
 
 constexpr hipError_t hipSuccess = cudaSuccess;
+constexpr hipError_t hipErrorInvalidValue = cudaErrorInvalidValue;
 constexpr hipStreamCaptureMode hipStreamCaptureModeThreadLocal = cudaStreamCaptureModeThreadLocal;
 constexpr hipMemcpyKind hipMemcpyHostToDevice = cudaMemcpyHostToDevice;
 constexpr hipMemcpyKind hipMemcpyDeviceToHost = cudaMemcpyDeviceToHost;
@@ -66,6 +95,12 @@ constexpr hipMemcpyKind hipMemcpyDeviceToDevice = cudaMemcpyDeviceToDevice;
 inline hipError_t hipGetLastError() { return cudaGetLastError(); }
 inline const char* hipGetErrorString(hipError_t e) { return cudaGetErrorString(e); }
 inline hipError_t hipGetDeviceCount(int* n) { return cudaGetDeviceCount(n); }
+inline hipError_t hipGetDevice(int* device) { return cudaGetDevice(device); }
+using hipDeviceAttribute_t = cudaDeviceAttr;
+constexpr hipDeviceAttribute_t hipDeviceAttributeMultiprocessorCount = cudaDevAttrMultiProcessorCount;
+inline hipError_t hipDeviceGetAttribute(int* value, hipDeviceAttribute_t attr, int device) {
+  return cudaDeviceGetAttribute(value, attr, device);
+}
 inline hipError_t hipDeviceSynchronize() { return cudaDeviceSynchronize(); }
 inline hipError_t hipMalloc(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
 template <typename T>

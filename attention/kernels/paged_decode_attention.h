@@ -1,0 +1,162 @@
+// The device side of paged decode attention: argument structs and launch functions shared by
+// the host launcher (paged_decode_launcher.h) and the device source. Plain types only: no
+// Abseil, no glog.
+//
+// Decode: one query row per sequence. Query head h of sequence i reads K/V head
+// h / (num_q_heads / num_kv_heads) (GQA; MHA when the counts are equal). Over the KV tokens t
+// of a range [kv_begin, kv_end) of the sequence, with slot(i, t) the pool row of token t:
+//   s_t        = softmax_scale * dot(q[i][h], K[slot(i, t)][h / group])
+//   out[i][h]  = sum_t exp(s_t) * V[slot(i, t)][h / group] / sum_t exp(s_t)
+//   lse[i][h]  = log(sum_t exp(s_t))          (natural log, fp32)
+// An empty range (kv_len 0) writes out = 0 and lse = -inf, as the CPU reference does
+// (attention/metadata/reference_attention.h). Q, K, V and out are bf16 or fp16; scores, the
+// online softmax and the accumulators are fp32.
+//
+// The slot of token t comes either from token-level indices (kv_indices[kv_indptr[i] + t]) or
+// from the page table (page_table[i][t / page_size] * page_size + t % page_size, with the length
+// from kv_lens[i]). A split-KV plan's items run over parts of a sequence and write fp32 partial
+// output and log-sum-exp; the merge kernel combines each reduce item's partials by
+// log-sum-exp into out and lse.
+//
+// What lives in device memory is bounds-checked by the kernels, which never read or write
+// outside a buffer: they clamp, skip a token whose slot is outside the pool, and record the
+// first violation in `violation` (device_violation.h; may be null). The kinds they record:
+//   kOffsetNegative / kIndptrDecreasing   kv_indptr entry negative / below the one before it
+//   kTotalPastCapacity                    kv_indptr past kv_indices' capacity (index: the
+//                                         sequence), or a partial slot past the partial
+//                                         buffers (index: the work item)
+//   kLengthNegative                       a negative kv_lens entry
+//   kPagesPastTable                       kv_lens[i] needs more pages than the table's columns
+//   kSlotOutsidePool                      a token's slot (from kv_indices or page table) outside
+//                                         the pool; the token is skipped
+//   kRowOutsideTable                      a work or reduce item's sequence outside the batch
+//   kLengthPastRow                        a work item's kv_end past its sequence's KV length
+
+#ifndef ATTNMETA_ATTENTION_KERNELS_PAGED_DECODE_ATTENTION_H_
+#define ATTNMETA_ATTENTION_KERNELS_PAGED_DECODE_ATTENTION_H_
+
+#include <cstdint>
+
+#include "attention/kernels/device_violation.h"
+#include "attention/kernels/hip_port.h"
+
+namespace attnmeta {
+namespace kernels {
+
+enum DecodeDtype : int32_t { kDecodeBf16 = 0, kDecodeFp16 = 1 };
+
+// One work item of a split-KV plan as the kernel reads it: the layout of SplitKvWorkItem
+// (attention/metadata/split_kv_planner.h; the launcher asserts it), so that a plan's items are
+// uploaded as they are.
+struct DecodeWorkItem {
+  int32_t sequence;
+  int32_t q_begin;       // == sequence (decode: query row i is sequence i's)
+  int32_t q_end;         // == sequence + 1
+  int32_t kv_begin;      // token positions of the sequence, 0 <= kv_begin <= kv_end
+  int32_t kv_end;
+  int32_t partial_slot;  // < 0: writes out and lse; else partial_out / partial_lse[partial_slot]
+};
+
+// One reduce item: partial slots [partial_begin, partial_end) merged into query row
+// `sequence`. The layout of SplitKvReduceItem.
+struct DecodeReduceItem {
+  int32_t sequence;
+  int32_t q_begin;  // == sequence
+  int32_t q_end;    // == sequence + 1
+  int32_t partial_begin;
+  int32_t partial_end;
+};
+
+// Compile-time shapes of the decode kernel, so that variants can be compared in one benchmark
+// run. A block of `threads` threads runs one (work item, KV head, query-head chunk); each
+// token's K/V row is read by head_dim / 8 lanes (16 bytes each), so the block holds
+// threads / (head_dim / 8) lane groups, and each group loads `tokens_per_group` tokens' K and V
+// before it uses any of them; with `stages` 2 it also has the next step's loads in flight while
+// it computes. `min_blocks` asks NVIDIA's compiler to fit that many blocks per multiprocessor
+// (a register budget; 1: none).
+struct DecodeVariant {
+  int32_t threads;
+  int32_t tokens_per_group;
+  int32_t min_blocks;
+  int32_t stages;  // 1 or 2
+};
+inline constexpr int32_t kNumDecodeVariants = 8;
+inline constexpr DecodeVariant kDecodeVariants[kNumDecodeVariants] = {
+    {128, 4, 1, 1}, {128, 4, 4, 1}, {256, 2, 2, 1}, {128, 8, 1, 1},
+    {128, 2, 4, 1}, {64, 8, 4, 1},  {128, 2, 3, 2}, {128, 4, 1, 2}};
+// Variant 0 is compiled for every dtype, head dim and query-head chunk; the others only for
+// head_dim kVariantHeadDim with kVariantQueryHeads query heads per block (groups of a
+// multiple of it; the benchmark's 32/8 GQA at head dim 128).
+inline constexpr int32_t kVariantHeadDim = 128;
+inline constexpr int32_t kVariantQueryHeads = 4;
+
+struct PagedDecodeParams {
+  const void* q;       // [batch_size][num_q_heads][head_dim] of dtype, 16-byte aligned
+  const void* k_pool;  // [pool_slots][num_kv_heads][head_dim] of dtype, 16-byte aligned
+  const void* v_pool;  // like k_pool
+  int64_t pool_slots;  // <= 2^31; a token whose slot is outside [0, pool_slots) is skipped
+
+  // Token-level KV (page_table == null).
+  const int32_t* kv_indptr;   // [batch_size + 1], kv_indptr[0] == 0, non-decreasing
+  const int32_t* kv_indices;  // [kv_indices_capacity]: token t of sequence i is slot
+                              // kv_indices[kv_indptr[i] + t]
+  int64_t kv_indices_capacity;  // <= 2^30, >= kv_indptr[batch_size] (else clamped)
+  // Page-level KV (page_table != null).
+  const int32_t* page_table;  // [batch_size][page_table_cols] page ids; columns past a
+                              // sequence's ceil(kv_len / page_size) pages are not read
+  int32_t page_table_cols;    // page_table_cols * page_size <= 2^30
+  const int32_t* kv_lens;     // [batch_size], 0 <= kv_lens[i] <= page_table_cols * page_size
+                              // (else clamped)
+  int32_t page_size;          // >= 1
+  int32_t page_size_log2;     // log2(page_size) for a power of two, else -1
+
+  // The work: null runs one item per sequence over its whole length, writing out and lse;
+  // else work[0, num_work) of a split-KV plan.
+  const DecodeWorkItem* work;  // [num_work] or null
+  int32_t num_work;            // the grid's items: num_work, or batch_size when work is null
+  float* partial_out;          // [partial_capacity][num_q_heads][head_dim], 16-byte aligned
+  float* partial_lse;          // [partial_capacity][num_q_heads]
+  int32_t partial_capacity;
+
+  void* out;   // [batch_size][num_q_heads][head_dim] of dtype, 16-byte aligned
+  float* lse;  // [batch_size][num_q_heads]
+
+  int32_t batch_size;
+  int32_t num_q_heads;      // a multiple of num_kv_heads
+  int32_t num_kv_heads;
+  int32_t head_dim;         // 64, 128 or 256
+  int32_t heads_per_block;  // 1, 2, 4 or 8, dividing num_q_heads / num_kv_heads
+  int32_t dtype;            // DecodeDtype
+  int32_t variant;          // [0, kNumDecodeVariants)
+  float softmax_scale;
+  DeviceViolation* violation;
+};
+
+// Launches num_work * num_kv_heads * (group / heads_per_block) blocks; hipErrorInvalidValue
+// for a shape that is not compiled.
+// REQUIRES: the launcher's checks passed (shapes, alignment, the grid fits).
+hipError_t LaunchPagedDecodeKernel(const PagedDecodeParams& p, hipStream_t stream);
+
+struct DecodeMergeParams {
+  const DecodeReduceItem* reduce;  // [num_reduce]
+  int32_t num_reduce;
+  const float* partial_out;  // [partial_capacity][num_q_heads][head_dim]
+  const float* partial_lse;  // [partial_capacity][num_q_heads]
+  int32_t partial_capacity;
+  void* out;   // [batch_size][num_q_heads][head_dim] of dtype, 8-byte aligned
+  float* lse;  // [batch_size][num_q_heads]
+  int32_t batch_size;
+  int32_t num_q_heads;
+  int32_t head_dim;  // 64, 128 or 256
+  int32_t dtype;     // DecodeDtype
+  DeviceViolation* violation;
+};
+
+// Grid (num_reduce, num_q_heads): out and lse of each reduce item's row from its partials.
+// REQUIRES: num_reduce >= 1.
+hipError_t LaunchDecodeMergeKernel(const DecodeMergeParams& p, hipStream_t stream);
+
+}  // namespace kernels
+}  // namespace attnmeta
+
+#endif  // ATTNMETA_ATTENTION_KERNELS_PAGED_DECODE_ATTENTION_H_

@@ -1,0 +1,540 @@
+// Bandwidth of paged decode attention (paged_decode_launcher.h): bf16, 32 query / 8 KV heads,
+// head dim 128, batch sizes 1-256 and contexts 1k-32k, in KV bytes read per second, next to a
+// device-to-device copy and to the same kernel on a contiguous layout measured in the same run.
+//
+// Per shape: the kernel reading shuffled pools of page size 1, 16 and 64 through token-level
+// kv_indices, through the page table at 16 and 64, and a contiguous layout (slots = identity,
+// token-level); each with the plan PlanDecodeSplitKv makes for this GPU (a split for bs 1 and 8,
+// and wherever the batch alone does not fill the GPU), plus the same kernel without a split at
+// page size 16 where the plan splits. Then every compiled variant of the kernel shape at a few
+// shapes (the sweep), so that the best can be made the default.
+//
+// Method (METHOD.md): every launch's status checked; outputs poisoned (0xFF bytes, NaN) and
+// checked written in full after one run of each configuration, two sequences against a CPU
+// reference (double) of the same bf16 values, and the violation word clean; medians of
+// event-timed replays of a captured graph of back-to-back launches (so that host launch cost
+// does not hide the GPU time of small shapes), after warm-up; small shapes rotate over disjoint
+// slots of the pool so that every launch reads past the 50 MB L2; random bf16 data, never zeros.
+// Bytes counted: the K and V rows the kernel must read (bs * ctx * 8 heads * 128 * 2 bytes,
+// twice); indices, queries, outputs and partials are not counted (under 0.2% at ctx >= 1k).
+// The copy reference copies the same number of bytes (at most 2 GiB; the rate is flat past
+// that) and is reported as bytes read + written per second, as a copy's bandwidth usually is;
+// "of copy" is the kernel's KV read rate over the copy's rate, "of contiguous" the contiguous
+// layout's time over the kernel's.
+//
+// Usage: paged_decode_attention_gpu_benchmark [OUT_DIR] [--variant=N|all] [--shape=BS,CTX]
+//        [--blocks-per-sm=N] [--no-sweep]
+// --variant: the table with that variant (or each), no sweep; --shape: that shape only;
+// --blocks-per-sm: DecodeSplitOptions::blocks_per_multiprocessor of the split plans.
+// Writes OUT_DIR/paged_decode_attention.csv and .md besides stdout. Needs a GPU; exits non-zero
+// on any error or mismatch.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "attention/kernels/device_violation_word.h"
+#include "attention/kernels/paged_decode_attention.h"
+#include "attention/kernels/paged_decode_launcher.h"
+#include "attention/kernels/testing/device_buffer.h"
+#include "attention/kernels/testing/half_bits.h"
+#include "attention/metadata/split_kv_planner.h"
+
+namespace attnmeta {
+namespace {
+
+using testing::DeviceBuffer;
+using testing::GpuStatus;
+
+#define BENCH_CHECK(expr)                                                              \
+  do {                                                                                 \
+    const absl::Status _s = (expr);                                                    \
+    if (!_s.ok()) {                                                                    \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, _s.ToString().c_str());  \
+      std::exit(1);                                                                    \
+    }                                                                                  \
+  } while (0)
+
+template <typename T>
+T Unwrap(absl::StatusOr<T> v) {
+  BENCH_CHECK(v.status());
+  return *std::move(v);
+}
+
+constexpr int32_t kQHeads = 32;
+constexpr int32_t kKvHeads = 8;
+constexpr int32_t kHeadDim = 128;
+constexpr int64_t kRowElements = int64_t{kKvHeads} * kHeadDim;  // one slot of K (or of V)
+constexpr int64_t kRowBytes = kRowElements * 2;
+constexpr int64_t kQRowElements = int64_t{kQHeads} * kHeadDim;
+constexpr int64_t kRotationBytes = int64_t{256} << 20;  // 5x the L2
+constexpr int kMaxSets = 64;
+constexpr double kMaxKvBytes = 40e9;
+constexpr int64_t kBlockElements = int64_t{1} << 24;  // the random tile the pools repeat
+constexpr int64_t kMaxCopyBytes = int64_t{2} << 30;
+constexpr int64_t kMaxPageSize = 64;
+constexpr int kSamples = 15;
+constexpr double kSampleUs = 1000;  // GPU time one replay aims at
+
+struct Shape {
+  int64_t bs, ctx;
+};
+constexpr Shape kShapes[] = {
+    {1, 1024},   {1, 4096},   {1, 16384},   {1, 32768},   {8, 1024},   {8, 4096},
+    {8, 16384},  {8, 32768},  {32, 1024},   {32, 4096},   {32, 16384}, {32, 32768},
+    {64, 1024},  {64, 4096},  {64, 16384},  {64, 32768},  {128, 1024}, {128, 4096},
+    {128, 16384}, {128, 32768}, {256, 1024}, {256, 4096}, {256, 16384}, {256, 32768}};
+// Where every variant is timed.
+constexpr Shape kSweepShapes[] = {{1, 16384}, {8, 4096}, {32, 4096}, {64, 4096}, {256, 4096},
+                                  {128, 32768}};
+
+double KvBytes(const Shape& s) { return 2.0 * s.bs * s.ctx * kRowBytes; }
+
+// How many disjoint copies of a shape's KV the launches rotate over.
+int SetsFor(const Shape& s) {
+  return static_cast<int>(
+      std::clamp<double>(std::ceil(kRotationBytes / KvBytes(s)), 1, kMaxSets));
+}
+
+struct Row {
+  std::string op;
+  int32_t variant;
+  int64_t bs, ctx, ps;
+  int64_t items;  // work items of the plan (bs when not split)
+  double bytes, us, copy_us, contiguous_us;
+};
+std::vector<Row> rows;
+
+void Report(const Row& r) {
+  rows.push_back(r);
+  const double tbs = r.bytes / (r.us * 1e-6) / 1e12;
+  const double copy_tbs = 2 * r.bytes / (r.copy_us * 1e-6) / 1e12;
+  std::printf("%-20s v%d bs=%4lld ctx=%6lld ps=%2lld items=%5lld %10.2f us %6.3f TB/s | copy %6.3f TB/s"
+              " | %5.1f%% of copy | %5.1f%% of contiguous\n",
+              r.op.c_str(), r.variant, static_cast<long long>(r.bs), static_cast<long long>(r.ctx),
+              static_cast<long long>(r.ps), static_cast<long long>(r.items), r.us, tbs, copy_tbs,
+              100.0 * tbs / copy_tbs, 100.0 * r.contiguous_us / r.us);
+}
+
+// Median microseconds of one launch: `launches` calls launch(0), launch(1), ... captured into a
+// graph on `stream`, the graph replayed after warm-up.
+double TimeUs(hipStream_t stream, int launches, const std::function<void(int)>& launch) {
+  hipGraph_t graph;
+  hipGraphExec_t exec;
+  BENCH_CHECK(GpuStatus(hipStreamBeginCapture(stream, hipStreamCaptureModeThreadLocal), "capture"));
+  for (int i = 0; i < launches; ++i) launch(i);
+  BENCH_CHECK(GpuStatus(hipStreamEndCapture(stream, &graph), "end capture"));
+  BENCH_CHECK(GpuStatus(hipGraphInstantiate(&exec, graph, nullptr, nullptr, 0), "instantiate"));
+  hipEvent_t start, stop;
+  BENCH_CHECK(GpuStatus(hipEventCreate(&start), "hipEventCreate"));
+  BENCH_CHECK(GpuStatus(hipEventCreate(&stop), "hipEventCreate"));
+  std::vector<float> ms;
+  for (int s = -3; s < kSamples; ++s) {
+    BENCH_CHECK(GpuStatus(hipEventRecord(start, stream), "hipEventRecord"));
+    BENCH_CHECK(GpuStatus(hipGraphLaunch(exec, stream), "hipGraphLaunch"));
+    BENCH_CHECK(GpuStatus(hipEventRecord(stop, stream), "hipEventRecord"));
+    BENCH_CHECK(GpuStatus(hipEventSynchronize(stop), "hipEventSynchronize"));
+    float t = 0;
+    BENCH_CHECK(GpuStatus(hipEventElapsedTime(&t, start, stop), "hipEventElapsedTime"));
+    if (s >= 0) ms.push_back(t / launches);
+  }
+  BENCH_CHECK(GpuStatus(hipEventDestroy(start), "hipEventDestroy"));
+  BENCH_CHECK(GpuStatus(hipEventDestroy(stop), "hipEventDestroy"));
+  BENCH_CHECK(GpuStatus(hipGraphExecDestroy(exec), "hipGraphExecDestroy"));
+  BENCH_CHECK(GpuStatus(hipGraphDestroy(graph), "hipGraphDestroy"));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2] * 1e3;
+}
+
+// Launches per replay: enough GPU time per sample at an expected ~3 TB/s, a multiple of `sets`.
+int LaunchesFor(double bytes, int sets) {
+  const double per_launch_us = bytes / 3e12 * 1e6;
+  const int want = static_cast<int>(std::clamp<double>(std::ceil(kSampleUs / per_launch_us), 1, 256));
+  return (want + sets - 1) / sets * sets;
+}
+
+// One way of laying out a shape's tokens in the pool, for every rotation set: the slots (set 0
+// kept on the host for the reference) and the device metadata of both kinds.
+struct Layout {
+  std::string name;
+  int64_t ps;         // page size (1 for contiguous)
+  bool page_table;    // read through the page table, else through kv_indices
+  std::vector<int32_t> slots0;          // [bs][ctx]: set 0's slots
+  DeviceBuffer<TokenSlot> kv_indices;   // [sets][bs][ctx]
+  DeviceBuffer<PageId> table;           // [sets][bs][ctx / ps] (page-table layouts)
+};
+
+class Bench {
+ public:
+  Bench(int64_t max_tokens, int32_t blocks_per_sm, std::mt19937_64& rng)
+      : rng_(rng), blocks_per_sm_(blocks_per_sm) {
+    BENCH_CHECK(GpuStatus(hipStreamCreate(&stream_), "stream"));
+    pool_slots_ = max_tokens + kMaxPageSize;
+    k_pool_ = Unwrap(DeviceBuffer<uint8_t>::Create(pool_slots_ * kRowBytes));
+    v_pool_ = Unwrap(DeviceBuffer<uint8_t>::Create(pool_slots_ * kRowBytes));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (auto* block : {&k_block_, &v_block_}) {
+      block->resize(kBlockElements);
+      for (uint16_t& x : *block) x = testing::FloatToBf16(normal(rng_));
+    }
+    Tile(k_block_, k_pool_);
+    Tile(v_block_, v_pool_);
+    const int64_t copy_bytes = std::min<int64_t>(kMaxCopyBytes, pool_slots_ * kRowBytes);
+    copy_src_ = Unwrap(DeviceBuffer<uint8_t>::Create(copy_bytes));
+    copy_dst_ = Unwrap(DeviceBuffer<uint8_t>::Create(copy_bytes));
+    BENCH_CHECK(GpuStatus(hipMemcpy(copy_src_.data(), k_pool_.data(), copy_bytes, hipMemcpyDeviceToDevice),
+                          "fill"));
+    sms_ = Unwrap(DeviceMultiprocessorCount());
+    word_.emplace(Unwrap(DeviceViolationWord::Create()));
+    std::printf("pool of %lld slots (%.1f GB of K and V), %d multiprocessors\n",
+                static_cast<long long>(pool_slots_), 2.0 * pool_slots_ * kRowBytes / 1e9, sms_);
+  }
+  ~Bench() { (void)hipStreamDestroy(stream_); }
+
+  // Every configuration of one shape with `variant`, or, when `all_configs` is false, the
+  // contiguous and page size 16 token-level ones only (the sweep).
+  void RunShape(const Shape& s, int32_t variant, bool all_configs) {
+    const int sets = SetsFor(s);
+    std::vector<uint16_t> q(s.bs * kQRowElements);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (uint16_t& x : q) x = testing::FloatToBf16(normal(rng_));
+    q_host_ = q;
+    q_ = Unwrap(DeviceBuffer<uint16_t>::FromHost(q));
+    out_ = Unwrap(DeviceBuffer<uint8_t>::Create(s.bs * kQRowElements * 2));
+    lse_ = Unwrap(DeviceBuffer<float>::Create(s.bs * kQHeads));
+    std::vector<TokenOffset> indptr(s.bs + 1);
+    for (int64_t i = 0; i <= s.bs; ++i) indptr[i] = TokenOffset(static_cast<int32_t>(i * s.ctx));
+    indptr_host_ = indptr;
+    kv_indptr_ = Unwrap(DeviceBuffer<TokenOffset>::FromHost(indptr));
+    kv_lens_ = Unwrap(DeviceBuffer<TokenLength>::FromHost(
+        std::vector<TokenLength>(s.bs, TokenLength(static_cast<int32_t>(s.ctx)))));
+
+    const double bytes = KvBytes(s);
+    const int launches = LaunchesFor(bytes, sets);
+    const int64_t copy_bytes = std::min<int64_t>(static_cast<int64_t>(bytes), copy_src_.size());
+    // The copy rotates over the buffer too when it is small.
+    const int64_t copy_slices = std::max<int64_t>(1, static_cast<int64_t>(copy_src_.size()) / copy_bytes);
+    const double copy_us = TimeUs(stream_, launches, [&](int i) {
+      const int64_t off = (i % copy_slices) * copy_bytes;
+      BENCH_CHECK(GpuStatus(hipMemcpyAsync(copy_dst_.data() + off, copy_src_.data() + off, copy_bytes,
+                                           hipMemcpyDeviceToDevice, stream_),
+                            "copy"));
+    });
+    // The copy's time per byte, applied to the shape's bytes.
+    const double copy_us_scaled = copy_us * bytes / copy_bytes;
+
+    Layout contiguous = MakeLayout("contiguous", s, sets, 1, false, /*shuffled=*/false);
+    const double contiguous_us = TimeLayout(s, sets, launches, contiguous, variant, true);
+    Report({contiguous.name, variant, s.bs, s.ctx, 1, last_items_, bytes, contiguous_us,
+            copy_us_scaled, contiguous_us});
+    struct Config {
+      int64_t ps;
+      bool page_table;
+    };
+    std::vector<Config> configs = {{16, false}};
+    if (all_configs) configs = {{1, false}, {16, false}, {64, false}, {16, true}, {64, true}};
+    for (const Config& c : configs) {
+      Layout l = MakeLayout(absl::StrFormat("%s ps%d", c.page_table ? "page_table" : "kv_indices", c.ps),
+                            s, sets, c.ps, c.page_table, true);
+      const double us = TimeLayout(s, sets, launches, l, variant, true);
+      Report({l.name, variant, s.bs, s.ctx, c.ps, last_items_, bytes, us, copy_us_scaled, contiguous_us});
+      if (last_items_ != s.bs && c.ps == 16 && !c.page_table) {
+        const double nosplit_us = TimeLayout(s, sets, launches, l, variant, false);
+        Report({l.name + " nosplit", variant, s.bs, s.ctx, c.ps, s.bs, bytes, nosplit_us,
+                copy_us_scaled, contiguous_us});
+      }
+    }
+  }
+
+ private:
+  // Fills a pool with copies of the random block.
+  void Tile(const std::vector<uint16_t>& block, DeviceBuffer<uint8_t>& pool) {
+    DeviceBuffer<uint16_t> staged = Unwrap(DeviceBuffer<uint16_t>::FromHost(block));
+    const int64_t block_bytes = kBlockElements * 2;
+    for (int64_t off = 0; off < static_cast<int64_t>(pool.size()); off += block_bytes) {
+      const int64_t n = std::min<int64_t>(block_bytes, pool.size() - off);
+      BENCH_CHECK(GpuStatus(hipMemcpy(pool.data() + off, staged.data(), n, hipMemcpyDeviceToDevice),
+                            "tile"));
+    }
+  }
+
+  // Token t of sequence i of set k: slot k * tokens + i * ctx + t + ps (contiguous, past the
+  // padding page), or slot page * ps + t % ps with the pages of all sets shuffled.
+  Layout MakeLayout(const std::string& name, const Shape& s, int sets, int64_t ps, bool page_table,
+                    bool shuffled) {
+    const int64_t tokens = s.bs * s.ctx;
+    const int64_t cols = s.ctx / ps;
+    std::vector<int32_t> pages(sets * s.bs * cols);
+    std::iota(pages.begin(), pages.end(), 1);  // page 0 is the padding page
+    if (shuffled) {
+      // Shuffle over the whole pool so that sets interleave too.
+      std::vector<int32_t> all(pool_slots_ / ps - 1);
+      std::iota(all.begin(), all.end(), 1);
+      std::shuffle(all.begin(), all.end(), rng_);
+      std::copy_n(all.begin(), pages.size(), pages.begin());
+    }
+    std::vector<TokenSlot> indices(sets * tokens);
+    for (int64_t e = 0; e < sets * tokens; ++e) {
+      indices[e] = TokenSlot(static_cast<int32_t>(pages[e / ps] * ps + e % ps));
+    }
+    Layout l{name, ps, page_table, {}, Unwrap(DeviceBuffer<TokenSlot>::FromHost(indices)),
+             Unwrap(DeviceBuffer<PageId>::Create(page_table ? pages.size() : 0))};
+    if (page_table) {
+      std::vector<PageId> table(pages.size());
+      for (size_t j = 0; j < pages.size(); ++j) table[j] = PageId(pages[j]);
+      BENCH_CHECK(l.table.CopyFrom(table));
+    }
+    l.slots0.resize(tokens);
+    for (int64_t e = 0; e < tokens; ++e) l.slots0[e] = indices[e].value();
+    return l;
+  }
+
+  DecodeKv KvOf(const Shape& s, const Layout& l, int set) const {
+    const int64_t tokens = s.bs * s.ctx;
+    if (l.page_table) {
+      const int64_t cols = s.ctx / l.ps;
+      return DecodePageTableKv{
+          DeviceSpan<const PageId>(l.table.data() + set * s.bs * cols, s.bs * cols), cols,
+          kv_lens_.const_span(), *PageSize::Create(l.ps)};
+    }
+    return DecodeTokenLevelKv{kv_indptr_.const_span(),
+                              DeviceSpan<const TokenSlot>(l.kv_indices.data() + set * tokens, tokens)};
+  }
+
+  // Checks once, then times, the layout with the plan PlanDecodeSplitKv makes (split) or with
+  // none; last_items_ is the plan's work items.
+  double TimeLayout(const Shape& s, int sets, int launches, const Layout& l, int32_t variant, bool split) {
+    const DecodeKv kv0 = KvOf(s, l, 0);
+    SplitKvPlan plan = Unwrap(PlanDecodeSplitKv(indptr_host_, DecodeKvLayout(kv0),
+                                                DecodeSplitOptions{sms_, kKvHeads, blocks_per_sm_}));
+    const bool use_plan = split && !plan.reduce.empty();
+    last_items_ = use_plan ? static_cast<int64_t>(plan.work.size()) : s.bs;
+    DeviceBuffer<SplitKvWorkItem> work = Unwrap(DeviceBuffer<SplitKvWorkItem>::FromHost(plan.work));
+    DeviceBuffer<SplitKvReduceItem> reduce = Unwrap(DeviceBuffer<SplitKvReduceItem>::FromHost(plan.reduce));
+    DeviceBuffer<float> partial_out =
+        Unwrap(DeviceBuffer<float>::Create(int64_t{plan.num_partials} * kQRowElements));
+    DeviceBuffer<float> partial_lse =
+        Unwrap(DeviceBuffer<float>::Create(int64_t{plan.num_partials} * kQHeads));
+    auto launch = [&](int i) {
+      PagedDecodeArgs a;
+      a.dims = DecodeAttentionDims{kQHeads, kKvHeads, kHeadDim, KvElementType::kBf16,
+                                   1.0f / std::sqrt(static_cast<float>(kHeadDim))};
+      a.q = DeviceSpan<const uint8_t>(reinterpret_cast<const uint8_t*>(q_.data()), q_.size() * 2);
+      a.k_pool = k_pool_.const_span();
+      a.v_pool = v_pool_.const_span();
+      a.kv = KvOf(s, l, i % sets);
+      if (use_plan) {
+        a.split = DecodeSplitKv{&plan, work.const_span(), reduce.const_span(), partial_out.span(),
+                                partial_lse.span()};
+      }
+      a.out = out_.span();
+      a.lse = lse_.span();
+      a.variant = variant;
+      BENCH_CHECK(PagedDecodeAttention(a, word_->device(), stream_));
+    };
+    BENCH_CHECK(word_->Reset(stream_));
+    BENCH_CHECK(GpuStatus(hipMemsetAsync(out_.data(), 0xff, out_.size(), stream_), "poison"));
+    BENCH_CHECK(GpuStatus(hipMemsetAsync(lse_.data(), 0xff, lse_.size() * sizeof(float), stream_), "poison"));
+    launch(0);
+    BENCH_CHECK(GpuStatus(hipStreamSynchronize(stream_), l.name.c_str()));
+    BENCH_CHECK(word_->Check(stream_));
+    Check(s, l, variant);
+    const double us = TimeUs(stream_, launches, launch);
+    BENCH_CHECK(word_->Check(stream_));
+    return us;
+  }
+
+  // Every output written; sequences 0 and bs - 1, KV heads 0 and 7 (their 4 query heads each)
+  // against a double-precision reference over set 0's slots.
+  void Check(const Shape& s, const Layout& l, int32_t variant) {
+    const std::vector<uint8_t> out = Unwrap(out_.ToHost());
+    const std::vector<float> lse = Unwrap(lse_.ToHost());
+    auto out_at = [&](int64_t e) {
+      uint16_t b;
+      std::memcpy(&b, out.data() + 2 * e, 2);
+      return testing::Bf16ToFloat(b);
+    };
+    auto fail = [&](const std::string& what) {
+      std::fprintf(stderr, "MISMATCH %s v%d bs=%lld ctx=%lld: %s\n", l.name.c_str(), variant,
+                   static_cast<long long>(s.bs), static_cast<long long>(s.ctx), what.c_str());
+      std::exit(1);
+    };
+    for (int64_t e = 0; e < s.bs * kQRowElements; ++e) {
+      if (!std::isfinite(out_at(e))) fail(absl::StrFormat("out element %d not written", e));
+    }
+    for (int64_t e = 0; e < s.bs * kQHeads; ++e) {
+      if (!std::isfinite(lse[e])) fail(absl::StrFormat("lse %d not written", e));
+    }
+    const double scale = 1.0 / std::sqrt(static_cast<double>(kHeadDim));
+    auto k_at = [&](int64_t slot, int64_t h, int64_t x) {
+      return testing::Bf16ToFloat(k_block_[(slot * kRowElements + h * kHeadDim + x) % kBlockElements]);
+    };
+    auto v_at = [&](int64_t slot, int64_t h, int64_t x) {
+      return testing::Bf16ToFloat(v_block_[(slot * kRowElements + h * kHeadDim + x) % kBlockElements]);
+    };
+    std::vector<double> score(s.ctx), acc(kHeadDim);
+    for (int64_t i : {int64_t{0}, s.bs - 1}) {
+      const int32_t* slots = l.slots0.data() + i * s.ctx;
+      for (int64_t kvh : {0, kKvHeads - 1}) {
+        for (int64_t qh = kvh * 4; qh < kvh * 4 + 4; ++qh) {
+          const uint16_t* q = q_host_.data() + (i * kQHeads + qh) * kHeadDim;
+          double m = -std::numeric_limits<double>::infinity();
+          for (int64_t t = 0; t < s.ctx; ++t) {
+            double dot = 0;
+            for (int64_t x = 0; x < kHeadDim; ++x) dot += double{testing::Bf16ToFloat(q[x])} * k_at(slots[t], kvh, x);
+            score[t] = dot * scale;
+            m = std::max(m, score[t]);
+          }
+          std::fill(acc.begin(), acc.end(), 0.0);
+          double sum = 0;
+          for (int64_t t = 0; t < s.ctx; ++t) {
+            const double p = std::exp(score[t] - m);
+            sum += p;
+            for (int64_t x = 0; x < kHeadDim; ++x) acc[x] += p * v_at(slots[t], kvh, x);
+          }
+          for (int64_t x = 0; x < kHeadDim; ++x) {
+            const double want = acc[x] / sum;
+            const double got = out_at((i * kQHeads + qh) * kHeadDim + x);
+            if (std::fabs(got - want) > 1e-2 + 1e-2 * std::fabs(want)) {
+              fail(absl::StrFormat("sequence %d head %d dim %d: %g, want %g", i, qh, x, got, want));
+            }
+          }
+          const double want_lse = m + std::log(sum);
+          if (std::fabs(lse[i * kQHeads + qh] - want_lse) > 1e-3 + 1e-5 * std::fabs(want_lse)) {
+            fail(absl::StrFormat("lse of sequence %d head %d: %g, want %g", i, qh, lse[i * kQHeads + qh],
+                                 want_lse));
+          }
+        }
+      }
+    }
+  }
+
+  std::mt19937_64& rng_;
+  int32_t blocks_per_sm_;
+  hipStream_t stream_ = nullptr;
+  int64_t pool_slots_ = 0;
+  int32_t sms_ = 1;
+  std::vector<uint16_t> k_block_, v_block_, q_host_;
+  std::vector<TokenOffset> indptr_host_;
+  DeviceBuffer<uint8_t> k_pool_ = Unwrap(DeviceBuffer<uint8_t>::Create(0));
+  DeviceBuffer<uint8_t> v_pool_ = Unwrap(DeviceBuffer<uint8_t>::Create(0));
+  DeviceBuffer<uint8_t> copy_src_ = Unwrap(DeviceBuffer<uint8_t>::Create(0));
+  DeviceBuffer<uint8_t> copy_dst_ = Unwrap(DeviceBuffer<uint8_t>::Create(0));
+  DeviceBuffer<uint16_t> q_ = Unwrap(DeviceBuffer<uint16_t>::Create(0));
+  DeviceBuffer<uint8_t> out_ = Unwrap(DeviceBuffer<uint8_t>::Create(0));
+  DeviceBuffer<float> lse_ = Unwrap(DeviceBuffer<float>::Create(0));
+  DeviceBuffer<TokenOffset> kv_indptr_ = Unwrap(DeviceBuffer<TokenOffset>::Create(0));
+  DeviceBuffer<TokenLength> kv_lens_ = Unwrap(DeviceBuffer<TokenLength>::Create(0));
+  std::optional<DeviceViolationWord> word_;
+  int64_t last_items_ = 0;
+};
+
+void Write(const std::string& dir) {
+  if (dir.empty()) return;
+  std::ofstream csv(dir + "/paged_decode_attention.csv");
+  std::ofstream md(dir + "/paged_decode_attention.md");
+  csv << "op,variant,bs,ctx,page_size,work_items,kv_bytes,us,tb_per_s,copy_tb_per_s,fraction_of_copy,"
+         "contiguous_us,fraction_of_contiguous\n";
+  md << "| op | variant | bs | ctx | page size | items | us | KV TB/s | copy TB/s | % of copy | % of contiguous |\n"
+     << "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+  for (const Row& r : rows) {
+    const double tbs = r.bytes / (r.us * 1e-6) / 1e12;
+    const double ctbs = 2 * r.bytes / (r.copy_us * 1e-6) / 1e12;
+    csv << absl::StrFormat("%s,%d,%d,%d,%d,%d,%.0f,%.3f,%.4f,%.4f,%.4f,%.3f,%.4f\n", r.op, r.variant, r.bs,
+                           r.ctx, r.ps, r.items, r.bytes, r.us, tbs, ctbs, tbs / ctbs, r.contiguous_us,
+                           r.contiguous_us / r.us);
+    md << absl::StrFormat("| %s | %d | %d | %d | %d | %d | %.2f | %.3f | %.3f | %.1f | %.1f |\n", r.op,
+                          r.variant, r.bs, r.ctx, r.ps, r.items, r.us, tbs, ctbs, 100 * tbs / ctbs,
+                          100 * r.contiguous_us / r.us);
+  }
+}
+
+}  // namespace
+}  // namespace attnmeta
+
+int main(int argc, char** argv) {
+  using namespace attnmeta;
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a crash must not lose the lines before it
+  std::string out_dir;
+  std::vector<int32_t> variants = {0};
+  std::optional<Shape> only;
+  bool sweep = true;
+  int32_t blocks_per_sm = DecodeSplitOptions{}.blocks_per_multiprocessor;
+  for (int k = 1; k < argc; ++k) {
+    const std::string arg = argv[k];
+    if (arg.rfind("--variant=", 0) == 0) {
+      const std::string v = arg.substr(10);
+      sweep = false;
+      variants.clear();
+      if (v == "all") {
+        for (int32_t i = 0; i < kernels::kNumDecodeVariants; ++i) variants.push_back(i);
+      } else {
+        variants.push_back(std::atoi(v.c_str()));
+      }
+    } else if (arg.rfind("--shape=", 0) == 0) {
+      long long bs = 0, ctx = 0;
+      // Whole pages of every page size the table uses.
+      if (std::sscanf(arg.c_str() + 8, "%lld,%lld", &bs, &ctx) != 2 || bs < 1 || ctx < kMaxPageSize ||
+          ctx % kMaxPageSize != 0) {
+        std::fprintf(stderr, "--shape=BS,CTX needs BS >= 1 and CTX a positive multiple of %lld\n",
+                     static_cast<long long>(kMaxPageSize));
+        return 2;
+      }
+      only = Shape{bs, ctx};
+    } else if (arg.rfind("--blocks-per-sm=", 0) == 0) {
+      blocks_per_sm = std::atoi(arg.c_str() + 16);
+    } else if (arg == "--no-sweep") {
+      sweep = false;
+    } else if (arg.rfind("--", 0) == 0) {
+      std::fprintf(stderr, "unknown flag %s\n", arg.c_str());
+      return 2;
+    } else {
+      out_dir = arg;
+    }
+  }
+  for (int32_t v : variants) {
+    if (v < 0 || v >= kernels::kNumDecodeVariants) {
+      std::fprintf(stderr, "variant %d outside [0, %d)\n", v, kernels::kNumDecodeVariants);
+      return 2;
+    }
+  }
+  BENCH_CHECK(testing::RequireGpu());
+  std::vector<Shape> shapes;
+  for (const Shape& s : kShapes) {
+    if (KvBytes(s) <= kMaxKvBytes && (!only.has_value() || (s.bs == only->bs && s.ctx == only->ctx))) {
+      shapes.push_back(s);
+    }
+  }
+  if (only.has_value() && shapes.empty()) shapes.push_back(*only);
+  int64_t max_tokens = 0;
+  for (const Shape& s : shapes) max_tokens = std::max<int64_t>(max_tokens, s.bs * s.ctx * SetsFor(s));
+  std::mt19937_64 rng(42);
+  Bench bench(max_tokens, blocks_per_sm, rng);
+  for (int32_t v : variants) {
+    const kernels::DecodeVariant& d = kernels::kDecodeVariants[v];
+    std::printf("== variant %d: %d threads, %d tokens per lane group, min %d blocks, %d stages\n", v,
+                d.threads, d.tokens_per_group, d.min_blocks, d.stages);
+    for (const Shape& s : shapes) bench.RunShape(s, v, /*all_configs=*/true);
+  }
+  if (sweep && !only.has_value()) {
+    std::printf("== variant sweep\n");
+    for (const Shape& s : kSweepShapes) {
+      for (int32_t v = 0; v < kernels::kNumDecodeVariants; ++v) {
+        if (v != variants[0]) bench.RunShape(s, v, /*all_configs=*/false);
+      }
+    }
+  }
+  Write(out_dir);
+  return 0;
+}

@@ -1,0 +1,868 @@
+// GPU tests of paged decode attention (paged_decode_launcher.h) against the CPU reference
+// attention (attention/metadata/reference_attention.h): batches laid out by the real allocator
+// with shuffled pages (page sizes 1, 7, 16, 64, unaligned lengths), K/V read through
+// token-level kv_indices and through the page table, with and without split-KV plans, every
+// compiled variant; the log-sum-exp against a double-precision computation here; bad inputs
+// refused before any launch; corrupted device metadata recorded in the violation word and never
+// read out of bounds (the bundle also runs this binary under compute-sanitizer memcheck).
+// Outputs (and partial buffers) are poisoned with 0xFF bytes, a NaN in bf16, fp16 and fp32,
+// before every run, and checked written in full. Needs a GPU: fails when none is visible.
+//
+// Error bounds. The inputs are bf16 or fp16 values and the reference reads the same values as
+// floats with double accumulation, so what differs is the kernel's fp32 arithmetic (relative
+// ~1e-6) and the rounding of the output to the input type: half an ulp is 2^-9 relative for
+// bf16 and 2^-12 for fp16, and outputs are weighted means of N(0, 1) values (|out| < 4). Per
+// element: bf16 |got - want| <= 1e-2 + 1e-2 |want|, fp16 <= 2e-3 + 2e-3 |want|; the fp32
+// log-sum-exp <= 1e-3 + 1e-5 |want|.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attention/kernels/device_violation_word.h"
+#include "attention/kernels/paged_decode_attention.h"
+#include "attention/kernels/paged_decode_launcher.h"
+#include "attention/kernels/testing/device_buffer.h"
+#include "attention/kernels/testing/half_bits.h"
+#include "attention/metadata/builders.h"
+#include "attention/metadata/reference_attention.h"
+#include "attention/metadata/split_kv_planner.h"
+#include "attention/metadata/testing/batch_fixture.h"
+#include "gtest/gtest.h"
+
+namespace attnmeta {
+namespace {
+
+using testing::BatchFixture;
+using testing::DeviceBuffer;
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+template <typename T>
+DeviceBuffer<T> Upload(const std::vector<T>& host) {
+  auto b = DeviceBuffer<T>::FromHost(host);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return *std::move(b);
+}
+
+template <typename T>
+std::vector<T> Download(const DeviceBuffer<T>& b) {
+  auto h = b.ToHost();
+  EXPECT_TRUE(h.ok()) << h.status();
+  return *std::move(h);
+}
+
+std::vector<uint8_t> Bytes(const std::vector<uint16_t>& bits) {
+  std::vector<uint8_t> out(bits.size() * 2);
+  std::memcpy(out.data(), bits.data(), out.size());
+  return out;
+}
+
+uint16_t ToBits(KvElementType t, float x) {
+  return t == KvElementType::kBf16 ? testing::FloatToBf16(x) : testing::FloatToFp16(x);
+}
+float FromBits(KvElementType t, uint16_t b) {
+  return t == KvElementType::kBf16 ? testing::Bf16ToFloat(b) : testing::Fp16ToFloat(b);
+}
+
+DecodeAttentionDims Dims(int32_t q_heads, int32_t kv_heads, int32_t head_dim, KvElementType t) {
+  return DecodeAttentionDims{q_heads, kv_heads, head_dim, t,
+                             1.0f / std::sqrt(static_cast<float>(head_dim))};
+}
+
+// A decode batch (one query row per sequence, kv lengths given) laid out by the allocator with
+// shuffled pages; random N(0, 1) Q, K and V rounded to the element type; the reference output
+// and log-sum-exp of every row.
+struct Problem {
+  DecodeAttentionDims dims;
+  std::unique_ptr<BatchFixture> fixture;
+  ForwardMetadata metadata;               // decode metadata, token-level and page table
+  std::vector<uint16_t> q_bits, k_bits, v_bits;
+  std::vector<float> q, k, v;             // the same values as floats
+  std::vector<float> want_out;            // [bs][num_q_heads][head_dim]
+  std::vector<double> want_lse;           // [bs][num_q_heads]
+
+  int64_t bs() const { return static_cast<int64_t>(metadata.kv_lens.size()); }
+  int64_t kv_row() const { return int64_t{dims.num_kv_heads} * dims.head_dim; }
+};
+
+// log(sum_t exp(scale * q.k_t)) of query head h over the K rows of `slots`, in double; -inf
+// for no slots.
+double Lse(const Problem& p, const float* q, int32_t h, const std::vector<int32_t>& slots) {
+  const int32_t kv_head = h / (p.dims.num_q_heads / p.dims.num_kv_heads);
+  std::vector<double> s;
+  for (int32_t slot : slots) {
+    const float* k = p.k.data() + slot * p.kv_row() + int64_t{kv_head} * p.dims.head_dim;
+    double dot = 0;
+    for (int32_t x = 0; x < p.dims.head_dim; ++x) dot += double{q[x]} * k[x];
+    s.push_back(dot * p.dims.softmax_scale);
+  }
+  if (s.empty()) return -std::numeric_limits<double>::infinity();
+  const double m = *std::max_element(s.begin(), s.end());
+  double sum = 0;
+  for (double x : s) sum += std::exp(x - m);
+  return m + std::log(sum);
+}
+
+Problem MakeProblem(const DecodeAttentionDims& dims, int64_t page_size,
+                    const std::vector<int64_t>& lens, uint64_t seed) {
+  Problem p;
+  p.dims = dims;
+  int64_t pages = 8, longest = 1;
+  for (int64_t len : lens) {
+    pages += len / page_size + 2;
+    longest = std::max(longest, len);
+  }
+  p.fixture = std::make_unique<BatchFixture>(page_size, seed, pages,
+                                             static_cast<int32_t>(lens.size()) + 2, longest + 16);
+  for (int64_t len : lens) p.fixture->AddSequence(len - 1, 1);
+  auto m = BuildForwardMetadata(p.fixture->Batch(ForwardMode::kDecode), p.fixture->pool(),
+                                p.fixture->page_size());
+  EXPECT_TRUE(m.ok()) << m.status();
+  p.metadata = *std::move(m);
+
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto fill = [&](int64_t n, std::vector<uint16_t>& bits, std::vector<float>& values) {
+    bits.resize(n);
+    values.resize(n);
+    for (int64_t i = 0; i < n; ++i) {
+      bits[i] = ToBits(dims.dtype, normal(rng));
+      values[i] = FromBits(dims.dtype, bits[i]);
+    }
+  };
+  const int64_t pool_slots = p.fixture->pool_slots().value();
+  fill(pool_slots * p.kv_row(), p.k_bits, p.k);
+  fill(pool_slots * p.kv_row(), p.v_bits, p.v);
+  fill(p.bs() * dims.num_q_heads * dims.head_dim, p.q_bits, p.q);
+
+  // The reference scores with 1 / sqrt(head_dim): another scale is folded into its queries.
+  const float fold = dims.softmax_scale * std::sqrt(static_cast<float>(dims.head_dim));
+  std::vector<float> ref_q(p.q);
+  for (float& x : ref_q) x *= fold;
+  const ReferenceAttentionInputs in{AttentionDims{dims.num_q_heads, dims.num_kv_heads, dims.head_dim},
+                                    p.metadata.view(), p.fixture->page_size(), ref_q, p.k, p.v};
+  p.want_out.assign(p.q.size(), 0.0f);
+  const absl::Status s = ReferenceAttentionTokenLevel(in, absl::MakeSpan(p.want_out));
+  EXPECT_TRUE(s.ok()) << s;
+  for (int64_t i = 0; i < p.bs(); ++i) {
+    std::vector<int32_t> slots;
+    for (int32_t t = p.metadata.kv_indptr[i].value(); t < p.metadata.kv_indptr[i + 1].value(); ++t) {
+      slots.push_back(p.metadata.kv_indices[t].value());
+    }
+    for (int32_t h = 0; h < dims.num_q_heads; ++h) {
+      p.want_lse.push_back(
+          Lse(p, p.q.data() + (i * dims.num_q_heads + h) * dims.head_dim, h, slots));
+    }
+  }
+  return p;
+}
+
+// The problem's inputs in device memory.
+struct DeviceProblem {
+  DeviceBuffer<uint8_t> q, k, v;
+  DeviceBuffer<TokenOffset> kv_indptr;
+  DeviceBuffer<TokenSlot> kv_indices;
+  DeviceBuffer<PageId> page_table;
+  DeviceBuffer<TokenLength> kv_lens;
+  int64_t cols;
+  PageSize page_size;
+
+  DecodeKv TokenLevel() const {
+    return DecodeTokenLevelKv{kv_indptr.const_span(), kv_indices.const_span()};
+  }
+  DecodeKv PageLevel() const {
+    return DecodePageTableKv{page_table.const_span(), cols, kv_lens.const_span(), page_size};
+  }
+};
+
+DeviceProblem ToDevice(const Problem& p) {
+  const absl::Span<const PageId> table = p.metadata.page_table.span().entries();
+  return DeviceProblem{Upload(Bytes(p.q_bits)),
+                       Upload(Bytes(p.k_bits)),
+                       Upload(Bytes(p.v_bits)),
+                       Upload(p.metadata.kv_indptr),
+                       Upload(p.metadata.kv_indices),
+                       Upload(std::vector<PageId>(table.begin(), table.end())),
+                       Upload(p.metadata.kv_lens),
+                       p.metadata.page_table.cols(),
+                       p.fixture->page_size()};
+}
+
+void Poison(void* ptr, size_t bytes) {
+  if (bytes > 0) {
+    ASSERT_EQ(hipMemset(ptr, 0xff, bytes), hipSuccess);
+  }
+}
+
+struct Result {
+  absl::Status status;
+  std::vector<float> out;  // [bs][num_q_heads][head_dim]
+  std::vector<float> lse;  // [bs][num_q_heads]
+  std::vector<uint8_t> out_bytes;
+};
+
+// One call of the launcher on the problem's inputs through `kv` (split by `plan` when not
+// null), into outputs and partial buffers poisoned first.
+Result RunDecode(const DecodeAttentionDims& dims, const DeviceProblem& d, int64_t bs, const DecodeKv& kv,
+           const SplitKvPlan* plan, int32_t variant = 0,
+           kernels::DeviceViolation* violation = nullptr) {
+  const int64_t rows = bs * dims.num_q_heads;
+  DeviceBuffer<uint8_t> out = *DeviceBuffer<uint8_t>::Create(rows * dims.head_dim * 2);
+  DeviceBuffer<float> lse = *DeviceBuffer<float>::Create(rows);
+  const int64_t partials = plan != nullptr ? plan->num_partials : 0;
+  DeviceBuffer<float> partial_out =
+      *DeviceBuffer<float>::Create(partials * dims.num_q_heads * dims.head_dim);
+  DeviceBuffer<float> partial_lse = *DeviceBuffer<float>::Create(partials * dims.num_q_heads);
+  Poison(out.data(), out.size());
+  Poison(lse.data(), lse.size() * sizeof(float));
+  Poison(partial_out.data(), partial_out.size() * sizeof(float));
+  Poison(partial_lse.data(), partial_lse.size() * sizeof(float));
+  std::vector<SplitKvWorkItem> work;
+  std::vector<SplitKvReduceItem> reduce;
+  if (plan != nullptr) {
+    work = plan->work;
+    reduce = plan->reduce;
+  }
+  DeviceBuffer<SplitKvWorkItem> d_work = Upload(work);
+  DeviceBuffer<SplitKvReduceItem> d_reduce = Upload(reduce);
+  PagedDecodeArgs a;
+  a.dims = dims;
+  a.q = d.q.const_span();
+  a.k_pool = d.k.const_span();
+  a.v_pool = d.v.const_span();
+  a.kv = kv;
+  if (plan != nullptr) {
+    a.split = DecodeSplitKv{plan, d_work.const_span(), d_reduce.const_span(), partial_out.span(),
+                            partial_lse.span()};
+  }
+  a.out = out.span();
+  a.lse = lse.span();
+  a.variant = variant;
+  Result r;
+  r.status = PagedDecodeAttention(a, violation, nullptr);
+  EXPECT_EQ(hipDeviceSynchronize(), hipSuccess);
+  r.out_bytes = Download(out);
+  r.lse = Download(lse);
+  r.out.resize(rows * dims.head_dim);
+  for (size_t i = 0; i < r.out.size(); ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, r.out_bytes.data() + 2 * i, 2);
+    r.out[i] = FromBits(dims.dtype, bits);
+  }
+  return r;
+}
+
+Result RunDecode(const Problem& p, const DeviceProblem& d, const DecodeKv& kv,
+           const SplitKvPlan* plan = nullptr, int32_t variant = 0) {
+  return RunDecode(p.dims, d, p.bs(), kv, plan, variant);
+}
+
+bool Near(double got, double want, double abs, double rel) {
+  return std::fabs(got - want) <= abs + rel * std::fabs(want);
+}
+
+// Row `got_row` of a run against row `want_row` of the problem's reference: every element
+// written (no NaN left of the poison) and within the dtype's bounds; lse too.
+void ExpectRow(const Problem& p, const Result& r, int64_t got_row, int64_t want_row) {
+  const bool bf16 = p.dims.dtype == KvElementType::kBf16;
+  const double abs = bf16 ? 1e-2 : 2e-3, rel = bf16 ? 1e-2 : 2e-3;
+  const int64_t heads = p.dims.num_q_heads, dim = p.dims.head_dim;
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t x = 0; x < dim; ++x) {
+      const float got = r.out[(got_row * heads + h) * dim + x];
+      const float want = p.want_out[(want_row * heads + h) * dim + x];
+      ASSERT_TRUE(Near(got, want, abs, rel))
+          << "row " << got_row << " head " << h << " dim " << x << ": got " << got << " want " << want;
+    }
+    const float got = r.lse[got_row * heads + h];
+    const double want = p.want_lse[want_row * heads + h];
+    ASSERT_TRUE(Near(got, want, 1e-3, 1e-5))
+        << "lse row " << got_row << " head " << h << ": got " << got << " want " << want;
+  }
+}
+
+void ExpectMatches(const Problem& p, const Result& r) {
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  for (int64_t i = 0; i < p.bs(); ++i) {
+    ExpectRow(p, r, i, i);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+// Nothing was written: every byte still holds the poison.
+void ExpectUntouched(const Result& r) {
+  for (size_t i = 0; i < r.out_bytes.size(); ++i) ASSERT_EQ(r.out_bytes[i], 0xff) << "out byte " << i;
+  for (size_t i = 0; i < r.lse.size(); ++i) ASSERT_TRUE(std::isnan(r.lse[i])) << "lse " << i;
+}
+
+class DecodeGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(testing::RequireGpu().ok()) << testing::RequireGpu(); }
+};
+
+class PageSizeDecodeGpuTest : public DecodeGpuTest, public ::testing::WithParamInterface<int64_t> {};
+
+// Unaligned lengths around the page size, through both kinds of metadata, without a split and
+// with the plan PlanDecodeSplitKv makes for a small GPU (so that the batch is split).
+TEST_P(PageSizeDecodeGpuTest, TokenLevelAndPageTableMatchTheReference) {
+  const int64_t ps = GetParam();
+  const Problem p = MakeProblem(Dims(32, 8, 128, KvElementType::kBf16), ps,
+                                {1, 2, ps, ps + 1, 3 * ps - 1, 129, 517, 1000}, 100 + ps);
+  const DeviceProblem d = ToDevice(p);
+  SCOPED_TRACE(::testing::Message() << "page_size " << ps);
+  {
+    SCOPED_TRACE("token-level");
+    ExpectMatches(p, RunDecode(p, d, d.TokenLevel()));
+  }
+  {
+    SCOPED_TRACE("page table");
+    ExpectMatches(p, RunDecode(p, d, d.PageLevel()));
+  }
+  const DecodeSplitOptions small_gpu{/*multiprocessor_count=*/16, /*num_kv_heads=*/8};
+  for (const DecodeKv& kv : {d.TokenLevel(), d.PageLevel()}) {
+    auto plan = PlanDecodeSplitKv(p.metadata.kv_indptr, DecodeKvLayout(kv), small_gpu);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_FALSE(plan->reduce.empty()) << "the plan splits the long sequences";
+    SCOPED_TRACE(kv.index() == 0 ? "token-level, split" : "page table, split");
+    ExpectMatches(p, RunDecode(p, d, kv, &*plan));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(PageSizes, PageSizeDecodeGpuTest, ::testing::Values(1, 7, 16, 64));
+
+// GQA groups of 1 (MHA) to 16 (query heads per block 1, 2, 4, 8, and a group of 16 run as two
+// chunks of 8, a group of 3 as three of 1), head dims 64, 128, 256, bf16 and fp16.
+TEST_F(DecodeGpuTest, HeadsHeadDimsAndDtypesMatchTheReference) {
+  struct Shape {
+    int32_t q_heads, kv_heads, head_dim;
+    KvElementType dtype;
+  };
+  const Shape shapes[] = {
+      {32, 8, 128, KvElementType::kBf16}, {64, 8, 128, KvElementType::kFp16},
+      {8, 1, 64, KvElementType::kBf16},   {8, 8, 128, KvElementType::kFp16},
+      {32, 8, 256, KvElementType::kFp16}, {16, 16, 64, KvElementType::kBf16},
+      {12, 4, 256, KvElementType::kBf16}, {16, 1, 128, KvElementType::kFp16},
+      {4, 2, 64, KvElementType::kFp16},   {32, 8, 64, KvElementType::kFp16},
+      {8, 1, 256, KvElementType::kBf16},  {8, 2, 128, KvElementType::kBf16},
+  };
+  uint64_t seed = 7;
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE(::testing::Message() << s.q_heads << "/" << s.kv_heads << " heads, head_dim "
+                                      << s.head_dim << (s.dtype == KvElementType::kBf16 ? " bf16" : " fp16"));
+    const Problem p = MakeProblem(Dims(s.q_heads, s.kv_heads, s.head_dim, s.dtype), 16,
+                                  {37, 300, 1, 64}, ++seed);
+    const DeviceProblem d = ToDevice(p);
+    ExpectMatches(p, RunDecode(p, d, d.TokenLevel()));
+    ExpectMatches(p, RunDecode(p, d, d.PageLevel()));
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST_F(DecodeGpuTest, SoftmaxScaleIsAnArgument) {
+  for (float scale : {0.02f, 0.3f, 1.0f}) {
+    SCOPED_TRACE(::testing::Message() << "scale " << scale);
+    DecodeAttentionDims dims = Dims(32, 8, 128, KvElementType::kFp16);
+    dims.softmax_scale = scale;
+    const Problem p = MakeProblem(dims, 16, {90, 33}, 11);
+    const DeviceProblem d = ToDevice(p);
+    ExpectMatches(p, RunDecode(p, d, d.TokenLevel()));
+  }
+}
+
+// Every compiled variant of the kernel shape computes the same, with and without a split.
+TEST_F(DecodeGpuTest, EveryVariantMatchesTheReference) {
+  for (KvElementType t : {KvElementType::kBf16, KvElementType::kFp16}) {
+    const Problem p = MakeProblem(Dims(32, 8, 128, t), 16, {1, 17, 250, 1031}, 21);
+    const DeviceProblem d = ToDevice(p);
+    auto plan = PlanSplitKv(std::vector<TokenOffset>{TokenOffset(0), TokenOffset(1), TokenOffset(2),
+                                                     TokenOffset(3), TokenOffset(4)},
+                            p.metadata.kv_indptr,
+                            SplitKvOptions{KvLayout::LinearPerToken(), 5, TokenCount(96)});
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    for (int32_t v = 0; v < kernels::kNumDecodeVariants; ++v) {
+      SCOPED_TRACE(::testing::Message() << "variant " << v);
+      ExpectMatches(p, RunDecode(p, d, d.TokenLevel(), nullptr, v));
+      ExpectMatches(p, RunDecode(p, d, d.PageLevel(), nullptr, v));
+      ExpectMatches(p, RunDecode(p, d, d.TokenLevel(), &*plan, v));
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// Sequences with no KV (padded rows) write zeros and lse -inf, as the reference does for a row
+// that sees nothing; the rows around them are unaffected. Built by hand: a decode batch (and a
+// split plan) cannot hold an empty sequence.
+TEST_F(DecodeGpuTest, EmptySequencesWriteZerosAndMinusInfinity) {
+  for (int64_t ps : {1, 16}) {
+    SCOPED_TRACE(::testing::Message() << "page_size " << ps);
+    const Problem p = MakeProblem(Dims(32, 8, 128, KvElementType::kBf16), ps, {40, 70}, 31);
+    const DeviceProblem d = ToDevice(p);
+    // Batch [seq 0, empty, seq 1, empty].
+    const int32_t a = p.metadata.kv_lens[0].value(), b = p.metadata.kv_lens[1].value();
+    const std::vector<TokenOffset> indptr = {TokenOffset(0), TokenOffset(a), TokenOffset(a),
+                                             TokenOffset(a + b), TokenOffset(a + b)};
+    const std::vector<TokenLength> lens = {TokenLength(a), TokenLength(0), TokenLength(b),
+                                           TokenLength(0)};
+    const int64_t cols = p.metadata.page_table.cols();
+    std::vector<PageId> table(4 * cols, kPaddingPage);
+    std::copy_n(p.metadata.page_table.span().row(0).begin(), cols, table.begin());
+    std::copy_n(p.metadata.page_table.span().row(1).begin(), cols, table.begin() + 2 * cols);
+    const int64_t q_row = int64_t{p.dims.num_q_heads} * p.dims.head_dim;
+    std::vector<uint16_t> q(4 * q_row, ToBits(p.dims.dtype, 0.5f));
+    std::copy_n(p.q_bits.begin(), q_row, q.begin());
+    std::copy_n(p.q_bits.begin() + q_row, q_row, q.begin() + 2 * q_row);
+    const DeviceProblem e{Upload(Bytes(q)), Upload(Bytes(p.k_bits)), Upload(Bytes(p.v_bits)),
+                          Upload(indptr), Upload(p.metadata.kv_indices), Upload(table),
+                          Upload(lens), cols, p.fixture->page_size()};
+    for (const DecodeKv& kv : {e.TokenLevel(), e.PageLevel()}) {
+      const Result r = RunDecode(p.dims, e, 4, kv, nullptr);
+      ASSERT_TRUE(r.status.ok()) << r.status;
+      ExpectRow(p, r, 0, 0);
+      ExpectRow(p, r, 2, 1);
+      for (int64_t row : {1, 3}) {
+        for (int64_t x = row * q_row; x < (row + 1) * q_row; ++x) ASSERT_EQ(r.out[x], 0.0f) << x;
+        for (int64_t h = 0; h < p.dims.num_q_heads; ++h) {
+          ASSERT_EQ(r.lse[row * p.dims.num_q_heads + h], -kInf) << "row " << row << " head " << h;
+        }
+      }
+    }
+  }
+}
+
+// bs 1 with a 16k context: the plan for an H200-sized GPU splits the sequence into items that
+// fill it, through token-level indices (LinearPerToken plan) and the page table (Paged plan);
+// the same kernel without a split, and a plan sized for this GPU, give the same result.
+TEST_F(DecodeGpuTest, SplitKvLongSequenceMatchesTheReference) {
+  const Problem p = MakeProblem(Dims(32, 8, 128, KvElementType::kBf16), 16, {16384}, 41);
+  const DeviceProblem d = ToDevice(p);
+  auto sms = DeviceMultiprocessorCount();
+  ASSERT_TRUE(sms.ok()) << sms.status();
+  for (int32_t mp : {132, *sms}) {
+    for (const DecodeKv& kv : {d.TokenLevel(), d.PageLevel()}) {
+      SCOPED_TRACE(::testing::Message() << mp << " multiprocessors, "
+                                        << (kv.index() == 0 ? "token-level" : "page table"));
+      auto plan = PlanDecodeSplitKv(p.metadata.kv_indptr, DecodeKvLayout(kv),
+                                    DecodeSplitOptions{mp, 8});
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      EXPECT_GE(static_cast<int64_t>(plan->work.size()) * 8, mp * 4) << "items fill the GPU";
+      ASSERT_EQ(plan->reduce.size(), 1u);
+      ExpectMatches(p, RunDecode(p, d, kv, &*plan));
+    }
+  }
+  ExpectMatches(p, RunDecode(p, d, d.TokenLevel()));
+}
+
+// Plans that mix direct items (short sequences) and split ones, at page size 64: a linear-KV
+// plan (splits inside pages, which token-level indices serve) and a paged plan (whole pages).
+TEST_F(DecodeGpuTest, SplitKvMixedPlansAtPageSize64) {
+  const Problem p = MakeProblem(Dims(32, 8, 128, KvElementType::kFp16), 64,
+                                {1000, 3, 700, 64, 2000, 129}, 51);
+  const DeviceProblem d = ToDevice(p);
+  std::vector<TokenOffset> qo(7);
+  for (int i = 0; i <= 6; ++i) qo[i] = TokenOffset(i);
+  struct Case {
+    KvLayout layout;
+    DecodeKv kv;
+  };
+  for (const Case& c : {Case{KvLayout::LinearPerToken(), d.TokenLevel()},
+                        Case{KvLayout::Paged(d.page_size), d.PageLevel()}}) {
+    SCOPED_TRACE(c.layout.paged() ? "paged plan, page table" : "linear plan, token-level");
+    auto plan = PlanSplitKv(qo, p.metadata.kv_indptr,
+                            SplitKvOptions{c.layout, 9, TokenCount(100), TokenCount(1)});
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const bool direct = std::any_of(plan->work.begin(), plan->work.end(),
+                                    [](const SplitKvWorkItem& w) { return w.partial_slot < 0; });
+    ASSERT_TRUE(direct && !plan->reduce.empty()) << "the plan mixes direct and split items";
+    if (!c.layout.paged()) {
+      const bool mid_page = std::any_of(plan->work.begin(), plan->work.end(), [](const SplitKvWorkItem& w) {
+        return w.kv_begin.value() % 64 != 0;
+      });
+      EXPECT_TRUE(mid_page) << "a linear plan splits inside pages";
+    }
+    ExpectMatches(p, RunDecode(p, d, c.kv, &*plan));
+  }
+}
+
+// A plan made for another layout than the one the call reads is refused before any launch.
+TEST_F(DecodeGpuTest, PlanForAnotherLayoutIsRefused) {
+  const Problem p = MakeProblem(Dims(32, 8, 128, KvElementType::kBf16), 64, {500, 900}, 61);
+  const DeviceProblem d = ToDevice(p);
+  std::vector<TokenOffset> qo = {TokenOffset(0), TokenOffset(1), TokenOffset(2)};
+  auto plan_for = [&](KvLayout layout) {
+    auto plan = PlanSplitKv(qo, p.metadata.kv_indptr, SplitKvOptions{layout, 8, TokenCount(128)});
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return *std::move(plan);
+  };
+  const SplitKvPlan paged64 = plan_for(KvLayout::Paged(*PageSize::Create(64)));
+  const SplitKvPlan paged16 = plan_for(KvLayout::Paged(*PageSize::Create(16)));
+  const SplitKvPlan linear = plan_for(KvLayout::LinearPerToken());
+  struct Case {
+    const char* what;
+    DecodeKv kv;
+    const SplitKvPlan* plan;
+  } cases[] = {{"paged plan, token-level read", d.TokenLevel(), &paged64},
+               {"linear plan, page-table read", d.PageLevel(), &linear},
+               {"page size 16 plan, page size 64 table", d.PageLevel(), &paged16}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const Result r = RunDecode(p, d, c.kv, c.plan);
+    EXPECT_EQ(r.status.code(), absl::StatusCode::kInvalidArgument) << r.status;
+    EXPECT_NE(r.status.message().find("layout"), absl::string_view::npos) << r.status;
+    ExpectUntouched(r);
+  }
+  ExpectMatches(p, RunDecode(p, d, d.TokenLevel(), &linear));
+  ExpectMatches(p, RunDecode(p, d, d.PageLevel(), &paged64));
+}
+
+// What the host can see is refused before any launch, with nothing written.
+TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
+  const Problem p = MakeProblem(Dims(32, 8, 128, KvElementType::kBf16), 16, {200, 50, 333}, 71);
+  const DeviceProblem d = ToDevice(p);
+  const int64_t bs = p.bs();
+  const int64_t q_bytes = bs * 32 * 128 * 2;
+  const int64_t pool_bytes = static_cast<int64_t>(d.k.size());
+  // Room for misaligned views of the same sizes.
+  DeviceBuffer<uint8_t> spare = *DeviceBuffer<uint8_t>::Create(pool_bytes + 64);
+  auto plan = PlanDecodeSplitKv(p.metadata.kv_indptr, KvLayout::LinearPerToken(),
+                                DecodeSplitOptions{8, 8});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_GT(plan->num_partials, 0);
+  std::vector<TokenOffset> longer(p.metadata.kv_indptr);
+  longer.push_back(longer.back() + TokenCount(10));
+  auto plan4 = PlanDecodeSplitKv(longer, KvLayout::LinearPerToken(), DecodeSplitOptions{8, 8});
+  ASSERT_TRUE(plan4.ok()) << plan4.status();
+  // The plan without the items of the last sequence.
+  SplitKvPlan missing = *plan;
+  missing.work.erase(std::remove_if(missing.work.begin(), missing.work.end(),
+                                    [&](const SplitKvWorkItem& w) { return w.sequence == bs - 1; }),
+                     missing.work.end());
+  missing.reduce.erase(
+      std::remove_if(missing.reduce.begin(), missing.reduce.end(),
+                     [&](const SplitKvReduceItem& r) { return r.sequence == bs - 1; }),
+      missing.reduce.end());
+  DeviceBuffer<SplitKvWorkItem> missing_work = Upload(missing.work);
+  DeviceBuffer<SplitKvReduceItem> missing_reduce = Upload(missing.reduce);
+  DeviceBuffer<SplitKvWorkItem> work = Upload(plan->work);
+  DeviceBuffer<SplitKvReduceItem> reduce = Upload(plan->reduce);
+  DeviceBuffer<SplitKvWorkItem> work4 = Upload(plan4->work);
+  DeviceBuffer<SplitKvReduceItem> reduce4 = Upload(plan4->reduce);
+  const int64_t partial_floats = int64_t{plan->num_partials} * 32 * 128;
+  DeviceBuffer<float> partial_out = *DeviceBuffer<float>::Create(partial_floats + 4);
+  DeviceBuffer<float> partial_lse = *DeviceBuffer<float>::Create(plan->num_partials * 32);
+  DeviceBuffer<uint8_t> out = *DeviceBuffer<uint8_t>::Create(q_bytes + 64);
+  DeviceBuffer<float> lse = *DeviceBuffer<float>::Create(bs * 32 + 1);
+  Poison(out.data(), out.size());
+  Poison(lse.data(), lse.size() * sizeof(float));
+
+  PagedDecodeArgs good;
+  good.dims = p.dims;
+  good.q = d.q.const_span();
+  good.k_pool = d.k.const_span();
+  good.v_pool = d.v.const_span();
+  good.kv = d.TokenLevel();
+  good.split = DecodeSplitKv{&*plan, work.const_span(), reduce.const_span(),
+                             DeviceSpan<float>(partial_out.data(), partial_floats), partial_lse.span()};
+  good.out = DeviceSpan<uint8_t>(out.data(), q_bytes);
+  good.lse = DeviceSpan<float>(lse.data(), bs * 32);
+
+  using Edit = std::function<void(PagedDecodeArgs&)>;
+  struct Case {
+    const char* what;
+    Edit edit;
+    absl::StatusCode code;
+  };
+  const absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
+  const Case cases[] = {
+      {"heads that do not divide", [](PagedDecodeArgs& a) { a.dims.num_kv_heads = 5; }, kInvalid},
+      {"no query heads", [](PagedDecodeArgs& a) { a.dims.num_q_heads = 0; }, kInvalid},
+      {"head dim 96", [](PagedDecodeArgs& a) { a.dims.head_dim = 96; }, kInvalid},
+      {"head dim 512", [](PagedDecodeArgs& a) { a.dims.head_dim = 512; }, kInvalid},
+      {"NaN scale", [](PagedDecodeArgs& a) { a.dims.softmax_scale = std::nanf(""); }, kInvalid},
+      {"zero scale", [](PagedDecodeArgs& a) { a.dims.softmax_scale = 0; }, kInvalid},
+      {"variant -1", [](PagedDecodeArgs& a) { a.variant = -1; }, kInvalid},
+      {"variant past the table", [](PagedDecodeArgs& a) { a.variant = kernels::kNumDecodeVariants; },
+       kInvalid},
+      {"variant not compiled for the shape",
+       [](PagedDecodeArgs& a) {
+         a.variant = 1;
+         a.dims.num_q_heads = 16;  // a group of 2
+       },
+       kInvalid},
+      {"q misaligned",
+       [&](PagedDecodeArgs& a) { a.q = DeviceSpan<const uint8_t>(spare.data() + 2, q_bytes); },
+       kInvalid},
+      {"k_pool misaligned",
+       [&](PagedDecodeArgs& a) { a.k_pool = DeviceSpan<const uint8_t>(spare.data() + 8, pool_bytes); },
+       kInvalid},
+      {"v_pool misaligned",
+       [&](PagedDecodeArgs& a) { a.v_pool = DeviceSpan<const uint8_t>(spare.data() + 4, pool_bytes); },
+       kInvalid},
+      {"out misaligned",
+       [&](PagedDecodeArgs& a) { a.out = DeviceSpan<uint8_t>(out.data() + 2, q_bytes); }, kInvalid},
+      {"partial_out misaligned",
+       [&](PagedDecodeArgs& a) { a.split->partial_out = DeviceSpan<float>(partial_out.data() + 1, partial_floats); },
+       kInvalid},
+      {"null q", [&](PagedDecodeArgs& a) { a.q = DeviceSpan<const uint8_t>(nullptr, q_bytes); }, kInvalid},
+      {"null k_pool",
+       [&](PagedDecodeArgs& a) { a.k_pool = DeviceSpan<const uint8_t>(nullptr, pool_bytes); }, kInvalid},
+      {"null lse", [&](PagedDecodeArgs& a) { a.lse = DeviceSpan<float>(nullptr, bs * 32); }, kInvalid},
+      {"null kv_indices",
+       [&](PagedDecodeArgs& a) {
+         a.kv = DecodeTokenLevelKv{d.kv_indptr.const_span(),
+                                   DeviceSpan<const TokenSlot>(nullptr, d.kv_indices.size())};
+       },
+       kInvalid},
+      {"null page table",
+       [&](PagedDecodeArgs& a) {
+         a.kv = DecodePageTableKv{DeviceSpan<const PageId>(nullptr, d.page_table.size()), d.cols,
+                                  d.kv_lens.const_span(), d.page_size};
+         a.split.reset();
+       },
+       kInvalid},
+      {"no kv_indptr",
+       [&](PagedDecodeArgs& a) { a.kv = DecodeTokenLevelKv{{}, d.kv_indices.const_span()}; }, kInvalid},
+      {"q of another batch",
+       [&](PagedDecodeArgs& a) { a.q = DeviceSpan<const uint8_t>(d.q.data(), q_bytes - 512); }, kInvalid},
+      {"out of another batch",
+       [&](PagedDecodeArgs& a) { a.out = DeviceSpan<uint8_t>(out.data(), q_bytes - 512); }, kInvalid},
+      {"lse of another batch",
+       [&](PagedDecodeArgs& a) { a.lse = DeviceSpan<float>(lse.data(), bs * 32 + 1); }, kInvalid},
+      {"K and V pools of different sizes",
+       [&](PagedDecodeArgs& a) { a.v_pool = DeviceSpan<const uint8_t>(d.v.data(), pool_bytes - 2048); },
+       kInvalid},
+      {"pools that are not whole rows",
+       [&](PagedDecodeArgs& a) {
+         a.k_pool = DeviceSpan<const uint8_t>(d.k.data(), pool_bytes - 16);
+         a.v_pool = DeviceSpan<const uint8_t>(d.v.data(), pool_bytes - 16);
+       },
+       kInvalid},
+      {"page table smaller than the batch",
+       [&](PagedDecodeArgs& a) {
+         a.kv = DecodePageTableKv{DeviceSpan<const PageId>(d.page_table.data(), d.page_table.size() - 1),
+                                  d.cols, d.kv_lens.const_span(), d.page_size};
+         a.split.reset();
+       },
+       kInvalid},
+      {"page table beyond int32 tokens",
+       [&](PagedDecodeArgs& a) {
+         a.kv = DecodePageTableKv{d.page_table.const_span(), int64_t{1} << 27, d.kv_lens.const_span(),
+                                  d.page_size};
+         a.split.reset();
+       },
+       absl::StatusCode::kOutOfRange},
+      {"partial_out too small",
+       [&](PagedDecodeArgs& a) { a.split->partial_out = DeviceSpan<float>(partial_out.data(), partial_floats - 1); },
+       absl::StatusCode::kResourceExhausted},
+      {"partial_lse too small",
+       [&](PagedDecodeArgs& a) { a.split->partial_lse = DeviceSpan<float>(partial_lse.data(), 1); },
+       absl::StatusCode::kResourceExhausted},
+      {"no plan", [&](PagedDecodeArgs& a) { a.split->plan = nullptr; }, kInvalid},
+      {"device copy of another plan",
+       [&](PagedDecodeArgs& a) { a.split->work = work4.const_span(); }, kInvalid},
+      {"plan for a larger batch",
+       [&](PagedDecodeArgs& a) {
+         a.split = DecodeSplitKv{&*plan4, work4.const_span(), reduce4.const_span(),
+                                 partial_out.span(), partial_lse.span()};
+       },
+       kInvalid},
+      {"plan missing a sequence",
+       [&](PagedDecodeArgs& a) {
+         a.split = DecodeSplitKv{&missing, missing_work.const_span(), missing_reduce.const_span(),
+                                 partial_out.span(), partial_lse.span()};
+       },
+       kInvalid},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    PagedDecodeArgs a = good;
+    c.edit(a);
+    const absl::Status s = PagedDecodeAttention(a, nullptr, nullptr);
+    EXPECT_EQ(s.code(), c.code) << s;
+  }
+  ASSERT_EQ(hipDeviceSynchronize(), hipSuccess);
+  const std::vector<uint8_t> got = Download(out);
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], 0xff) << "out written at byte " << i;
+  // The unedited arguments run.
+  ASSERT_TRUE(PagedDecodeAttention(good, nullptr, nullptr).ok());
+  ASSERT_EQ(hipDeviceSynchronize(), hipSuccess);
+}
+
+// Corrupted device-resident metadata: the kernels stay in bounds (memcheck in the bundle),
+// skip what they cannot read, and the violation word names the first problem.
+class GuardDecodeGpuTest : public DecodeGpuTest {
+ protected:
+  void SetUp() override {
+    DecodeGpuTest::SetUp();
+    auto w = DeviceViolationWord::Create();
+    ASSERT_TRUE(w.ok()) << w.status();
+    word_ = std::make_unique<DeviceViolationWord>(*std::move(w));
+  }
+  void ExpectViolation(const std::string& words) {
+    const absl::Status s = word_->Check(nullptr);
+    EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+    EXPECT_NE(s.message().find(words), absl::string_view::npos) << s;
+    EXPECT_TRUE(word_->Reset(nullptr).ok());
+  }
+  std::unique_ptr<DeviceViolationWord> word_;
+};
+
+void ExpectAllFinite(const Result& r) {
+  for (size_t i = 0; i < r.out.size(); ++i) ASSERT_TRUE(std::isfinite(r.out[i])) << "out " << i;
+  for (size_t i = 0; i < r.lse.size(); ++i) ASSERT_FALSE(std::isnan(r.lse[i])) << "lse " << i;
+}
+
+TEST_F(GuardDecodeGpuTest, SlotsOutsideThePoolAreSkippedAndRecorded) {
+  const Problem p = MakeProblem(Dims(32, 8, 128, KvElementType::kBf16), 16, {100, 60, 80}, 81);
+  const DeviceProblem d = ToDevice(p);
+  const int64_t pool_slots = p.fixture->pool_slots().value();
+  // Token 37 of sequence 0 points outside the pool: the kernel attends to the other 99 tokens.
+  for (int32_t bad : {1 << 30, -7, static_cast<int32_t>(pool_slots)}) {
+    SCOPED_TRACE(::testing::Message() << "slot " << bad);
+    std::vector<TokenSlot> indices(p.metadata.kv_indices);
+    indices[37] = TokenSlot(bad);
+    const DeviceProblem e{Upload(Bytes(p.q_bits)), Upload(Bytes(p.k_bits)), Upload(Bytes(p.v_bits)),
+                          Upload(p.metadata.kv_indptr), Upload(indices), Upload(std::vector<PageId>{}),
+                          Upload(p.metadata.kv_lens), 0, d.page_size};
+    const Result r = RunDecode(p.dims, e, p.bs(), e.TokenLevel(), nullptr, 0, word_->device());
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    ExpectViolation("outside the pool");
+    ExpectAllFinite(r);
+    ExpectRow(p, r, 1, 1);
+    ExpectRow(p, r, 2, 2);
+    // Sequence 0 without token 37, by the dense reference.
+    std::vector<float> k, v;
+    const int64_t row = p.kv_row();
+    for (int32_t t = 0; t < 100; ++t) {
+      if (t == 37) continue;
+      const int64_t s = p.metadata.kv_indices[t].value();
+      k.insert(k.end(), p.k.begin() + s * row, p.k.begin() + (s + 1) * row);
+      v.insert(v.end(), p.v.begin() + s * row, p.v.begin() + (s + 1) * row);
+    }
+    const int64_t q_row = int64_t{p.dims.num_q_heads} * p.dims.head_dim;
+    std::vector<float> want(q_row);
+    ASSERT_TRUE(DenseAttention(AttentionDims{32, 8, 128}, absl::MakeConstSpan(p.q).subspan(0, q_row),
+                               k, v, absl::MakeSpan(want))
+                    .ok());
+    for (int64_t x = 0; x < q_row; ++x) {
+      ASSERT_TRUE(Near(r.out[x], want[x], 1e-2, 1e-2)) << x << ": " << r.out[x] << " vs " << want[x];
+    }
+  }
+  // A page outside the pool, through the page table.
+  std::vector<PageId> table(p.metadata.page_table.span().entries().begin(),
+                            p.metadata.page_table.span().entries().end());
+  table[d.cols + 2] = PageId(1 << 29);
+  const DeviceProblem e{Upload(Bytes(p.q_bits)), Upload(Bytes(p.k_bits)), Upload(Bytes(p.v_bits)),
+                        Upload(p.metadata.kv_indptr), Upload(p.metadata.kv_indices), Upload(table),
+                        Upload(p.metadata.kv_lens), d.cols, d.page_size};
+  const Result r = RunDecode(p.dims, e, p.bs(), e.PageLevel(), nullptr, 0, word_->device());
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  ExpectViolation("outside the pool");
+  ExpectAllFinite(r);
+  ExpectRow(p, r, 0, 0);
+  ExpectRow(p, r, 2, 2);
+}
+
+TEST_F(GuardDecodeGpuTest, LengthsAndIndptrPastTheirBuffersAreClampedAndRecorded) {
+  const Problem p = MakeProblem(Dims(32, 8, 128, KvElementType::kFp16), 16, {100, 60, 80}, 91);
+  const DeviceProblem d = ToDevice(p);
+  const int32_t total = p.metadata.kv_indptr.back().value();
+  struct IndptrCase {
+    std::vector<TokenOffset> indptr;
+    const char* words;
+  } indptr_cases[] = {
+      {{TokenOffset(0), TokenOffset(100), TokenOffset(160), TokenOffset(total + 5000)},
+       "the buffer holds"},
+      {{TokenOffset(0), TokenOffset(100), TokenOffset(50), TokenOffset(total)}, "below the entry"},
+      {{TokenOffset(-40), TokenOffset(100), TokenOffset(160), TokenOffset(total)}, "is negative"},
+  };
+  for (const IndptrCase& c : indptr_cases) {
+    SCOPED_TRACE(c.words);
+    DeviceBuffer<TokenOffset> indptr = Upload(c.indptr);
+    const Result r = RunDecode(p.dims, d, p.bs(),
+                         DecodeTokenLevelKv{indptr.const_span(), d.kv_indices.const_span()}, nullptr,
+                         0, word_->device());
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    ExpectViolation(c.words);
+    ExpectAllFinite(r);
+  }
+  struct LensCase {
+    std::vector<TokenLength> lens;
+    const char* words;
+  } lens_cases[] = {
+      {{TokenLength(100), TokenLength(100000), TokenLength(80)}, "columns"},
+      {{TokenLength(100), TokenLength(60), TokenLength(-3)}, "is negative"},
+  };
+  for (const LensCase& c : lens_cases) {
+    SCOPED_TRACE(c.words);
+    DeviceBuffer<TokenLength> lens = Upload(c.lens);
+    const Result r = RunDecode(p.dims, d, p.bs(),
+                         DecodePageTableKv{d.page_table.const_span(), d.cols, lens.const_span(),
+                                           d.page_size},
+                         nullptr, 0, word_->device());
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    ExpectViolation(c.words);
+    ExpectAllFinite(r);
+  }
+}
+
+// The device copy of a plan disagrees with the host plan the launcher checked: items naming a
+// sequence outside the batch, partial slots past the buffers or KV past the sequence are
+// recorded, and nothing is read or written out of bounds.
+TEST_F(GuardDecodeGpuTest, CorruptedDevicePlanIsRecorded) {
+  const Problem p = MakeProblem(Dims(32, 8, 128, KvElementType::kBf16), 16, {700, 900}, 101);
+  const DeviceProblem d = ToDevice(p);
+  auto plan = PlanDecodeSplitKv(p.metadata.kv_indptr, KvLayout::LinearPerToken(),
+                                DecodeSplitOptions{4, 8});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_FALSE(plan->reduce.empty());
+  const int64_t partial_floats = int64_t{plan->num_partials} * 32 * 128;
+  DeviceBuffer<float> partial_out = *DeviceBuffer<float>::Create(partial_floats);
+  DeviceBuffer<float> partial_lse = *DeviceBuffer<float>::Create(plan->num_partials * 32);
+  DeviceBuffer<uint8_t> out = *DeviceBuffer<uint8_t>::Create(p.bs() * 32 * 128 * 2);
+  DeviceBuffer<float> lse = *DeviceBuffer<float>::Create(p.bs() * 32);
+  struct Case {
+    const char* what;
+    std::function<void(std::vector<SplitKvWorkItem>&, std::vector<SplitKvReduceItem>&)> edit;
+    const char* words;
+  } cases[] = {
+      {"work item of sequence 99", [](auto& w, auto&) { w[0].sequence = 99; }, "row 99 outside"},
+      {"partial slot past the buffers", [](auto& w, auto&) { w.back().partial_slot = 1000; },
+       "the buffer holds"},
+      {"KV past the sequence", [](auto& w, auto&) { w[0].kv_end = TokenPosition(50000); },
+       "past the row"},
+      {"reduce item of sequence -2", [](auto&, auto& r) { r[0].sequence = -2; }, "row -2 outside"},
+      {"reduce item past the partials", [](auto&, auto& r) { r[0].partial_end = 5000; },
+       "the buffer holds"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    std::vector<SplitKvWorkItem> work(plan->work);
+    std::vector<SplitKvReduceItem> reduce(plan->reduce);
+    c.edit(work, reduce);
+    DeviceBuffer<SplitKvWorkItem> d_work = Upload(work);
+    DeviceBuffer<SplitKvReduceItem> d_reduce = Upload(reduce);
+    PagedDecodeArgs a;
+    a.dims = p.dims;
+    a.q = d.q.const_span();
+    a.k_pool = d.k.const_span();
+    a.v_pool = d.v.const_span();
+    a.kv = d.TokenLevel();
+    a.split = DecodeSplitKv{&*plan, d_work.const_span(), d_reduce.const_span(), partial_out.span(),
+                            partial_lse.span()};
+    a.out = out.span();
+    a.lse = lse.span();
+    ASSERT_TRUE(PagedDecodeAttention(a, word_->device(), nullptr).ok());
+    ExpectViolation(c.words);
+  }
+}
+
+}  // namespace
+}  // namespace attnmeta

@@ -1,0 +1,412 @@
+#include "attention/kernels/paged_decode_launcher.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "attention/kernels/internal/launch_checks.h"
+#include "attention/kernels/paged_decode_attention.h"
+
+namespace attnmeta {
+
+using internal::CheckNotNull;
+using internal::LaunchResult;
+using internal::RuntimeStatus;
+
+// The plan's items are uploaded as they are and read through the kernels' plain structs.
+static_assert(sizeof(SplitKvWorkItem) == sizeof(kernels::DecodeWorkItem) &&
+              offsetof(SplitKvWorkItem, sequence) == offsetof(kernels::DecodeWorkItem, sequence) &&
+              offsetof(SplitKvWorkItem, q_begin) == offsetof(kernels::DecodeWorkItem, q_begin) &&
+              offsetof(SplitKvWorkItem, q_end) == offsetof(kernels::DecodeWorkItem, q_end) &&
+              offsetof(SplitKvWorkItem, kv_begin) == offsetof(kernels::DecodeWorkItem, kv_begin) &&
+              offsetof(SplitKvWorkItem, kv_end) == offsetof(kernels::DecodeWorkItem, kv_end) &&
+              offsetof(SplitKvWorkItem, partial_slot) ==
+                  offsetof(kernels::DecodeWorkItem, partial_slot));
+static_assert(
+    sizeof(SplitKvReduceItem) == sizeof(kernels::DecodeReduceItem) &&
+    offsetof(SplitKvReduceItem, sequence) == offsetof(kernels::DecodeReduceItem, sequence) &&
+    offsetof(SplitKvReduceItem, q_begin) == offsetof(kernels::DecodeReduceItem, q_begin) &&
+    offsetof(SplitKvReduceItem, q_end) == offsetof(kernels::DecodeReduceItem, q_end) &&
+    offsetof(SplitKvReduceItem, partial_begin) ==
+        offsetof(kernels::DecodeReduceItem, partial_begin) &&
+    offsetof(SplitKvReduceItem, partial_end) == offsetof(kernels::DecodeReduceItem, partial_end));
+
+namespace {
+
+// Token positions the kernel handles in int32 with room for its step arithmetic.
+constexpr int64_t kMaxTokens = int64_t{1} << 30;
+// Blocks of one launch: within NVIDIA's grid x and, at 256 threads, HIP's 2^32 threads.
+constexpr int64_t kMaxBlocks = int64_t{1} << 23;
+// The merge kernel's grid y is the query head.
+constexpr int64_t kMaxQueryHeads = 65535;
+constexpr int64_t kVectorBytes = 16;
+
+bool Aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// Query heads per block: the largest of 8, 4, 2, 1 dividing the group (kernel instantiations);
+// variants other than 0 run 4.
+absl::StatusOr<int32_t> CheckDims(const DecodeAttentionDims& d, int32_t variant) {
+  if (d.num_q_heads < 1 || d.num_kv_heads < 1 || d.num_q_heads % d.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "decode attention: num_q_heads ", d.num_q_heads, " is not a positive multiple of num_kv_heads ",
+        d.num_kv_heads));
+  }
+  if (d.num_q_heads > kMaxQueryHeads) {
+    return absl::OutOfRangeError(absl::StrCat("decode attention: ", d.num_q_heads,
+                                              " query heads, at most ", kMaxQueryHeads));
+  }
+  if (d.head_dim != 64 && d.head_dim != 128 && d.head_dim != 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("decode attention: head_dim ", d.head_dim, " is not 64, 128 or 256"));
+  }
+  if (d.dtype != KvElementType::kBf16 && d.dtype != KvElementType::kFp16) {
+    return absl::InvalidArgumentError("decode attention: unknown element type");
+  }
+  if (!std::isfinite(d.softmax_scale) || d.softmax_scale <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("decode attention: softmax_scale ", d.softmax_scale, " is not finite and > 0"));
+  }
+  const int32_t group = d.num_q_heads / d.num_kv_heads;
+  if (variant < 0 || variant >= kernels::kNumDecodeVariants) {
+    return absl::InvalidArgumentError(absl::StrCat("decode attention: variant ", variant,
+                                                   " outside [0, ", kernels::kNumDecodeVariants,
+                                                   ")"));
+  }
+  if (variant != 0) {
+    if (d.head_dim != kernels::kVariantHeadDim || group % kernels::kVariantQueryHeads != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "decode attention: variant ", variant, " is compiled only for head_dim ",
+          kernels::kVariantHeadDim, " and groups of a multiple of ", kernels::kVariantQueryHeads,
+          " query heads, got head_dim ", d.head_dim, " and a group of ", group));
+    }
+    return kernels::kVariantQueryHeads;
+  }
+  for (int32_t heads : {8, 4, 2}) {
+    if (group % heads == 0) return heads;
+  }
+  return 1;
+}
+
+// The batch size the KV source describes, its shapes checked, and its part of the kernel's
+// arguments.
+absl::StatusOr<int64_t> CheckKv(const DecodeKv& kv, kernels::PagedDecodeParams& p) {
+  if (const auto* t = std::get_if<DecodeTokenLevelKv>(&kv)) {
+    if (t->kv_indptr.empty()) {
+      return absl::InvalidArgumentError("decode attention: kv_indptr needs bs + 1 >= 1 entries");
+    }
+    if (static_cast<int64_t>(t->kv_indices.size()) > kMaxTokens) {
+      return absl::OutOfRangeError(absl::StrCat("decode attention: kv_indices of ",
+                                                t->kv_indices.size(), " entries, at most ",
+                                                kMaxTokens));
+    }
+    for (absl::Status s :
+         {CheckNotNull("kv_indptr", t->kv_indptr), CheckNotNull("kv_indices", t->kv_indices)}) {
+      if (!s.ok()) return s;
+    }
+    p.kv_indptr = reinterpret_cast<const int32_t*>(t->kv_indptr.data());
+    p.kv_indices = reinterpret_cast<const int32_t*>(t->kv_indices.data());
+    p.kv_indices_capacity = static_cast<int64_t>(t->kv_indices.size());
+    return static_cast<int64_t>(t->kv_indptr.size()) - 1;
+  }
+  const DecodePageTableKv& pt = std::get<DecodePageTableKv>(kv);
+  const int64_t bs = static_cast<int64_t>(pt.kv_lens.size());
+  if (pt.cols < 0 || pt.cols > kMaxTokens / pt.page_size.tokens()) {
+    return absl::OutOfRangeError(absl::StrCat("decode attention: a page table of ", pt.cols,
+                                              " columns of page_size ", pt.page_size.tokens(),
+                                              " covers more than ", kMaxTokens, " tokens"));
+  }
+  if (static_cast<int64_t>(pt.page_table.size()) < bs * pt.cols) {
+    return absl::InvalidArgumentError(absl::StrCat("decode attention: page_table of ",
+                                                   pt.page_table.size(), " entries is not [",
+                                                   bs, "][", pt.cols, "]"));
+  }
+  for (absl::Status s :
+       {CheckNotNull("page_table", pt.page_table), CheckNotNull("kv_lens", pt.kv_lens)}) {
+    if (!s.ok()) return s;
+  }
+  p.page_table = reinterpret_cast<const int32_t*>(pt.page_table.data());
+  p.page_table_cols = static_cast<int32_t>(pt.cols);
+  p.kv_lens = reinterpret_cast<const int32_t*>(pt.kv_lens.data());
+  p.page_size = static_cast<int32_t>(pt.page_size.tokens());
+  p.page_size_log2 = pt.page_size.log2();
+  return bs;
+}
+
+absl::Status CheckBuffers(const PagedDecodeArgs& a, int64_t bs) {
+  const DecodeAttentionDims& d = a.dims;
+  const int64_t element = 2;  // bf16 and fp16
+  const int64_t q_bytes = bs * d.num_q_heads * d.head_dim * element;
+  if (static_cast<int64_t>(a.q.size()) != q_bytes || static_cast<int64_t>(a.out.size()) != q_bytes ||
+      static_cast<int64_t>(a.lse.size()) != bs * d.num_q_heads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "decode attention: q of ", a.q.size(), " bytes, out of ", a.out.size(), " bytes and lse of ",
+        a.lse.size(), " floats; a batch of ", bs, " wants ", q_bytes, ", ", q_bytes, " and ",
+        bs * d.num_q_heads));
+  }
+  const int64_t row = int64_t{d.num_kv_heads} * d.head_dim * element;
+  if (a.k_pool.size() != a.v_pool.size() || static_cast<int64_t>(a.k_pool.size()) % row != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("decode attention: K/V pools of ",
+                                                   a.k_pool.size(), " and ", a.v_pool.size(),
+                                                   " bytes are not the same whole rows of ", row));
+  }
+  if (static_cast<int64_t>(a.k_pool.size()) / row > (int64_t{1} << 31)) {
+    return absl::OutOfRangeError("decode attention: more than 2^31 pool slots");
+  }
+  for (const void* ptr : {static_cast<const void*>(a.q.data()),
+                          static_cast<const void*>(a.k_pool.data()),
+                          static_cast<const void*>(a.v_pool.data()),
+                          static_cast<const void*>(a.out.data())}) {
+    if (!Aligned(ptr, kVectorBytes)) {
+      return absl::InvalidArgumentError(
+          "decode attention: q, k_pool, v_pool and out must be 16-byte aligned (vector loads)");
+    }
+  }
+  for (absl::Status s : {CheckNotNull("q", a.q), CheckNotNull("k_pool", a.k_pool),
+                         CheckNotNull("v_pool", a.v_pool), CheckNotNull("out", a.out),
+                         CheckNotNull("lse", a.lse)}) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+bool SameLayout(const KvLayout& a, const KvLayout& b) {
+  return a.paged() == b.paged() && a.block() == b.block();
+}
+
+std::string LayoutName(const KvLayout& l) {
+  return l.paged() ? absl::StrCat("Paged(page_size ", l.block().tokens(), ")") : "LinearPerToken";
+}
+
+// The plan against the batch: every sequence is covered by one direct item or by split items
+// whose partial slots one reduce item of that sequence merges.
+absl::Status CheckPlan(const SplitKvPlan& plan, const KvLayout& layout, int64_t bs) {
+  if (!SameLayout(plan.layout, layout)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "split-KV plan: made for layout ", LayoutName(plan.layout), ", but this decode reads ",
+        LayoutName(layout), " (plan it with DecodeKvLayout of the KV source)"));
+  }
+  if (plan.num_partials < 0) return absl::InvalidArgumentError("split-KV plan: negative num_partials");
+  std::vector<int32_t> direct(bs, 0), split(bs, 0), reduced(bs, 0);
+  std::vector<int32_t> owner(plan.num_partials, -1);
+  for (size_t k = 0; k < plan.work.size(); ++k) {
+    const SplitKvWorkItem& w = plan.work[k];
+    if (w.sequence < 0 || w.sequence >= bs || w.q_begin.value() != w.sequence ||
+        w.q_end.value() != w.sequence + 1 || w.kv_begin.value() < 0 || w.kv_end < w.kv_begin ||
+        w.partial_slot >= plan.num_partials) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "split-KV plan: work item ", k, " (sequence ", w.sequence, ", rows [", w.q_begin.value(),
+          ", ", w.q_end.value(), "), KV [", w.kv_begin.value(), ", ", w.kv_end.value(),
+          "), partial ", w.partial_slot, ") does not fit a decode batch of ", bs, " with ",
+          plan.num_partials, " partial slots"));
+    }
+    if (w.partial_slot < 0) {
+      ++direct[w.sequence];
+    } else {
+      if (owner[w.partial_slot] >= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("split-KV plan: partial slot ", w.partial_slot, " written twice"));
+      }
+      owner[w.partial_slot] = w.sequence;
+      ++split[w.sequence];
+    }
+  }
+  std::vector<int32_t> merged(plan.num_partials, 0);
+  for (size_t r = 0; r < plan.reduce.size(); ++r) {
+    const SplitKvReduceItem& red = plan.reduce[r];
+    if (red.sequence < 0 || red.sequence >= bs || red.q_begin.value() != red.sequence ||
+        red.q_end.value() != red.sequence + 1 || red.partial_begin < 0 ||
+        red.partial_begin >= red.partial_end || red.partial_end > plan.num_partials) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("split-KV plan: reduce item ", r, " (sequence ", red.sequence,
+                       ", partials [", red.partial_begin, ", ", red.partial_end,
+                       ")) does not fit a decode batch of ", bs, " with ", plan.num_partials,
+                       " partial slots"));
+    }
+    ++reduced[red.sequence];
+    for (int32_t s = red.partial_begin; s < red.partial_end; ++s) {
+      if (owner[s] != red.sequence || merged[s]++ != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "split-KV plan: reduce item ", r, " merges partial slot ", s,
+            ", which no work item of sequence ", red.sequence, " writes or another item merges"));
+      }
+    }
+  }
+  for (int64_t i = 0; i < bs; ++i) {
+    const bool one_direct = direct[i] == 1 && split[i] == 0 && reduced[i] == 0;
+    const bool merged_once = direct[i] == 0 && split[i] > 0 && reduced[i] == 1;
+    if (!one_direct && !merged_once) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "split-KV plan: sequence ", i, " has ", direct[i], " direct items, ", split[i],
+          " split items and ", reduced[i], " reduce items; it needs one direct item, or split "
+          "items and one reduce item"));
+    }
+  }
+  for (int32_t s = 0; s < plan.num_partials; ++s) {
+    if (owner[s] >= 0 && merged[s] == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("split-KV plan: partial slot ", s, " is written but never merged"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSplit(const DecodeSplitKv& s, const DecodeAttentionDims& d, const KvLayout& layout,
+                        int64_t bs) {
+  if (s.plan == nullptr) return absl::InvalidArgumentError("split-KV: no plan");
+  const SplitKvPlan& plan = *s.plan;
+  if (absl::Status st = CheckPlan(plan, layout, bs); !st.ok()) return st;
+  if (s.work.size() != plan.work.size() || s.reduce.size() != plan.reduce.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "split-KV: the device copy holds ", s.work.size(), " work and ", s.reduce.size(),
+        " reduce items, the plan ", plan.work.size(), " and ", plan.reduce.size()));
+  }
+  const int64_t need_out = int64_t{plan.num_partials} * d.num_q_heads * d.head_dim;
+  const int64_t need_lse = int64_t{plan.num_partials} * d.num_q_heads;
+  if (static_cast<int64_t>(s.partial_out.size()) < need_out ||
+      static_cast<int64_t>(s.partial_lse.size()) < need_lse) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "split-KV: partial_out holds ", s.partial_out.size(), " floats and partial_lse ",
+        s.partial_lse.size(), "; the plan's ", plan.num_partials, " partial slots need ", need_out,
+        " and ", need_lse));
+  }
+  if (!Aligned(s.partial_out.data(), kVectorBytes)) {
+    return absl::InvalidArgumentError("split-KV: partial_out must be 16-byte aligned");
+  }
+  for (absl::Status st : {CheckNotNull("work", s.work), CheckNotNull("reduce", s.reduce),
+                          CheckNotNull("partial_out", s.partial_out),
+                          CheckNotNull("partial_lse", s.partial_lse)}) {
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+KvLayout DecodeKvLayout(const DecodeKv& kv) {
+  if (const auto* pt = std::get_if<DecodePageTableKv>(&kv)) return KvLayout::Paged(pt->page_size);
+  return KvLayout::LinearPerToken();
+}
+
+absl::Status PagedDecodeAttention(const PagedDecodeArgs& a, kernels::DeviceViolation* violation,
+                                  hipStream_t stream) {
+  absl::StatusOr<int32_t> heads_per_block = CheckDims(a.dims, a.variant);
+  if (!heads_per_block.ok()) return heads_per_block.status();
+  kernels::PagedDecodeParams p{};
+  absl::StatusOr<int64_t> bs = CheckKv(a.kv, p);
+  if (!bs.ok()) return bs.status();
+  if (*bs > std::numeric_limits<int32_t>::max()) {
+    return absl::OutOfRangeError("decode attention: batch beyond int32");
+  }
+  if (absl::Status s = CheckBuffers(a, *bs); !s.ok()) return s;
+  if (a.split.has_value()) {
+    if (absl::Status s = CheckSplit(*a.split, a.dims, DecodeKvLayout(a.kv), *bs); !s.ok()) return s;
+  }
+  const int64_t items = a.split.has_value() ? static_cast<int64_t>(a.split->plan->work.size()) : *bs;
+  const int64_t blocks = items * a.dims.num_q_heads / *heads_per_block;
+  if (blocks > kMaxBlocks) {
+    return absl::OutOfRangeError(absl::StrCat("decode attention: ", blocks, " blocks, at most ",
+                                              kMaxBlocks, " (fewer work items or heads)"));
+  }
+  if (blocks == 0) return absl::OkStatus();
+
+  const int64_t row = int64_t{a.dims.num_kv_heads} * a.dims.head_dim * 2;
+  p.q = a.q.data();
+  p.k_pool = a.k_pool.data();
+  p.v_pool = a.v_pool.data();
+  p.pool_slots = static_cast<int64_t>(a.k_pool.size()) / row;
+  p.num_work = static_cast<int32_t>(items);
+  if (a.split.has_value()) {
+    p.work = reinterpret_cast<const kernels::DecodeWorkItem*>(a.split->work.data());
+    p.partial_out = a.split->partial_out.data();
+    p.partial_lse = a.split->partial_lse.data();
+    p.partial_capacity = a.split->plan->num_partials;
+  }
+  p.out = a.out.data();
+  p.lse = a.lse.data();
+  p.batch_size = static_cast<int32_t>(*bs);
+  p.num_q_heads = a.dims.num_q_heads;
+  p.num_kv_heads = a.dims.num_kv_heads;
+  p.head_dim = a.dims.head_dim;
+  p.heads_per_block = *heads_per_block;
+  p.dtype = a.dims.dtype == KvElementType::kBf16 ? kernels::kDecodeBf16 : kernels::kDecodeFp16;
+  p.variant = a.variant;
+  p.softmax_scale = a.dims.softmax_scale;
+  p.violation = violation;
+  if (absl::Status s = LaunchResult(kernels::LaunchPagedDecodeKernel(p, stream), "paged decode");
+      !s.ok() || !a.split.has_value() || a.split->reduce.empty()) {
+    return s;
+  }
+  kernels::DecodeMergeParams m;
+  m.reduce = reinterpret_cast<const kernels::DecodeReduceItem*>(a.split->reduce.data());
+  m.num_reduce = static_cast<int32_t>(a.split->reduce.size());
+  m.partial_out = p.partial_out;
+  m.partial_lse = p.partial_lse;
+  m.partial_capacity = p.partial_capacity;
+  m.out = p.out;
+  m.lse = p.lse;
+  m.batch_size = p.batch_size;
+  m.num_q_heads = p.num_q_heads;
+  m.head_dim = p.head_dim;
+  m.dtype = p.dtype;
+  m.violation = violation;
+  return LaunchResult(kernels::LaunchDecodeMergeKernel(m, stream), "decode merge");
+}
+
+absl::StatusOr<SplitKvPlan> PlanDecodeSplitKv(absl::Span<const TokenOffset> kv_indptr,
+                                              KvLayout layout, const DecodeSplitOptions& o) {
+  if (o.multiprocessor_count < 1 || o.num_kv_heads < 1 || o.blocks_per_multiprocessor < 1 ||
+      o.min_chunk.value() < 1 || o.min_chunk.value() > kMaxTokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "decode split: need multiprocessor_count, num_kv_heads, blocks_per_multiprocessor >= 1 and "
+        "min_chunk in [1, ", kMaxTokens, "], got ", o.multiprocessor_count, ", ", o.num_kv_heads,
+        ", ", o.blocks_per_multiprocessor, ", ", o.min_chunk.value()));
+  }
+  if (kv_indptr.empty()) return absl::InvalidArgumentError("decode split: kv_indptr is empty");
+  const int64_t bs = static_cast<int64_t>(kv_indptr.size()) - 1;
+  std::vector<TokenOffset> qo_indptr(bs + 1);
+  for (int64_t i = 0; i <= bs; ++i) qo_indptr[i] = TokenOffset(static_cast<int32_t>(i));
+  SplitKvOptions options;
+  options.layout = layout;
+  options.q_tile = TokenCount(1);
+  const int64_t target_blocks = int64_t{o.multiprocessor_count} * o.blocks_per_multiprocessor;
+  if (bs * o.num_kv_heads >= target_blocks) {
+    // One unit takes every chunk: one item per sequence, nothing split.
+    options.num_units = 1;
+    return PlanSplitKv(qo_indptr, kv_indptr, options);
+  }
+  const int64_t target_items = (target_blocks + o.num_kv_heads - 1) / o.num_kv_heads;
+  const int64_t total = (kv_indptr.back() - kv_indptr.front()).value();
+  int64_t chunk = std::max<int64_t>(o.min_chunk.value(), (total + target_items - 1) / target_items);
+  chunk = std::min<int64_t>((chunk + 15) / 16 * 16, kMaxTokens);
+  // The planner rounds the chunk up to whole blocks; one unit per chunk of that size gives
+  // every chunk its own item.
+  const int64_t block = layout.block().tokens();
+  const int64_t planned = (chunk + block - 1) / block * block;
+  int64_t units = 0;
+  for (int64_t i = 0; i < bs; ++i) {
+    units += ((kv_indptr[i + 1] - kv_indptr[i]).value() + planned - 1) / planned;
+  }
+  options.num_units = static_cast<int32_t>(std::clamp<int64_t>(units, 1, int64_t{1} << 20));
+  options.kv_granularity = TokenCount(chunk);
+  return PlanSplitKv(qo_indptr, kv_indptr, options);
+}
+
+absl::StatusOr<int32_t> DeviceMultiprocessorCount() {
+  int device = 0;
+  if (absl::Status s = RuntimeStatus(hipGetDevice(&device), "hipGetDevice"); !s.ok()) return s;
+  int count = 0;
+  if (absl::Status s = RuntimeStatus(
+          hipDeviceGetAttribute(&count, hipDeviceAttributeMultiprocessorCount, device),
+          "hipDeviceGetAttribute(multiprocessor count)");
+      !s.ok()) {
+    return s;
+  }
+  return static_cast<int32_t>(count);
+}
+
+}  // namespace attnmeta

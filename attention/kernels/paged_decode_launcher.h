@@ -1,0 +1,130 @@
+// PagedDecodeAttention: decode attention (one query row per sequence) over the paged KV pool
+// on the GPU, GQA, bf16 or fp16, reading each token's K/V row through token-level kv_indices or
+// through the page table, optionally split over the KV of long sequences by a SplitKvPlan
+// (flash-decoding: partial results merged by log-sum-exp). What it computes, including the
+// log-sum-exp output and the empty-sequence rule, is in paged_decode_attention.h.
+//
+// The launcher checks what the host can see (dims, sizes that agree, 16-byte alignment of the
+// vector-loaded buffers, null pointers with nonzero sizes, the plan against the batch and the KV
+// layout, the partial buffers against the plan) and returns an error before launching anything;
+// then launches on `stream` (the attention kernel, then the merge kernel when the plan splits a
+// sequence) and returns Internal if a launch failed. What lives in device memory (indptr,
+// lengths, slots, page ids, the device copy of the plan) is bounds-checked by the kernels: they
+// never read or write outside a buffer, skip a token whose slot is outside the pool, and record
+// the first violation in `violation` (DeviceViolationWord; may be null).
+
+#ifndef ATTNMETA_ATTENTION_KERNELS_PAGED_DECODE_LAUNCHER_H_
+#define ATTNMETA_ATTENTION_KERNELS_PAGED_DECODE_LAUNCHER_H_
+
+#include <cstdint>
+#include <optional>
+#include <variant>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "attention/kernels/device_span.h"
+#include "attention/kernels/device_violation.h"
+#include "attention/kernels/hip_port.h"
+#include "attention/kernels/metadata_launchers.h"
+#include "attention/metadata/split_kv_planner.h"
+#include "kvcache/units.h"
+
+namespace attnmeta {
+
+struct DecodeAttentionDims {
+  int32_t num_q_heads = 1;   // a multiple of num_kv_heads
+  int32_t num_kv_heads = 1;  // >= 1
+  int32_t head_dim = 128;    // 64, 128 or 256
+  KvElementType dtype = KvElementType::kBf16;  // of q, the K/V pools and out
+  float softmax_scale = 1.0f;  // finite and > 0; usually 1 / sqrt(head_dim)
+};
+
+// Token t of sequence i is slot kv_indices[kv_indptr[i] + t], t < kv_indptr[i + 1] -
+// kv_indptr[i]. The batch is kv_indptr.size() - 1 sequences. A consumer reading K/V per token:
+// split plans must be made for KvLayout::LinearPerToken().
+struct DecodeTokenLevelKv {
+  DeviceSpan<const TokenOffset> kv_indptr;  // [bs + 1], [0] == 0, non-decreasing
+  DeviceSpan<const TokenSlot> kv_indices;   // [>= kv_indptr[bs]], at most 2^30 entries
+};
+
+// Token t of sequence i is slot page_table[i][t / page_size] * page_size + t % page_size,
+// t < kv_lens[i]. The batch is kv_lens.size() sequences. A consumer reading the paged pool:
+// split plans must be made for KvLayout::Paged(page_size).
+struct DecodePageTableKv {
+  DeviceSpan<const PageId> page_table;  // [>= bs][cols], row-major
+  int64_t cols = 0;                     // cols * page_size <= 2^30
+  DeviceSpan<const TokenLength> kv_lens;  // [bs], kv_lens[i] <= cols * page_size
+  PageSize page_size = *PageSize::Create(1);
+};
+
+using DecodeKv = std::variant<DecodeTokenLevelKv, DecodePageTableKv>;
+
+// The layout a split plan for this KV source must be made for.
+KvLayout DecodeKvLayout(const DecodeKv& kv);
+
+// A split-KV plan, its device copy and the partial buffers it writes.
+// REQUIRES: `work` and `reduce` hold plan->work and plan->reduce (the kernels bounds-check
+// what they read there, but cannot tell a stale copy), and the plan was made from the lengths
+// the device metadata holds (a work item past its sequence's length is clamped and recorded).
+struct DecodeSplitKv {
+  const SplitKvPlan* plan = nullptr;           // made with qo_indptr = [0, 1, ..., bs]
+  DeviceSpan<const SplitKvWorkItem> work;      // [plan->work.size()]
+  DeviceSpan<const SplitKvReduceItem> reduce;  // [plan->reduce.size()]
+  DeviceSpan<float> partial_out;  // [>= plan->num_partials][num_q_heads][head_dim], 16-byte aligned
+  DeviceSpan<float> partial_lse;  // [>= plan->num_partials][num_q_heads]
+};
+
+struct PagedDecodeArgs {
+  DecodeAttentionDims dims;
+  DeviceSpan<const uint8_t> q;       // [bs][num_q_heads][head_dim] of dtype, 16-byte aligned
+  DeviceSpan<const uint8_t> k_pool;  // [pool_slots][num_kv_heads][head_dim] of dtype, aligned
+  DeviceSpan<const uint8_t> v_pool;  // like k_pool, the same size; pool_slots <= 2^31
+  DecodeKv kv;
+  // None: one work item per sequence over its whole length (no partials, no merge).
+  std::optional<DecodeSplitKv> split;
+  DeviceSpan<uint8_t> out;  // [bs][num_q_heads][head_dim] of dtype, 16-byte aligned
+  DeviceSpan<float> lse;    // [bs][num_q_heads]
+  // The kernel shape (kernels::kDecodeVariants). Variants other than 0 are compiled only for
+  // head_dim 128 and run 4 query heads per block, so they need a group of a multiple of 4.
+  int32_t variant = 0;
+};
+
+// Errors, before anything is launched: InvalidArgument for dims (head counts that do not
+// divide, a head dim other than 64/128/256, a scale that is not finite and positive, an
+// unknown variant), sizes that disagree with the batch, a pointer not 16-byte aligned, a null
+// pointer with a nonzero size, a plan made for another layout, a plan whose items do not fit
+// the batch (a sequence outside it, query rows other than the sequence's one row, a KV range
+// that is negative or reversed, a sequence with no item, partial slots and reduce items that
+// do not match); ResourceExhausted for partial buffers smaller than the plan needs; OutOfRange
+// for a pool, table or grid beyond the kernel's int32 arithmetic. Internal: a launch failed.
+absl::Status PagedDecodeAttention(const PagedDecodeArgs& args, kernels::DeviceViolation* violation,
+                                  hipStream_t stream);
+
+// How PlanDecodeSplitKv sizes the work to the GPU.
+struct DecodeSplitOptions {
+  int32_t multiprocessor_count = 1;  // of the GPU that runs the kernel, >= 1
+  int32_t num_kv_heads = 1;          // blocks per work item (one per KV head), >= 1
+  // Blocks to aim for per multiprocessor: two to three waves of the default variant's 3
+  // resident blocks (bf16, head dim 128, 4 query heads per block on sm_90), so that blocks
+  // finishing at different times still keep every multiprocessor busy.
+  int32_t blocks_per_multiprocessor = 8;
+  TokenCount min_chunk = TokenCount(64);  // no split is shorter than this, >= 1
+};
+
+// A decode plan that fills the GPU: no split (one item per sequence) when the batch alone
+// gives multiprocessor_count * blocks_per_multiprocessor blocks; otherwise chunks of about
+// total_kv / (that many blocks / num_kv_heads) tokens (at least min_chunk, a multiple of 16
+// rounded up to whole blocks of `layout`), one item per chunk, so that items are of equal size
+// except each sequence's last. `kv_indptr` is the host copy of the batch's token-level indptr.
+// Errors: PlanSplitKv's (InvalidArgument for an empty sequence: a decode row needs kv_len >= 1;
+// run batches with empty sequences without a plan) and InvalidArgument for options out of range.
+absl::StatusOr<SplitKvPlan> PlanDecodeSplitKv(absl::Span<const TokenOffset> kv_indptr,
+                                              KvLayout layout, const DecodeSplitOptions& options);
+
+// The multiprocessor count of the current device. Internal when the runtime fails.
+absl::StatusOr<int32_t> DeviceMultiprocessorCount();
+
+}  // namespace attnmeta
+
+#endif  // ATTNMETA_ATTENTION_KERNELS_PAGED_DECODE_LAUNCHER_H_
