@@ -165,6 +165,9 @@ class Run {
   void Done(Req& r) { finishing_.push_back(&r); }
   // Sends the newest running (or, with `prefills`, prefilling) request back to the queue.
   bool RetractNewest(bool prefills);
+  // The running requests, after retracting the newest until the pool holds the pages their
+  // next decode step needs.
+  std::vector<Req*> RunningThatFit();
   void MaybeCachePrefix(Req& r);
   int64_t CachedPrefixLen(const Req& r) const;
 
@@ -177,6 +180,11 @@ class Run {
                         const std::string& what);
   // The eager metadata of a forward: timed, maybe corrupted (the test-only fault), checked
   // and, with a dump directory, snapshotted (when `batch` describes it).
+  // One forward of `batch`: its eager metadata `m` (or the builder's error) checked, then,
+  // with `replay`, the batch replayed through the graph and compared; counted under its mode.
+  // False when the run failed.
+  bool CheckForward(absl::StatusOr<ForwardMetadata>& m, double build_us, const ForwardBatch& batch,
+                    const std::vector<DenseSequence>& dense, bool replay);
   void CheckEager(const std::string& what, ForwardMetadata& m, const ForwardBatch* batch,
                   const std::vector<DenseSequence>& dense, double build_us);
   // Replays `batch` through the graph when a capture size holds it and compares.
@@ -450,6 +458,19 @@ bool Run::RetractNewest(bool prefills) {
   return true;
 }
 
+std::vector<Req*> Run::RunningThatFit() {
+  for (;;) {
+    std::vector<Req*> running;
+    int64_t need = 0;
+    for (Req& r : reqs_) {
+      if (r.state != State::kRunning) continue;
+      running.push_back(&r);
+      need += NextDecodePages(r);
+    }
+    if (need <= alloc_->free_pages().value() || !RetractNewest(/*prefills=*/false)) return running;
+  }
+}
+
 int64_t Run::CachedPrefixLen(const Req& r) const {
   const Request& q = *r.spec;
   if (q.prefix_group() == 0) return 0;
@@ -609,15 +630,7 @@ bool Run::PrefillStep() {
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<ForwardMetadata> m = BuildForwardMetadata(fb, *r2t_, page_size_, opts);
   const double us = MicrosSince(t0);
-  if (!m.ok()) {
-    Fail(std::string(ForwardModeName(fb.mode)), m.status(), &fb, nullptr);
-    return false;
-  }
-  CheckEager(std::string(ForwardModeName(fb.mode)), *m, &fb, dense, us);
-  if (failure_.has_value()) return false;
-  ModeReport& mode = Mode(fb.mode);
-  mode.set_query_rows(mode.query_rows() + m->qo_indptr.back().value());
-  mode.set_forwards(mode.forwards() + 1);
+  if (!CheckForward(m, us, fb, dense, /*replay=*/false)) return false;
   for (const Entry& e : batch) {
     Req& r = *e.req;
     if (r.state == State::kRunning) {
@@ -637,21 +650,12 @@ bool Run::PrefillStep() {
 // ---- Decode ----
 
 bool Run::DecodeStep() {
-  std::vector<Req*> running;
-  for (Req& r : reqs_) {
-    if (r.state == State::kRunning) running.push_back(&r);
+  if (std::none_of(reqs_.begin(), reqs_.end(),
+                   [](const Req& r) { return r.state == State::kRunning; })) {
+    return false;
   }
-  if (running.empty()) return false;
-  for (;;) {
-    int64_t need = 0;
-    for (const Req* r : running) need += NextDecodePages(*r);
-    if (need <= alloc_->free_pages().value()) break;
-    RetractNewest(/*prefills=*/false);
-    running.erase(std::remove_if(running.begin(), running.end(),
-                                 [](const Req* r) { return r->state != State::kRunning; }),
-                  running.end());
-    if (running.empty()) return true;
-  }
+  const std::vector<Req*> running = RunningThatFit();
+  if (running.empty()) return true;  // every one was retracted
   std::vector<DecodeRequest> requests;
   for (const Req* r : running) {
     requests.push_back(DecodeRequest{TokenCount(r->seq_len + 1), LastSlot(*r)});
@@ -688,20 +692,7 @@ bool Run::DecodeStep() {
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<ForwardMetadata> m = BuildForwardMetadata(fb, *r2t_, page_size_, opts);
   const double us = MicrosSince(t0);
-  if (!m.ok()) {
-    Fail("decode", m.status(), &fb, nullptr);
-    return false;
-  }
-  CheckEager("decode", *m, &fb, dense, us);
-  if (failure_.has_value()) return false;
-  ReplayBatch rb;
-  rb.req_rows = rows;
-  rb.kv_lens = kv_lens;
-  CheckReplay(ForwardMode::kDecode, rb, {&*m}, {dense}, &fb);
-  if (failure_.has_value()) return false;
-  ModeReport& mode = Mode(ForwardMode::kDecode);
-  mode.set_forwards(mode.forwards() + 1);
-  mode.set_query_rows(mode.query_rows() + static_cast<int64_t>(running.size()));
+  if (!CheckForward(m, us, fb, dense, /*replay=*/true)) return false;
   for (Req* r : running) {
     ++r->generated;
     report_->set_generated_tokens(report_->generated_tokens() + 1);
@@ -722,21 +713,12 @@ std::vector<int32_t> TreeParents(int32_t n, int32_t topk) {
 }
 
 bool Run::EagleRound() {
-  std::vector<Req*> running;
-  for (Req& r : reqs_) {
-    if (r.state == State::kRunning) running.push_back(&r);
+  if (std::none_of(reqs_.begin(), reqs_.end(),
+                   [](const Req& r) { return r.state == State::kRunning; })) {
+    return false;
   }
-  if (running.empty()) return false;
-  for (;;) {
-    int64_t need = 0;
-    for (const Req* r : running) need += NextDecodePages(*r);
-    if (need <= alloc_->free_pages().value()) break;
-    RetractNewest(/*prefills=*/false);
-    running.erase(std::remove_if(running.begin(), running.end(),
-                                 [](const Req* r) { return r->state != State::kRunning; }),
-                  running.end());
-    if (running.empty()) return true;
-  }
+  const std::vector<Req*> running = RunningThatFit();
+  if (running.empty()) return true;  // every one was retracted
   const int64_t bs = static_cast<int64_t>(running.size());
   const int32_t n = spec_.draft_tokens();
   const DraftDecodeShape shape{spec_.topk(), spec_.steps()};
@@ -880,21 +862,7 @@ bool Run::EagleRound() {
     fb.kv_lens = verify_lens;
     fb.q_lens = q_lens;
     fb.tree_mask = tree->sees;
-    if (!m.ok()) {
-      Fail("target_verify", m.status(), &fb, nullptr);
-      return false;
-    }
-    CheckEager("target_verify", *m, &fb, verify_dense, us);
-    if (failure_.has_value()) return false;
-    ReplayBatch rb;
-    rb.req_rows = rows;
-    rb.kv_lens = verify_lens;
-    rb.tree_mask = tree->sees;
-    CheckReplay(ForwardMode::kTargetVerify, rb, {&*m}, {verify_dense}, &fb);
-    if (failure_.has_value()) return false;
-    ModeReport& mode = Mode(ForwardMode::kTargetVerify);
-    mode.set_forwards(mode.forwards() + 1);
-    mode.set_query_rows(mode.query_rows() + bs * n);
+    if (!CheckForward(m, us, fb, verify_dense, /*replay=*/true)) return false;
   }
 
   // 3. Greedy acceptance: draft token ids are t + 1; the target predicts a random child's.
@@ -974,21 +942,7 @@ bool Run::EagleRound() {
     fb.req_rows = rows;
     fb.kv_lens = extend_lens;
     fb.q_lens = q_lens;
-    if (!m.ok()) {
-      Fail("draft_extend", m.status(), &fb, nullptr);
-      return false;
-    }
-    CheckEager("draft_extend", *m, &fb, extend_dense, us);
-    if (failure_.has_value()) return false;
-    ReplayBatch rb;
-    rb.req_rows = rows;
-    rb.kv_lens = extend_lens;
-    rb.q_lens = q_lens;
-    CheckReplay(ForwardMode::kDraftExtend, rb, {&*m}, {extend_dense}, &fb);
-    if (failure_.has_value()) return false;
-    ModeReport& mode = Mode(ForwardMode::kDraftExtend);
-    mode.set_forwards(mode.forwards() + 1);
-    mode.set_query_rows(mode.query_rows() + extend_rows);
+    if (!CheckForward(m, us, fb, extend_dense, /*replay=*/true)) return false;
   }
   for (Req* r : running) {
     if (r->generated >= r->spec->output_len()) Done(*r);
@@ -1002,15 +956,7 @@ void Run::IdleStep() {
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<ForwardMetadata> m = BuildForwardMetadata(fb, *r2t_, page_size_);
   const double us = MicrosSince(t0);
-  if (!m.ok()) {
-    Fail("idle", m.status(), &fb, nullptr);
-    return;
-  }
-  CheckEager("idle", *m, &fb, {}, us);
-  if (failure_.has_value()) return;
-  CheckReplay(ForwardMode::kIdle, ReplayBatch{}, {&*m}, {{}}, &fb);
-  ModeReport& idle = Mode(ForwardMode::kIdle);
-  idle.set_forwards(idle.forwards() + 1);
+  CheckForward(m, us, fb, {}, /*replay=*/true);
 }
 
 // ---- Checks ----
@@ -1096,6 +1042,31 @@ void Run::CheckView(const std::string& what, const ForwardMetadataView& m,
   const double err = AttentionError(m, dense, what);
   report_->set_attention_checks(report_->attention_checks() + 1);
   report_->set_max_relative_error(std::max(report_->max_relative_error(), err));
+}
+
+bool Run::CheckForward(absl::StatusOr<ForwardMetadata>& m, double build_us,
+                       const ForwardBatch& batch, const std::vector<DenseSequence>& dense,
+                       bool replay) {
+  const std::string name(ForwardModeName(batch.mode));
+  if (!m.ok()) {
+    Fail(name, m.status(), &batch, nullptr);
+    return false;
+  }
+  CheckEager(name, *m, &batch, dense, build_us);
+  if (failure_.has_value()) return false;
+  if (replay) {
+    ReplayBatch rb;
+    rb.req_rows = batch.req_rows;
+    rb.kv_lens = batch.kv_lens;
+    if (batch.mode == ForwardMode::kDraftExtend) rb.q_lens = batch.q_lens;
+    rb.tree_mask = batch.tree_mask;
+    CheckReplay(batch.mode, rb, {&*m}, {dense}, &batch);
+    if (failure_.has_value()) return false;
+  }
+  ModeReport& mode = Mode(batch.mode);
+  mode.set_forwards(mode.forwards() + 1);
+  mode.set_query_rows(mode.query_rows() + m->qo_indptr.back().value());
+  return true;
 }
 
 void Run::CheckEager(const std::string& what, ForwardMetadata& m, const ForwardBatch* batch,

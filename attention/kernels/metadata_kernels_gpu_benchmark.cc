@@ -35,6 +35,7 @@
 #include "attention/kernels/hip_device_memory.h"
 #include "attention/kernels/metadata_kernels.h"
 #include "attention/kernels/metadata_launchers.h"
+#include "attention/kernels/testing/bench_check.h"
 #include "attention/kernels/testing/device_buffer.h"
 #include "attention/kernels/token_kv_indices.h"
 #include "attention/metadata/testing/batch_fixture.h"
@@ -44,21 +45,7 @@ namespace {
 
 using testing::DeviceBuffer;
 using testing::GpuStatus;
-
-#define BENCH_CHECK(expr)                                                              \
-  do {                                                                                 \
-    const absl::Status _s = (expr);                                                    \
-    if (!_s.ok()) {                                                                    \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, _s.ToString().c_str());  \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
-
-template <typename T>
-T Unwrap(absl::StatusOr<T> v) {
-  BENCH_CHECK(v.status());
-  return *std::move(v);
-}
+using testing::Unwrap;
 
 constexpr int kLaunchesPerSample = 8;
 constexpr int kSamples = 31;

@@ -16,6 +16,7 @@
 #include "attention/kernels/metadata_kernels.h"
 #include "attention/kernels/metadata_launchers.h"
 #include "attention/kernels/testing/device_buffer.h"
+#include "attention/kernels/testing/upload.h"
 #include "attention/kernels/token_kv_indices.h"
 #include "attention/metadata/builders.h"
 #include "attention/metadata/context_gather.h"
@@ -28,20 +29,8 @@ namespace {
 
 using testing::BatchFixture;
 using testing::DeviceBuffer;
-
-template <typename T>
-DeviceBuffer<T> Upload(const std::vector<T>& host) {
-  auto b = DeviceBuffer<T>::FromHost(host);
-  EXPECT_TRUE(b.ok()) << b.status();
-  return *std::move(b);
-}
-
-template <typename T>
-std::vector<T> Download(const DeviceBuffer<T>& b) {
-  auto h = b.ToHost();
-  EXPECT_TRUE(h.ok()) << h.status();
-  return *std::move(h);
-}
+using testing::Download;
+using testing::Upload;
 
 class GpuTest : public ::testing::Test {
  protected:

@@ -51,6 +51,7 @@
 #include "attention/kernels/device_violation_word.h"
 #include "attention/kernels/paged_decode_attention.h"
 #include "attention/kernels/paged_decode_launcher.h"
+#include "attention/kernels/testing/bench_check.h"
 #include "attention/kernels/testing/device_buffer.h"
 #include "attention/kernels/testing/half_bits.h"
 #include "attention/kernels/testing/stream_read.h"
@@ -61,21 +62,7 @@ namespace {
 
 using testing::DeviceBuffer;
 using testing::GpuStatus;
-
-#define BENCH_CHECK(expr)                                                              \
-  do {                                                                                 \
-    const absl::Status _s = (expr);                                                    \
-    if (!_s.ok()) {                                                                    \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, _s.ToString().c_str());  \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
-
-template <typename T>
-T Unwrap(absl::StatusOr<T> v) {
-  BENCH_CHECK(v.status());
-  return *std::move(v);
-}
+using testing::Unwrap;
 
 constexpr int32_t kQHeads = 32;
 constexpr int32_t kKvHeads = 8;
@@ -133,36 +120,6 @@ void Report(const Row& r) {
               100.0 * tbs / read_tbs, copy_tbs, 100.0 * r.contiguous_us / r.us);
 }
 
-// Median microseconds of one launch: `launches` calls launch(0), launch(1), ... captured into a
-// graph on `stream`, the graph replayed after warm-up.
-double TimeUs(hipStream_t stream, int launches, const std::function<void(int)>& launch) {
-  hipGraph_t graph;
-  hipGraphExec_t exec;
-  BENCH_CHECK(GpuStatus(hipStreamBeginCapture(stream, hipStreamCaptureModeThreadLocal), "capture"));
-  for (int i = 0; i < launches; ++i) launch(i);
-  BENCH_CHECK(GpuStatus(hipStreamEndCapture(stream, &graph), "end capture"));
-  BENCH_CHECK(GpuStatus(hipGraphInstantiate(&exec, graph, nullptr, nullptr, 0), "instantiate"));
-  hipEvent_t start, stop;
-  BENCH_CHECK(GpuStatus(hipEventCreate(&start), "hipEventCreate"));
-  BENCH_CHECK(GpuStatus(hipEventCreate(&stop), "hipEventCreate"));
-  std::vector<float> ms;
-  for (int s = -3; s < kSamples; ++s) {
-    BENCH_CHECK(GpuStatus(hipEventRecord(start, stream), "hipEventRecord"));
-    BENCH_CHECK(GpuStatus(hipGraphLaunch(exec, stream), "hipGraphLaunch"));
-    BENCH_CHECK(GpuStatus(hipEventRecord(stop, stream), "hipEventRecord"));
-    BENCH_CHECK(GpuStatus(hipEventSynchronize(stop), "hipEventSynchronize"));
-    float t = 0;
-    BENCH_CHECK(GpuStatus(hipEventElapsedTime(&t, start, stop), "hipEventElapsedTime"));
-    if (s >= 0) ms.push_back(t / launches);
-  }
-  BENCH_CHECK(GpuStatus(hipEventDestroy(start), "hipEventDestroy"));
-  BENCH_CHECK(GpuStatus(hipEventDestroy(stop), "hipEventDestroy"));
-  BENCH_CHECK(GpuStatus(hipGraphExecDestroy(exec), "hipGraphExecDestroy"));
-  BENCH_CHECK(GpuStatus(hipGraphDestroy(graph), "hipGraphDestroy"));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2] * 1e3;
-}
-
 // Median microseconds of one launch: `launches` calls launch(0), launch(1), ... issued on
 // `stream` between two events, after warm-up (for copies, which a graph would put on a copy
 // engine).
@@ -184,6 +141,24 @@ double TimeOnStreamUs(hipStream_t stream, int launches, const std::function<void
   BENCH_CHECK(GpuStatus(hipEventDestroy(stop), "hipEventDestroy"));
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2] * 1e3;
+}
+
+// Median microseconds of one launch: `launches` calls launch(0), launch(1), ... captured into a
+// graph on `stream`, the graph replayed after warm-up (so that host launch cost does not hide
+// the GPU time of small shapes).
+double TimeUs(hipStream_t stream, int launches, const std::function<void(int)>& launch) {
+  hipGraph_t graph;
+  hipGraphExec_t exec;
+  BENCH_CHECK(GpuStatus(hipStreamBeginCapture(stream, hipStreamCaptureModeThreadLocal), "capture"));
+  for (int i = 0; i < launches; ++i) launch(i);
+  BENCH_CHECK(GpuStatus(hipStreamEndCapture(stream, &graph), "end capture"));
+  BENCH_CHECK(GpuStatus(hipGraphInstantiate(&exec, graph, nullptr, nullptr, 0), "instantiate"));
+  const double us = TimeOnStreamUs(stream, 1, [&](int) {
+    BENCH_CHECK(GpuStatus(hipGraphLaunch(exec, stream), "hipGraphLaunch"));
+  });
+  BENCH_CHECK(GpuStatus(hipGraphExecDestroy(exec), "hipGraphExecDestroy"));
+  BENCH_CHECK(GpuStatus(hipGraphDestroy(graph), "hipGraphDestroy"));
+  return us / launches;
 }
 
 // Launches per replay: enough GPU time per sample at an expected ~3 TB/s, a multiple of `sets`.

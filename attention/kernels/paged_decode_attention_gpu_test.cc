@@ -30,6 +30,7 @@
 #include "attention/kernels/paged_decode_attention.h"
 #include "attention/kernels/paged_decode_launcher.h"
 #include "attention/kernels/testing/device_buffer.h"
+#include "attention/kernels/testing/upload.h"
 #include "attention/kernels/testing/half_bits.h"
 #include "attention/metadata/builders.h"
 #include "attention/metadata/reference_attention.h"
@@ -42,22 +43,10 @@ namespace {
 
 using testing::BatchFixture;
 using testing::DeviceBuffer;
+using testing::Download;
+using testing::Upload;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-template <typename T>
-DeviceBuffer<T> Upload(const std::vector<T>& host) {
-  auto b = DeviceBuffer<T>::FromHost(host);
-  EXPECT_TRUE(b.ok()) << b.status();
-  return *std::move(b);
-}
-
-template <typename T>
-std::vector<T> Download(const DeviceBuffer<T>& b) {
-  auto h = b.ToHost();
-  EXPECT_TRUE(h.ok()) << h.status();
-  return *std::move(h);
-}
 
 std::vector<uint8_t> Bytes(const std::vector<uint16_t>& bits) {
   std::vector<uint8_t> out(bits.size() * 2);
