@@ -21,7 +21,8 @@
 // What lives in device memory is bounds-checked by the kernels, which never read or write
 // outside a buffer: they clamp, skip a token whose slot is outside the pool, and record the
 // first violation in `violation` (device_violation.h; may be null). The kinds they record:
-//   kOffsetNegative / kIndptrDecreasing   kv_indptr entry negative / below the one before it
+//   kOffsetNegative / kIndptrDecreasing   kv_indptr entry negative / below the one before it,
+//                                         or a work item's kv_end below its kv_begin
 //   kTotalPastCapacity                    kv_indptr past kv_indices' capacity (index: the
 //                                         sequence), or a partial slot past the partial
 //                                         buffers (index: the work item)
@@ -96,12 +97,16 @@ struct PagedDecodeParams {
   const void* v_pool;  // like k_pool
   int64_t pool_slots;  // <= 2^31; a token whose slot is outside [0, pool_slots) is skipped
 
-  // Token-level KV (page_table == null).
+  // Which KV source the kernel reads: 0 token-level, 1 the page table. An explicit flag, not
+  // a null pointer: an empty page table's pointer is null too.
+  int32_t page_level;
+
+  // Token-level KV (page_level == 0).
   const int32_t* kv_indptr;   // [batch_size + 1], kv_indptr[0] == 0, non-decreasing
   const int32_t* kv_indices;  // [kv_indices_capacity]: token t of sequence i is slot
                               // kv_indices[kv_indptr[i] + t]
   int64_t kv_indices_capacity;  // <= 2^30, >= kv_indptr[batch_size] (else clamped)
-  // Page-level KV (page_table != null).
+  // Page-level KV (page_level == 1).
   const int32_t* page_table;  // [batch_size][page_table_cols] page ids; columns past a
                               // sequence's ceil(kv_len / page_size) pages are not read
   int32_t page_table_cols;    // page_table_cols * page_size <= 2^30

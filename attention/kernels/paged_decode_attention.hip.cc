@@ -65,7 +65,7 @@ struct BlockWork {
 __device__ inline int32_t SequenceLength(const PagedDecodeParams& p, int32_t seq, bool report,
                                          int64_t* index_base) {
   DeviceViolation* v = report ? p.violation : nullptr;
-  if (p.page_table == nullptr) {
+  if (p.page_level == 0) {
     int64_t begin = p.kv_indptr[seq];
     int64_t end = p.kv_indptr[seq + 1];
     if (begin < 0) {
@@ -130,6 +130,7 @@ __device__ inline bool ResolveWork(const PagedDecodeParams& p, int32_t item, Blo
   if (p.work != nullptr && kv_end > len) {
     RecordViolation(v, kLengthPastRow, item, kv_end, len);
   }
+  if (kv_end < kv_begin) RecordViolation(v, kIndptrDecreasing, item, kv_end, kv_begin);
   w.hi = static_cast<int32_t>(kv_end < len ? kv_end : len);
   w.lo = static_cast<int32_t>(kv_begin < w.hi ? kv_begin : w.hi);
   return true;
@@ -138,7 +139,7 @@ __device__ inline bool ResolveWork(const PagedDecodeParams& p, int32_t item, Blo
 // The raw entry behind token t of the sequence: its slot (token-level) or its page (page
 // table). Loaded a step ahead of its use.
 __device__ inline int32_t LoadIndex(const PagedDecodeParams& p, const BlockWork& w, int32_t t) {
-  if (p.page_table == nullptr) return __ldg(p.kv_indices + w.index_base + t);
+  if (p.page_level == 0) return __ldg(p.kv_indices + w.index_base + t);
   const int32_t col = p.page_size_log2 >= 0 ? t >> p.page_size_log2 : t / p.page_size;
   return __ldg(p.page_table + int64_t{w.sequence} * p.page_table_cols + col);
 }
@@ -149,7 +150,7 @@ __device__ inline int64_t SlotOf(const PagedDecodeParams& p, const BlockWork& w,
                                  int32_t t, bool report) {
   int64_t slot = raw;
   int64_t entry = w.index_base + t;
-  if (p.page_table != nullptr) {
+  if (p.page_level != 0) {
     const int32_t col = p.page_size_log2 >= 0 ? t >> p.page_size_log2 : t / p.page_size;
     const int32_t offset = p.page_size_log2 >= 0 ? t & (p.page_size - 1) : t % p.page_size;
     slot = int64_t{raw} * p.page_size + offset;

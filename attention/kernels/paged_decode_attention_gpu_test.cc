@@ -537,6 +537,13 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
       std::remove_if(missing.reduce.begin(), missing.reduce.end(),
                      [&](const SplitKvReduceItem& r) { return r.sequence == bs - 1; }),
       missing.reduce.end());
+  // A plan claiming far more partial slots than it has items (sized by nothing the launcher
+  // may allocate), and one whose first item starts past position 0 (a gap).
+  SplitKvPlan many = *plan;
+  many.num_partials = std::numeric_limits<int32_t>::max();
+  SplitKvPlan gap = *plan;
+  gap.work[0].kv_begin = TokenPosition(gap.work[0].kv_begin.value() + 1);
+  ASSERT_LE(gap.work[0].kv_begin.value(), gap.work[0].kv_end.value());
   DeviceBuffer<SplitKvWorkItem> missing_work = Upload(missing.work);
   DeviceBuffer<SplitKvReduceItem> missing_reduce = Upload(missing.reduce);
   DeviceBuffer<SplitKvWorkItem> work = Upload(plan->work);
@@ -662,6 +669,9 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
                                  partial_out.span(), partial_lse.span()};
        },
        kInvalid},
+      {"plan with more partial slots than items", [&](PagedDecodeArgs& a) { a.split->plan = &many; },
+       kInvalid},
+      {"plan whose items leave a gap", [&](PagedDecodeArgs& a) { a.split->plan = &gap; }, kInvalid},
       {"plan missing a sequence",
        [&](PagedDecodeArgs& a) {
          a.split = DecodeSplitKv{&missing, missing_work.const_span(), missing_reduce.const_span(),
@@ -805,6 +815,22 @@ TEST_F(GuardDecodeGpuTest, LengthsAndIndptrPastTheirBuffersAreClampedAndRecorded
 // The device copy of a plan disagrees with the host plan the launcher checked: items naming a
 // sequence outside the batch, partial slots past the buffers or KV past the sequence are
 // recorded, and nothing is read or written out of bounds.
+// A page table of zero columns (its pointer null) is still read as a page table: lengths past
+// it are clamped and recorded, never taken for token-level indices.
+TEST_F(GuardDecodeGpuTest, EmptyPageTableIsClampedNotReadAsTokenIndices) {
+  const Problem p = MakeProblem(Dims(32, 8, 128, KvElementType::kBf16), 16, {100, 60, 80}, 95);
+  const DeviceProblem d = ToDevice(p);
+  const Result r = RunDecode(p.dims, d, p.bs(),
+                             DecodePageTableKv{DeviceSpan<const PageId>(nullptr, 0), 0,
+                                               d.kv_lens.const_span(), d.page_size},
+                             nullptr, 0, word_->device());
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  ASSERT_EQ(hipDeviceSynchronize(), hipSuccess);
+  ExpectViolation("columns");
+  for (float x : r.out) ASSERT_EQ(x, 0.0f);
+  for (float x : r.lse) ASSERT_EQ(x, -kInf);
+}
+
 TEST_F(GuardDecodeGpuTest, CorruptedDevicePlanIsRecorded) {
   const Problem p = MakeProblem(Dims(32, 8, 128, KvElementType::kBf16), 16, {700, 900}, 101);
   const DeviceProblem d = ToDevice(p);

@@ -129,6 +129,7 @@ absl::StatusOr<int64_t> CheckKv(const DecodeKv& kv, kernels::PagedDecodeParams& 
        {CheckNotNull("page_table", pt.page_table), CheckNotNull("kv_lens", pt.kv_lens)}) {
     if (!s.ok()) return s;
   }
+  p.page_level = 1;
   p.page_table = reinterpret_cast<const int32_t*>(pt.page_table.data());
   p.page_table_cols = static_cast<int32_t>(pt.cols);
   p.kv_lens = reinterpret_cast<const int32_t*>(pt.kv_lens.data());
@@ -191,6 +192,12 @@ absl::Status CheckPlan(const SplitKvPlan& plan, const KvLayout& layout, int64_t 
         LayoutName(layout), " (plan it with DecodeKvLayout of the KV source)"));
   }
   if (plan.num_partials < 0) return absl::InvalidArgumentError("split-KV plan: negative num_partials");
+  // Every partial slot is one work item's: checked before anything is sized by num_partials.
+  if (plan.num_partials > static_cast<int64_t>(plan.work.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("split-KV plan: ", plan.num_partials,
+                                                   " partial slots for ", plan.work.size(),
+                                                   " work items"));
+  }
   std::vector<int32_t> direct(bs, 0), split(bs, 0), reduced(bs, 0);
   std::vector<int32_t> owner(plan.num_partials, -1);
   for (size_t k = 0; k < plan.work.size(); ++k) {
@@ -244,6 +251,23 @@ absl::Status CheckPlan(const SplitKvPlan& plan, const KvLayout& layout, int64_t 
           "split-KV plan: sequence ", i, " has ", direct[i], " direct items, ", split[i],
           " split items and ", reduced[i], " reduce items; it needs one direct item, or split "
           "items and one reduce item"));
+    }
+  }
+  // Each sequence's items tile its KV range from position 0 without gaps or overlaps (the
+  // merged log-sum-exp of overlapping items would count their tokens twice).
+  std::vector<const SplitKvWorkItem*> items;
+  for (const SplitKvWorkItem& w : plan.work) items.push_back(&w);
+  std::sort(items.begin(), items.end(), [](const SplitKvWorkItem* a, const SplitKvWorkItem* b) {
+    return a->sequence != b->sequence ? a->sequence < b->sequence : a->kv_begin < b->kv_begin;
+  });
+  for (size_t k = 0; k < items.size(); ++k) {
+    const SplitKvWorkItem& w = *items[k];
+    const bool first = k == 0 || items[k - 1]->sequence != w.sequence;
+    const TokenPosition expected = first ? TokenPosition(0) : items[k - 1]->kv_end;
+    if (w.kv_begin != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "split-KV plan: the items of sequence ", w.sequence, " do not tile its KV from 0: an item "
+          "begins at ", w.kv_begin.value(), " where ", expected.value(), " was expected"));
     }
   }
   for (int32_t s = 0; s < plan.num_partials; ++s) {
