@@ -120,6 +120,7 @@ class Run {
         report_(report),
         config_(ScenarioConfig(scenario, page_size)),
         spec_(scenario.backend().speculative()),
+        buckets_(BatchSizeBuckets::ForConfig(config_)),
         accept_rng_(Mix(seed ^ scenario.acceptance().seed())) {
     report_->set_scenario(scenario.name());
     report_->set_page_size(page_size.tokens());
@@ -185,6 +186,9 @@ class Run {
   // False when the run failed.
   bool CheckForward(absl::StatusOr<ForwardMetadata>& m, double build_us, const ForwardBatch& batch,
                     const std::vector<DenseSequence>& dense, bool replay);
+  // CheckForward of BuildForwardMetadata(batch) with the config's consumers, timed.
+  bool BuildAndCheckForward(const ForwardBatch& batch, const std::vector<DenseSequence>& dense,
+                            bool replay);
   void CheckEager(const std::string& what, ForwardMetadata& m, const ForwardBatch* batch,
                   const std::vector<DenseSequence>& dense, double build_us);
   // Replays `batch` through the graph when a capture size holds it and compares.
@@ -215,6 +219,7 @@ class Run {
   const BackendConfig config_;
   const SpeculativeConfig spec_;
   AttentionDims dims_;
+  const BatchSizeBuckets buckets_;  // the config's capture sizes
   std::mt19937_64 accept_rng_;
 
   std::optional<PagedTokenAllocator> alloc_;
@@ -625,12 +630,7 @@ bool Run::PrefillStep() {
   fb.req_rows = rows;
   fb.kv_lens = kv_lens;
   fb.q_lens = q_lens;
-  BuildOptions opts;
-  opts.page_table = config_.consumers().page_table();
-  const auto t0 = std::chrono::steady_clock::now();
-  absl::StatusOr<ForwardMetadata> m = BuildForwardMetadata(fb, *r2t_, page_size_, opts);
-  const double us = MicrosSince(t0);
-  if (!CheckForward(m, us, fb, dense, /*replay=*/false)) return false;
+  if (!BuildAndCheckForward(fb, dense, /*replay=*/false)) return false;
   for (const Entry& e : batch) {
     Req& r = *e.req;
     if (r.state == State::kRunning) {
@@ -687,12 +687,7 @@ bool Run::DecodeStep() {
   fb.req_rows = rows;
   fb.kv_lens = kv_lens;
   fb.q_lens = q_lens;
-  BuildOptions opts;
-  opts.page_table = config_.consumers().page_table();
-  const auto t0 = std::chrono::steady_clock::now();
-  absl::StatusOr<ForwardMetadata> m = BuildForwardMetadata(fb, *r2t_, page_size_, opts);
-  const double us = MicrosSince(t0);
-  if (!CheckForward(m, us, fb, dense, /*replay=*/true)) return false;
+  if (!BuildAndCheckForward(fb, dense, /*replay=*/true)) return false;
   for (Req* r : running) {
     ++r->generated;
     report_->set_generated_tokens(report_->generated_tokens() + 1);
@@ -953,10 +948,7 @@ bool Run::EagleRound() {
 void Run::IdleStep() {
   ForwardBatch fb;
   fb.mode = ForwardMode::kIdle;
-  const auto t0 = std::chrono::steady_clock::now();
-  absl::StatusOr<ForwardMetadata> m = BuildForwardMetadata(fb, *r2t_, page_size_);
-  const double us = MicrosSince(t0);
-  CheckForward(m, us, fb, {}, /*replay=*/true);
+  BuildAndCheckForward(fb, {}, /*replay=*/true);
 }
 
 // ---- Checks ----
@@ -1044,6 +1036,15 @@ void Run::CheckView(const std::string& what, const ForwardMetadataView& m,
   report_->set_max_relative_error(std::max(report_->max_relative_error(), err));
 }
 
+bool Run::BuildAndCheckForward(const ForwardBatch& batch, const std::vector<DenseSequence>& dense,
+                               bool replay) {
+  BuildOptions opts;
+  opts.page_table = config_.consumers().page_table();
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<ForwardMetadata> m = BuildForwardMetadata(batch, *r2t_, page_size_, opts);
+  return CheckForward(m, MicrosSince(t0), batch, dense, replay);
+}
+
 bool Run::CheckForward(absl::StatusOr<ForwardMetadata>& m, double build_us,
                        const ForwardBatch& batch, const std::vector<DenseSequence>& dense,
                        bool replay) {
@@ -1089,7 +1090,7 @@ void Run::CheckEager(const std::string& what, ForwardMetadata& m, const ForwardB
 std::optional<int64_t> Run::Bucket(int64_t bs) const {
   // An idle batch replays the smallest bucket.
   const absl::StatusOr<BucketChoice> choice =
-      BatchSizeBuckets::ForConfig(config_).Choose(std::max<int64_t>(bs, 1));
+      buckets_.Choose(std::max<int64_t>(bs, 1));
   if (!choice.ok() || choice->eager) return std::nullopt;
   return choice->bucket;
 }
