@@ -30,6 +30,12 @@ enum ViolationKind : int32_t {
   kIndptrDecreasing = 8,      // an indptr entry below the one before it
   kPagesPastTable = 9,        // a row needs more page-table columns than the table has
   kOffsetNegative = 10,       // an indptr entry below 0
+  // Varlen attention (varlen_attention.h): qo_indptr and the custom mask.
+  kQueryIndptrNegative = 11,    // a qo_indptr entry below 0
+  kQueryIndptrDecreasing = 12,  // a qo_indptr entry below the one before it
+  kQueryRowsPastCapacity = 13,  // a qo_indptr entry past the rows of the query tensor
+  kQueryPastMaxQLen = 14,       // a sequence's query rows past the max_q_len a launch covers
+  kMaskOutsideBuffer = 15,      // a custom-mask block (mask_indptr) not inside the mask
 };
 
 struct DeviceViolation {

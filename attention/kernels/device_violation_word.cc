@@ -68,6 +68,20 @@ std::string DescribeViolation(const kernels::DeviceViolation& v) {
     case kernels::kPagesPastTable:
       return absl::StrCat("page_table ", at, "needs ", v.value, " pages, the table has ", v.bound,
                           " columns");
+    case kernels::kQueryIndptrNegative:
+      return absl::StrCat("qo_indptr ", at, v.value, " is negative");
+    case kernels::kQueryIndptrDecreasing:
+      return absl::StrCat("qo_indptr ", at, v.value, " is below the entry before it (", v.bound,
+                          ")");
+    case kernels::kQueryRowsPastCapacity:
+      return absl::StrCat("qo_indptr ", at, v.value, " is past the ", v.bound,
+                          " rows of the query tensor");
+    case kernels::kQueryPastMaxQLen:
+      return absl::StrCat("q_lens ", at, v.value, " query rows, past the max_q_len ", v.bound,
+                          " the launch covers");
+    case kernels::kMaskOutsideBuffer:
+      return absl::StrCat("mask_indptr ", at, "the block at byte ", v.value,
+                          " does not fit in the mask of ", v.bound, " bytes");
     default:
       return absl::StrCat("unknown violation kind ", v.kind, " at entry ", v.index);
   }

@@ -12,7 +12,9 @@
 // the device (hipDeviceGetAttribute, warp size). Device code uses attnmeta::kWaveSize (the
 // target's, in the device pass) and the wave shuffles ATTNMETA_SHFL_UP / ATTNMETA_SHFL_DOWN /
 // ATTNMETA_SHFL_XOR (all lanes active; CUDA has only the _sync forms, HIP 5.2 only the plain
-// ones). Kernels declare ATTNMETA_LAUNCH_BOUNDS(threads, min blocks per multiprocessor) and
+// ones) and ATTNMETA_SHFL_IDX32 (a lane of the same 32-lane group). MmaM16N8K16 is the
+// warp-level matrix product on 32-lane groups: the tensor cores on NVIDIA, a portable form on
+// AMD. Kernels declare ATTNMETA_LAUNCH_BOUNDS(threads, min blocks per multiprocessor) and
 // convert fp16 through HalfBitsToFloat / FloatToHalfBits (the vendor's conversion
 // instructions, round to nearest even), on raw bits so that no vendor half type reaches a
 // shared header.
@@ -42,6 +44,7 @@ inline constexpr int kWaveSize = 64;
 #define ATTNMETA_SHFL_UP(value, delta) __shfl_up((value), (delta))
 #define ATTNMETA_SHFL_DOWN(value, delta) __shfl_down((value), (delta))
 #define ATTNMETA_SHFL_XOR(value, mask) __shfl_xor((value), (mask))
+#define ATTNMETA_SHFL_IDX32(value, lane) __shfl((value), (lane), 32)
 // HIP's second __launch_bounds__ argument is waves per execution unit, not blocks per
 // multiprocessor: the register hint is NVIDIA's only.
 #define ATTNMETA_LAUNCH_BOUNDS(threads, min_blocks) __launch_bounds__(threads)
@@ -66,6 +69,7 @@ inline constexpr int kWaveSize = 32;
 #define ATTNMETA_SHFL_UP(value, delta) __shfl_up_sync(0xffffffffu, (value), (delta))
 #define ATTNMETA_SHFL_DOWN(value, delta) __shfl_down_sync(0xffffffffu, (value), (delta))
 #define ATTNMETA_SHFL_XOR(value, mask) __shfl_xor_sync(0xffffffffu, (value), (mask))
+#define ATTNMETA_SHFL_IDX32(value, lane) __shfl_sync(0xffffffffu, (value), (lane))
 #define ATTNMETA_LAUNCH_BOUNDS(threads, min_blocks) __launch_bounds__(threads, min_blocks)
 
 #if defined(__CUDACC__)
@@ -160,5 +164,78 @@ inline hipError_t hipEventElapsedTime(float* ms, hipEvent_t a, hipEvent_t b) {
 #else
 #error "hip_port.h needs ATTNMETA_GPU_CUDA or ATTNMETA_GPU_ROCM (build with --config=cuda or --config=rocm)"
 #endif
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+namespace attnmeta {
+
+// Warp-level matrix multiply-accumulate on tiles of 2-byte floats (bf16 when kBf16, else fp16)
+// with fp32 accumulators: d[16][8] += a[16][16] * b[16][8], spread over 32 lanes in the
+// fragment layout of NVIDIA's mma.m16n8k16 (lane = 4 * g + t, g = lane / 4, t = lane % 4):
+//   a[0] = a(g, 2t..2t+1)      a[1] = a(g + 8, 2t..2t+1)
+//   a[2] = a(g, 2t+8..2t+9)    a[3] = a(g + 8, 2t+8..2t+9)
+//   b[0] = b(2t..2t+1, g)      b[1] = b(2t+8..2t+9, g)
+//   d[0..1] = d(g, 2t..2t+1)   d[2..3] = d(g + 8, 2t..2t+1)
+// with two elements per 32-bit word, the lower column (or row of b) in the low half. On AMD the
+// lanes are each half of a 64-wide wave. Every lane of the 32 must call it (it is collective).
+//
+// PortableMmaM16N8K16 computes it with shuffles and fp32 FMAs on any GPU (so that NVIDIA runs
+// can test the code path AMD takes); MmaM16N8K16 is the tensor-core instruction on NVIDIA and
+// the portable form on AMD, whose MFMA instructions use other fragment layouts.
+template <bool kBf16>
+__device__ inline float2 Unpack2xF16(uint32_t w) {
+  if constexpr (kBf16) {
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+  } else {
+    return make_float2(HalfBitsToFloat(static_cast<uint16_t>(w & 0xffffu)),
+                       HalfBitsToFloat(static_cast<uint16_t>(w >> 16)));
+  }
+}
+
+template <bool kBf16>
+__device__ inline void PortableMmaM16N8K16(float (&d)[4], const uint32_t (&a)[4],
+                                           const uint32_t (&b)[2]) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  for (int k = 0; k < 4; ++k) {
+    // Row g and g + 8 of a, columns 2k..2k+1 and 2k+8..2k+9: lane 4g + k's words.
+    const int a_lane = 4 * g + k;
+    const float2 a_lo = Unpack2xF16<kBf16>(ATTNMETA_SHFL_IDX32(a[0], a_lane));
+    const float2 a8_lo = Unpack2xF16<kBf16>(ATTNMETA_SHFL_IDX32(a[1], a_lane));
+    const float2 a_hi = Unpack2xF16<kBf16>(ATTNMETA_SHFL_IDX32(a[2], a_lane));
+    const float2 a8_hi = Unpack2xF16<kBf16>(ATTNMETA_SHFL_IDX32(a[3], a_lane));
+    // Columns 2t and 2t + 1 of b, rows 2k..2k+1 and 2k+8..2k+9: lanes 4(2t) + k, 4(2t+1) + k.
+    const float2 b0_lo = Unpack2xF16<kBf16>(ATTNMETA_SHFL_IDX32(b[0], 8 * t + k));
+    const float2 b0_hi = Unpack2xF16<kBf16>(ATTNMETA_SHFL_IDX32(b[1], 8 * t + k));
+    const float2 b1_lo = Unpack2xF16<kBf16>(ATTNMETA_SHFL_IDX32(b[0], 8 * t + 4 + k));
+    const float2 b1_hi = Unpack2xF16<kBf16>(ATTNMETA_SHFL_IDX32(b[1], 8 * t + 4 + k));
+    d[0] += a_lo.x * b0_lo.x + a_lo.y * b0_lo.y + a_hi.x * b0_hi.x + a_hi.y * b0_hi.y;
+    d[1] += a_lo.x * b1_lo.x + a_lo.y * b1_lo.y + a_hi.x * b1_hi.x + a_hi.y * b1_hi.y;
+    d[2] += a8_lo.x * b0_lo.x + a8_lo.y * b0_lo.y + a8_hi.x * b0_hi.x + a8_hi.y * b0_hi.y;
+    d[3] += a8_lo.x * b1_lo.x + a8_lo.y * b1_lo.y + a8_hi.x * b1_hi.x + a8_hi.y * b1_hi.y;
+  }
+}
+
+template <bool kBf16>
+__device__ inline void MmaM16N8K16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(ATTNMETA_GPU_CUDA)
+  if constexpr (kBf16) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+#else
+  PortableMmaM16N8K16<kBf16>(d, a, b);
+#endif
+}
+
+}  // namespace attnmeta
+#endif  // defined(__CUDACC__) || defined(__HIPCC__)
 
 #endif  // ATTNMETA_ATTENTION_KERNELS_HIP_PORT_H_

@@ -69,22 +69,19 @@ struct DecodeReduceItem {
 };
 
 // Compile-time shapes of the decode kernel, so that variants can be compared in one benchmark
-// run. A block of `threads` threads runs one (work item, KV head, query-head chunk); each
-// token's K/V row is read by head_dim / 8 lanes (16 bytes each), so the block holds
-// threads / (head_dim / 8) lane groups, and each group loads `tokens_per_group` tokens' K and V
-// before it uses any of them; with `stages` 2 it also has the next step's loads in flight while
-// it computes. `min_blocks` asks NVIDIA's compiler to fit that many blocks per multiprocessor
-// (a register budget; 1: none).
+// run. A block of `warps` warps runs one (work item, KV head, query-head chunk) on the tensor
+// cores; each warp takes steps of `step_tokens` tokens (16 or 32; half of it, at least 16,
+// at head dim 256), issuing the K and V loads of a whole step before it computes on them.
+// `portable_mma` runs the matrix products through PortableMmaM16N8K16 (hip_port.h), the code
+// AMD GPUs run, so that an NVIDIA GPU tests that path too.
 struct DecodeVariant {
-  int32_t threads;
-  int32_t tokens_per_group;
-  int32_t min_blocks;
-  int32_t stages;  // 1 or 2
+  int32_t warps;
+  int32_t step_tokens;
+  int32_t portable_mma;  // 0 or 1
 };
-inline constexpr int32_t kNumDecodeVariants = 8;
+inline constexpr int32_t kNumDecodeVariants = 6;
 inline constexpr DecodeVariant kDecodeVariants[kNumDecodeVariants] = {
-    {128, 4, 1, 1}, {128, 4, 4, 1}, {256, 2, 2, 1}, {128, 8, 1, 1},
-    {128, 2, 4, 1}, {64, 8, 4, 1},  {128, 2, 3, 2}, {128, 4, 1, 2}};
+    {4, 32, 0}, {8, 32, 0}, {4, 16, 0}, {2, 32, 0}, {2, 16, 0}, {4, 32, 1}};
 // Variant 0 is compiled for every dtype, head dim and query-head chunk; the others only for
 // head_dim kVariantHeadDim with kVariantQueryHeads query heads per block (groups of a
 // multiple of it; the benchmark's 32/8 GQA at head dim 128).

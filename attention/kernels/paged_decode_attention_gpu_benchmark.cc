@@ -536,8 +536,8 @@ int main(int argc, char** argv) {
   Bench bench(max_tokens, blocks_per_sm, rng);
   for (int32_t v : variants) {
     const kernels::DecodeVariant& d = kernels::kDecodeVariants[v];
-    std::printf("== variant %d: %d threads, %d tokens per lane group, min %d blocks, %d stages\n", v,
-                d.threads, d.tokens_per_group, d.min_blocks, d.stages);
+    std::printf("== variant %d: %d warps, steps of %d tokens, %s MMA\n", v, d.warps, d.step_tokens,
+                d.portable_mma ? "portable" : "native");
     for (const Shape& s : shapes) bench.RunShape(s, v, /*all_configs=*/true);
   }
   if (sweep && !only.has_value()) {

@@ -398,7 +398,7 @@ absl::StatusOr<SplitKvPlan> PlanDecodeSplitKv(absl::Span<const TokenOffset> kv_i
   options.layout = layout;
   options.q_tile = TokenCount(1);
   const int64_t target_blocks = int64_t{o.multiprocessor_count} * o.blocks_per_multiprocessor;
-  if (bs * o.num_kv_heads >= target_blocks) {
+  if (2 * bs * o.num_kv_heads >= target_blocks) {
     // One unit takes every chunk: one item per sequence, nothing split.
     options.num_units = 1;
     return PlanSplitKv(qo_indptr, kv_indptr, options);

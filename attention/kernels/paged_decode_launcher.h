@@ -105,15 +105,18 @@ absl::Status PagedDecodeAttention(const PagedDecodeArgs& args, kernels::DeviceVi
 struct DecodeSplitOptions {
   int32_t multiprocessor_count = 1;  // of the GPU that runs the kernel, >= 1
   int32_t num_kv_heads = 1;          // blocks per work item (one per KV head), >= 1
-  // Blocks to aim for per multiprocessor: two to three waves of the default variant's 3
-  // resident blocks (bf16, head dim 128, 4 query heads per block on sm_90), so that blocks
-  // finishing at different times still keep every multiprocessor busy.
-  int32_t blocks_per_multiprocessor = 8;
+  // Blocks to aim for per multiprocessor: one wave of the default variant, which fits 2
+  // blocks per multiprocessor (bf16, head dim 128, 4 query heads per block on sm_90: 252
+  // registers per thread). Measured on the H200: at bs 1 x 16k and bs 8 x 4k one wave beats
+  // 2 to 8 waves of smaller items (each item pays its index and length loads and its merge).
+  int32_t blocks_per_multiprocessor = 2;
   TokenCount min_chunk = TokenCount(64);  // no split is shorter than this, >= 1
 };
 
 // A decode plan that fills the GPU: no split (one item per sequence) when the batch alone
-// gives multiprocessor_count * blocks_per_multiprocessor blocks; otherwise chunks of about
+// gives half of multiprocessor_count * blocks_per_multiprocessor blocks or more (a split then
+// costs more than the idle half gains: bs 32 x 4k at 256 blocks ran 4.0 TB/s unsplit, 3.4 split
+// into 64 items); otherwise chunks of about
 // total_kv / (that many blocks / num_kv_heads) tokens (at least min_chunk, a multiple of 16
 // rounded up to whole blocks of `layout`), one item per chunk, so that items are of equal size
 // except each sequence's last. `kv_indptr` is the host copy of the batch's token-level indptr.

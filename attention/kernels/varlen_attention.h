@@ -1,0 +1,131 @@
+// The device side of varlen (unified) attention: the argument struct and launch function shared
+// by the host launcher (varlen_attention_launcher.h) and the device source. Plain types only:
+// no Abseil, no glog.
+//
+// Ragged queries: sequence i has the q_len_i = qo_indptr[i + 1] - qo_indptr[i] query rows
+// qo_indptr[i] .. qo_indptr[i + 1] - 1 of q, which are its last q_len_i positions: row r sits at
+// position prefix_i + r, prefix_i = kv_len_i - q_len_i (the cached prefix). Query head h reads
+// K/V head h / (num_q_heads / num_kv_heads) (GQA; MHA when the counts are equal). Over the KV
+// positions c the row sees, with slot(i, c) the pool row of position c:
+//   s_c       = softmax_scale * dot(q[row][h], K[slot(i, c)][h / group])
+//   out[row][h] = sum_c exp(s_c) * V[slot(i, c)][h / group] / sum_c exp(s_c)
+//   lse[row][h] = log(sum_c exp(s_c))          (natural log, fp32)
+// Which positions row r sees is MaskSees (attention/metadata/custom_mask.h), the one
+// definition the CPU reference uses too: causal with prefix (c <= prefix + r) without a custom
+// mask; else the mask block at byte mask_indptr[i] in layout FULL ([q_len][kv_len] bytes),
+// QLEN_ONLY ([q_len][q_len] bytes over the query positions, every prefix position seen) or
+// bit-packed (q_len words of mask_word_bytes bytes, bit c - prefix; every prefix position
+// seen). A row that sees nothing writes out = 0 and lse = -inf, as the CPU reference does
+// (attention/metadata/reference_attention.h). Q, K, V and out are bf16 or fp16; scores, the
+// online softmax and the accumulators are fp32.
+//
+// The slot of position c comes either from token-level indices (kv_indices[kv_indptr[i] + c],
+// kv_len from kv_indptr) or from the page table (page_table[i][c / page_size] * page_size +
+// c % page_size, kv_len from kv_lens[i]).
+//
+// What lives in device memory is bounds-checked by the kernel, which never reads or writes
+// outside a buffer: it clamps, skips a position whose slot is outside the pool, and records the
+// first violation in `violation` (device_violation.h; may be null). A sequence whose lengths
+// or mask cannot be trusted (q_len > kv_len, q_len > max_q_len, a mask block outside the mask)
+// sees nothing: its rows write 0 and -inf (rows past max_q_len have no block and are not
+// written). The kinds it records:
+//   kQueryIndptrNegative / kQueryIndptrDecreasing / kQueryRowsPastCapacity
+//                                         qo_indptr entry negative / below the one before it /
+//                                         past the rows of q (clamped)
+//   kQueryPastKv                          q_len > kv_len (the sequence sees nothing)
+//   kQueryPastMaxQLen                     q_len > max_q_len, the rows the grid was sized for
+//                                         (the sequence sees nothing)
+//   kMaskOutsideBuffer                    a mask block (mask_indptr[i] and the block size its
+//                                         layout gives) not inside the mask (sees nothing)
+//   kOffsetNegative / kIndptrDecreasing / kTotalPastCapacity
+//                                         kv_indptr entry negative / below the one before it /
+//                                         past kv_indices' capacity (clamped)
+//   kLengthNegative / kPagesPastTable     kv_lens[i] negative / needing more pages than the
+//                                         table's columns (clamped)
+//   kSlotOutsidePool                      a position's slot (from kv_indices or the page table)
+//                                         outside the pool; the position is skipped
+
+#ifndef ATTNMETA_ATTENTION_KERNELS_VARLEN_ATTENTION_H_
+#define ATTNMETA_ATTENTION_KERNELS_VARLEN_ATTENTION_H_
+
+#include <cstdint>
+
+#include "attention/kernels/device_violation.h"
+#include "attention/kernels/hip_port.h"
+
+namespace attnmeta {
+namespace kernels {
+
+enum VarlenDtype : int32_t { kVarlenBf16 = 0, kVarlenFp16 = 1 };
+
+// Which positions a row sees: the layouts of custom_mask.h's MaskLayout.
+enum VarlenMask : int32_t {
+  kVarlenCausal = 0,  // no custom mask: causal with prefix
+  kVarlenMaskFull = 1,
+  kVarlenMaskQLenOnly = 2,
+  kVarlenMaskBitPacked = 3,
+};
+
+// Query vectors (query row, query head pairs) one block computes: the block's K/V tiles are
+// staged in shared memory once and used by all of them. A block takes heads_per_block query
+// heads of one KV head's group, so it covers VarlenQueryVectors(head_dim) / heads_per_block
+// query rows of one sequence (the launcher sizes the grid with it).
+inline constexpr int32_t VarlenQueryVectors(int32_t head_dim) { return head_dim <= 128 ? 64 : 32; }
+
+struct VarlenAttentionParams {
+  const void* q;       // [q_rows][num_q_heads][head_dim] of dtype, 16-byte aligned
+  int32_t q_rows;      // rows of q, out and lse; qo_indptr entries past it are clamped
+  const int32_t* qo_indptr;  // [batch_size + 1], qo_indptr[0] == 0, non-decreasing
+  int32_t max_q_len;   // >= every q_len, >= 1; the grid covers q_tiles tiles of rows of it
+  int32_t q_tiles;     // ceil(max_q_len / rows per block)
+
+  const void* k_pool;  // [pool_slots][num_kv_heads][head_dim] of dtype, 16-byte aligned
+  const void* v_pool;  // like k_pool
+  int64_t pool_slots;  // <= 2^31; a position whose slot is outside [0, pool_slots) is skipped
+
+  // Which KV source the kernel reads: 0 token-level, 1 the page table. An explicit flag, not
+  // a null pointer: an empty page table's pointer is null too.
+  int32_t page_level;
+  // Token-level KV (page_level == 0).
+  const int32_t* kv_indptr;   // [batch_size + 1], kv_indptr[0] == 0, non-decreasing
+  const int32_t* kv_indices;  // [kv_indices_capacity]: position c of sequence i is slot
+                              // kv_indices[kv_indptr[i] + c]
+  int64_t kv_indices_capacity;  // <= 2^30, >= kv_indptr[batch_size] (else clamped)
+  // Page-level KV (page_level == 1).
+  const int32_t* page_table;  // [batch_size][page_table_cols] page ids; columns past a
+                              // sequence's ceil(kv_len / page_size) pages are not read
+  int32_t page_table_cols;    // page_table_cols * page_size <= 2^30
+  const int32_t* kv_lens;     // [batch_size], 0 <= kv_lens[i] <= page_table_cols * page_size
+                              // (else clamped)
+  int32_t page_size;          // >= 1
+  int32_t page_size_log2;     // log2(page_size) for a power of two, else -1
+
+  int32_t mask_layout;         // VarlenMask
+  const uint8_t* mask;         // [mask_capacity] bytes (kVarlenCausal: not read)
+  int64_t mask_capacity;
+  const int64_t* mask_indptr;  // [batch_size + 1] byte offsets of the blocks (causal: not read)
+  int32_t mask_word_bytes;     // bit-packed: bytes per row, MaskWordBytes(max_q_len), so that
+                               // 8 * mask_word_bytes >= max_q_len
+
+  void* out;   // [q_rows][num_q_heads][head_dim] of dtype, 16-byte aligned
+  float* lse;  // [q_rows][num_q_heads]
+
+  int32_t batch_size;
+  int32_t num_q_heads;      // a multiple of num_kv_heads
+  int32_t num_kv_heads;
+  int32_t head_dim;         // 64, 128 or 256
+  int32_t heads_per_block;  // 1, 2, 4 or 8, dividing num_q_heads / num_kv_heads
+  int32_t dtype;            // VarlenDtype
+  float softmax_scale;
+  DeviceViolation* violation;
+};
+
+// Launches batch_size * q_tiles * (num_q_heads / heads_per_block) blocks; hipErrorInvalidValue
+// for a dtype or head dim that is not compiled.
+// REQUIRES: the launcher's checks passed (shapes, alignment, the grid fits).
+hipError_t LaunchVarlenAttentionKernel(const VarlenAttentionParams& p, hipStream_t stream);
+
+}  // namespace kernels
+}  // namespace attnmeta
+
+#endif  // ATTNMETA_ATTENTION_KERNELS_VARLEN_ATTENTION_H_

@@ -1,0 +1,494 @@
+#include "attention/kernels/varlen_attention.h"
+
+namespace attnmeta {
+namespace kernels {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kThreads = 128;
+
+__device__ inline float NegInf() { return __int_as_float(0xff800000); }
+
+// Eight 2-byte elements of a 16-byte word to floats, and back (round to nearest even).
+struct Bf16 {
+  __device__ static void ToFloat(const uint4& w, float (&f)[8]) {
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      f[2 * i] = __uint_as_float(words[i] << 16);
+      f[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    }
+  }
+  __device__ static uint32_t FromFloat(float x) {
+    const uint32_t b = __float_as_uint(x);
+    if ((b & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;  // a NaN stays a NaN
+    return (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+  }
+};
+
+struct Fp16 {
+  __device__ static void ToFloat(const uint4& w, float (&f)[8]) {
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      f[2 * i] = HalfBitsToFloat(static_cast<uint16_t>(words[i] & 0xffffu));
+      f[2 * i + 1] = HalfBitsToFloat(static_cast<uint16_t>(words[i] >> 16));
+    }
+  }
+  __device__ static uint32_t FromFloat(float x) { return FloatToHalfBits(x); }
+};
+
+template <typename Dtype>
+__device__ inline uint32_t Pack2(float lo, float hi) {
+  return Dtype::FromFloat(lo) | (Dtype::FromFloat(hi) << 16);
+}
+
+// A 16-byte word of 2-byte elements at element offset `offset` of `base`.
+__device__ inline uint4 Load16(const void* base, int64_t offset) {
+  return __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + offset));
+}
+
+// The block's tiling at one head dim. A block of kThreads threads holds kM query vectors and
+// stages kN KV positions per tile (K and V of a tile are 16 KB together at every head dim).
+//  - Scores: thread (tm, tn) = (tid / 8, tid % 8) computes query vectors tm + 16 i (i < kTM)
+//    against positions tn + 8 j (j < kTN), 8 dims at a time from 16-byte shared-memory words:
+//    the 8 threads of a quarter-wave share tm (one broadcast Q word) and read 8 different K
+//    rows, which the padding of each row by one word puts in 8 different bank groups.
+//  - Values: thread (g, c) = (tid / kChunks, tid % kChunks) accumulates query vectors
+//    g * kRO + i (i < kRO) over dims [8 c, 8 c + 8): consecutive threads read consecutive
+//    words of a V row, and the kRO weights of a position are one or two 16-byte words.
+template <int kHeadDim>
+struct Tiling {
+  static constexpr int kM = VarlenQueryVectors(kHeadDim);  // 64, 64, 32
+  static constexpr int kN = 4096 / kHeadDim;               // 64, 32, 16
+  static constexpr int kChunks = kHeadDim / 8;              // 16-byte words of a row
+  static constexpr int kRowWords = kChunks + 1;             // padded row in shared memory
+  static constexpr int kTM = kM / 16;
+  static constexpr int kTN = kN / 8;
+  static constexpr int kRO = kM * kChunks / kThreads;
+  static constexpr int kKvLoads = kN * kChunks / kThreads;  // words of K (and of V) per thread
+  static constexpr int kQLoads = kM * kChunks / kThreads;
+  static constexpr int kScoreStride = kM + 4;               // floats per row of the score tile
+  static_assert(kM * kN == 16 * 8 * kTM * kTN && kRO % 4 == 0 && kKvLoads >= 1 && kQLoads >= 1,
+                "the thread tiles cover the block tile");
+};
+
+// One sequence as the block sees it, resolved from the device metadata and clamped
+// (violations recorded by the reporting thread).
+struct Sequence {
+  int32_t q_begin;  // its first row in q, out and lse
+  int32_t q_len;
+  int32_t kv_len;
+  int64_t index_base;       // token-level: where its positions start in kv_indices
+  const uint8_t* mask;      // its custom-mask block (null without a custom mask)
+  bool blind;               // its metadata cannot be trusted: every row sees nothing
+};
+
+// The sequence's KV length as the device metadata gives it, clamped to what can be read.
+__device__ inline int32_t KvLength(const VarlenAttentionParams& p, int32_t seq, DeviceViolation* v,
+                                   int64_t* index_base) {
+  if (p.page_level == 0) {
+    int64_t begin = p.kv_indptr[seq];
+    int64_t end = p.kv_indptr[seq + 1];
+    if (begin < 0) {
+      RecordViolation(v, kOffsetNegative, seq, begin, 0);
+      begin = 0;
+    }
+    if (end < begin) {
+      RecordViolation(v, kIndptrDecreasing, seq + 1, end, begin);
+      end = begin;
+    }
+    if (end > p.kv_indices_capacity) {
+      RecordViolation(v, kTotalPastCapacity, seq, end, p.kv_indices_capacity);
+      end = p.kv_indices_capacity;
+      if (begin > end) begin = end;
+    }
+    *index_base = begin;
+    return static_cast<int32_t>(end - begin);
+  }
+  *index_base = 0;
+  int64_t len = p.kv_lens[seq];
+  if (len < 0) {
+    RecordViolation(v, kLengthNegative, seq, len, 0);
+    len = 0;
+  }
+  const int64_t table_tokens = int64_t{p.page_table_cols} * p.page_size;
+  if (len > table_tokens) {
+    RecordViolation(v, kPagesPastTable, seq, (len + p.page_size - 1) / p.page_size,
+                    p.page_table_cols);
+    len = table_tokens;
+  }
+  return static_cast<int32_t>(len);
+}
+
+// Bytes of a mask block, as MaskBlockBytes (custom_mask.h) gives them.
+__device__ inline int64_t MaskBlockBytes(const VarlenAttentionParams& p, int64_t q_len,
+                                         int64_t kv_len) {
+  switch (p.mask_layout) {
+    case kVarlenMaskFull:
+      return q_len * kv_len;
+    case kVarlenMaskQLenOnly:
+      return q_len * q_len;
+    case kVarlenMaskBitPacked:
+      return q_len * p.mask_word_bytes;
+  }
+  return 0;
+}
+
+__device__ inline Sequence ResolveSequence(const VarlenAttentionParams& p, int32_t seq, bool report) {
+  DeviceViolation* v = report ? p.violation : nullptr;
+  Sequence s;
+  int64_t q_begin = p.qo_indptr[seq];
+  int64_t q_end = p.qo_indptr[seq + 1];
+  if (q_begin < 0) {
+    RecordViolation(v, kQueryIndptrNegative, seq, q_begin, 0);
+    q_begin = 0;
+  }
+  if (q_end < q_begin) {
+    RecordViolation(v, kQueryIndptrDecreasing, seq + 1, q_end, q_begin);
+    q_end = q_begin;
+  }
+  if (q_end > p.q_rows) {
+    RecordViolation(v, kQueryRowsPastCapacity, seq + 1, q_end, p.q_rows);
+    q_end = p.q_rows;
+    if (q_begin > q_end) q_begin = q_end;
+  }
+  s.q_begin = static_cast<int32_t>(q_begin);
+  s.q_len = static_cast<int32_t>(q_end - q_begin);
+  s.kv_len = KvLength(p, seq, v, &s.index_base);
+  s.mask = nullptr;
+  s.blind = false;
+  if (s.q_len > s.kv_len) {
+    RecordViolation(v, kQueryPastKv, seq, s.q_len, s.kv_len);
+    s.blind = true;
+  } else if (s.q_len > p.max_q_len) {
+    RecordViolation(v, kQueryPastMaxQLen, seq, s.q_len, p.max_q_len);
+    s.blind = true;
+  } else if (p.mask_layout != kVarlenCausal) {
+    // With q_len <= max_q_len, a bit-packed row's bits (c - prefix < q_len) lie in its word.
+    const int64_t start = p.mask_indptr[seq];
+    if (start < 0 || start > p.mask_capacity - MaskBlockBytes(p, s.q_len, s.kv_len)) {
+      RecordViolation(v, kMaskOutsideBuffer, seq, start, p.mask_capacity);
+      s.blind = true;
+    } else {
+      s.mask = p.mask + start;
+    }
+  }
+  return s;
+}
+
+// Whether row r of the sequence sees position c: MaskSees (custom_mask.h), on the block that
+// ResolveSequence checked. REQUIRES: 0 <= r < q_len, 0 <= c < kv_len, the sequence not blind.
+__device__ inline bool Sees(const VarlenAttentionParams& p, const Sequence& s, int32_t r, int32_t c) {
+  const int32_t prefix = s.kv_len - s.q_len;
+  switch (p.mask_layout) {
+    case kVarlenCausal:
+      return c <= prefix + r;
+    case kVarlenMaskFull:
+      return s.mask[int64_t{r} * s.kv_len + c] != 0;
+    case kVarlenMaskQLenOnly:
+      return c < prefix || s.mask[int64_t{r} * s.q_len + (c - prefix)] != 0;
+    case kVarlenMaskBitPacked: {
+      if (c < prefix) return true;
+      const int32_t bit = c - prefix;
+      return (s.mask[int64_t{r} * p.mask_word_bytes + bit / 8] >> (bit % 8) & 1) != 0;
+    }
+  }
+  return false;
+}
+
+// The slot of position c of the sequence, or -1 (recorded when `report`) when it lies outside
+// the pool.
+__device__ inline int64_t SlotOf(const VarlenAttentionParams& p, int32_t seq, const Sequence& s,
+                                 int32_t c, bool report) {
+  int64_t slot;
+  int64_t entry;
+  if (p.page_level == 0) {
+    entry = s.index_base + c;
+    slot = __ldg(p.kv_indices + entry);
+  } else {
+    const int32_t col = p.page_size_log2 >= 0 ? c >> p.page_size_log2 : c / p.page_size;
+    const int32_t offset = p.page_size_log2 >= 0 ? c & (p.page_size - 1) : c % p.page_size;
+    entry = int64_t{seq} * p.page_table_cols + col;
+    slot = int64_t{__ldg(p.page_table + entry)} * p.page_size + offset;
+  }
+  // One unsigned compare catches negative slots too.
+  if (static_cast<uint64_t>(slot) >= static_cast<uint64_t>(p.pool_slots)) {
+    if (report) RecordViolation(p.violation, kSlotOutsidePool, entry, slot, p.pool_slots);
+    return -1;
+  }
+  return slot;
+}
+
+// One thread's share of a KV tile: kKvLoads words of K and of V (zero where the position is
+// past the range or skipped), loaded into registers while the block computes on the tile
+// before, then stored to shared memory.
+template <int kLoads>
+struct TileWords {
+  uint4 k[kLoads];
+  uint4 v[kLoads];
+  bool valid[kLoads];
+};
+
+// Issues the loads of the tile of positions [base, base + kN): word e = tid + l * kThreads of
+// the tile is word e % kChunks of position base + e / kChunks.
+template <int kHeadDim>
+__device__ __forceinline__ void FetchTile(const VarlenAttentionParams& p, int32_t seq,
+                                          const Sequence& s, int32_t kv_head, int32_t base,
+                                          int32_t kv_end, TileWords<Tiling<kHeadDim>::kKvLoads>& w) {
+  using T = Tiling<kHeadDim>;
+  const int64_t row = int64_t{p.num_kv_heads} * kHeadDim;
+#pragma unroll
+  for (int l = 0; l < T::kKvLoads; ++l) {
+    const int e = threadIdx.x + l * kThreads;
+    const int32_t c = base + e / T::kChunks;
+    const int chunk = e % T::kChunks;
+    w.k[l] = w.v[l] = make_uint4(0, 0, 0, 0);
+    w.valid[l] = false;
+    if (c < kv_end) {
+      const int64_t slot = SlotOf(p, seq, s, c, chunk == 0);
+      if (slot >= 0) {
+        const int64_t offset = slot * row + int64_t{kv_head} * kHeadDim + chunk * 8;
+        w.k[l] = Load16(p.k_pool, offset);
+        w.v[l] = Load16(p.v_pool, offset);
+        w.valid[l] = true;
+      }
+    }
+  }
+}
+
+// One block: kM query vectors = (kM / heads_per_block query rows of one sequence) x
+// (heads_per_block query heads of one KV head's group). It walks the KV positions the rows can
+// see in tiles of kN: each tile's K and V are loaded once (16-byte words, the next tile's loads
+// in flight while the block computes) into shared memory and used by every query vector; the
+// scores go through shared memory to one thread per query vector, which keeps its running max
+// and sum (online softmax, fp32, log2 domain) and hands the weights and the rescale factor to
+// the value phase.
+template <typename Dtype, int kHeadDim>
+__global__ void ATTNMETA_LAUNCH_BOUNDS(kThreads, 1) VarlenAttentionKernel(VarlenAttentionParams p) {
+  using T = Tiling<kHeadDim>;
+  constexpr int kM = T::kM;
+  constexpr int kN = T::kN;
+  __shared__ uint4 q_s[kM][T::kRowWords];
+  __shared__ uint4 k_s[kN][T::kRowWords];
+  __shared__ uint4 v_s[kN][T::kRowWords];
+  // Scores of a tile, then their weights, position-major so that the value phase reads the
+  // weights of its query vectors as 16-byte words.
+  __shared__ float4 w_s[kN][T::kScoreStride / 4];
+  __shared__ int32_t valid_s[kN];
+  __shared__ float alpha_s[kM];  // the rescale of each query vector's accumulator this tile
+  __shared__ float sum_s[kM];    // the final sum of weights
+
+  const int32_t heads = p.heads_per_block;
+  const int32_t group = p.num_q_heads / p.num_kv_heads;
+  const int32_t chunks = group / heads;
+  int32_t x = static_cast<int32_t>(blockIdx.x);
+  // The tiles of one (sequence, head chunk) are neighbours in launch order (they read the same
+  // K/V, which then comes from the L2), the last rows first: causal rows see the most.
+  const int32_t tile = p.q_tiles - 1 - x % p.q_tiles;
+  x /= p.q_tiles;
+  const int32_t chunk = x % chunks;
+  x /= chunks;
+  const int32_t kv_head = x % p.num_kv_heads;
+  const int32_t seq = x / p.num_kv_heads;
+  const int32_t q_head0 = kv_head * group + chunk * heads;
+  const int32_t rows_per_block = kM / heads;
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const Sequence s = ResolveSequence(p, seq, tid == 0);
+  const int32_t row0 = tile * rows_per_block;
+  if (row0 >= s.q_len) return;  // the same for every thread of the block
+  const int32_t rows = min(rows_per_block, s.q_len - row0);
+  // Positions any row of the block sees: causal rows stop at their own position.
+  int32_t kv_end = s.kv_len;
+  if (s.blind) {
+    kv_end = 0;
+  } else if (p.mask_layout == kVarlenCausal) {
+    kv_end = min(kv_end, s.kv_len - s.q_len + row0 + rows);
+  }
+
+  // Query vector m is row row0 + m / heads, head q_head0 + m % heads; rows past the sequence
+  // are zero and never written.
+#pragma unroll
+  for (int l = 0; l < T::kQLoads; ++l) {
+    const int e = tid + l * kThreads;
+    const int m = e / T::kChunks;
+    const int word = e % T::kChunks;
+    const int32_t r = m / heads;
+    q_s[m][word] = r < rows ? Load16(p.q, (int64_t{s.q_begin + row0 + r} * p.num_q_heads +
+                                           q_head0 + m % heads) * kHeadDim + word * 8)
+                            : make_uint4(0, 0, 0, 0);
+  }
+
+  const int tm = tid / 8;
+  const int tn = tid % 8;
+  const int vg = tid / T::kChunks;
+  const int vc = tid % T::kChunks;
+  const float scale = p.softmax_scale * kLog2e;
+  float run_max = NegInf();  // thread tid < kM: query vector tid's running max and sum
+  float run_sum = 0.0f;
+  float acc[T::kRO][8];
+#pragma unroll
+  for (int i = 0; i < T::kRO; ++i) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[i][e] = 0.0f;
+  }
+
+  TileWords<T::kKvLoads> words;
+  if (kv_end > 0) FetchTile<kHeadDim>(p, seq, s, kv_head, 0, kv_end, words);
+  for (int32_t base = 0; base < kv_end; base += kN) {
+#pragma unroll
+    for (int l = 0; l < T::kKvLoads; ++l) {
+      const int e = tid + l * kThreads;
+      k_s[e / T::kChunks][e % T::kChunks] = words.k[l];
+      v_s[e / T::kChunks][e % T::kChunks] = words.v[l];
+      if (e % T::kChunks == 0) valid_s[e / T::kChunks] = words.valid[l];
+    }
+    __syncthreads();
+    if (base + kN < kv_end) FetchTile<kHeadDim>(p, seq, s, kv_head, base + kN, kv_end, words);
+
+    float score[T::kTM][T::kTN];
+#pragma unroll
+    for (int i = 0; i < T::kTM; ++i) {
+#pragma unroll
+      for (int j = 0; j < T::kTN; ++j) score[i][j] = 0.0f;
+    }
+#pragma unroll 2
+    for (int word = 0; word < T::kChunks; ++word) {
+      float q[T::kTM][8];
+#pragma unroll
+      for (int i = 0; i < T::kTM; ++i) Dtype::ToFloat(q_s[tm + 16 * i][word], q[i]);
+#pragma unroll
+      for (int j = 0; j < T::kTN; ++j) {
+        float k[8];
+        Dtype::ToFloat(k_s[tn + 8 * j][word], k);
+#pragma unroll
+        for (int i = 0; i < T::kTM; ++i) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) score[i][j] = fmaf(q[i][e], k[e], score[i][j]);
+        }
+      }
+    }
+    float* w_flat = reinterpret_cast<float*>(w_s);
+#pragma unroll
+    for (int i = 0; i < T::kTM; ++i) {
+      const int m = tm + 16 * i;
+      const int32_t r = m / heads;
+#pragma unroll
+      for (int j = 0; j < T::kTN; ++j) {
+        const int n = tn + 8 * j;
+        const bool sees = r < rows && valid_s[n] != 0 && Sees(p, s, row0 + r, base + n);
+        w_flat[n * T::kScoreStride + m] = sees ? score[i][j] * scale : NegInf();
+      }
+    }
+    __syncthreads();
+
+    if (tid < kM) {
+      float mx = run_max;
+#pragma unroll 8
+      for (int n = 0; n < kN; ++n) mx = fmaxf(mx, w_flat[n * T::kScoreStride + tid]);
+      // Until the query vector has seen a position, mx is -inf and nothing changes.
+      const bool seen = mx != NegInf();
+      const float alpha = seen ? exp2f(run_max - mx) : 1.0f;
+      float sum = 0.0f;
+#pragma unroll 8
+      for (int n = 0; n < kN; ++n) {
+        float& w = w_flat[n * T::kScoreStride + tid];
+        w = seen ? exp2f(w - mx) : 0.0f;
+        sum += w;
+      }
+      run_sum = run_sum * alpha + sum;
+      run_max = mx;
+      alpha_s[tid] = alpha;
+    }
+    __syncthreads();
+
+#pragma unroll
+    for (int i = 0; i < T::kRO; ++i) {
+      const float alpha = alpha_s[vg * T::kRO + i];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[i][e] *= alpha;
+    }
+#pragma unroll 4
+    for (int n = 0; n < kN; ++n) {
+      float v[8];
+      Dtype::ToFloat(v_s[n][vc], v);
+      float w[T::kRO];
+#pragma unroll
+      for (int i = 0; i < T::kRO / 4; ++i) {
+        const float4 w4 = w_s[n][vg * T::kRO / 4 + i];
+        w[4 * i] = w4.x;
+        w[4 * i + 1] = w4.y;
+        w[4 * i + 2] = w4.z;
+        w[4 * i + 3] = w4.w;
+      }
+#pragma unroll
+      for (int i = 0; i < T::kRO; ++i) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[i][e] = fmaf(w[i], v[e], acc[i][e]);
+      }
+    }
+    __syncthreads();  // the next tile overwrites k_s, v_s and w_s
+  }
+
+  // The sum is >= 1 once a position was seen (the largest score's own weight is 1).
+  if (tid < kM) {
+    sum_s[tid] = run_sum;
+    const int32_t r = tid / heads;
+    if (r < rows) {
+      p.lse[int64_t{s.q_begin + row0 + r} * p.num_q_heads + q_head0 + tid % heads] =
+          run_sum > 0.0f ? (run_max + log2f(run_sum)) * kLn2 : NegInf();
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < T::kRO; ++i) {
+    const int m = vg * T::kRO + i;
+    const int32_t r = m / heads;
+    if (r >= rows) continue;
+    const float inv = sum_s[m] > 0.0f ? 1.0f / sum_s[m] : 0.0f;
+    const int64_t head_row = int64_t{s.q_begin + row0 + r} * p.num_q_heads + q_head0 + m % heads;
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + head_row * kHeadDim + vc * 8) =
+        make_uint4(Pack2<Dtype>(acc[i][0] * inv, acc[i][1] * inv),
+                   Pack2<Dtype>(acc[i][2] * inv, acc[i][3] * inv),
+                   Pack2<Dtype>(acc[i][4] * inv, acc[i][5] * inv),
+                   Pack2<Dtype>(acc[i][6] * inv, acc[i][7] * inv));
+  }
+}
+
+template <typename Dtype, int kHeadDim>
+hipError_t Launch(const VarlenAttentionParams& p, hipStream_t stream) {
+  const int64_t blocks =
+      int64_t{p.batch_size} * p.q_tiles * (p.num_q_heads / p.heads_per_block);
+  VarlenAttentionKernel<Dtype, kHeadDim><<<static_cast<uint32_t>(blocks), kThreads, 0, stream>>>(p);
+  return hipGetLastError();
+}
+
+template <typename Dtype>
+hipError_t ByHeadDim(const VarlenAttentionParams& p, hipStream_t stream) {
+  switch (p.head_dim) {
+    case 64:
+      return Launch<Dtype, 64>(p, stream);
+    case 128:
+      return Launch<Dtype, 128>(p, stream);
+    case 256:
+      return Launch<Dtype, 256>(p, stream);
+  }
+  return hipErrorInvalidValue;
+}
+
+}  // namespace
+
+hipError_t LaunchVarlenAttentionKernel(const VarlenAttentionParams& p, hipStream_t stream) {
+  switch (p.dtype) {
+    case kVarlenBf16:
+      return ByHeadDim<Bf16>(p, stream);
+    case kVarlenFp16:
+      return ByHeadDim<Fp16>(p, stream);
+  }
+  return hipErrorInvalidValue;
+}
+
+}  // namespace kernels
+}  // namespace attnmeta

@@ -1,0 +1,925 @@
+// GPU tests of varlen attention (varlen_attention_launcher.h) against the CPU reference
+// attention (attention/metadata/reference_attention.h) over metadata built by the real builders:
+// extend with a cached prefix (BuildForwardMetadata), a 4-row draft-extend
+// (BuildDraftExtendMetadata) and target-verify with the tree mask in the FULL, QLEN_ONLY and
+// bit-packed layouts (BuildVerifyTreeFromParents + BuildTargetVerifyMetadata); batches laid out
+// by the real allocator with shuffled pages (page sizes 1, 7, 16, 64, unaligned lengths), K/V
+// read through token-level kv_indices and through the page table; bf16 and fp16, head dims 64,
+// 128, 256, GQA and MHA; the log-sum-exp against a double-precision computation here over the
+// positions MaskSees admits; empty sequences and a row that sees nothing; bad inputs refused
+// before any launch; corrupted device metadata recorded in the violation word and never read
+// out of bounds (run the binary under compute-sanitizer memcheck for the proof). Outputs are
+// poisoned with 0xFF bytes, a NaN in bf16, fp16 and fp32, before every run, and checked
+// written in full. Random N(0, 1) data from fixed seeds; a failure names the seed and the case.
+// Needs a GPU: fails when none is visible.
+//
+// Error bounds. The inputs are bf16 or fp16 values and the reference reads the same values as
+// floats with double accumulation, so what differs is the kernel's fp32 arithmetic (relative
+// ~1e-6) and the rounding of the output to the input type: half an ulp is 2^-9 relative for
+// bf16 and 2^-12 for fp16, and outputs are weighted means of N(0, 1) values (|out| < 4). Per
+// element: bf16 |got - want| <= 1e-2 + 1e-2 |want|, fp16 <= 2e-3 + 2e-3 |want|; the fp32
+// log-sum-exp <= 1e-3 + 1e-5 |want| (exactly -inf for a row that sees nothing).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attention/kernels/device_violation_word.h"
+#include "attention/kernels/testing/device_buffer.h"
+#include "attention/kernels/testing/half_bits.h"
+#include "attention/kernels/testing/upload.h"
+#include "attention/kernels/varlen_attention_launcher.h"
+#include "attention/metadata/builders.h"
+#include "attention/metadata/custom_mask.h"
+#include "attention/metadata/reference_attention.h"
+#include "attention/metadata/testing/batch_fixture.h"
+#include "gtest/gtest.h"
+#include "spec_decode/speculative_metadata.h"
+#include "spec_decode/verify_tree.h"
+
+namespace attnmeta {
+namespace {
+
+using testing::BatchFixture;
+using testing::DeviceBuffer;
+using testing::Download;
+using testing::Upload;
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
+
+std::vector<uint8_t> Bytes(const std::vector<uint16_t>& bits) {
+  std::vector<uint8_t> out(bits.size() * 2);
+  std::memcpy(out.data(), bits.data(), out.size());
+  return out;
+}
+
+uint16_t ToBits(KvElementType t, float x) {
+  return t == KvElementType::kBf16 ? testing::FloatToBf16(x) : testing::FloatToFp16(x);
+}
+float FromBits(KvElementType t, uint16_t b) {
+  return t == KvElementType::kBf16 ? testing::Bf16ToFloat(b) : testing::Fp16ToFloat(b);
+}
+
+DecodeAttentionDims Dims(int32_t q_heads, int32_t kv_heads, int32_t head_dim, KvElementType t) {
+  return DecodeAttentionDims{q_heads, kv_heads, head_dim, t,
+                             1.0f / std::sqrt(static_cast<float>(head_dim))};
+}
+
+std::string DimsName(const DecodeAttentionDims& d) {
+  return absl::StrCat(d.num_q_heads, "/", d.num_kv_heads, " heads, head_dim ", d.head_dim,
+                      d.dtype == KvElementType::kBf16 ? " bf16" : " fp16");
+}
+
+// A batch laid out by the allocator (shuffled pages) and the metadata a real builder made for
+// it; random N(0, 1) Q, K and V rounded to the element type; the reference output and
+// log-sum-exp of every query row.
+struct Problem {
+  DecodeAttentionDims dims;
+  std::unique_ptr<BatchFixture> fixture;
+  ForwardMetadata metadata;
+  std::vector<uint16_t> q_bits, k_bits, v_bits;
+  std::vector<float> q, k, v;   // the same values as floats
+  std::vector<float> want_out;  // [rows][num_q_heads][head_dim]
+  std::vector<double> want_lse; // [rows][num_q_heads]
+  std::string what;             // the case: builder, seed, page size, dims (printed on failure)
+
+  int64_t bs() const { return static_cast<int64_t>(metadata.kv_lens.size()); }
+  int64_t rows() const { return metadata.qo_indptr.back().value(); }
+  int64_t kv_row() const { return int64_t{dims.num_kv_heads} * dims.head_dim; }
+  int64_t q_row() const { return int64_t{dims.num_q_heads} * dims.head_dim; }
+};
+
+// A fixture big enough for sequences of these total lengths at page size `ps`.
+std::unique_ptr<BatchFixture> MakeFixture(int64_t ps, uint64_t seed, const std::vector<int64_t>& kv_lens) {
+  int64_t pages = 8, longest = 1;
+  for (int64_t len : kv_lens) {
+    pages += len / ps + 2;
+    longest = std::max(longest, len);
+  }
+  return std::make_unique<BatchFixture>(ps, seed, pages, static_cast<int32_t>(kv_lens.size()) + 2,
+                                        longest + 16);
+}
+
+// log(sum exp(scale * q.k)) of query head h of row r of sequence i over the positions MaskSees
+// admits, in double; -inf when it sees none.
+double Lse(const Problem& p, int64_t i, int64_t r, int32_t h) {
+  const ForwardMetadataView m = p.metadata.view();
+  const int64_t q0 = m.qo_indptr[i].value();
+  const int64_t q_len = (m.qo_indptr[i + 1] - m.qo_indptr[i]).value();
+  const int64_t kv_len = m.kv_lens[i].value();
+  const int32_t word_bytes = MaskWordBytes(m.max_q_len);
+  const int32_t kv_head = h / (p.dims.num_q_heads / p.dims.num_kv_heads);
+  const float* q = p.q.data() + (q0 + r) * p.q_row() + int64_t{h} * p.dims.head_dim;
+  std::vector<double> s;
+  for (int64_t c = 0; c < kv_len; ++c) {
+    if (!MaskSees(m.custom_mask, i, q_len, kv_len, word_bytes, r, c)) continue;
+    const int64_t slot = m.kv_indices[m.kv_indptr[i].value() + c].value();
+    const float* k = p.k.data() + slot * p.kv_row() + int64_t{kv_head} * p.dims.head_dim;
+    double dot = 0;
+    for (int32_t x = 0; x < p.dims.head_dim; ++x) dot += double{q[x]} * k[x];
+    s.push_back(dot * p.dims.softmax_scale);
+  }
+  if (s.empty()) return -std::numeric_limits<double>::infinity();
+  const double mx = *std::max_element(s.begin(), s.end());
+  double sum = 0;
+  for (double x : s) sum += std::exp(x - mx);
+  return mx + std::log(sum);
+}
+
+// Random data for the problem's fixture and metadata, and the reference results.
+void FillProblem(Problem& p, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto fill = [&](int64_t n, std::vector<uint16_t>& bits, std::vector<float>& values) {
+    bits.resize(n);
+    values.resize(n);
+    for (int64_t e = 0; e < n; ++e) {
+      bits[e] = ToBits(p.dims.dtype, normal(rng));
+      values[e] = FromBits(p.dims.dtype, bits[e]);
+    }
+  };
+  const int64_t pool_slots = p.fixture->pool_slots().value();
+  fill(pool_slots * p.kv_row(), p.k_bits, p.k);
+  fill(pool_slots * p.kv_row(), p.v_bits, p.v);
+  fill(p.rows() * p.q_row(), p.q_bits, p.q);
+
+  // The reference scores with 1 / sqrt(head_dim): another scale is folded into its queries.
+  const float fold = p.dims.softmax_scale * std::sqrt(static_cast<float>(p.dims.head_dim));
+  std::vector<float> ref_q(p.q);
+  for (float& x : ref_q) x *= fold;
+  const ReferenceAttentionInputs in{
+      AttentionDims{p.dims.num_q_heads, p.dims.num_kv_heads, p.dims.head_dim}, p.metadata.view(),
+      p.fixture->page_size(), ref_q, p.k, p.v};
+  p.want_out.assign(p.q.size(), 0.0f);
+  const absl::Status s = ReferenceAttentionTokenLevel(in, absl::MakeSpan(p.want_out));
+  EXPECT_TRUE(s.ok()) << s;
+  for (int64_t i = 0; i < p.bs(); ++i) {
+    const int64_t q_len = (p.metadata.qo_indptr[i + 1] - p.metadata.qo_indptr[i]).value();
+    for (int64_t r = 0; r < q_len; ++r) {
+      for (int32_t h = 0; h < p.dims.num_q_heads; ++h) p.want_lse.push_back(Lse(p, i, r, h));
+    }
+  }
+}
+
+// Extend (prefill with a cached prefix): sequence j has cached[j] tokens from earlier steps and
+// new_tokens[j] query rows (BuildForwardMetadata, mode extend).
+Problem MakeExtend(const DecodeAttentionDims& dims, int64_t ps, const std::vector<int64_t>& cached,
+                   const std::vector<int64_t>& new_tokens, uint64_t seed) {
+  Problem p;
+  p.dims = dims;
+  p.what = absl::StrCat("extend, seed ", seed, ", page_size ", ps, ", ", DimsName(dims));
+  std::vector<int64_t> lens;
+  for (size_t j = 0; j < cached.size(); ++j) lens.push_back(cached[j] + new_tokens[j]);
+  p.fixture = MakeFixture(ps, seed, lens);
+  for (size_t j = 0; j < cached.size(); ++j) p.fixture->AddSequence(cached[j], new_tokens[j]);
+  auto m = BuildForwardMetadata(p.fixture->Batch(ForwardMode::kExtend), p.fixture->pool(),
+                                p.fixture->page_size(),
+                                BuildOptions{true, MaskLayout::kNone,
+                                             MetadataCheck{p.fixture->pool_slots(),
+                                                           p.fixture->num_query_rows()}});
+  EXPECT_TRUE(m.ok()) << m.status();
+  p.metadata = *std::move(m);
+  FillProblem(p, seed);
+  return p;
+}
+
+// Draft-extend, fixed form: every request extends by `n` rows on top of cached[j] tokens.
+Problem MakeDraftExtend(const DecodeAttentionDims& dims, int64_t ps, const std::vector<int64_t>& cached,
+                        int32_t n, uint64_t seed) {
+  Problem p;
+  p.dims = dims;
+  p.what = absl::StrCat("draft-extend ", n, " rows, seed ", seed, ", page_size ", ps, ", ", DimsName(dims));
+  std::vector<int64_t> lens;
+  for (int64_t c : cached) lens.push_back(c + n);
+  p.fixture = MakeFixture(ps, seed, lens);
+  for (int64_t c : cached) p.fixture->AddSequence(c, n);
+  DraftExtendBatch b;
+  b.req_rows = p.fixture->rows();
+  b.kv_lens = p.fixture->kv_lens();
+  b.num_tokens_per_req = n;
+  b.num_query_rows = TokenCount(static_cast<int64_t>(cached.size()) * n);
+  auto m = BuildDraftExtendMetadata(b, p.fixture->pool(), p.fixture->page_size(),
+                                    SpecBuildOptions{true, p.fixture->pool_slots()});
+  EXPECT_TRUE(m.ok()) << m.status();
+  p.metadata = *std::move(m);
+  FillProblem(p, seed);
+  return p;
+}
+
+// Target-verify: request j has seq_lens[j] committed tokens and the n draft tokens of a tree
+// (parents: n entries per request, -1 for the root), its mask in `layout`.
+Problem MakeVerify(const DecodeAttentionDims& dims, int64_t ps, const std::vector<int64_t>& seq_lens,
+                   const std::vector<int32_t>& parents, int32_t n, MaskLayout layout, uint64_t seed) {
+  Problem p;
+  p.dims = dims;
+  p.what = absl::StrCat("target-verify ", n, " draft tokens, mask ", MaskLayoutName(layout), ", seed ",
+                        seed, ", page_size ", ps, ", ", DimsName(dims));
+  std::vector<int64_t> lens;
+  std::vector<TokenLength> committed;
+  for (int64_t s : seq_lens) {
+    lens.push_back(s + n);
+    committed.push_back(TokenLength(static_cast<int32_t>(s)));
+  }
+  p.fixture = MakeFixture(ps, seed, lens);
+  for (int64_t s : seq_lens) p.fixture->AddSequence(s, n);
+  auto tree = BuildVerifyTreeFromParents(parents, committed, n);
+  EXPECT_TRUE(tree.ok()) << tree.status();
+  auto m = BuildTargetVerifyMetadata(p.fixture->pool(), p.fixture->rows(), *tree, layout,
+                                     TokenCount(static_cast<int64_t>(seq_lens.size()) * n),
+                                     p.fixture->page_size(),
+                                     SpecBuildOptions{true, p.fixture->pool_slots()});
+  EXPECT_TRUE(m.ok()) << m.status();
+  p.metadata = *std::move(m);
+  FillProblem(p, seed);
+  return p;
+}
+
+// A tree of n tokens per request: token t >= 1 hangs off token (t - 1) / 2 (a binary tree), so
+// that rows see a few but not all of the other draft tokens.
+std::vector<int32_t> BinaryTrees(int64_t bs, int32_t n) {
+  std::vector<int32_t> parents;
+  for (int64_t b = 0; b < bs; ++b) {
+    for (int32_t t = 0; t < n; ++t) parents.push_back(t == 0 ? -1 : (t - 1) / 2);
+  }
+  return parents;
+}
+
+// The problem's inputs in device memory.
+struct DeviceProblem {
+  DeviceBuffer<uint8_t> q, k, v;
+  DeviceBuffer<TokenOffset> qo_indptr, kv_indptr;
+  DeviceBuffer<TokenSlot> kv_indices;
+  DeviceBuffer<PageId> page_table;
+  DeviceBuffer<TokenLength> kv_lens;
+  DeviceBuffer<uint8_t> mask;
+  DeviceBuffer<int64_t> mask_indptr;
+  int64_t cols;
+  PageSize page_size;
+  MaskLayout layout;
+  TokenCount max_q_len;
+
+  DecodeKv TokenLevel() const {
+    return DecodeTokenLevelKv{kv_indptr.const_span(), kv_indices.const_span()};
+  }
+  DecodeKv PageLevel() const {
+    return DecodePageTableKv{page_table.const_span(), cols, kv_lens.const_span(), page_size};
+  }
+  VarlenMask Mask() const { return VarlenMask{layout, mask.const_span(), mask_indptr.const_span()}; }
+};
+
+DeviceProblem ToDevice(const Problem& p) {
+  const ForwardMetadata& m = p.metadata;
+  const absl::Span<const PageId> table = m.page_table.span().entries();
+  return DeviceProblem{Upload(Bytes(p.q_bits)),
+                       Upload(Bytes(p.k_bits)),
+                       Upload(Bytes(p.v_bits)),
+                       Upload(m.qo_indptr),
+                       Upload(m.kv_indptr),
+                       Upload(m.kv_indices),
+                       Upload(std::vector<PageId>(table.begin(), table.end())),
+                       Upload(m.kv_lens),
+                       Upload(m.custom_mask),
+                       Upload(m.mask_indptr),
+                       m.page_table.cols(),
+                       p.fixture->page_size(),
+                       m.mask_layout,
+                       m.max_q_len};
+}
+
+void Poison(void* ptr, size_t bytes) {
+  if (bytes > 0) {
+    ASSERT_EQ(hipMemset(ptr, 0xff, bytes), hipSuccess);
+  }
+}
+
+struct Result {
+  absl::Status status;
+  std::vector<float> out;  // [rows][num_q_heads][head_dim]
+  std::vector<float> lse;  // [rows][num_q_heads]
+  std::vector<uint8_t> out_bytes;
+};
+
+// The arguments of one call on `d` reading K/V through `kv`, writing `out` and `lse`.
+VarlenAttentionArgs Args(const DecodeAttentionDims& dims, const DeviceProblem& d, const DecodeKv& kv,
+                         const DeviceBuffer<uint8_t>& out, const DeviceBuffer<float>& lse) {
+  VarlenAttentionArgs a;
+  a.dims = dims;
+  a.q = d.q.const_span();
+  a.qo_indptr = d.qo_indptr.const_span();
+  a.max_q_len = d.max_q_len;
+  a.k_pool = d.k.const_span();
+  a.v_pool = d.v.const_span();
+  a.kv = kv;
+  a.mask = d.Mask();
+  a.out = out.span();
+  a.lse = lse.span();
+  return a;
+}
+
+// One call of the launcher on the inputs through `kv`, into outputs poisoned first.
+Result RunVarlen(const DecodeAttentionDims& dims, const DeviceProblem& d, const DecodeKv& kv,
+           kernels::DeviceViolation* violation = nullptr) {
+  const int64_t rows = static_cast<int64_t>(d.q.size()) / (int64_t{dims.num_q_heads} * dims.head_dim * 2);
+  DeviceBuffer<uint8_t> out = *DeviceBuffer<uint8_t>::Create(d.q.size());
+  DeviceBuffer<float> lse = *DeviceBuffer<float>::Create(rows * dims.num_q_heads);
+  Poison(out.data(), out.size());
+  Poison(lse.data(), lse.size() * sizeof(float));
+  Result r;
+  r.status = VarlenAttention(Args(dims, d, kv, out, lse), violation, nullptr);
+  EXPECT_EQ(hipDeviceSynchronize(), hipSuccess);
+  r.out_bytes = Download(out);
+  r.lse = Download(lse);
+  r.out.resize(out.size() / 2);
+  for (size_t e = 0; e < r.out.size(); ++e) {
+    uint16_t bits;
+    std::memcpy(&bits, r.out_bytes.data() + 2 * e, 2);
+    r.out[e] = FromBits(dims.dtype, bits);
+  }
+  return r;
+}
+
+bool Near(double got, double want, double abs, double rel) {
+  return std::fabs(got - want) <= abs + rel * std::fabs(want);
+}
+
+// Query row `row` of a run against the problem's reference: every element written (no NaN left
+// of the poison) and within the dtype's bounds; lse too.
+void ExpectRow(const Problem& p, const Result& r, int64_t row) {
+  const bool bf16 = p.dims.dtype == KvElementType::kBf16;
+  const double abs = bf16 ? 1e-2 : 2e-3, rel = bf16 ? 1e-2 : 2e-3;
+  const int64_t heads = p.dims.num_q_heads, dim = p.dims.head_dim;
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t x = 0; x < dim; ++x) {
+      const float got = r.out[(row * heads + h) * dim + x];
+      const float want = p.want_out[(row * heads + h) * dim + x];
+      ASSERT_TRUE(Near(got, want, abs, rel))
+          << p.what << ": row " << row << " head " << h << " dim " << x << ": got " << got
+          << " want " << want;
+    }
+    const float got = r.lse[row * heads + h];
+    const double want = p.want_lse[row * heads + h];
+    if (std::isinf(want)) {
+      ASSERT_EQ(got, -kInf) << p.what << ": lse row " << row << " head " << h;
+    } else {
+      ASSERT_TRUE(Near(got, want, 1e-3, 1e-5))
+          << p.what << ": lse row " << row << " head " << h << ": got " << got << " want " << want;
+    }
+  }
+}
+
+// The rows of sequence i.
+void ExpectSequence(const Problem& p, const Result& r, int64_t i) {
+  for (int64_t row = p.metadata.qo_indptr[i].value(); row < p.metadata.qo_indptr[i + 1].value(); ++row) {
+    ExpectRow(p, r, row);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+void ExpectMatches(const Problem& p, const Result& r) {
+  ASSERT_TRUE(r.status.ok()) << p.what << ": " << r.status;
+  ASSERT_EQ(static_cast<int64_t>(r.lse.size()), p.rows() * p.dims.num_q_heads);
+  for (int64_t row = 0; row < p.rows(); ++row) {
+    ExpectRow(p, r, row);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+// Both KV sources give the reference's results.
+void ExpectBothSourcesMatch(const Problem& p) {
+  const DeviceProblem d = ToDevice(p);
+  {
+    SCOPED_TRACE("token-level");
+    ExpectMatches(p, RunVarlen(p.dims, d, d.TokenLevel()));
+  }
+  {
+    SCOPED_TRACE("page table");
+    ExpectMatches(p, RunVarlen(p.dims, d, d.PageLevel()));
+  }
+}
+
+class VarlenGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(testing::RequireGpu().ok()) << testing::RequireGpu(); }
+};
+
+class PageSizeVarlenGpuTest : public VarlenGpuTest, public ::testing::WithParamInterface<int64_t> {};
+
+// Extend with cached prefixes around the page size (none, shorter than a page, several pages
+// plus a partial one), query rows spanning several blocks of rows, through both kinds of
+// metadata.
+TEST_P(PageSizeVarlenGpuTest, ExtendMatchesTheReference) {
+  const int64_t ps = GetParam();
+  const Problem p = MakeExtend(Dims(32, 8, 128, KvElementType::kBf16), ps,
+                               /*cached=*/{0, 5, ps + 3, 129, 300, 2 * ps - 1},
+                               /*new_tokens=*/{37, 1, 2 * ps + 1, 70, 17, 1}, 200 + ps);
+  SCOPED_TRACE(p.what);
+  ExpectBothSourcesMatch(p);
+}
+
+// Target-verify at every page size, each mask layout.
+TEST_P(PageSizeVarlenGpuTest, TargetVerifyMatchesTheReference) {
+  const int64_t ps = GetParam();
+  for (MaskLayout layout : {MaskLayout::kFull, MaskLayout::kQLenOnly, MaskLayout::kBitPacked}) {
+    const Problem p = MakeVerify(Dims(32, 8, 128, KvElementType::kFp16), ps, {100, 1, ps + 2, 333},
+                                 BinaryTrees(4, 8), 8, layout, 300 + ps);
+    SCOPED_TRACE(p.what);
+    ExpectBothSourcesMatch(p);
+    if (HasFatalFailure()) return;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(PageSizes, PageSizeVarlenGpuTest, ::testing::Values(1, 7, 16, 64));
+
+// A 4-row draft-extend (qo_indptr [0, 4, 8, ...]) over prefixes of unaligned lengths.
+TEST_F(VarlenGpuTest, DraftExtendMatchesTheReference) {
+  for (int64_t ps : {1, 7, 16}) {
+    for (KvElementType t : {KvElementType::kBf16, KvElementType::kFp16}) {
+      const Problem p = MakeDraftExtend(Dims(32, 8, 128, t), ps, {0, 3, 61, 250, 1000}, 4, 400 + ps);
+      SCOPED_TRACE(p.what);
+      ExpectBothSourcesMatch(p);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// Trees of other sizes: one draft token (root only), 16 (2-byte bit-packed words) and 32
+// (4-byte words, the bit-packed maximum), and a chain (each token sees all before it).
+TEST_F(VarlenGpuTest, VerifyTreesOfOtherSizesMatchTheReference) {
+  struct Case {
+    int32_t n;
+    bool chain;
+  };
+  for (const Case& c : {Case{1, false}, Case{16, false}, Case{32, false}, Case{6, true}}) {
+    std::vector<int32_t> parents = BinaryTrees(3, c.n);
+    if (c.chain) {
+      for (size_t e = 0; e < parents.size(); ++e) parents[e] = e % c.n == 0 ? -1 : static_cast<int32_t>(e % c.n) - 1;
+    }
+    for (MaskLayout layout : {MaskLayout::kFull, MaskLayout::kQLenOnly, MaskLayout::kBitPacked}) {
+      const Problem p = MakeVerify(Dims(16, 4, 64, KvElementType::kBf16), 16, {45, 0, 130}, parents,
+                                   c.n, layout, 500 + c.n);
+      SCOPED_TRACE(p.what);
+      ExpectBothSourcesMatch(p);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// GQA groups of 1 (MHA) to 16 (query heads per block 1, 2, 4, 8; a group of 16 run as two
+// chunks of 8, a group of 3 as three of 1), head dims 64, 128, 256, bf16 and fp16; extend and a
+// bit-packed verify.
+TEST_F(VarlenGpuTest, HeadsHeadDimsAndDtypesMatchTheReference) {
+  struct Shape {
+    int32_t q_heads, kv_heads, head_dim;
+    KvElementType dtype;
+  };
+  const Shape shapes[] = {
+      {32, 8, 128, KvElementType::kBf16}, {64, 8, 128, KvElementType::kFp16},
+      {8, 1, 64, KvElementType::kBf16},   {8, 8, 128, KvElementType::kFp16},
+      {32, 8, 256, KvElementType::kFp16}, {16, 16, 64, KvElementType::kBf16},
+      {12, 4, 256, KvElementType::kBf16}, {16, 1, 128, KvElementType::kFp16},
+      {4, 2, 64, KvElementType::kFp16},   {8, 1, 256, KvElementType::kBf16},
+      {6, 2, 128, KvElementType::kBf16},
+  };
+  uint64_t seed = 600;
+  for (const Shape& s : shapes) {
+    const DecodeAttentionDims dims = Dims(s.q_heads, s.kv_heads, s.head_dim, s.dtype);
+    const Problem e = MakeExtend(dims, 16, {0, 77, 9}, {70, 19, 3}, ++seed);
+    SCOPED_TRACE(e.what);
+    ExpectBothSourcesMatch(e);
+    const Problem v = MakeVerify(dims, 16, {50, 7}, BinaryTrees(2, 5), 5, MaskLayout::kBitPacked, ++seed);
+    SCOPED_TRACE(v.what);
+    ExpectBothSourcesMatch(v);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST_F(VarlenGpuTest, SoftmaxScaleIsAnArgument) {
+  for (float scale : {0.02f, 0.3f, 1.0f}) {
+    DecodeAttentionDims dims = Dims(32, 8, 128, KvElementType::kFp16);
+    dims.softmax_scale = scale;
+    const Problem p = MakeExtend(dims, 16, {40, 0}, {30, 9}, 11);
+    SCOPED_TRACE(::testing::Message() << p.what << ", scale " << scale);
+    const DeviceProblem d = ToDevice(p);
+    ExpectMatches(p, RunVarlen(p.dims, d, d.TokenLevel()));
+  }
+}
+
+// Sequences with no KV (kv_len 0, q_len 0) and with a prefix but no query rows (q_len 0) among
+// real ones write nothing and leave the rows around them unaffected. Built by hand from real
+// extend metadata: an extend batch cannot hold a sequence with no query rows.
+TEST_F(VarlenGpuTest, EmptySequencesAndSequencesWithoutRows) {
+  for (int64_t ps : {1, 16}) {
+    const Problem p = MakeExtend(Dims(32, 8, 128, KvElementType::kBf16), ps, {40, 10, 50}, {20, 9, 5}, 31);
+    SCOPED_TRACE(p.what);
+    const ForwardMetadata& m = p.metadata;
+    // Batch [seq 0, empty, seq 1, seq 2 without its rows]: q holds the rows of seq 0 and 1.
+    const int32_t a = m.kv_lens[0].value(), b = m.kv_lens[1].value(), c = m.kv_lens[2].value();
+    const int32_t qa = m.qo_indptr[1].value(), qb = m.qo_indptr[2].value();
+    const std::vector<TokenOffset> qo = {TokenOffset(0), TokenOffset(qa), TokenOffset(qa),
+                                         TokenOffset(qb), TokenOffset(qb)};
+    const std::vector<TokenOffset> kv = {TokenOffset(0), TokenOffset(a), TokenOffset(a),
+                                         TokenOffset(a + b), TokenOffset(a + b + c)};
+    const std::vector<TokenLength> lens = {TokenLength(a), TokenLength(0), TokenLength(b),
+                                           TokenLength(c)};
+    const int64_t cols = m.page_table.cols();
+    std::vector<PageId> table(4 * cols, kPaddingPage);
+    std::copy_n(m.page_table.span().row(0).begin(), cols, table.begin());
+    std::copy_n(m.page_table.span().row(1).begin(), cols, table.begin() + 2 * cols);
+    std::copy_n(m.page_table.span().row(2).begin(), cols, table.begin() + 3 * cols);
+    std::vector<uint16_t> q(p.q_bits.begin(), p.q_bits.begin() + qb * p.q_row());
+    const DeviceProblem e{Upload(Bytes(q)), Upload(Bytes(p.k_bits)), Upload(Bytes(p.v_bits)),
+                          Upload(qo), Upload(kv), Upload(m.kv_indices), Upload(table), Upload(lens),
+                          Upload(std::vector<uint8_t>{}), Upload(std::vector<int64_t>{}), cols,
+                          p.fixture->page_size(), MaskLayout::kNone, m.max_q_len};
+    for (const DecodeKv& source : {e.TokenLevel(), e.PageLevel()}) {
+      const Result r = RunVarlen(p.dims, e, source);
+      ASSERT_TRUE(r.status.ok()) << r.status;
+      for (int64_t row = 0; row < qb; ++row) ExpectRow(p, r, row);
+    }
+  }
+}
+
+// A row whose mask admits no position writes 0 and lse -inf, as the reference does for such a
+// row; the other rows are unaffected. (A FULL mask with one row cleared on the device: the
+// validator, and so the reference, refuses a row that does not see its own position.)
+TEST_F(VarlenGpuTest, RowThatSeesNothingWritesZeroAndMinusInfinity) {
+  const Problem p = MakeVerify(Dims(32, 8, 128, KvElementType::kBf16), 16, {20, 60},
+                               BinaryTrees(2, 4), 4, MaskLayout::kFull, 41);
+  SCOPED_TRACE(p.what);
+  // Row 2 of sequence 1 (query row 6): bytes [2 * kv_len, 3 * kv_len) of its [4][kv_len] block.
+  const int64_t kv_len = p.metadata.kv_lens[1].value();
+  std::vector<uint8_t> mask(p.metadata.custom_mask);
+  std::fill_n(mask.begin() + p.metadata.mask_indptr[1] + 2 * kv_len, kv_len, 0);
+  DeviceProblem d = ToDevice(p);
+  d.mask = Upload(mask);
+  const int64_t cleared = 4 + 2;
+  for (const DecodeKv& kv : {d.TokenLevel(), d.PageLevel()}) {
+    const Result r = RunVarlen(p.dims, d, kv);
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    for (int64_t row = 0; row < p.rows(); ++row) {
+      if (row != cleared) ExpectRow(p, r, row);
+    }
+    for (int64_t x = cleared * p.q_row(); x < (cleared + 1) * p.q_row(); ++x) {
+      ASSERT_EQ(r.out[x], 0.0f) << x;
+    }
+    for (int64_t h = 0; h < 32; ++h) ASSERT_EQ(r.lse[cleared * 32 + h], -kInf) << h;
+  }
+}
+
+// What the host can see is refused before any launch, with nothing written.
+TEST_F(VarlenGpuTest, BadInputsAreRefusedBeforeLaunch) {
+  // q_lens 40, 7, 20: a max_q_len past the bit-packed maximum.
+  const Problem p = MakeExtend(Dims(32, 8, 128, KvElementType::kBf16), 16, {10, 100, 30}, {40, 7, 20}, 71);
+  const DeviceProblem d = ToDevice(p);
+  const int64_t bs = p.bs(), rows = p.rows();
+  const int64_t q_bytes = rows * p.q_row() * 2;
+  const int64_t pool_bytes = static_cast<int64_t>(d.k.size());
+  // Room for misaligned views of the same sizes.
+  DeviceBuffer<uint8_t> spare = *DeviceBuffer<uint8_t>::Create(pool_bytes + 64);
+  DeviceBuffer<uint8_t> out = *DeviceBuffer<uint8_t>::Create(q_bytes + 64);
+  DeviceBuffer<float> lse = *DeviceBuffer<float>::Create(rows * 32 + 1);
+  DeviceBuffer<int64_t> mask_indptr = *DeviceBuffer<int64_t>::Create(bs + 2);
+  DeviceBuffer<uint8_t> mask = *DeviceBuffer<uint8_t>::Create(4096);
+  Poison(out.data(), out.size());
+  Poison(lse.data(), lse.size() * sizeof(float));
+
+  VarlenAttentionArgs good = Args(p.dims, d, d.TokenLevel(), out, lse);
+  good.out = DeviceSpan<uint8_t>(out.data(), q_bytes);
+  good.lse = DeviceSpan<float>(lse.data(), rows * 32);
+  const VarlenMask full{MaskLayout::kFull, mask.const_span(),
+                        DeviceSpan<const int64_t>(mask_indptr.data(), bs + 1)};
+
+  using Edit = std::function<void(VarlenAttentionArgs&)>;
+  struct Case {
+    const char* what;
+    Edit edit;
+    absl::StatusCode code;
+  };
+  const Case cases[] = {
+      {"heads that do not divide", [](VarlenAttentionArgs& a) { a.dims.num_kv_heads = 5; }, kInvalid},
+      {"no query heads", [](VarlenAttentionArgs& a) { a.dims.num_q_heads = 0; }, kInvalid},
+      {"head dim 96", [](VarlenAttentionArgs& a) { a.dims.head_dim = 96; }, kInvalid},
+      {"head dim 512", [](VarlenAttentionArgs& a) { a.dims.head_dim = 512; }, kInvalid},
+      {"NaN scale", [](VarlenAttentionArgs& a) { a.dims.softmax_scale = std::nanf(""); }, kInvalid},
+      {"zero scale", [](VarlenAttentionArgs& a) { a.dims.softmax_scale = 0; }, kInvalid},
+      {"q misaligned",
+       [&](VarlenAttentionArgs& a) { a.q = DeviceSpan<const uint8_t>(spare.data() + 2, q_bytes); },
+       kInvalid},
+      {"k_pool misaligned",
+       [&](VarlenAttentionArgs& a) { a.k_pool = DeviceSpan<const uint8_t>(spare.data() + 8, pool_bytes); },
+       kInvalid},
+      {"out misaligned",
+       [&](VarlenAttentionArgs& a) { a.out = DeviceSpan<uint8_t>(out.data() + 2, q_bytes); }, kInvalid},
+      {"null q", [&](VarlenAttentionArgs& a) { a.q = DeviceSpan<const uint8_t>(nullptr, q_bytes); },
+       kInvalid},
+      {"null v_pool",
+       [&](VarlenAttentionArgs& a) { a.v_pool = DeviceSpan<const uint8_t>(nullptr, pool_bytes); },
+       kInvalid},
+      {"null lse", [&](VarlenAttentionArgs& a) { a.lse = DeviceSpan<float>(nullptr, rows * 32); },
+       kInvalid},
+      {"null qo_indptr",
+       [&](VarlenAttentionArgs& a) { a.qo_indptr = DeviceSpan<const TokenOffset>(nullptr, bs + 1); },
+       kInvalid},
+      {"qo_indptr of another batch",
+       [&](VarlenAttentionArgs& a) { a.qo_indptr = DeviceSpan<const TokenOffset>(d.qo_indptr.data(), bs); },
+       kInvalid},
+      {"q that is not whole rows",
+       [&](VarlenAttentionArgs& a) { a.q = DeviceSpan<const uint8_t>(d.q.data(), q_bytes - 16); },
+       kInvalid},
+      {"out of another size",
+       [&](VarlenAttentionArgs& a) { a.out = DeviceSpan<uint8_t>(out.data(), q_bytes - p.q_row() * 2); },
+       kInvalid},
+      {"lse of another size",
+       [&](VarlenAttentionArgs& a) { a.lse = DeviceSpan<float>(lse.data(), rows * 32 + 1); }, kInvalid},
+      {"K and V pools of different sizes",
+       [&](VarlenAttentionArgs& a) { a.v_pool = DeviceSpan<const uint8_t>(d.v.data(), pool_bytes - 2048); },
+       kInvalid},
+      {"pools that are not whole rows",
+       [&](VarlenAttentionArgs& a) {
+         a.k_pool = DeviceSpan<const uint8_t>(d.k.data(), pool_bytes - 16);
+         a.v_pool = DeviceSpan<const uint8_t>(d.v.data(), pool_bytes - 16);
+       },
+       kInvalid},
+      {"max_q_len past the query rows", [&](VarlenAttentionArgs& a) { a.max_q_len = TokenCount(rows + 1); },
+       kInvalid},
+      {"negative max_q_len", [](VarlenAttentionArgs& a) { a.max_q_len = TokenCount(-1); }, kInvalid},
+      {"max_q_len too small for the rows", [](VarlenAttentionArgs& a) { a.max_q_len = TokenCount(10); },
+       kInvalid},
+      {"max_q_len 0 with rows", [](VarlenAttentionArgs& a) { a.max_q_len = TokenCount(0); }, kInvalid},
+      {"mask layout without mask_indptr",
+       [&](VarlenAttentionArgs& a) { a.mask = VarlenMask{MaskLayout::kFull, mask.const_span(), {}}; },
+       kInvalid},
+      {"mask_indptr of another batch",
+       [&](VarlenAttentionArgs& a) {
+         a.mask = VarlenMask{MaskLayout::kQLenOnly, mask.const_span(), mask_indptr.const_span()};
+       },
+       kInvalid},
+      {"mask arrays without a layout",
+       [&](VarlenAttentionArgs& a) { a.mask = VarlenMask{MaskLayout::kNone, mask.const_span(), {}}; },
+       kInvalid},
+      {"bit-packed mask past 32 rows",
+       [&](VarlenAttentionArgs& a) {
+         a.mask = full;
+         a.mask.layout = MaskLayout::kBitPacked;
+       },
+       kInvalid},
+      {"mask_indptr misaligned",
+       [&](VarlenAttentionArgs& a) {
+         a.mask = full;
+         a.mask.mask_indptr = DeviceSpan<const int64_t>(
+             reinterpret_cast<const int64_t*>(reinterpret_cast<const uint8_t*>(mask_indptr.data()) + 4), bs + 1);
+       },
+       kInvalid},
+      {"null mask",
+       [&](VarlenAttentionArgs& a) {
+         a.mask = full;
+         a.mask.mask = DeviceSpan<const uint8_t>(nullptr, 4096);
+       },
+       kInvalid},
+      {"null kv_indices",
+       [&](VarlenAttentionArgs& a) {
+         a.kv = DecodeTokenLevelKv{d.kv_indptr.const_span(),
+                                   DeviceSpan<const TokenSlot>(nullptr, d.kv_indices.size())};
+       },
+       kInvalid},
+      {"no kv_indptr",
+       [&](VarlenAttentionArgs& a) { a.kv = DecodeTokenLevelKv{{}, d.kv_indices.const_span()}; }, kInvalid},
+      {"page table smaller than the batch",
+       [&](VarlenAttentionArgs& a) {
+         a.kv = DecodePageTableKv{DeviceSpan<const PageId>(d.page_table.data(), d.page_table.size() - 1),
+                                  d.cols, d.kv_lens.const_span(), d.page_size};
+       },
+       kInvalid},
+      {"page table beyond int32 tokens",
+       [&](VarlenAttentionArgs& a) {
+         a.kv = DecodePageTableKv{d.page_table.const_span(), int64_t{1} << 27, d.kv_lens.const_span(),
+                                  d.page_size};
+       },
+       absl::StatusCode::kOutOfRange},
+      {"query rows beyond int32",
+       [&](VarlenAttentionArgs& a) {
+         const int64_t huge = (int64_t{1} << 31) * p.q_row();
+         a.q = DeviceSpan<const uint8_t>(d.q.data(), huge * 2);
+         a.out = DeviceSpan<uint8_t>(out.data(), huge * 2);
+         a.lse = DeviceSpan<float>(lse.data(), (int64_t{1} << 31) * 32);
+       },
+       absl::StatusCode::kOutOfRange},
+      {"grid past the block limit",
+       [&](VarlenAttentionArgs& a) {
+         const int64_t many = int64_t{1} << 24;  // rows: 2^24 / 16 tiles x 3 x 8 blocks
+         a.q = DeviceSpan<const uint8_t>(d.q.data(), many * p.q_row() * 2);
+         a.out = DeviceSpan<uint8_t>(out.data(), many * p.q_row() * 2);
+         a.lse = DeviceSpan<float>(lse.data(), many * 32);
+         a.max_q_len = TokenCount(many);
+       },
+       absl::StatusCode::kOutOfRange},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    VarlenAttentionArgs a = good;
+    c.edit(a);
+    const absl::Status s = VarlenAttention(a, nullptr, nullptr);
+    EXPECT_EQ(s.code(), c.code) << s;
+  }
+  ASSERT_EQ(hipDeviceSynchronize(), hipSuccess);
+  const std::vector<uint8_t> got = Download(out);
+  for (size_t e = 0; e < got.size(); ++e) ASSERT_EQ(got[e], 0xff) << "out written at byte " << e;
+  // The unedited arguments run.
+  ASSERT_TRUE(VarlenAttention(good, nullptr, nullptr).ok());
+  ASSERT_EQ(hipDeviceSynchronize(), hipSuccess);
+}
+
+// Corrupted device-resident metadata: the kernel stays in bounds (memcheck), skips what it
+// cannot read, and the violation word names the first problem.
+class GuardVarlenGpuTest : public VarlenGpuTest {
+ protected:
+  void SetUp() override {
+    VarlenGpuTest::SetUp();
+    auto w = DeviceViolationWord::Create();
+    ASSERT_TRUE(w.ok()) << w.status();
+    word_ = std::make_unique<DeviceViolationWord>(*std::move(w));
+  }
+  void ExpectViolation(const std::string& words) {
+    const absl::Status s = word_->Check(nullptr);
+    EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+    EXPECT_NE(s.message().find(words), absl::string_view::npos) << s;
+    EXPECT_TRUE(word_->Reset(nullptr).ok());
+  }
+  std::unique_ptr<DeviceViolationWord> word_;
+};
+
+// Every output element finite, or still the poison (a row no sequence claims once qo_indptr is
+// clamped).
+void ExpectNoGarbage(const Result& r) {
+  for (size_t e = 0; e < r.out.size(); ++e) {
+    ASSERT_TRUE(std::isfinite(r.out[e]) || r.out_bytes[2 * e] == 0xff) << "out " << e;
+  }
+}
+
+// A sequence whose rows see nothing: 0 and -inf.
+void ExpectBlind(const Problem& p, const Result& r, int64_t i) {
+  for (int64_t row = p.metadata.qo_indptr[i].value(); row < p.metadata.qo_indptr[i + 1].value(); ++row) {
+    for (int64_t x = row * p.q_row(); x < (row + 1) * p.q_row(); ++x) ASSERT_EQ(r.out[x], 0.0f) << x;
+    for (int64_t h = 0; h < p.dims.num_q_heads; ++h) ASSERT_EQ(r.lse[row * p.dims.num_q_heads + h], -kInf);
+  }
+}
+
+TEST_F(GuardVarlenGpuTest, BrokenQoIndptrIsClampedAndRecorded) {
+  // q_lens 40, 7, 20 over kv_lens 50, 107, 50.
+  const Problem p = MakeExtend(Dims(32, 8, 128, KvElementType::kBf16), 16, {10, 100, 30}, {40, 7, 20}, 81);
+  SCOPED_TRACE(p.what);
+  const int32_t rows = static_cast<int32_t>(p.rows());
+  struct Case {
+    std::vector<int32_t> qo;
+    const char* words;
+  } cases[] = {
+      {{0, 40, 30, rows}, "below the entry before it"},
+      {{0, 40, 47, rows + 5000}, "rows of the query tensor"},
+      {{-8, 40, 47, rows}, "qo_indptr entry 0: -8 is negative"},
+      {{0, 2, 47, rows}, "45 query rows, past the max_q_len 40"},  // over kv_len 107
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.words);
+    std::vector<TokenOffset> qo;
+    for (int32_t x : c.qo) qo.push_back(TokenOffset(x));
+    DeviceProblem e = ToDevice(p);
+    e.qo_indptr = Upload(qo);
+    for (const DecodeKv& kv : {e.TokenLevel(), e.PageLevel()}) {
+      const Result r = RunVarlen(p.dims, e, kv, word_->device());
+      ASSERT_TRUE(r.status.ok()) << r.status;
+      ExpectViolation(c.words);
+      ExpectNoGarbage(r);
+    }
+  }
+  // Sequence 0 unaffected by a later sequence's bad entry.
+  DeviceProblem e = ToDevice(p);
+  e.qo_indptr = Upload(std::vector<TokenOffset>{TokenOffset(0), TokenOffset(40), TokenOffset(47),
+                                                 TokenOffset(rows + 5000)});
+  const Result r = RunVarlen(p.dims, e, e.TokenLevel(), word_->device());
+  ExpectViolation("rows of the query tensor");
+  ExpectSequence(p, r, 0);
+  ExpectSequence(p, r, 1);
+}
+
+TEST_F(GuardVarlenGpuTest, LengthsPastTheirBuffersAreClampedAndRecorded) {
+  const Problem p = MakeExtend(Dims(32, 8, 128, KvElementType::kFp16), 16, {10, 100, 30}, {40, 7, 20}, 91);
+  SCOPED_TRACE(p.what);
+  const DeviceProblem d = ToDevice(p);
+  const int32_t total = p.metadata.kv_indptr.back().value();
+  // kv_indptr: past kv_indices, decreasing, negative.
+  struct IndptrCase {
+    std::vector<int32_t> indptr;
+    const char* words;
+  } indptr_cases[] = {
+      {{0, 50, 157, total + 5000}, "the buffer holds"},
+      {{0, 50, 20, total}, "below the entry"},
+      {{-40, 50, 157, total}, "kv_indptr entry 0: -40 is negative"},
+  };
+  for (const IndptrCase& c : indptr_cases) {
+    SCOPED_TRACE(c.words);
+    std::vector<TokenOffset> indptr;
+    for (int32_t x : c.indptr) indptr.push_back(TokenOffset(x));
+    DeviceBuffer<TokenOffset> d_indptr = Upload(indptr);
+    const Result r = RunVarlen(p.dims, d, DecodeTokenLevelKv{d_indptr.const_span(), d.kv_indices.const_span()},
+                         word_->device());
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    ExpectViolation(c.words);
+    ExpectNoGarbage(r);
+  }
+  // kv_lens: past the table's columns, negative, and below q_len (sequence 1 sees nothing).
+  struct LensCase {
+    std::vector<int32_t> lens;
+    const char* words;
+  } lens_cases[] = {
+      {{50, 100000, 50}, "columns"},
+      {{50, 107, -3}, "is negative"},
+      {{50, 3, 50}, "7 query rows over 3 KV tokens"},
+  };
+  for (const LensCase& c : lens_cases) {
+    SCOPED_TRACE(c.words);
+    std::vector<TokenLength> lens;
+    for (int32_t x : c.lens) lens.push_back(TokenLength(x));
+    DeviceBuffer<TokenLength> d_lens = Upload(lens);
+    const Result r = RunVarlen(p.dims, d, DecodePageTableKv{d.page_table.const_span(), d.cols, d_lens.const_span(),
+                                                      d.page_size},
+                         word_->device());
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    ExpectViolation(c.words);
+    ExpectNoGarbage(r);
+    ExpectSequence(p, r, 0);
+    if (c.lens[1] == 3) ExpectBlind(p, r, 1);
+  }
+}
+
+TEST_F(GuardVarlenGpuTest, SlotsOutsideThePoolAreSkippedAndRecorded) {
+  const Problem p = MakeExtend(Dims(32, 8, 128, KvElementType::kBf16), 16, {60, 10, 30}, {40, 7, 20}, 101);
+  SCOPED_TRACE(p.what);
+  const int64_t pool_slots = p.fixture->pool_slots().value();
+  for (int32_t bad : {1 << 30, -7, static_cast<int32_t>(pool_slots)}) {
+    SCOPED_TRACE(::testing::Message() << "slot " << bad);
+    std::vector<TokenSlot> indices(p.metadata.kv_indices);
+    indices[37] = TokenSlot(bad);  // position 37 of sequence 0
+    DeviceProblem e = ToDevice(p);
+    e.kv_indices = Upload(indices);
+    const Result r = RunVarlen(p.dims, e, e.TokenLevel(), word_->device());
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    ExpectViolation("outside the pool");
+    for (float x : r.out) ASSERT_TRUE(std::isfinite(x));
+    ExpectSequence(p, r, 1);
+    ExpectSequence(p, r, 2);
+  }
+  // A page outside the pool, through the page table (row 1's first page).
+  std::vector<PageId> table(p.metadata.page_table.span().entries().begin(),
+                            p.metadata.page_table.span().entries().end());
+  table[p.metadata.page_table.cols()] = PageId(1 << 29);
+  DeviceProblem e = ToDevice(p);
+  e.page_table = Upload(table);
+  const Result r = RunVarlen(p.dims, e, e.PageLevel(), word_->device());
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  ExpectViolation("outside the pool");
+  for (float x : r.out) ASSERT_TRUE(std::isfinite(x));
+  ExpectSequence(p, r, 0);
+  ExpectSequence(p, r, 2);
+}
+
+// A mask block that does not fit in the mask (mask_indptr past it, or negative): its sequence
+// sees nothing, the others are unaffected.
+TEST_F(GuardVarlenGpuTest, MaskBlocksOutsideTheMaskAreRecorded) {
+  for (MaskLayout layout : {MaskLayout::kFull, MaskLayout::kQLenOnly, MaskLayout::kBitPacked}) {
+    const Problem p = MakeVerify(Dims(32, 8, 128, KvElementType::kBf16), 16, {30, 90, 5},
+                                 BinaryTrees(3, 8), 8, layout, 111);
+    SCOPED_TRACE(p.what);
+    for (int64_t bad : {int64_t{1} << 40, int64_t{-64}, p.metadata.mask_indptr[3] - 1}) {
+      SCOPED_TRACE(::testing::Message() << "mask_indptr[2] = " << bad);
+      std::vector<int64_t> indptr(p.metadata.mask_indptr);
+      indptr[2] = bad;
+      DeviceProblem e = ToDevice(p);
+      e.mask_indptr = Upload(indptr);
+      const Result r = RunVarlen(p.dims, e, e.PageLevel(), word_->device());
+      ASSERT_TRUE(r.status.ok()) << r.status;
+      ExpectViolation("does not fit in the mask");
+      ExpectSequence(p, r, 0);
+      ExpectSequence(p, r, 1);
+      ExpectBlind(p, r, 2);
+    }
+    // A mask shorter than mask_indptr says: the last block does not fit.
+    DeviceProblem e = ToDevice(p);
+    std::vector<uint8_t> short_mask(p.metadata.custom_mask.begin(), p.metadata.custom_mask.end() - 1);
+    e.mask = Upload(short_mask);
+    const Result r = RunVarlen(p.dims, e, e.TokenLevel(), word_->device());
+    ExpectViolation("does not fit in the mask");
+    ExpectSequence(p, r, 0);
+    ExpectBlind(p, r, 2);
+  }
+}
+
+}  // namespace
+}  // namespace attnmeta
