@@ -36,6 +36,8 @@ enum ViolationKind : int32_t {
   kQueryRowsPastCapacity = 13,  // a qo_indptr entry past the rows of the query tensor
   kQueryPastMaxQLen = 14,       // a sequence's query rows past the max_q_len a launch covers
   kMaskOutsideBuffer = 15,      // a custom-mask block (mask_indptr) not inside the mask
+  kQueryRowsMismatch = 16,      // qo_indptr[0] != 0 or qo_indptr[bs] != the query rows: rows
+                                // no sequence claims
 };
 
 struct DeviceViolation {

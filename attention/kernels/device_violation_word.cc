@@ -82,6 +82,9 @@ std::string DescribeViolation(const kernels::DeviceViolation& v) {
     case kernels::kMaskOutsideBuffer:
       return absl::StrCat("mask_indptr ", at, "the block at byte ", v.value,
                           " does not fit in the mask of ", v.bound, " bytes");
+    case kernels::kQueryRowsMismatch:
+      return absl::StrCat("qo_indptr ", at, v.value, ", want ", v.bound,
+                          ": query rows no sequence claims are not written");
     default:
       return absl::StrCat("unknown violation kind ", v.kind, " at entry ", v.index);
   }

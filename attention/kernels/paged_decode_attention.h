@@ -39,12 +39,11 @@
 #include <cstdint>
 
 #include "attention/kernels/device_violation.h"
+#include "attention/kernels/element_dtype.h"
 #include "attention/kernels/hip_port.h"
 
 namespace attnmeta {
 namespace kernels {
-
-enum DecodeDtype : int32_t { kDecodeBf16 = 0, kDecodeFp16 = 1 };
 
 // One work item of a split-KV plan as the kernel reads it: the layout of SplitKvWorkItem
 // (attention/metadata/split_kv_planner.h; the launcher asserts it), so that a plan's items are
@@ -128,7 +127,7 @@ struct PagedDecodeParams {
   int32_t num_kv_heads;
   int32_t head_dim;         // 64, 128 or 256
   int32_t heads_per_block;  // 1, 2, 4 or 8, dividing num_q_heads / num_kv_heads
-  int32_t dtype;            // DecodeDtype
+  int32_t dtype;            // ElementDtype
   int32_t variant;          // [0, kNumDecodeVariants)
   float softmax_scale;
   DeviceViolation* violation;
@@ -150,7 +149,7 @@ struct DecodeMergeParams {
   int32_t batch_size;
   int32_t num_q_heads;
   int32_t head_dim;  // 64, 128 or 256
-  int32_t dtype;     // DecodeDtype
+  int32_t dtype;     // ElementDtype
   DeviceViolation* violation;
 };
 

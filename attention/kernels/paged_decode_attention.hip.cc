@@ -1,37 +1,23 @@
 #include "attention/kernels/paged_decode_attention.h"
 
+#include "attention/kernels/internal/element_types.h"
+#include "attention/kernels/internal/kv_source.h"
+
 namespace attnmeta {
 namespace kernels {
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 constexpr int32_t kInt32Max = 2147483647;
 // Enough threads that a reduce item's partials are summed in few rounds of loads (a 16k
 // sequence split for a large GPU has ~128 partials): 8 partial sums per chunk at head dim 128.
 constexpr int kMergeThreads = 256;
 
-__device__ inline float NegInf() { return __int_as_float(0xff800000); }
-
-// The element types: a float to its bits (round to nearest even).
-struct Bf16 {
-  static constexpr bool kIsBf16 = true;
-  __device__ static uint32_t FromFloat(float x) {
-    const uint32_t b = __float_as_uint(x);
-    if ((b & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;  // a NaN stays a NaN
-    return (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
-  }
-};
-
-struct Fp16 {
-  static constexpr bool kIsBf16 = false;
-  __device__ static uint32_t FromFloat(float x) { return FloatToHalfBits(x); }
-};
-
-template <typename Dtype>
-__device__ inline uint32_t Pack2(float lo, float hi) {
-  return Dtype::FromFloat(lo) | (Dtype::FromFloat(hi) << 16);
-}
+using internal::Bf16;
+using internal::Fp16;
+using internal::kLn2;
+using internal::kLog2e;
+using internal::NegInf;
+using internal::Pack2;
 
 // What one block works on, resolved from its work item and the sequence's device-resident
 // lengths, clamped (violations recorded by thread 0).
@@ -41,44 +27,6 @@ struct BlockWork {
   int32_t partial_slot;  // < 0: the final output
   int64_t index_base;    // token-level: where the sequence's tokens start in kv_indices
 };
-
-// The sequence's KV length as the device metadata gives it, clamped to what can be read.
-__device__ inline int32_t SequenceLength(const PagedDecodeParams& p, int32_t seq, bool report,
-                                         int64_t* index_base) {
-  DeviceViolation* v = report ? p.violation : nullptr;
-  if (p.page_level == 0) {
-    int64_t begin = p.kv_indptr[seq];
-    int64_t end = p.kv_indptr[seq + 1];
-    if (begin < 0) {
-      RecordViolation(v, kOffsetNegative, seq, begin, 0);
-      begin = 0;
-    }
-    if (end < begin) {
-      RecordViolation(v, kIndptrDecreasing, seq + 1, end, begin);
-      end = begin;
-    }
-    if (end > p.kv_indices_capacity) {
-      RecordViolation(v, kTotalPastCapacity, seq, end, p.kv_indices_capacity);
-      end = p.kv_indices_capacity;
-      if (begin > end) begin = end;
-    }
-    *index_base = begin;
-    return static_cast<int32_t>(end - begin);
-  }
-  *index_base = 0;
-  int64_t len = p.kv_lens[seq];
-  if (len < 0) {
-    RecordViolation(v, kLengthNegative, seq, len, 0);
-    len = 0;
-  }
-  const int64_t table_tokens = int64_t{p.page_table_cols} * p.page_size;
-  if (len > table_tokens) {
-    RecordViolation(v, kPagesPastTable, seq, (len + p.page_size - 1) / p.page_size,
-                    p.page_table_cols);
-    len = table_tokens;
-  }
-  return static_cast<int32_t>(len);
-}
 
 // False (recorded) when the item names no row of the batch or no partial slot that exists:
 // the block has nothing it may write.
@@ -107,7 +55,7 @@ __device__ inline bool ResolveWork(const PagedDecodeParams& p, int32_t item, Blo
       kv_begin = 0;
     }
   }
-  const int32_t len = SequenceLength(p, w.sequence, report, &w.index_base);
+  const int32_t len = internal::KvLength(p, w.sequence, v, &w.index_base);
   if (p.work != nullptr && kv_end > len) {
     RecordViolation(v, kLengthPastRow, item, kv_end, len);
   }
@@ -117,32 +65,16 @@ __device__ inline bool ResolveWork(const PagedDecodeParams& p, int32_t item, Blo
   return true;
 }
 
-// The raw entry behind token t of the sequence: its slot (token-level) or its page (page
-// table). Loaded a step ahead of its use, one token per lane.
+// The raw entry behind token t of the sequence (internal::LoadKvEntry), loaded a step ahead of
+// its use, one token per lane; its slot (internal::SlotFromEntry), or -1 (recorded when
+// `report`) when it lies outside the pool.
 __device__ inline int32_t LoadIndex(const PagedDecodeParams& p, const BlockWork& w, int32_t t) {
-  if (p.page_level == 0) return __ldg(p.kv_indices + w.index_base + t);
-  const int32_t col = p.page_size_log2 >= 0 ? t >> p.page_size_log2 : t / p.page_size;
-  return __ldg(p.page_table + int64_t{w.sequence} * p.page_table_cols + col);
+  return internal::LoadKvEntry(p, w.sequence, w.index_base, t);
 }
 
-// The slot of token t from its raw entry, or -1 (recorded when `report`) when it lies outside
-// the pool.
 __device__ inline int64_t SlotOf(const PagedDecodeParams& p, const BlockWork& w, int32_t raw,
                                  int32_t t, bool report) {
-  int64_t slot = raw;
-  int64_t entry = w.index_base + t;
-  if (p.page_level != 0) {
-    const int32_t col = p.page_size_log2 >= 0 ? t >> p.page_size_log2 : t / p.page_size;
-    const int32_t offset = p.page_size_log2 >= 0 ? t & (p.page_size - 1) : t % p.page_size;
-    slot = int64_t{raw} * p.page_size + offset;
-    entry = int64_t{w.sequence} * p.page_table_cols + col;
-  }
-  // One unsigned compare catches negative slots too.
-  if (static_cast<uint64_t>(slot) >= static_cast<uint64_t>(p.pool_slots)) {
-    if (report) RecordViolation(p.violation, kSlotOutsidePool, entry, slot, p.pool_slots);
-    return -1;
-  }
-  return slot;
+  return internal::SlotFromEntry(p, w.sequence, w.index_base, raw, t, report);
 }
 
 // 2-byte elements of a word array: element e of `w` is the low (e even) or high half of word
@@ -647,9 +579,9 @@ hipError_t ByHeadDim(const PagedDecodeParams& p, hipStream_t stream) {
 
 hipError_t LaunchPagedDecodeKernel(const PagedDecodeParams& p, hipStream_t stream) {
   switch (p.dtype) {
-    case kDecodeBf16:
+    case kElementBf16:
       return ByHeadDim<Bf16>(p, stream);
-    case kDecodeFp16:
+    case kElementFp16:
       return ByHeadDim<Fp16>(p, stream);
   }
   return hipErrorInvalidValue;
@@ -658,10 +590,10 @@ hipError_t LaunchPagedDecodeKernel(const PagedDecodeParams& p, hipStream_t strea
 hipError_t LaunchDecodeMergeKernel(const DecodeMergeParams& p, hipStream_t stream) {
   const dim3 grid(p.num_reduce, p.num_q_heads);
   switch (p.dtype) {
-    case kDecodeBf16:
+    case kElementBf16:
       DecodeMergeKernel<Bf16><<<grid, kMergeThreads, 0, stream>>>(p);
       return hipGetLastError();
-    case kDecodeFp16:
+    case kElementFp16:
       DecodeMergeKernel<Fp16><<<grid, kMergeThreads, 0, stream>>>(p);
       return hipGetLastError();
   }

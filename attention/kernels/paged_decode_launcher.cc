@@ -14,7 +14,9 @@
 
 namespace attnmeta {
 
+using internal::Aligned;
 using internal::CheckNotNull;
+using internal::kVectorBytes;
 using internal::LaunchResult;
 using internal::RuntimeStatus;
 
@@ -38,38 +40,18 @@ static_assert(
 
 namespace {
 
-// Token positions the kernel handles in int32 with room for its step arithmetic.
-constexpr int64_t kMaxTokens = int64_t{1} << 30;
 // Blocks of one launch: within NVIDIA's grid x and, at 256 threads, HIP's 2^32 threads.
 constexpr int64_t kMaxBlocks = int64_t{1} << 23;
 // The merge kernel's grid y is the query head.
 constexpr int64_t kMaxQueryHeads = 65535;
-constexpr int64_t kVectorBytes = 16;
-
-bool Aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 // Query heads per block: the largest of 8, 4, 2, 1 dividing the group (kernel instantiations);
 // variants other than 0 run 4.
 absl::StatusOr<int32_t> CheckDims(const DecodeAttentionDims& d, int32_t variant) {
-  if (d.num_q_heads < 1 || d.num_kv_heads < 1 || d.num_q_heads % d.num_kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "decode attention: num_q_heads ", d.num_q_heads, " is not a positive multiple of num_kv_heads ",
-        d.num_kv_heads));
-  }
+  if (absl::Status s = internal::CheckAttentionDims("decode attention", d); !s.ok()) return s;
   if (d.num_q_heads > kMaxQueryHeads) {
     return absl::OutOfRangeError(absl::StrCat("decode attention: ", d.num_q_heads,
                                               " query heads, at most ", kMaxQueryHeads));
-  }
-  if (d.head_dim != 64 && d.head_dim != 128 && d.head_dim != 256) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("decode attention: head_dim ", d.head_dim, " is not 64, 128 or 256"));
-  }
-  if (d.dtype != KvElementType::kBf16 && d.dtype != KvElementType::kFp16) {
-    return absl::InvalidArgumentError("decode attention: unknown element type");
-  }
-  if (!std::isfinite(d.softmax_scale) || d.softmax_scale <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("decode attention: softmax_scale ", d.softmax_scale, " is not finite and > 0"));
   }
   const int32_t group = d.num_q_heads / d.num_kv_heads;
   if (variant < 0 || variant >= kernels::kNumDecodeVariants) {
@@ -86,56 +68,13 @@ absl::StatusOr<int32_t> CheckDims(const DecodeAttentionDims& d, int32_t variant)
     }
     return kernels::kVariantQueryHeads;
   }
-  for (int32_t heads : {8, 4, 2}) {
-    if (group % heads == 0) return heads;
-  }
-  return 1;
+  return internal::HeadsPerBlock(group);
 }
 
 // The batch size the KV source describes, its shapes checked, and its part of the kernel's
 // arguments.
 absl::StatusOr<int64_t> CheckKv(const DecodeKv& kv, kernels::PagedDecodeParams& p) {
-  if (const auto* t = std::get_if<DecodeTokenLevelKv>(&kv)) {
-    if (t->kv_indptr.empty()) {
-      return absl::InvalidArgumentError("decode attention: kv_indptr needs bs + 1 >= 1 entries");
-    }
-    if (static_cast<int64_t>(t->kv_indices.size()) > kMaxTokens) {
-      return absl::OutOfRangeError(absl::StrCat("decode attention: kv_indices of ",
-                                                t->kv_indices.size(), " entries, at most ",
-                                                kMaxTokens));
-    }
-    for (absl::Status s :
-         {CheckNotNull("kv_indptr", t->kv_indptr), CheckNotNull("kv_indices", t->kv_indices)}) {
-      if (!s.ok()) return s;
-    }
-    p.kv_indptr = reinterpret_cast<const int32_t*>(t->kv_indptr.data());
-    p.kv_indices = reinterpret_cast<const int32_t*>(t->kv_indices.data());
-    p.kv_indices_capacity = static_cast<int64_t>(t->kv_indices.size());
-    return static_cast<int64_t>(t->kv_indptr.size()) - 1;
-  }
-  const DecodePageTableKv& pt = std::get<DecodePageTableKv>(kv);
-  const int64_t bs = static_cast<int64_t>(pt.kv_lens.size());
-  if (pt.cols < 0 || pt.cols > kMaxTokens / pt.page_size.tokens()) {
-    return absl::OutOfRangeError(absl::StrCat("decode attention: a page table of ", pt.cols,
-                                              " columns of page_size ", pt.page_size.tokens(),
-                                              " covers more than ", kMaxTokens, " tokens"));
-  }
-  if (static_cast<int64_t>(pt.page_table.size()) < bs * pt.cols) {
-    return absl::InvalidArgumentError(absl::StrCat("decode attention: page_table of ",
-                                                   pt.page_table.size(), " entries is not [",
-                                                   bs, "][", pt.cols, "]"));
-  }
-  for (absl::Status s :
-       {CheckNotNull("page_table", pt.page_table), CheckNotNull("kv_lens", pt.kv_lens)}) {
-    if (!s.ok()) return s;
-  }
-  p.page_level = 1;
-  p.page_table = reinterpret_cast<const int32_t*>(pt.page_table.data());
-  p.page_table_cols = static_cast<int32_t>(pt.cols);
-  p.kv_lens = reinterpret_cast<const int32_t*>(pt.kv_lens.data());
-  p.page_size = static_cast<int32_t>(pt.page_size.tokens());
-  p.page_size_log2 = pt.page_size.log2();
-  return bs;
+  return internal::CheckKvSource("decode attention", kv, p);
 }
 
 absl::Status CheckBuffers(const PagedDecodeArgs& a, int64_t bs) {
@@ -149,30 +88,9 @@ absl::Status CheckBuffers(const PagedDecodeArgs& a, int64_t bs) {
         a.lse.size(), " floats; a batch of ", bs, " wants ", q_bytes, ", ", q_bytes, " and ",
         bs * d.num_q_heads));
   }
-  const int64_t row = int64_t{d.num_kv_heads} * d.head_dim * element;
-  if (a.k_pool.size() != a.v_pool.size() || static_cast<int64_t>(a.k_pool.size()) % row != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("decode attention: K/V pools of ",
-                                                   a.k_pool.size(), " and ", a.v_pool.size(),
-                                                   " bytes are not the same whole rows of ", row));
-  }
-  if (static_cast<int64_t>(a.k_pool.size()) / row > (int64_t{1} << 31)) {
-    return absl::OutOfRangeError("decode attention: more than 2^31 pool slots");
-  }
-  for (const void* ptr : {static_cast<const void*>(a.q.data()),
-                          static_cast<const void*>(a.k_pool.data()),
-                          static_cast<const void*>(a.v_pool.data()),
-                          static_cast<const void*>(a.out.data())}) {
-    if (!Aligned(ptr, kVectorBytes)) {
-      return absl::InvalidArgumentError(
-          "decode attention: q, k_pool, v_pool and out must be 16-byte aligned (vector loads)");
-    }
-  }
-  for (absl::Status s : {CheckNotNull("q", a.q), CheckNotNull("k_pool", a.k_pool),
-                         CheckNotNull("v_pool", a.v_pool), CheckNotNull("out", a.out),
-                         CheckNotNull("lse", a.lse)}) {
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
+  absl::StatusOr<int64_t> slots = internal::CheckAttentionBuffers(
+      "decode attention", a.q, a.k_pool, a.v_pool, a.out, a.lse, d.num_kv_heads, d.head_dim);
+  return slots.ok() ? absl::OkStatus() : slots.status();
 }
 
 bool SameLayout(const KvLayout& a, const KvLayout& b) {
@@ -357,7 +275,7 @@ absl::Status PagedDecodeAttention(const PagedDecodeArgs& a, kernels::DeviceViola
   p.num_kv_heads = a.dims.num_kv_heads;
   p.head_dim = a.dims.head_dim;
   p.heads_per_block = *heads_per_block;
-  p.dtype = a.dims.dtype == KvElementType::kBf16 ? kernels::kDecodeBf16 : kernels::kDecodeFp16;
+  p.dtype = internal::ElementDtypeOf(a.dims.dtype);
   p.variant = a.variant;
   p.softmax_scale = a.dims.softmax_scale;
   p.violation = violation;
@@ -379,45 +297,6 @@ absl::Status PagedDecodeAttention(const PagedDecodeArgs& a, kernels::DeviceViola
   m.dtype = p.dtype;
   m.violation = violation;
   return LaunchResult(kernels::LaunchDecodeMergeKernel(m, stream), "decode merge");
-}
-
-absl::StatusOr<SplitKvPlan> PlanDecodeSplitKv(absl::Span<const TokenOffset> kv_indptr,
-                                              KvLayout layout, const DecodeSplitOptions& o) {
-  if (o.multiprocessor_count < 1 || o.num_kv_heads < 1 || o.blocks_per_multiprocessor < 1 ||
-      o.min_chunk.value() < 1 || o.min_chunk.value() > kMaxTokens) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "decode split: need multiprocessor_count, num_kv_heads, blocks_per_multiprocessor >= 1 and "
-        "min_chunk in [1, ", kMaxTokens, "], got ", o.multiprocessor_count, ", ", o.num_kv_heads,
-        ", ", o.blocks_per_multiprocessor, ", ", o.min_chunk.value()));
-  }
-  if (kv_indptr.empty()) return absl::InvalidArgumentError("decode split: kv_indptr is empty");
-  const int64_t bs = static_cast<int64_t>(kv_indptr.size()) - 1;
-  std::vector<TokenOffset> qo_indptr(bs + 1);
-  for (int64_t i = 0; i <= bs; ++i) qo_indptr[i] = TokenOffset(static_cast<int32_t>(i));
-  SplitKvOptions options;
-  options.layout = layout;
-  options.q_tile = TokenCount(1);
-  const int64_t target_blocks = int64_t{o.multiprocessor_count} * o.blocks_per_multiprocessor;
-  if (2 * bs * o.num_kv_heads >= target_blocks) {
-    // One unit takes every chunk: one item per sequence, nothing split.
-    options.num_units = 1;
-    return PlanSplitKv(qo_indptr, kv_indptr, options);
-  }
-  const int64_t target_items = (target_blocks + o.num_kv_heads - 1) / o.num_kv_heads;
-  const int64_t total = (kv_indptr.back() - kv_indptr.front()).value();
-  int64_t chunk = std::max<int64_t>(o.min_chunk.value(), (total + target_items - 1) / target_items);
-  chunk = std::min<int64_t>((chunk + 15) / 16 * 16, kMaxTokens);
-  // The planner rounds the chunk up to whole blocks; one unit per chunk of that size gives
-  // every chunk its own item.
-  const int64_t block = layout.block().tokens();
-  const int64_t planned = (chunk + block - 1) / block * block;
-  int64_t units = 0;
-  for (int64_t i = 0; i < bs; ++i) {
-    units += ((kv_indptr[i + 1] - kv_indptr[i]).value() + planned - 1) / planned;
-  }
-  options.num_units = static_cast<int32_t>(std::clamp<int64_t>(units, 1, int64_t{1} << 20));
-  options.kv_granularity = TokenCount(chunk);
-  return PlanSplitKv(qo_indptr, kv_indptr, options);
 }
 
 absl::StatusOr<int32_t> DeviceMultiprocessorCount() {

@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "attention/kernels/decode_split_planner.h"
 #include "attention/kernels/device_span.h"
 #include "attention/kernels/device_violation.h"
 #include "attention/kernels/hip_port.h"
@@ -100,30 +101,6 @@ struct PagedDecodeArgs {
 // for a pool, table or grid beyond the kernel's int32 arithmetic. Internal: a launch failed.
 absl::Status PagedDecodeAttention(const PagedDecodeArgs& args, kernels::DeviceViolation* violation,
                                   hipStream_t stream);
-
-// How PlanDecodeSplitKv sizes the work to the GPU.
-struct DecodeSplitOptions {
-  int32_t multiprocessor_count = 1;  // of the GPU that runs the kernel, >= 1
-  int32_t num_kv_heads = 1;          // blocks per work item (one per KV head), >= 1
-  // Blocks to aim for per multiprocessor: one wave of the default variant, which fits 2
-  // blocks per multiprocessor (bf16, head dim 128, 4 query heads per block on sm_90: 252
-  // registers per thread). Measured on the H200: at bs 1 x 16k and bs 8 x 4k one wave beats
-  // 2 to 8 waves of smaller items (each item pays its index and length loads and its merge).
-  int32_t blocks_per_multiprocessor = 2;
-  TokenCount min_chunk = TokenCount(64);  // no split is shorter than this, >= 1
-};
-
-// A decode plan that fills the GPU: no split (one item per sequence) when the batch alone
-// gives half of multiprocessor_count * blocks_per_multiprocessor blocks or more (a split then
-// costs more than the idle half gains: bs 32 x 4k at 256 blocks ran 4.0 TB/s unsplit, 3.4 split
-// into 64 items); otherwise chunks of about
-// total_kv / (that many blocks / num_kv_heads) tokens (at least min_chunk, a multiple of 16
-// rounded up to whole blocks of `layout`), one item per chunk, so that items are of equal size
-// except each sequence's last. `kv_indptr` is the host copy of the batch's token-level indptr.
-// Errors: PlanSplitKv's (InvalidArgument for an empty sequence: a decode row needs kv_len >= 1;
-// run batches with empty sequences without a plan) and InvalidArgument for options out of range.
-absl::StatusOr<SplitKvPlan> PlanDecodeSplitKv(absl::Span<const TokenOffset> kv_indptr,
-                                              KvLayout layout, const DecodeSplitOptions& options);
 
 // The multiprocessor count of the current device. Internal when the runtime fails.
 absl::StatusOr<int32_t> DeviceMultiprocessorCount();

@@ -27,11 +27,20 @@
 // outside a buffer: it clamps, skips a position whose slot is outside the pool, and records the
 // first violation in `violation` (device_violation.h; may be null). A sequence whose lengths
 // or mask cannot be trusted (q_len > kv_len, q_len > max_q_len, a mask block outside the mask)
-// sees nothing: its rows write 0 and -inf (rows past max_q_len have no block and are not
-// written). The kinds it records:
+// sees nothing: its rows write 0 and -inf, except, when q_len > max_q_len, its rows past the
+// q_tiles * rows-per-block rows the grid gives each sequence (>= max_q_len), which no block
+// covers and which are not written. Rows no sequence claims (qo_indptr[0] > 0, qo_indptr[bs]
+// < q_rows, or rows a clamped entry leaves out) are not written either. An indptr that drops
+// back across sequences (qo_indptr[i + 1] < qo_indptr[i], the sequence clamped to no rows, and
+// the next sequence starting back at qo_indptr[i + 1]) makes two sequences' blocks write the
+// same rows: in bounds, and recorded (kQueryIndptrDecreasing), but the rows hold either's
+// result. The kinds it records:
 //   kQueryIndptrNegative / kQueryIndptrDecreasing / kQueryRowsPastCapacity
 //                                         qo_indptr entry negative / below the one before it /
 //                                         past the rows of q (clamped)
+//   kQueryRowsMismatch                    qo_indptr[0] > 0 or qo_indptr[bs] < q_rows (checked by
+//                                         one thread of the launch; rows no sequence claims
+//                                         are not written)
 //   kQueryPastKv                          q_len > kv_len (the sequence sees nothing)
 //   kQueryPastMaxQLen                     q_len > max_q_len, the rows the grid was sized for
 //                                         (the sequence sees nothing)
@@ -51,15 +60,15 @@
 #include <cstdint>
 
 #include "attention/kernels/device_violation.h"
+#include "attention/kernels/element_dtype.h"
 #include "attention/kernels/hip_port.h"
 
 namespace attnmeta {
 namespace kernels {
 
-enum VarlenDtype : int32_t { kVarlenBf16 = 0, kVarlenFp16 = 1 };
-
-// Which positions a row sees: the layouts of custom_mask.h's MaskLayout.
-enum VarlenMask : int32_t {
+// Which positions a row sees: the layouts of custom_mask.h's MaskLayout. (Named apart from
+// attnmeta::VarlenMask, the launcher's device-memory mask.)
+enum VarlenMaskKind : int32_t {
   kVarlenCausal = 0,  // no custom mask: causal with prefix
   kVarlenMaskFull = 1,
   kVarlenMaskQLenOnly = 2,
@@ -75,7 +84,9 @@ inline constexpr int32_t VarlenQueryVectors(int32_t head_dim) { return head_dim 
 struct VarlenAttentionParams {
   const void* q;       // [q_rows][num_q_heads][head_dim] of dtype, 16-byte aligned
   int32_t q_rows;      // rows of q, out and lse; qo_indptr entries past it are clamped
-  const int32_t* qo_indptr;  // [batch_size + 1], qo_indptr[0] == 0, non-decreasing
+  // [batch_size + 1], qo_indptr[0] == 0, non-decreasing, qo_indptr[batch_size] == q_rows
+  // (else recorded; see above).
+  const int32_t* qo_indptr;
   int32_t max_q_len;   // >= every q_len, >= 1; the grid covers q_tiles tiles of rows of it
   int32_t q_tiles;     // ceil(max_q_len / rows per block)
 
@@ -83,6 +94,8 @@ struct VarlenAttentionParams {
   const void* v_pool;  // like k_pool
   int64_t pool_slots;  // <= 2^31; a position whose slot is outside [0, pool_slots) is skipped
 
+  // The KV source: the fields, and their guards, of PagedDecodeParams
+  // (paged_decode_attention.h), read by the same device helpers (internal/kv_source.h).
   // Which KV source the kernel reads: 0 token-level, 1 the page table. An explicit flag, not
   // a null pointer: an empty page table's pointer is null too.
   int32_t page_level;
@@ -100,23 +113,28 @@ struct VarlenAttentionParams {
   int32_t page_size;          // >= 1
   int32_t page_size_log2;     // log2(page_size) for a power of two, else -1
 
-  int32_t mask_layout;         // VarlenMask
+  int32_t mask_layout;         // VarlenMaskKind
   const uint8_t* mask;         // [mask_capacity] bytes (kVarlenCausal: not read)
+  // Bytes of `mask` that may be read: a block that does not lie in [0, mask_capacity) is
+  // recorded (kMaskOutsideBuffer) and its sequence sees nothing.
   int64_t mask_capacity;
   const int64_t* mask_indptr;  // [batch_size + 1] byte offsets of the blocks (causal: not read)
   int32_t mask_word_bytes;     // bit-packed: bytes per row, MaskWordBytes(max_q_len), so that
-                               // 8 * mask_word_bytes >= max_q_len
+                               // 8 * mask_word_bytes >= max_q_len; the mask's rows must be
+                               // words of this width (max_q_len the batch's true maximum)
 
   void* out;   // [q_rows][num_q_heads][head_dim] of dtype, 16-byte aligned
   float* lse;  // [q_rows][num_q_heads]
 
-  int32_t batch_size;
+  int32_t batch_size;       // >= 1 (the launcher launches nothing for an empty batch)
   int32_t num_q_heads;      // a multiple of num_kv_heads
-  int32_t num_kv_heads;
-  int32_t head_dim;         // 64, 128 or 256
+  int32_t num_kv_heads;     // >= 1; K/V head of query head h: h / (num_q_heads / num_kv_heads)
+  int32_t head_dim;         // 64, 128 or 256: elements per head of q, the pools and out
   int32_t heads_per_block;  // 1, 2, 4 or 8, dividing num_q_heads / num_kv_heads
-  int32_t dtype;            // VarlenDtype
-  float softmax_scale;
+  int32_t dtype;            // ElementDtype, of q, the pools and out
+  float softmax_scale;      // finite and > 0: scores are softmax_scale * dot(q, k)
+  // Where the first violation of the contract above is recorded (the other ones are not);
+  // null: none is recorded, the guards still apply.
   DeviceViolation* violation;
 };
 

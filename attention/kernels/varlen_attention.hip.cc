@@ -1,48 +1,20 @@
 #include "attention/kernels/varlen_attention.h"
 
+#include "attention/kernels/internal/element_types.h"
+#include "attention/kernels/internal/kv_source.h"
+
 namespace attnmeta {
 namespace kernels {
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kThreads = 128;
 
-__device__ inline float NegInf() { return __int_as_float(0xff800000); }
-
-// Eight 2-byte elements of a 16-byte word to floats, and back (round to nearest even).
-struct Bf16 {
-  __device__ static void ToFloat(const uint4& w, float (&f)[8]) {
-    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      f[2 * i] = __uint_as_float(words[i] << 16);
-      f[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
-    }
-  }
-  __device__ static uint32_t FromFloat(float x) {
-    const uint32_t b = __float_as_uint(x);
-    if ((b & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;  // a NaN stays a NaN
-    return (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
-  }
-};
-
-struct Fp16 {
-  __device__ static void ToFloat(const uint4& w, float (&f)[8]) {
-    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      f[2 * i] = HalfBitsToFloat(static_cast<uint16_t>(words[i] & 0xffffu));
-      f[2 * i + 1] = HalfBitsToFloat(static_cast<uint16_t>(words[i] >> 16));
-    }
-  }
-  __device__ static uint32_t FromFloat(float x) { return FloatToHalfBits(x); }
-};
-
-template <typename Dtype>
-__device__ inline uint32_t Pack2(float lo, float hi) {
-  return Dtype::FromFloat(lo) | (Dtype::FromFloat(hi) << 16);
-}
+using internal::Bf16;
+using internal::Fp16;
+using internal::kLn2;
+using internal::kLog2e;
+using internal::NegInf;
+using internal::Pack2;
 
 // A 16-byte word of 2-byte elements at element offset `offset` of `base`.
 __device__ inline uint4 Load16(const void* base, int64_t offset) {
@@ -85,43 +57,6 @@ struct Sequence {
   bool blind;               // its metadata cannot be trusted: every row sees nothing
 };
 
-// The sequence's KV length as the device metadata gives it, clamped to what can be read.
-__device__ inline int32_t KvLength(const VarlenAttentionParams& p, int32_t seq, DeviceViolation* v,
-                                   int64_t* index_base) {
-  if (p.page_level == 0) {
-    int64_t begin = p.kv_indptr[seq];
-    int64_t end = p.kv_indptr[seq + 1];
-    if (begin < 0) {
-      RecordViolation(v, kOffsetNegative, seq, begin, 0);
-      begin = 0;
-    }
-    if (end < begin) {
-      RecordViolation(v, kIndptrDecreasing, seq + 1, end, begin);
-      end = begin;
-    }
-    if (end > p.kv_indices_capacity) {
-      RecordViolation(v, kTotalPastCapacity, seq, end, p.kv_indices_capacity);
-      end = p.kv_indices_capacity;
-      if (begin > end) begin = end;
-    }
-    *index_base = begin;
-    return static_cast<int32_t>(end - begin);
-  }
-  *index_base = 0;
-  int64_t len = p.kv_lens[seq];
-  if (len < 0) {
-    RecordViolation(v, kLengthNegative, seq, len, 0);
-    len = 0;
-  }
-  const int64_t table_tokens = int64_t{p.page_table_cols} * p.page_size;
-  if (len > table_tokens) {
-    RecordViolation(v, kPagesPastTable, seq, (len + p.page_size - 1) / p.page_size,
-                    p.page_table_cols);
-    len = table_tokens;
-  }
-  return static_cast<int32_t>(len);
-}
-
 // Bytes of a mask block, as MaskBlockBytes (custom_mask.h) gives them.
 __device__ inline int64_t MaskBlockBytes(const VarlenAttentionParams& p, int64_t q_len,
                                          int64_t kv_len) {
@@ -156,7 +91,7 @@ __device__ inline Sequence ResolveSequence(const VarlenAttentionParams& p, int32
   }
   s.q_begin = static_cast<int32_t>(q_begin);
   s.q_len = static_cast<int32_t>(q_end - q_begin);
-  s.kv_len = KvLength(p, seq, v, &s.index_base);
+  s.kv_len = internal::KvLength(p, seq, v, &s.index_base);
   s.mask = nullptr;
   s.blind = false;
   if (s.q_len > s.kv_len) {
@@ -176,6 +111,22 @@ __device__ inline Sequence ResolveSequence(const VarlenAttentionParams& p, int32
     }
   }
   return s;
+}
+
+// qo_indptr[0] == 0 and qo_indptr[bs] == q_rows, else rows no sequence claims are never
+// written (kQueryRowsMismatch). Run by one thread of the launch. A negative qo_indptr[0] or a
+// qo_indptr[bs] past q_rows is left to ResolveSequence, which records it (kQueryIndptrNegative,
+// kQueryRowsPastCapacity) and clamps, and so is an entry below the one before it
+// (kQueryIndptrDecreasing): recording it here too would race with that record.
+__device__ inline void CheckQueryRows(const VarlenAttentionParams& p) {
+  // REQUIRES (the launcher's): batch_size >= 1.
+  const int64_t first = p.qo_indptr[0];
+  const int64_t last = p.qo_indptr[p.batch_size];
+  if (first > 0 && first <= p.qo_indptr[1]) {
+    RecordViolation(p.violation, kQueryRowsMismatch, 0, first, 0);
+  } else if (last >= 0 && last < p.q_rows && last >= p.qo_indptr[p.batch_size - 1]) {
+    RecordViolation(p.violation, kQueryRowsMismatch, p.batch_size, last, p.q_rows);
+  }
 }
 
 // Whether row r of the sequence sees position c: MaskSees (custom_mask.h), on the block that
@@ -202,23 +153,8 @@ __device__ inline bool Sees(const VarlenAttentionParams& p, const Sequence& s, i
 // the pool.
 __device__ inline int64_t SlotOf(const VarlenAttentionParams& p, int32_t seq, const Sequence& s,
                                  int32_t c, bool report) {
-  int64_t slot;
-  int64_t entry;
-  if (p.page_level == 0) {
-    entry = s.index_base + c;
-    slot = __ldg(p.kv_indices + entry);
-  } else {
-    const int32_t col = p.page_size_log2 >= 0 ? c >> p.page_size_log2 : c / p.page_size;
-    const int32_t offset = p.page_size_log2 >= 0 ? c & (p.page_size - 1) : c % p.page_size;
-    entry = int64_t{seq} * p.page_table_cols + col;
-    slot = int64_t{__ldg(p.page_table + entry)} * p.page_size + offset;
-  }
-  // One unsigned compare catches negative slots too.
-  if (static_cast<uint64_t>(slot) >= static_cast<uint64_t>(p.pool_slots)) {
-    if (report) RecordViolation(p.violation, kSlotOutsidePool, entry, slot, p.pool_slots);
-    return -1;
-  }
-  return slot;
+  return internal::SlotFromEntry(p, seq, s.index_base, internal::LoadKvEntry(p, seq, s.index_base, c),
+                                 c, report);
 }
 
 // One thread's share of a KV tile: kKvLoads words of K and of V (zero where the position is
@@ -296,6 +232,7 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kThreads, 1) VarlenAttentionKernel(Varlen
   const int32_t rows_per_block = kM / heads;
 
   const int tid = static_cast<int>(threadIdx.x);
+  if (blockIdx.x == 0 && tid == 0) CheckQueryRows(p);
   const Sequence s = ResolveSequence(p, seq, tid == 0);
   const int32_t row0 = tile * rows_per_block;
   if (row0 >= s.q_len) return;  // the same for every thread of the block
@@ -482,9 +419,9 @@ hipError_t ByHeadDim(const VarlenAttentionParams& p, hipStream_t stream) {
 
 hipError_t LaunchVarlenAttentionKernel(const VarlenAttentionParams& p, hipStream_t stream) {
   switch (p.dtype) {
-    case kVarlenBf16:
+    case kElementBf16:
       return ByHeadDim<Bf16>(p, stream);
-    case kVarlenFp16:
+    case kElementFp16:
       return ByHeadDim<Fp16>(p, stream);
   }
   return hipErrorInvalidValue;

@@ -31,6 +31,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "attention/kernels/device_violation_word.h"
 #include "attention/kernels/testing/device_buffer.h"
 #include "attention/kernels/testing/half_bits.h"
@@ -252,6 +254,63 @@ std::vector<int32_t> BinaryTrees(int64_t bs, int32_t n) {
   return parents;
 }
 
+// Extend with a custom mask in `layout` over ragged q_lens: sequence j has cached[j] tokens
+// and new_tokens[j] query rows (BuildForwardMetadata, mode extend), and a random mask built
+// by BuildMaskIndptr / BuildCustomMask in which each row sees its own position (so that the
+// validator, which the reference runs, accepts it) and about half of the other query rows.
+// prefix_holes (FULL only): every third prefix position, staggered by row, is cleared too.
+Problem MakeMaskedExtend(const DecodeAttentionDims& dims, int64_t ps, const std::vector<int64_t>& cached,
+                         const std::vector<int64_t>& new_tokens, MaskLayout layout, bool prefix_holes,
+                         uint64_t seed) {
+  Problem p;
+  p.dims = dims;
+  p.what = absl::StrCat("masked extend, mask ", MaskLayoutName(layout),
+                        prefix_holes ? " with prefix holes" : "", ", seed ", seed, ", page_size ", ps,
+                        ", ", DimsName(dims));
+  std::vector<int64_t> lens;
+  for (size_t j = 0; j < cached.size(); ++j) lens.push_back(cached[j] + new_tokens[j]);
+  p.fixture = MakeFixture(ps, seed, lens);
+  for (size_t j = 0; j < cached.size(); ++j) p.fixture->AddSequence(cached[j], new_tokens[j]);
+  auto m = BuildForwardMetadata(p.fixture->Batch(ForwardMode::kExtend), p.fixture->pool(),
+                                p.fixture->page_size(),
+                                BuildOptions{true, MaskLayout::kNone,
+                                             MetadataCheck{p.fixture->pool_slots(),
+                                                           p.fixture->num_query_rows()}});
+  EXPECT_TRUE(m.ok()) << m.status();
+  p.metadata = *std::move(m);
+  ForwardMetadata& md = p.metadata;
+  std::vector<TokenLength> q_lens;
+  for (size_t i = 0; i + 1 < md.qo_indptr.size(); ++i) {
+    q_lens.push_back(TokenLength((md.qo_indptr[i + 1] - md.qo_indptr[i]).value()));
+  }
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> tree_rows;
+  for (const TokenLength q_len : q_lens) {
+    for (int32_t r = 0; r < q_len.value(); ++r) {
+      for (int32_t c = 0; c < q_len.value(); ++c) tree_rows.push_back(r == c ? 1 : rng() % 2);
+    }
+  }
+  md.mask_layout = layout;
+  md.mask_indptr.assign(q_lens.size() + 1, 0);
+  absl::Status s = BuildMaskIndptr(layout, q_lens, md.kv_lens, absl::MakeSpan(md.mask_indptr));
+  EXPECT_TRUE(s.ok()) << s;
+  md.custom_mask.assign(md.mask_indptr.back(), 0);
+  s = BuildCustomMask(layout, tree_rows, q_lens, md.kv_lens, md.mask_indptr,
+                      absl::MakeSpan(md.custom_mask));
+  EXPECT_TRUE(s.ok()) << s;
+  if (prefix_holes) {
+    EXPECT_EQ(layout, MaskLayout::kFull);
+    for (size_t i = 0; i < q_lens.size(); ++i) {
+      const int64_t q_len = q_lens[i].value(), kv_len = md.kv_lens[i].value();
+      for (int64_t r = 0; r < q_len; ++r) {
+        for (int64_t c = r % 3; c < kv_len - q_len; c += 3) md.custom_mask[md.mask_indptr[i] + r * kv_len + c] = 0;
+      }
+    }
+  }
+  FillProblem(p, seed);
+  return p;
+}
+
 // The problem's inputs in device memory.
 struct DeviceProblem {
   DeviceBuffer<uint8_t> q, k, v;
@@ -292,6 +351,29 @@ DeviceProblem ToDevice(const Problem& p) {
                        p.fixture->page_size(),
                        m.mask_layout,
                        m.max_q_len};
+}
+
+// The problem's inputs with a sequence of no query rows inserted before sequence `at` (so its
+// qo_indptr and mask_indptr steps are 0): no KV through kv_indptr, and sequence `at`'s KV
+// (a prefix without rows) through the page table. The query rows, and so the results, are
+// the problem's.
+DeviceProblem ToDeviceWithEmptySequence(const Problem& p, int64_t at) {
+  const ForwardMetadata& m = p.metadata;
+  std::vector<TokenOffset> qo(m.qo_indptr), kv(m.kv_indptr);
+  qo.insert(qo.begin() + at, qo[at]);
+  kv.insert(kv.begin() + at, kv[at]);
+  std::vector<TokenLength> lens(m.kv_lens);
+  lens.insert(lens.begin() + at, lens[at]);
+  const int64_t cols = m.page_table.cols();
+  const absl::Span<const PageId> entries = m.page_table.span().entries();
+  std::vector<PageId> table(entries.begin(), entries.end());
+  table.insert(table.begin() + at * cols, entries.begin() + at * cols, entries.begin() + (at + 1) * cols);
+  std::vector<int64_t> mask_indptr(m.mask_indptr);
+  if (!mask_indptr.empty()) mask_indptr.insert(mask_indptr.begin() + at, mask_indptr[at]);
+  return DeviceProblem{Upload(Bytes(p.q_bits)), Upload(Bytes(p.k_bits)), Upload(Bytes(p.v_bits)),
+                       Upload(qo), Upload(kv), Upload(m.kv_indices), Upload(table), Upload(lens),
+                       Upload(m.custom_mask), Upload(mask_indptr), cols, p.fixture->page_size(),
+                       m.mask_layout, m.max_q_len};
 }
 
 void Poison(void* ptr, size_t bytes) {
@@ -574,6 +656,43 @@ TEST_F(VarlenGpuTest, RowThatSeesNothingWritesZeroAndMinusInfinity) {
   }
 }
 
+// Custom masks over ragged query rows in every layout: q_lens 5, 1, 0, 8, 17 (bit-packed: 4-byte
+// words for a max_q_len of 17; the q_len-0 sequence inserted on the device, as no masked mode
+// the validator accepts has one), random masks built by BuildMaskIndptr / BuildCustomMask,
+// checked against the reference through both KV sources; and FULL masks with holes in the
+// prefix (rows that skip committed positions), which the other layouts cannot express.
+TEST_F(VarlenGpuTest, RaggedMaskedBatchesMatchTheReference) {
+  struct Case {
+    MaskLayout layout;
+    bool prefix_holes;
+    int64_t ps;
+    DecodeAttentionDims dims;
+  };
+  const Case cases[] = {
+      {MaskLayout::kFull, false, 16, Dims(32, 8, 128, KvElementType::kBf16)},
+      {MaskLayout::kQLenOnly, false, 7, Dims(32, 8, 128, KvElementType::kFp16)},
+      {MaskLayout::kBitPacked, false, 16, Dims(16, 4, 64, KvElementType::kBf16)},
+      {MaskLayout::kBitPacked, false, 1, Dims(8, 8, 256, KvElementType::kFp16)},
+      {MaskLayout::kFull, true, 16, Dims(32, 8, 128, KvElementType::kBf16)},
+      {MaskLayout::kFull, true, 7, Dims(16, 4, 64, KvElementType::kFp16)},
+  };
+  uint64_t seed = 700;
+  for (const Case& c : cases) {
+    const Problem p = MakeMaskedExtend(c.dims, c.ps, /*cached=*/{30, 0, 7, 100},
+                                       /*new_tokens=*/{5, 1, 8, 17}, c.layout, c.prefix_holes, ++seed);
+    SCOPED_TRACE(p.what);
+    ASSERT_EQ(p.metadata.max_q_len.value(), 17);
+    ExpectBothSourcesMatch(p);
+    if (HasFatalFailure()) return;
+    const DeviceProblem d = ToDeviceWithEmptySequence(p, 2);
+    for (const DecodeKv& kv : {d.TokenLevel(), d.PageLevel()}) {
+      SCOPED_TRACE("with a q_len-0 sequence at 2");
+      ExpectMatches(p, RunVarlen(p.dims, d, kv));
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
 // What the host can see is refused before any launch, with nothing written.
 TEST_F(VarlenGpuTest, BadInputsAreRefusedBeforeLaunch) {
   // q_lens 40, 7, 20: a max_q_len past the bit-packed maximum.
@@ -602,108 +721,142 @@ TEST_F(VarlenGpuTest, BadInputsAreRefusedBeforeLaunch) {
     const char* what;
     Edit edit;
     absl::StatusCode code;
+    std::string words;  // in the message
   };
   const Case cases[] = {
-      {"heads that do not divide", [](VarlenAttentionArgs& a) { a.dims.num_kv_heads = 5; }, kInvalid},
-      {"no query heads", [](VarlenAttentionArgs& a) { a.dims.num_q_heads = 0; }, kInvalid},
-      {"head dim 96", [](VarlenAttentionArgs& a) { a.dims.head_dim = 96; }, kInvalid},
-      {"head dim 512", [](VarlenAttentionArgs& a) { a.dims.head_dim = 512; }, kInvalid},
-      {"NaN scale", [](VarlenAttentionArgs& a) { a.dims.softmax_scale = std::nanf(""); }, kInvalid},
-      {"zero scale", [](VarlenAttentionArgs& a) { a.dims.softmax_scale = 0; }, kInvalid},
+      {"heads that do not divide", [](VarlenAttentionArgs& a) { a.dims.num_kv_heads = 5; }, kInvalid,
+       "num_q_heads 32 is not a positive multiple of num_kv_heads 5"},
+      {"no query heads", [](VarlenAttentionArgs& a) { a.dims.num_q_heads = 0; }, kInvalid,
+       "num_q_heads 0 is not a positive multiple"},
+      {"head dim 96", [](VarlenAttentionArgs& a) { a.dims.head_dim = 96; }, kInvalid,
+       "head_dim 96 is not 64, 128 or 256"},
+      {"head dim 512", [](VarlenAttentionArgs& a) { a.dims.head_dim = 512; }, kInvalid,
+       "head_dim 512 is not 64, 128 or 256"},
+      {"NaN scale", [](VarlenAttentionArgs& a) { a.dims.softmax_scale = std::nanf(""); }, kInvalid,
+       "is not finite and > 0"},
+      {"zero scale", [](VarlenAttentionArgs& a) { a.dims.softmax_scale = 0; }, kInvalid,
+       "softmax_scale 0 is not finite and > 0"},
       {"q misaligned",
        [&](VarlenAttentionArgs& a) { a.q = DeviceSpan<const uint8_t>(spare.data() + 2, q_bytes); },
-       kInvalid},
+       kInvalid,
+       "must be 16-byte aligned"},
       {"k_pool misaligned",
        [&](VarlenAttentionArgs& a) { a.k_pool = DeviceSpan<const uint8_t>(spare.data() + 8, pool_bytes); },
-       kInvalid},
+       kInvalid,
+       "must be 16-byte aligned"},
       {"out misaligned",
-       [&](VarlenAttentionArgs& a) { a.out = DeviceSpan<uint8_t>(out.data() + 2, q_bytes); }, kInvalid},
+       [&](VarlenAttentionArgs& a) { a.out = DeviceSpan<uint8_t>(out.data() + 2, q_bytes); }, kInvalid,
+       "must be 16-byte aligned"},
       {"null q", [&](VarlenAttentionArgs& a) { a.q = DeviceSpan<const uint8_t>(nullptr, q_bytes); },
-       kInvalid},
+       kInvalid,
+       absl::StrCat("q has ", q_bytes, " elements but a null pointer")},
       {"null v_pool",
        [&](VarlenAttentionArgs& a) { a.v_pool = DeviceSpan<const uint8_t>(nullptr, pool_bytes); },
-       kInvalid},
+       kInvalid,
+       absl::StrCat("v_pool has ", pool_bytes, " elements but a null pointer")},
       {"null lse", [&](VarlenAttentionArgs& a) { a.lse = DeviceSpan<float>(nullptr, rows * 32); },
-       kInvalid},
+       kInvalid,
+       absl::StrCat("lse has ", rows * 32, " elements but a null pointer")},
       {"null qo_indptr",
        [&](VarlenAttentionArgs& a) { a.qo_indptr = DeviceSpan<const TokenOffset>(nullptr, bs + 1); },
-       kInvalid},
+       kInvalid,
+       "qo_indptr has 4 elements but a null pointer"},
       {"qo_indptr of another batch",
        [&](VarlenAttentionArgs& a) { a.qo_indptr = DeviceSpan<const TokenOffset>(d.qo_indptr.data(), bs); },
-       kInvalid},
+       kInvalid,
+       "qo_indptr has 3 entries, the KV source's batch of 3 wants 4"},
       {"q that is not whole rows",
        [&](VarlenAttentionArgs& a) { a.q = DeviceSpan<const uint8_t>(d.q.data(), q_bytes - 16); },
-       kInvalid},
+       kInvalid,
+       "are not the same whole rows"},
       {"out of another size",
        [&](VarlenAttentionArgs& a) { a.out = DeviceSpan<uint8_t>(out.data(), q_bytes - p.q_row() * 2); },
-       kInvalid},
+       kInvalid,
+       "are not the same whole rows"},
       {"lse of another size",
-       [&](VarlenAttentionArgs& a) { a.lse = DeviceSpan<float>(lse.data(), rows * 32 + 1); }, kInvalid},
+       [&](VarlenAttentionArgs& a) { a.lse = DeviceSpan<float>(lse.data(), rows * 32 + 1); }, kInvalid,
+       "are not the same whole rows"},
       {"K and V pools of different sizes",
        [&](VarlenAttentionArgs& a) { a.v_pool = DeviceSpan<const uint8_t>(d.v.data(), pool_bytes - 2048); },
-       kInvalid},
+       kInvalid,
+       absl::StrCat("K/V pools of ", pool_bytes, " and ", pool_bytes - 2048, " bytes")},
       {"pools that are not whole rows",
        [&](VarlenAttentionArgs& a) {
          a.k_pool = DeviceSpan<const uint8_t>(d.k.data(), pool_bytes - 16);
          a.v_pool = DeviceSpan<const uint8_t>(d.v.data(), pool_bytes - 16);
        },
-       kInvalid},
+       kInvalid,
+       "bytes are not the same whole rows of 4096"},
       {"max_q_len past the query rows", [&](VarlenAttentionArgs& a) { a.max_q_len = TokenCount(rows + 1); },
-       kInvalid},
-      {"negative max_q_len", [](VarlenAttentionArgs& a) { a.max_q_len = TokenCount(-1); }, kInvalid},
+       kInvalid,
+       "max_q_len 68 does not fit 67 query rows over 3 sequences"},
+      {"negative max_q_len", [](VarlenAttentionArgs& a) { a.max_q_len = TokenCount(-1); }, kInvalid,
+       "max_q_len -1 does not fit"},
       {"max_q_len too small for the rows", [](VarlenAttentionArgs& a) { a.max_q_len = TokenCount(10); },
-       kInvalid},
-      {"max_q_len 0 with rows", [](VarlenAttentionArgs& a) { a.max_q_len = TokenCount(0); }, kInvalid},
+       kInvalid,
+       "max_q_len 10 does not fit 67 query rows"},
+      {"max_q_len 0 with rows", [](VarlenAttentionArgs& a) { a.max_q_len = TokenCount(0); }, kInvalid,
+       "max_q_len 0 does not fit"},
       {"mask layout without mask_indptr",
        [&](VarlenAttentionArgs& a) { a.mask = VarlenMask{MaskLayout::kFull, mask.const_span(), {}}; },
-       kInvalid},
+       kInvalid,
+       "a full mask needs mask_indptr of bs + 1 = 4 entries, got 0"},
       {"mask_indptr of another batch",
        [&](VarlenAttentionArgs& a) {
          a.mask = VarlenMask{MaskLayout::kQLenOnly, mask.const_span(), mask_indptr.const_span()};
        },
-       kInvalid},
+       kInvalid,
+       "a qlen_only mask needs mask_indptr of bs + 1 = 4 entries, got 5"},
       {"mask arrays without a layout",
        [&](VarlenAttentionArgs& a) { a.mask = VarlenMask{MaskLayout::kNone, mask.const_span(), {}}; },
-       kInvalid},
+       kInvalid,
+       "mask arrays (4096 bytes, 0 mask_indptr entries) without a mask layout"},
       {"bit-packed mask past 32 rows",
        [&](VarlenAttentionArgs& a) {
          a.mask = full;
          a.mask.layout = MaskLayout::kBitPacked;
        },
-       kInvalid},
+       kInvalid,
+       "a bit-packed mask holds at most 32 query rows, max_q_len is 40"},
       {"mask_indptr misaligned",
        [&](VarlenAttentionArgs& a) {
          a.mask = full;
          a.mask.mask_indptr = DeviceSpan<const int64_t>(
              reinterpret_cast<const int64_t*>(reinterpret_cast<const uint8_t*>(mask_indptr.data()) + 4), bs + 1);
        },
-       kInvalid},
+       kInvalid,
+       "mask_indptr must be 8-byte aligned"},
       {"null mask",
        [&](VarlenAttentionArgs& a) {
          a.mask = full;
          a.mask.mask = DeviceSpan<const uint8_t>(nullptr, 4096);
        },
-       kInvalid},
+       kInvalid,
+       "mask has 4096 elements but a null pointer"},
       {"null kv_indices",
        [&](VarlenAttentionArgs& a) {
          a.kv = DecodeTokenLevelKv{d.kv_indptr.const_span(),
                                    DeviceSpan<const TokenSlot>(nullptr, d.kv_indices.size())};
        },
-       kInvalid},
+       kInvalid,
+       absl::StrCat("kv_indices has ", d.kv_indices.size(), " elements but a null pointer")},
       {"no kv_indptr",
-       [&](VarlenAttentionArgs& a) { a.kv = DecodeTokenLevelKv{{}, d.kv_indices.const_span()}; }, kInvalid},
+       [&](VarlenAttentionArgs& a) { a.kv = DecodeTokenLevelKv{{}, d.kv_indices.const_span()}; }, kInvalid,
+       "kv_indptr needs bs + 1 >= 1 entries"},
       {"page table smaller than the batch",
        [&](VarlenAttentionArgs& a) {
          a.kv = DecodePageTableKv{DeviceSpan<const PageId>(d.page_table.data(), d.page_table.size() - 1),
                                   d.cols, d.kv_lens.const_span(), d.page_size};
        },
-       kInvalid},
+       kInvalid,
+       absl::StrCat("page_table of ", d.page_table.size() - 1, " entries is not [3][")},
       {"page table beyond int32 tokens",
        [&](VarlenAttentionArgs& a) {
          a.kv = DecodePageTableKv{d.page_table.const_span(), int64_t{1} << 27, d.kv_lens.const_span(),
                                   d.page_size};
        },
-       absl::StatusCode::kOutOfRange},
+       absl::StatusCode::kOutOfRange,
+       "covers more than 1073741824 tokens"},
       {"query rows beyond int32",
        [&](VarlenAttentionArgs& a) {
          const int64_t huge = (int64_t{1} << 31) * p.q_row();
@@ -711,7 +864,23 @@ TEST_F(VarlenGpuTest, BadInputsAreRefusedBeforeLaunch) {
          a.out = DeviceSpan<uint8_t>(out.data(), huge * 2);
          a.lse = DeviceSpan<float>(lse.data(), (int64_t{1} << 31) * 32);
        },
-       absl::StatusCode::kOutOfRange},
+       absl::StatusCode::kOutOfRange,
+       "2147483648 query rows, beyond int32"},
+      {"grid whose block count overflows int64",
+       [&](VarlenAttentionArgs& a) {
+         // bs 2^30 x 2^27 tiles of 8 rows x 2^17 chunks of 8 heads: 2^74 blocks, 0 modulo 2^64.
+         const int64_t bs_claimed = int64_t{1} << 30, heads = int64_t{1} << 20, q_rows = int64_t{1} << 30;
+         a.dims.num_q_heads = static_cast<int32_t>(heads);
+         a.dims.num_kv_heads = 1;
+         a.kv = DecodeTokenLevelKv{DeviceSpan<const TokenOffset>(d.kv_indptr.data(), bs_claimed + 1),
+                                   d.kv_indices.const_span()};
+         a.qo_indptr = DeviceSpan<const TokenOffset>(d.qo_indptr.data(), bs_claimed + 1);
+         a.q = DeviceSpan<const uint8_t>(d.q.data(), q_rows * heads * 128 * 2);
+         a.out = DeviceSpan<uint8_t>(out.data(), q_rows * heads * 128 * 2);
+         a.lse = DeviceSpan<float>(lse.data(), q_rows * heads);
+         a.max_q_len = TokenCount(q_rows);
+       },
+       absl::StatusCode::kOutOfRange, "is more than 16777216 blocks"},
       {"grid past the block limit",
        [&](VarlenAttentionArgs& a) {
          const int64_t many = int64_t{1} << 24;  // rows: 2^24 / 16 tiles x 3 x 8 blocks
@@ -720,7 +889,8 @@ TEST_F(VarlenGpuTest, BadInputsAreRefusedBeforeLaunch) {
          a.lse = DeviceSpan<float>(lse.data(), many * 32);
          a.max_q_len = TokenCount(many);
        },
-       absl::StatusCode::kOutOfRange},
+       absl::StatusCode::kOutOfRange,
+       "is more than 16777216 blocks"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
@@ -728,10 +898,18 @@ TEST_F(VarlenGpuTest, BadInputsAreRefusedBeforeLaunch) {
     c.edit(a);
     const absl::Status s = VarlenAttention(a, nullptr, nullptr);
     EXPECT_EQ(s.code(), c.code) << s;
+    EXPECT_NE(s.message().find(c.words), absl::string_view::npos)
+        << s << " does not say \"" << c.words << "\"";
   }
   ASSERT_EQ(hipDeviceSynchronize(), hipSuccess);
   const std::vector<uint8_t> got = Download(out);
   for (size_t e = 0; e < got.size(); ++e) ASSERT_EQ(got[e], 0xff) << "out written at byte " << e;
+  const std::vector<float> got_lse = Download(lse);
+  for (size_t e = 0; e < got_lse.size(); ++e) {
+    uint32_t bits;
+    std::memcpy(&bits, &got_lse[e], sizeof(bits));
+    ASSERT_EQ(bits, 0xffffffffu) << "lse written at " << e;
+  }
   // The unedited arguments run.
   ASSERT_TRUE(VarlenAttention(good, nullptr, nullptr).ok());
   ASSERT_EQ(hipDeviceSynchronize(), hipSuccess);
@@ -779,12 +957,21 @@ TEST_F(GuardVarlenGpuTest, BrokenQoIndptrIsClampedAndRecorded) {
   const int32_t rows = static_cast<int32_t>(p.rows());
   struct Case {
     std::vector<int32_t> qo;
-    const char* words;
+    std::string words;
+    std::vector<int64_t> intact;     // sequences whose rows are still the reference's
+    std::vector<int64_t> unclaimed;  // rows no sequence claims: still the poison
   } cases[] = {
-      {{0, 40, 30, rows}, "below the entry before it"},
-      {{0, 40, 47, rows + 5000}, "rows of the query tensor"},
-      {{-8, 40, 47, rows}, "qo_indptr entry 0: -8 is negative"},
-      {{0, 2, 47, rows}, "45 query rows, past the max_q_len 40"},  // over kv_len 107
+      // Sequence 2 starts back at row 30: it and sequence 0 both write rows 30..39.
+      {{0, 40, 30, rows}, "below the entry before it", {}, {}},
+      {{0, 40, 47, rows + 5000}, "rows of the query tensor", {0, 1}, {}},
+      {{-8, 40, 47, rows}, "qo_indptr entry 0: -8 is negative", {0, 1, 2}, {}},
+      {{0, 2, 47, rows}, "45 query rows, past the max_q_len 40", {2}, {}},  // over kv_len 107
+      // Rows 0..4 and the last 3 rows: claimed by no sequence (qo_indptr from the wrong array).
+      {{5, 40, 47, rows}, "qo_indptr entry 0: 5, want 0: query rows no sequence claims", {1, 2},
+       {0, 1, 2, 3, 4}},
+      {{0, 40, 47, rows - 3},
+       absl::StrCat("qo_indptr entry 3: ", rows - 3, ", want ", rows, ": query rows no sequence"),
+       {0, 1}, {rows - 3, rows - 2, rows - 1}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.words);
@@ -797,16 +984,14 @@ TEST_F(GuardVarlenGpuTest, BrokenQoIndptrIsClampedAndRecorded) {
       ASSERT_TRUE(r.status.ok()) << r.status;
       ExpectViolation(c.words);
       ExpectNoGarbage(r);
+      for (int64_t i : c.intact) ExpectSequence(p, r, i);
+      for (int64_t row : c.unclaimed) {
+        for (int64_t x = row * p.q_row(); x < (row + 1) * p.q_row(); ++x) {
+          ASSERT_EQ(r.out_bytes[2 * x], 0xff) << "row " << row << " written";
+        }
+      }
     }
   }
-  // Sequence 0 unaffected by a later sequence's bad entry.
-  DeviceProblem e = ToDevice(p);
-  e.qo_indptr = Upload(std::vector<TokenOffset>{TokenOffset(0), TokenOffset(40), TokenOffset(47),
-                                                 TokenOffset(rows + 5000)});
-  const Result r = RunVarlen(p.dims, e, e.TokenLevel(), word_->device());
-  ExpectViolation("rows of the query tensor");
-  ExpectSequence(p, r, 0);
-  ExpectSequence(p, r, 1);
 }
 
 TEST_F(GuardVarlenGpuTest, LengthsPastTheirBuffersAreClampedAndRecorded) {
@@ -818,10 +1003,11 @@ TEST_F(GuardVarlenGpuTest, LengthsPastTheirBuffersAreClampedAndRecorded) {
   struct IndptrCase {
     std::vector<int32_t> indptr;
     const char* words;
+    std::vector<int64_t> intact;  // sequences whose KV range is unchanged
   } indptr_cases[] = {
-      {{0, 50, 157, total + 5000}, "the buffer holds"},
-      {{0, 50, 20, total}, "below the entry"},
-      {{-40, 50, 157, total}, "kv_indptr entry 0: -40 is negative"},
+      {{0, 50, 157, total + 5000}, "the buffer holds", {0, 1}},
+      {{0, 50, 20, total}, "below the entry", {0}},
+      {{-40, 50, 157, total}, "kv_indptr entry 0: -40 is negative", {0, 1, 2}},  // clamped to 0
   };
   for (const IndptrCase& c : indptr_cases) {
     SCOPED_TRACE(c.words);
@@ -833,6 +1019,7 @@ TEST_F(GuardVarlenGpuTest, LengthsPastTheirBuffersAreClampedAndRecorded) {
     ASSERT_TRUE(r.status.ok()) << r.status;
     ExpectViolation(c.words);
     ExpectNoGarbage(r);
+    for (int64_t i : c.intact) ExpectSequence(p, r, i);
   }
   // kv_lens: past the table's columns, negative, and below q_len (sequence 1 sees nothing).
   struct LensCase {
@@ -856,6 +1043,7 @@ TEST_F(GuardVarlenGpuTest, LengthsPastTheirBuffersAreClampedAndRecorded) {
     ExpectNoGarbage(r);
     ExpectSequence(p, r, 0);
     if (c.lens[1] == 3) ExpectBlind(p, r, 1);
+    ExpectSequence(p, r, c.lens[2] < 0 ? 1 : 2);  // the one of 1, 2 left intact
   }
 }
 
@@ -915,8 +1103,10 @@ TEST_F(GuardVarlenGpuTest, MaskBlocksOutsideTheMaskAreRecorded) {
     std::vector<uint8_t> short_mask(p.metadata.custom_mask.begin(), p.metadata.custom_mask.end() - 1);
     e.mask = Upload(short_mask);
     const Result r = RunVarlen(p.dims, e, e.TokenLevel(), word_->device());
+    ASSERT_TRUE(r.status.ok()) << r.status;
     ExpectViolation("does not fit in the mask");
     ExpectSequence(p, r, 0);
+    ExpectSequence(p, r, 1);
     ExpectBlind(p, r, 2);
   }
 }

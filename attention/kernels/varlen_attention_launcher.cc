@@ -1,107 +1,28 @@
 #include "attention/kernels/varlen_attention_launcher.h"
 
-#include <cmath>
 #include <cstdint>
 #include <limits>
-#include <variant>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "attention/kernels/internal/launch_checks.h"
 #include "attention/kernels/varlen_attention.h"
 
 namespace attnmeta {
 
+using internal::Aligned;
 using internal::CheckNotNull;
+using internal::kElementBytes;
 using internal::LaunchResult;
 
 namespace {
 
-// Token positions the kernel handles in int32 with room for its tile arithmetic.
-constexpr int64_t kMaxTokens = int64_t{1} << 30;
-// Blocks of one launch: within NVIDIA's grid x and, at 128 threads, HIP's 2^32 threads.
+// Blocks of one launch: within NVIDIA's grid x and, at 128 threads, HIP's 2^32 threads. (The
+// grid is one-dimensional: the query heads set no limit of their own, unlike decode's merge
+// kernel, whose grid y is the query head.)
 constexpr int64_t kMaxBlocks = int64_t{1} << 24;
-constexpr int64_t kMaxQueryHeads = 65535;
-constexpr int64_t kVectorBytes = 16;
-constexpr int64_t kElementBytes = 2;  // bf16 and fp16
-
-bool Aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
-// Query heads per block: the largest of 8, 4, 2, 1 dividing the group (kernel instantiations
-// take any of them; the block's rows are VarlenQueryVectors / heads).
-absl::StatusOr<int32_t> CheckDims(const DecodeAttentionDims& d) {
-  if (d.num_q_heads < 1 || d.num_kv_heads < 1 || d.num_q_heads % d.num_kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("varlen attention: num_q_heads ", d.num_q_heads,
-                                                   " is not a positive multiple of num_kv_heads ",
-                                                   d.num_kv_heads));
-  }
-  if (d.num_q_heads > kMaxQueryHeads) {
-    return absl::OutOfRangeError(absl::StrCat("varlen attention: ", d.num_q_heads,
-                                              " query heads, at most ", kMaxQueryHeads));
-  }
-  if (d.head_dim != 64 && d.head_dim != 128 && d.head_dim != 256) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("varlen attention: head_dim ", d.head_dim, " is not 64, 128 or 256"));
-  }
-  if (d.dtype != KvElementType::kBf16 && d.dtype != KvElementType::kFp16) {
-    return absl::InvalidArgumentError("varlen attention: unknown element type");
-  }
-  if (!std::isfinite(d.softmax_scale) || d.softmax_scale <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("varlen attention: softmax_scale ",
-                                                   d.softmax_scale, " is not finite and > 0"));
-  }
-  const int32_t group = d.num_q_heads / d.num_kv_heads;
-  for (int32_t heads : {8, 4, 2}) {
-    if (group % heads == 0) return heads;
-  }
-  return 1;
-}
-
-// The batch size the KV source describes, its shapes checked, and its part of the kernel's
-// arguments.
-absl::StatusOr<int64_t> CheckKv(const DecodeKv& kv, kernels::VarlenAttentionParams& p) {
-  if (const auto* t = std::get_if<DecodeTokenLevelKv>(&kv)) {
-    if (t->kv_indptr.empty()) {
-      return absl::InvalidArgumentError("varlen attention: kv_indptr needs bs + 1 >= 1 entries");
-    }
-    if (static_cast<int64_t>(t->kv_indices.size()) > kMaxTokens) {
-      return absl::OutOfRangeError(absl::StrCat("varlen attention: kv_indices of ",
-                                                t->kv_indices.size(), " entries, at most ",
-                                                kMaxTokens));
-    }
-    for (absl::Status s :
-         {CheckNotNull("kv_indptr", t->kv_indptr), CheckNotNull("kv_indices", t->kv_indices)}) {
-      if (!s.ok()) return s;
-    }
-    p.page_level = 0;
-    p.kv_indptr = reinterpret_cast<const int32_t*>(t->kv_indptr.data());
-    p.kv_indices = reinterpret_cast<const int32_t*>(t->kv_indices.data());
-    p.kv_indices_capacity = static_cast<int64_t>(t->kv_indices.size());
-    return static_cast<int64_t>(t->kv_indptr.size()) - 1;
-  }
-  const DecodePageTableKv& pt = std::get<DecodePageTableKv>(kv);
-  const int64_t bs = static_cast<int64_t>(pt.kv_lens.size());
-  if (pt.cols < 0 || pt.cols > kMaxTokens / pt.page_size.tokens()) {
-    return absl::OutOfRangeError(absl::StrCat("varlen attention: a page table of ", pt.cols,
-                                              " columns of page_size ", pt.page_size.tokens(),
-                                              " covers more than ", kMaxTokens, " tokens"));
-  }
-  if (static_cast<int64_t>(pt.page_table.size()) < bs * pt.cols) {
-    return absl::InvalidArgumentError(absl::StrCat("varlen attention: page_table of ",
-                                                   pt.page_table.size(), " entries is not [", bs,
-                                                   "][", pt.cols, "]"));
-  }
-  for (absl::Status s :
-       {CheckNotNull("page_table", pt.page_table), CheckNotNull("kv_lens", pt.kv_lens)}) {
-    if (!s.ok()) return s;
-  }
-  p.page_level = 1;
-  p.page_table = reinterpret_cast<const int32_t*>(pt.page_table.data());
-  p.page_table_cols = static_cast<int32_t>(pt.cols);
-  p.kv_lens = reinterpret_cast<const int32_t*>(pt.kv_lens.data());
-  p.page_size = static_cast<int32_t>(pt.page_size.tokens());
-  p.page_size_log2 = pt.page_size.log2();
-  return bs;
-}
+constexpr const char* kOp = "varlen attention";
 
 // q, out, lse and the pools against the dims; the query rows q holds.
 absl::StatusOr<int64_t> CheckBuffers(const VarlenAttentionArgs& a) {
@@ -119,28 +40,9 @@ absl::StatusOr<int64_t> CheckBuffers(const VarlenAttentionArgs& a) {
   if (rows > std::numeric_limits<int32_t>::max()) {
     return absl::OutOfRangeError(absl::StrCat("varlen attention: ", rows, " query rows, beyond int32"));
   }
-  const int64_t kv_row = int64_t{d.num_kv_heads} * d.head_dim * kElementBytes;
-  if (a.k_pool.size() != a.v_pool.size() || static_cast<int64_t>(a.k_pool.size()) % kv_row != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("varlen attention: K/V pools of ",
-                                                   a.k_pool.size(), " and ", a.v_pool.size(),
-                                                   " bytes are not the same whole rows of ", kv_row));
-  }
-  if (static_cast<int64_t>(a.k_pool.size()) / kv_row > (int64_t{1} << 31)) {
-    return absl::OutOfRangeError("varlen attention: more than 2^31 pool slots");
-  }
-  for (const void* ptr :
-       {static_cast<const void*>(a.q.data()), static_cast<const void*>(a.k_pool.data()),
-        static_cast<const void*>(a.v_pool.data()), static_cast<const void*>(a.out.data())}) {
-    if (!Aligned(ptr, kVectorBytes)) {
-      return absl::InvalidArgumentError(
-          "varlen attention: q, k_pool, v_pool and out must be 16-byte aligned (vector loads)");
-    }
-  }
-  for (absl::Status s : {CheckNotNull("q", a.q), CheckNotNull("k_pool", a.k_pool),
-                         CheckNotNull("v_pool", a.v_pool), CheckNotNull("out", a.out),
-                         CheckNotNull("lse", a.lse)}) {
-    if (!s.ok()) return s;
-  }
+  absl::StatusOr<int64_t> slots = internal::CheckAttentionBuffers(
+      kOp, a.q, a.k_pool, a.v_pool, a.out, a.lse, d.num_kv_heads, d.head_dim);
+  if (!slots.ok()) return slots.status();
   return rows;
 }
 
@@ -163,7 +65,7 @@ absl::Status CheckQueries(const VarlenAttentionArgs& a, int64_t bs, int64_t rows
   return absl::OkStatus();
 }
 
-absl::StatusOr<kernels::VarlenMask> MaskLayoutOf(MaskLayout layout) {
+absl::StatusOr<kernels::VarlenMaskKind> MaskLayoutOf(MaskLayout layout) {
   switch (layout) {
     case MaskLayout::kNone:
       return kernels::kVarlenCausal;
@@ -179,7 +81,7 @@ absl::StatusOr<kernels::VarlenMask> MaskLayoutOf(MaskLayout layout) {
 
 absl::Status CheckMask(const VarlenAttentionArgs& a, int64_t bs, kernels::VarlenAttentionParams& p) {
   const VarlenMask& m = a.mask;
-  absl::StatusOr<kernels::VarlenMask> layout = MaskLayoutOf(m.layout);
+  absl::StatusOr<kernels::VarlenMaskKind> layout = MaskLayoutOf(m.layout);
   if (!layout.ok()) return layout.status();
   if (m.layout == MaskLayout::kNone) {
     if (!m.mask.empty() || !m.mask_indptr.empty()) {
@@ -219,10 +121,10 @@ absl::Status CheckMask(const VarlenAttentionArgs& a, int64_t bs, kernels::Varlen
 
 absl::Status VarlenAttention(const VarlenAttentionArgs& a, kernels::DeviceViolation* violation,
                              hipStream_t stream) {
-  absl::StatusOr<int32_t> heads_per_block = CheckDims(a.dims);
-  if (!heads_per_block.ok()) return heads_per_block.status();
+  if (absl::Status s = internal::CheckAttentionDims(kOp, a.dims); !s.ok()) return s;
+  const int32_t heads_per_block = internal::HeadsPerBlock(a.dims.num_q_heads / a.dims.num_kv_heads);
   kernels::VarlenAttentionParams p{};
-  absl::StatusOr<int64_t> bs = CheckKv(a.kv, p);
+  absl::StatusOr<int64_t> bs = internal::CheckKvSource(kOp, a.kv, p);
   if (!bs.ok()) return bs.status();
   if (*bs > std::numeric_limits<int32_t>::max()) {
     return absl::OutOfRangeError("varlen attention: batch beyond int32");
@@ -231,13 +133,18 @@ absl::Status VarlenAttention(const VarlenAttentionArgs& a, kernels::DeviceViolat
   if (!rows.ok()) return rows.status();
   if (absl::Status s = CheckQueries(a, *bs, *rows); !s.ok()) return s;
   if (absl::Status s = CheckMask(a, *bs, p); !s.ok()) return s;
-  const int32_t rows_per_block = kernels::VarlenQueryVectors(a.dims.head_dim) / *heads_per_block;
+  const int32_t rows_per_block = kernels::VarlenQueryVectors(a.dims.head_dim) / heads_per_block;
   const int64_t q_tiles = (a.max_q_len.value() + rows_per_block - 1) / rows_per_block;
-  const int64_t blocks = *bs * q_tiles * (a.dims.num_q_heads / *heads_per_block);
-  if (blocks > kMaxBlocks) {
-    return absl::OutOfRangeError(absl::StrCat("varlen attention: ", blocks, " blocks, at most ",
-                                              kMaxBlocks, " (fewer sequences, rows or heads)"));
+  const int64_t head_chunks = a.dims.num_q_heads / heads_per_block;
+  // bs * q_tiles * head_chunks, each factor up to 2^31, checked by division before it is
+  // multiplied (the product of claimed sizes would overflow int64).
+  if (*bs > 0 && q_tiles > 0 &&
+      (q_tiles > kMaxBlocks / head_chunks || *bs > kMaxBlocks / (q_tiles * head_chunks))) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "varlen attention: ", *bs, " sequences x ", q_tiles, " tiles of rows x ", head_chunks,
+        " head chunks is more than ", kMaxBlocks, " blocks (fewer sequences, rows or heads)"));
   }
+  const int64_t blocks = *bs * q_tiles * head_chunks;
   if (blocks == 0) return absl::OkStatus();
 
   p.q = a.q.data();
@@ -247,16 +154,16 @@ absl::Status VarlenAttention(const VarlenAttentionArgs& a, kernels::DeviceViolat
   p.q_tiles = static_cast<int32_t>(q_tiles);
   p.k_pool = a.k_pool.data();
   p.v_pool = a.v_pool.data();
-  p.pool_slots =
-      static_cast<int64_t>(a.k_pool.size()) / (int64_t{a.dims.num_kv_heads} * a.dims.head_dim * kElementBytes);
+  p.pool_slots = static_cast<int64_t>(a.k_pool.size()) /
+                 (int64_t{a.dims.num_kv_heads} * a.dims.head_dim * kElementBytes);
   p.out = a.out.data();
   p.lse = a.lse.data();
   p.batch_size = static_cast<int32_t>(*bs);
   p.num_q_heads = a.dims.num_q_heads;
   p.num_kv_heads = a.dims.num_kv_heads;
   p.head_dim = a.dims.head_dim;
-  p.heads_per_block = *heads_per_block;
-  p.dtype = a.dims.dtype == KvElementType::kBf16 ? kernels::kVarlenBf16 : kernels::kVarlenFp16;
+  p.heads_per_block = heads_per_block;
+  p.dtype = internal::ElementDtypeOf(a.dims.dtype);
   p.softmax_scale = a.dims.softmax_scale;
   p.violation = violation;
   return LaunchResult(kernels::LaunchVarlenAttentionKernel(p, stream), "varlen attention");

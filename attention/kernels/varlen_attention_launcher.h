@@ -8,7 +8,8 @@
 //
 // The launcher checks what the host can see (dims, sizes that agree, 16-byte alignment of the
 // vector-loaded buffers, null pointers with nonzero sizes, max_q_len against the query rows, a
-// mask layout against its arrays) and returns an error before launching anything; then
+// mask layout against its arrays; every error is listed at VarlenAttention below) and returns
+// an error before launching anything; then
 // launches on `stream` and returns Internal if the launch failed. What lives in device memory
 // (qo_indptr, kv_indptr, lengths, slots, page ids, mask_indptr) is bounds-checked by the
 // kernel: it never reads or writes outside a buffer, skips a position whose slot is outside the
@@ -30,7 +31,8 @@
 namespace attnmeta {
 
 // The custom mask of a batch (custom_mask.h's CustomMaskView, in device memory). Layout kNone:
-// causal with prefix, and both arrays empty.
+// causal with prefix, and both arrays empty. (kernels::VarlenMaskKind is the kernel's view of
+// the layout.)
 struct VarlenMask {
   MaskLayout layout = MaskLayout::kNone;
   // [>= mask_indptr[bs]] bytes: the blocks of the layout, 0/1 bytes or bit-packed words.
@@ -41,33 +43,57 @@ struct VarlenMask {
 };
 
 struct VarlenAttentionArgs {
+  // Head counts (GQA: num_q_heads a multiple of num_kv_heads), head dim (64, 128, 256), the
+  // element type of q, the pools and out (bf16, fp16) and the softmax scale (finite, > 0).
   DecodeAttentionDims dims;
   // [q_rows][num_q_heads][head_dim] of dtype, 16-byte aligned; q_rows <= INT32_MAX.
   DeviceSpan<const uint8_t> q;
   // [bs + 1] (bs: the KV source's batch), qo_indptr[0] == 0, non-decreasing,
-  // qo_indptr[bs] <= q_rows; sequence i's rows are its last q_len_i positions.
+  // qo_indptr[bs] == q_rows; sequence i's rows are its last q_len_i positions. Device memory:
+  // the kernel checks it (varlen_attention.h; a row no sequence claims is not written and is
+  // recorded).
   DeviceSpan<const TokenOffset> qo_indptr;
-  // The largest q_len of the batch (ForwardMetadataView::max_q_len), at most q_rows: the grid
-  // covers this many rows per sequence. The kernel still bounds itself by the device
-  // qo_indptr (a longer sequence is recorded, not read past).
+  // The largest q_len of the batch (ForwardMetadataView::max_q_len), at most q_rows and at
+  // least q_rows / bs: the grid covers this many rows per sequence. The kernel still bounds
+  // itself by the device qo_indptr (a longer sequence is recorded and sees nothing).
+  // With a bit-packed mask it must be the batch's maximum q_len exactly, not a bound: the
+  // width of the mask's words, MaskWordBytes(max_q_len), comes from it, and a looser bound
+  // (say 9 for a batch whose longest q_len is 8) reads the 1-byte words as 2-byte ones, which
+  // gives wrong rows without any violation recorded.
   TokenCount max_q_len;
   DeviceSpan<const uint8_t> k_pool;  // [pool_slots][num_kv_heads][head_dim] of dtype, aligned
   DeviceSpan<const uint8_t> v_pool;  // like k_pool, the same size; pool_slots <= 2^31
+  // Where K/V position c of sequence i is read: token-level kv_indices or the page table
+  // (paged_decode_launcher.h); its batch is the launch's bs. Device memory: lengths and slots
+  // are checked by the kernel.
   DecodeKv kv;
   VarlenMask mask;
   DeviceSpan<uint8_t> out;  // [q_rows][num_q_heads][head_dim] of dtype, 16-byte aligned
   DeviceSpan<float> lse;    // [q_rows][num_q_heads]
 };
 
-// Errors, before anything is launched: InvalidArgument for dims (head counts that do not
-// divide, a head dim other than 64/128/256, an unknown element type, a scale that is not
-// finite and positive), a qo_indptr that is not the KV source's bs + 1 entries, q / out / lse
-// sizes that disagree, K/V pools that are not the same whole rows, a max_q_len that is negative
-// or past q's rows, a pointer not 16-byte aligned (q, k_pool, v_pool, out) or mask_indptr not
-// 8-byte aligned, a null pointer with a nonzero size, a mask layout without its mask_indptr,
-// mask arrays without a layout, a bit-packed mask with max_q_len > kMaxBitPackedRows;
-// OutOfRange for q rows, a pool, a table or a grid beyond the kernel's int32 arithmetic.
-// Internal: the launch failed.
+// Errors, before anything is launched (nothing written):
+//  InvalidArgument:
+//   - dims: num_q_heads not a positive multiple of num_kv_heads, a head dim other than
+//     64/128/256, an element type other than bf16/fp16, a softmax_scale not finite and > 0;
+//   - the KV source: a kv_indptr without entries, a page table smaller than [bs][cols];
+//   - sizes: q / out / lse that are not the same whole rows of num_q_heads * head_dim
+//     elements (and num_q_heads floats), K/V pools that are not the same whole rows of
+//     num_kv_heads * head_dim elements, a qo_indptr that is not bs + 1 entries;
+//   - max_q_len negative, past q's rows, or too small for them (q_rows <= bs * max_q_len is
+//     refused otherwise: the grid covers bs * max_q_len rows);
+//   - alignment: q, k_pool, v_pool or out not 16-byte aligned, mask_indptr not 8-byte aligned;
+//   - a null pointer with a nonzero size (any array);
+//   - the mask: a layout without mask_indptr of bs + 1 entries, mask arrays without a layout,
+//     a bit-packed mask with max_q_len > kMaxBitPackedRows;
+//  OutOfRange (beyond the kernel's int32 arithmetic or the grid):
+//   - more than 2^31 - 1 query rows, more than 2^31 pool slots, a batch beyond int32;
+//   - kv_indices of more than 2^30 entries, a page table covering more than 2^30 tokens;
+//   - a grid of more than 2^24 blocks (bs * ceil(max_q_len / rows per block) * num_q_heads /
+//     heads per block), checked without overflow for any claimed sizes.
+//  Internal: the launch failed.
+// What lives in device memory is not an error here: the kernel records it in `violation`
+// (may be null; varlen_attention.h lists the kinds).
 absl::Status VarlenAttention(const VarlenAttentionArgs& args, kernels::DeviceViolation* violation,
                              hipStream_t stream);
 

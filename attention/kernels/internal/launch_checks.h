@@ -1,16 +1,22 @@
-// Checks every host launcher shares (no device code).
+// Checks every host launcher shares (no device code), and those the attention launchers
+// (paged_decode_launcher.cc, varlen_attention_launcher.cc) share: dims, the KV source, the
+// K/V pools and the vector-loaded buffers. Messages start with the caller's `op` name
+// ("decode attention", "varlen attention").
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_INTERNAL_LAUNCH_CHECKS_H_
 #define ATTNMETA_ATTENTION_KERNELS_INTERNAL_LAUNCH_CHECKS_H_
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <variant>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/status/statusor.h"
 #include "attention/kernels/device_span.h"
+#include "attention/kernels/element_dtype.h"
 #include "attention/kernels/hip_port.h"
 #include "attention/kernels/metadata_kernels.h"
 #include "kvcache/units.h"
@@ -73,6 +79,148 @@ inline absl::StatusOr<kernels::SlotSource> CheckedSlotSource(DeviceSpan<const To
 // most 65535 (the y limit on NVIDIA; blocks then loop over the rest).
 inline int32_t Passes(int64_t n, int64_t per_pass) {
   return static_cast<int32_t>(std::clamp<int64_t>((n + per_pass - 1) / per_pass, 1, 65535));
+}
+
+// Token positions the attention kernels handle in int32 with room for their tile arithmetic:
+// kv_indices entries, and page-table columns times the page size.
+inline constexpr int64_t kMaxKvTokens = int64_t{1} << 30;
+// The attention kernels' vector loads and stores of q, the K/V pools and out.
+inline constexpr int64_t kVectorBytes = 16;
+// Bytes of one element of q, the pools and out (bf16 and fp16).
+inline constexpr int64_t kElementBytes = 2;
+
+inline bool Aligned(const void* p, int64_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+// The kernels' dtype of a KvElementType (metadata_launchers.h; a template, as that header
+// depends on this one). REQUIRES: t is kBf16 or kFp16.
+template <typename ElementType>
+kernels::ElementDtype ElementDtypeOf(ElementType t) {
+  return t == ElementType::kBf16 ? kernels::kElementBf16 : kernels::kElementFp16;
+}
+
+// Query heads per block of the attention kernels for a GQA group: the largest of 8, 4, 2, 1
+// dividing it (their instantiations).
+inline int32_t HeadsPerBlock(int32_t group) {
+  for (int32_t heads : {8, 4, 2}) {
+    if (group % heads == 0) return heads;
+  }
+  return 1;
+}
+
+// The attention dims (DecodeAttentionDims: num_q_heads, num_kv_heads, head_dim, dtype,
+// softmax_scale): InvalidArgument for head counts that do not divide, a head dim other than
+// 64/128/256, an unknown element type, a scale that is not finite and > 0.
+template <typename Dims>
+absl::Status CheckAttentionDims(absl::string_view op, const Dims& d) {
+  if (d.num_q_heads < 1 || d.num_kv_heads < 1 || d.num_q_heads % d.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": num_q_heads ", d.num_q_heads,
+                                                   " is not a positive multiple of num_kv_heads ",
+                                                   d.num_kv_heads));
+  }
+  if (d.head_dim != 64 && d.head_dim != 128 && d.head_dim != 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": head_dim ", d.head_dim, " is not 64, 128 or 256"));
+  }
+  using ElementType = decltype(d.dtype);
+  if (d.dtype != ElementType::kBf16 && d.dtype != ElementType::kFp16) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": unknown element type"));
+  }
+  if (!std::isfinite(d.softmax_scale) || d.softmax_scale <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": softmax_scale ", d.softmax_scale, " is not finite and > 0"));
+  }
+  return absl::OkStatus();
+}
+
+// The batch size a KV source (DecodeKv: DecodeTokenLevelKv or DecodePageTableKv) describes,
+// its shapes checked, and its fields of the kernel's parameters (`Params`: the KV-source
+// fields internal/kv_source.h names). InvalidArgument for a kv_indptr without entries, a
+// page table smaller than [bs][cols], a null pointer with a nonzero size; OutOfRange for
+// kv_indices or a page table beyond kMaxKvTokens.
+template <typename TokenLevelKv, typename PageTableKv, typename Params>
+absl::StatusOr<int64_t> CheckKvSource(absl::string_view op,
+                                      const std::variant<TokenLevelKv, PageTableKv>& kv,
+                                      Params& p) {
+  if (const auto* t = std::get_if<TokenLevelKv>(&kv)) {
+    if (t->kv_indptr.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": kv_indptr needs bs + 1 >= 1 entries"));
+    }
+    if (static_cast<int64_t>(t->kv_indices.size()) > kMaxKvTokens) {
+      return absl::OutOfRangeError(absl::StrCat(op, ": kv_indices of ", t->kv_indices.size(),
+                                                " entries, at most ", kMaxKvTokens));
+    }
+    for (absl::Status s :
+         {CheckNotNull("kv_indptr", t->kv_indptr), CheckNotNull("kv_indices", t->kv_indices)}) {
+      if (!s.ok()) return s;
+    }
+    p.page_level = 0;
+    p.kv_indptr = reinterpret_cast<const int32_t*>(t->kv_indptr.data());
+    p.kv_indices = reinterpret_cast<const int32_t*>(t->kv_indices.data());
+    p.kv_indices_capacity = static_cast<int64_t>(t->kv_indices.size());
+    return static_cast<int64_t>(t->kv_indptr.size()) - 1;
+  }
+  const PageTableKv& pt = std::get<PageTableKv>(kv);
+  const int64_t bs = static_cast<int64_t>(pt.kv_lens.size());
+  if (pt.cols < 0 || pt.cols > kMaxKvTokens / pt.page_size.tokens()) {
+    return absl::OutOfRangeError(absl::StrCat(op, ": a page table of ", pt.cols,
+                                              " columns of page_size ", pt.page_size.tokens(),
+                                              " covers more than ", kMaxKvTokens, " tokens"));
+  }
+  if (static_cast<int64_t>(pt.page_table.size()) < bs * pt.cols) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": page_table of ", pt.page_table.size(),
+                                                   " entries is not [", bs, "][", pt.cols, "]"));
+  }
+  for (absl::Status s :
+       {CheckNotNull("page_table", pt.page_table), CheckNotNull("kv_lens", pt.kv_lens)}) {
+    if (!s.ok()) return s;
+  }
+  p.page_level = 1;
+  p.page_table = reinterpret_cast<const int32_t*>(pt.page_table.data());
+  p.page_table_cols = static_cast<int32_t>(pt.cols);
+  p.kv_lens = reinterpret_cast<const int32_t*>(pt.kv_lens.data());
+  p.page_size = static_cast<int32_t>(pt.page_size.tokens());
+  p.page_size_log2 = pt.page_size.log2();
+  return bs;
+}
+
+// The K/V pools and the vector-loaded buffers of an attention launch (their sizes against the
+// query rows checked by the caller): the pool slots. InvalidArgument for pools that are not
+// the same whole rows of num_kv_heads * head_dim elements, q / k_pool / v_pool / out not
+// kVectorBytes-aligned, a null pointer with a nonzero size; OutOfRange for more than 2^31 pool
+// slots.
+inline absl::StatusOr<int64_t> CheckAttentionBuffers(absl::string_view op,
+                                                     DeviceSpan<const uint8_t> q,
+                                                     DeviceSpan<const uint8_t> k_pool,
+                                                     DeviceSpan<const uint8_t> v_pool,
+                                                     DeviceSpan<uint8_t> out,
+                                                     DeviceSpan<float> lse, int32_t num_kv_heads,
+                                                     int32_t head_dim) {
+  const int64_t row = int64_t{num_kv_heads} * head_dim * kElementBytes;
+  if (k_pool.size() != v_pool.size() || static_cast<int64_t>(k_pool.size()) % row != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": K/V pools of ", k_pool.size(), " and ",
+                                                   v_pool.size(),
+                                                   " bytes are not the same whole rows of ", row));
+  }
+  const int64_t slots = static_cast<int64_t>(k_pool.size()) / row;
+  if (slots > (int64_t{1} << 31)) {
+    return absl::OutOfRangeError(absl::StrCat(op, ": more than 2^31 pool slots"));
+  }
+  for (const void* ptr : {static_cast<const void*>(q.data()), static_cast<const void*>(k_pool.data()),
+                          static_cast<const void*>(v_pool.data()),
+                          static_cast<const void*>(out.data())}) {
+    if (!Aligned(ptr, kVectorBytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, ": q, k_pool, v_pool and out must be 16-byte aligned (vector loads)"));
+    }
+  }
+  for (absl::Status s : {CheckNotNull("q", q), CheckNotNull("k_pool", k_pool),
+                         CheckNotNull("v_pool", v_pool), CheckNotNull("out", out),
+                         CheckNotNull("lse", lse)}) {
+    if (!s.ok()) return s;
+  }
+  return slots;
 }
 
 }  // namespace internal

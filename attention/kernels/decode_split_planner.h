@@ -1,0 +1,46 @@
+// PlanDecodeSplitKv: the split-KV plan of a decode batch (one query row per sequence) sized to
+// fill the GPU with one wave of decode attention blocks (paged_decode_launcher.h runs it).
+// Host code only, no GPU runtime: CPU tests check the sizing on every commit.
+
+#ifndef ATTNMETA_ATTENTION_KERNELS_DECODE_SPLIT_PLANNER_H_
+#define ATTNMETA_ATTENTION_KERNELS_DECODE_SPLIT_PLANNER_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "attention/metadata/split_kv_planner.h"
+#include "kvcache/units.h"
+
+namespace attnmeta {
+
+// How PlanDecodeSplitKv sizes the work to the GPU.
+struct DecodeSplitOptions {
+  int32_t multiprocessor_count = 1;  // of the GPU that runs the kernel, >= 1
+  int32_t num_kv_heads = 1;          // blocks per work item (one per KV head), >= 1
+  // Blocks to aim for per multiprocessor: one wave of the default decode variant, which fits
+  // 2 blocks per multiprocessor (bf16, head dim 128, 4 query heads per block on sm_90: 248
+  // registers per thread). Measured on the H200: at bs 1 x 16k and bs 8 x 4k one wave beats
+  // 2 to 8 waves of smaller items (each item pays its index and length loads and its merge).
+  int32_t blocks_per_multiprocessor = 2;
+  TokenCount min_chunk = TokenCount(64);  // no split is shorter than this, >= 1
+};
+
+// A decode plan that fills the GPU. With target = multiprocessor_count *
+// blocks_per_multiprocessor blocks:
+//  - no split (one item per sequence) when the batch alone gives target / 2 blocks or more: a
+//    split then costs more than the idle half gains (bs 32 x 4k at 256 blocks ran 4.0 TB/s
+//    unsplit, 3.4 split into 64 items);
+//  - otherwise the shortest chunk (at least min_chunk, a multiple of 16 and of the blocks of
+//    `layout`) that cuts the sequences into at most target / num_kv_heads items, one item per
+//    chunk: items are of equal size except each sequence's last, and none spills into a second
+//    wave.
+// `kv_indptr` is the host copy of the batch's token-level indptr. Errors: PlanSplitKv's
+// (InvalidArgument for an empty sequence: a decode row needs kv_len >= 1; run batches with
+// empty sequences without a plan) and InvalidArgument for options out of range.
+absl::StatusOr<SplitKvPlan> PlanDecodeSplitKv(absl::Span<const TokenOffset> kv_indptr,
+                                              KvLayout layout, const DecodeSplitOptions& options);
+
+}  // namespace attnmeta
+
+#endif  // ATTNMETA_ATTENTION_KERNELS_DECODE_SPLIT_PLANNER_H_

@@ -1,0 +1,149 @@
+// PlanDecodeSplitKv: when it splits, how long its chunks are, that its items fit one wave of
+// the GPU it is sized for and tile every sequence, and what it refuses.
+
+#include "attention/kernels/decode_split_planner.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace attnmeta {
+namespace {
+
+std::vector<TokenOffset> Indptr(const std::vector<int32_t>& lens) {
+  std::vector<TokenOffset> indptr = {TokenOffset(0)};
+  for (int32_t len : lens) indptr.push_back(indptr.back() + TokenCount(len));
+  return indptr;
+}
+
+// Every sequence is covered from 0 to its length by consecutive items of one sequence each,
+// a split sequence has one reduce item over its partial slots, an unsplit one writes the
+// output; returns the plan's items.
+int64_t ExpectTiles(const SplitKvPlan& plan, const std::vector<int32_t>& lens) {
+  std::vector<int64_t> covered(lens.size(), 0);
+  std::vector<int> items(lens.size(), 0);
+  for (const SplitKvWorkItem& w : plan.work) {
+    EXPECT_GE(w.sequence, 0);
+    EXPECT_LT(w.sequence, static_cast<int32_t>(lens.size()));
+    EXPECT_EQ(w.q_begin.value(), w.sequence);
+    EXPECT_EQ(w.q_end.value(), w.sequence + 1);
+    EXPECT_EQ(w.kv_begin.value(), covered[w.sequence]) << "items of a sequence follow each other";
+    covered[w.sequence] = w.kv_end.value();
+    ++items[w.sequence];
+  }
+  int reduce_expected = 0;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    EXPECT_EQ(covered[i], lens[i]) << "sequence " << i;
+    if (items[i] > 1) ++reduce_expected;
+  }
+  EXPECT_EQ(static_cast<int>(plan.reduce.size()), reduce_expected);
+  return static_cast<int64_t>(plan.work.size());
+}
+
+constexpr DecodeSplitOptions kH200{/*multiprocessor_count=*/132, /*num_kv_heads=*/8};
+
+// The decode benchmark's shapes on the H200: a batch of half a wave of blocks or more runs
+// unsplit (bs 17 x 8 heads = 136 >= 264 / 2).
+TEST(DecodeSplitPlannerTest, BatchOfHalfAWaveOrMoreIsNotSplit) {
+  for (int32_t bs : {17, 32, 256}) {
+    const std::vector<int32_t> lens(bs, 4096);
+    auto plan = PlanDecodeSplitKv(Indptr(lens), KvLayout::LinearPerToken(), kH200);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(ExpectTiles(*plan, lens), bs) << "bs " << bs;
+    EXPECT_TRUE(plan->reduce.empty());
+    EXPECT_EQ(plan->num_partials, 0);
+  }
+}
+
+// bs 1 x 16k: 32 items of 512 tokens, 256 blocks for 264 slots.
+TEST(DecodeSplitPlannerTest, LongSequenceIsCutIntoOneWave) {
+  const std::vector<int32_t> lens = {16384};
+  auto plan = PlanDecodeSplitKv(Indptr(lens), KvLayout::LinearPerToken(), kH200);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(ExpectTiles(*plan, lens), 32);
+  EXPECT_EQ(plan->chunk.value(), 512);
+  EXPECT_EQ(plan->num_partials, 32);
+}
+
+// bs 8 x 4k: 4 items of 1,024 tokens a sequence, 256 blocks. Chunks sized from the total alone
+// (32k / 33 items rounded up to 1,008) cut each sequence into 5 items: 320 blocks, a second
+// wave of 56.
+TEST(DecodeSplitPlannerTest, RoundingDoesNotSpillIntoASecondWave) {
+  const std::vector<int32_t> lens(8, 4096);
+  auto plan = PlanDecodeSplitKv(Indptr(lens), KvLayout::LinearPerToken(), kH200);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(ExpectTiles(*plan, lens), 32);
+  EXPECT_EQ(plan->chunk.value(), 1024);
+}
+
+// Unequal lengths and odd page sizes: the items never exceed the wave, fill more than half of
+// it, and every chunk is a whole number of 16-token steps and of the layout's pages.
+TEST(DecodeSplitPlannerTest, ItemsFitTheWaveAtEveryLayout) {
+  const std::vector<std::vector<int32_t>> batches = {
+      {16384}, {1, 30000}, {5000, 77, 1024, 9999}, {100, 100, 100}, {32768, 32768, 16, 4096, 4096}};
+  for (int32_t mp : {16, 80, 132}) {
+    for (int64_t ps : {1, 7, 16, 64}) {
+      for (const auto& lens : batches) {
+        const KvLayout layout =
+            ps == 1 ? KvLayout::LinearPerToken() : KvLayout::Paged(*PageSize::Create(ps));
+        const DecodeSplitOptions options{mp, 8};
+        SCOPED_TRACE(::testing::Message() << mp << " multiprocessors, page size " << ps
+                                          << ", bs " << lens.size() << ", first " << lens[0]);
+        auto plan = PlanDecodeSplitKv(Indptr(lens), layout, options);
+        ASSERT_TRUE(plan.ok()) << plan.status();
+        const int64_t items = ExpectTiles(*plan, lens);
+        const int64_t target = int64_t{mp} * options.blocks_per_multiprocessor;
+        const int64_t bs = static_cast<int64_t>(lens.size());
+        if (2 * bs * 8 >= target) {
+          EXPECT_EQ(items, bs) << "half a wave or more: not split";
+          continue;
+        }
+        EXPECT_LE(items * 8, target) << "one wave";
+        EXPECT_EQ(plan->chunk.value() % 16, 0);
+        EXPECT_EQ(plan->chunk.value() % ps, 0);
+        EXPECT_GE(plan->chunk.value(), options.min_chunk.value());
+        // A chunk one quantum shorter would need more items than the wave holds.
+        const int64_t quantum = ps == 7 ? 112 : std::max<int64_t>(16, ps);
+        if (plan->chunk.value() > quantum &&
+            plan->chunk.value() - quantum >= options.min_chunk.value()) {
+          int64_t shorter = 0;
+          const int64_t chunk = plan->chunk.value() - quantum;
+          for (int32_t len : lens) shorter += (len + chunk - 1) / chunk;
+          EXPECT_GT(shorter * 8, target) << "the shortest chunk that fits";
+        }
+      }
+    }
+  }
+}
+
+TEST(DecodeSplitPlannerTest, MinChunkBoundsTheSplit) {
+  const std::vector<int32_t> lens = {1000};
+  DecodeSplitOptions options = kH200;
+  options.min_chunk = TokenCount(300);
+  auto plan = PlanDecodeSplitKv(Indptr(lens), KvLayout::LinearPerToken(), options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->chunk.value(), 304);
+  EXPECT_EQ(ExpectTiles(*plan, lens), 4);
+}
+
+TEST(DecodeSplitPlannerTest, BadOptionsAndBatchesAreRefused) {
+  const std::vector<TokenOffset> indptr = Indptr({100, 200});
+  for (DecodeSplitOptions o : {DecodeSplitOptions{0, 8}, DecodeSplitOptions{132, 0},
+                               DecodeSplitOptions{132, 8, 0}, DecodeSplitOptions{132, 8, 2, TokenCount(0)},
+                               DecodeSplitOptions{132, 8, 2, TokenCount(int64_t{1} << 31)}}) {
+    EXPECT_EQ(PlanDecodeSplitKv(indptr, KvLayout::LinearPerToken(), o).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(PlanDecodeSplitKv({}, KvLayout::LinearPerToken(), kH200).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlanDecodeSplitKv(Indptr({100, 0}), KvLayout::LinearPerToken(), kH200).status().code(),
+            absl::StatusCode::kInvalidArgument)
+      << "a decode row needs a KV token";
+}
+
+}  // namespace
+}  // namespace attnmeta
