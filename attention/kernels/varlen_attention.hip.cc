@@ -2,12 +2,15 @@
 
 #include "attention/kernels/internal/element_types.h"
 #include "attention/kernels/internal/kv_source.h"
+#include "attention/kernels/internal/mma_attention.h"
 
 namespace attnmeta {
 namespace kernels {
 namespace {
 
 constexpr int kThreads = 128;
+// Warps of a short-query block (VarlenMmaKernel).
+constexpr int kMmaWarps = 4;
 
 using internal::Bf16;
 using internal::Fp16;
@@ -394,8 +397,100 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kThreads, 1) VarlenAttentionKernel(Varlen
   }
 }
 
+// The short-query path on the tensor cores (internal/mma_attention.h): a block of kMmaWarps
+// warps per (sequence, KV head, chunk of 8 query vectors), vector v of chunk c being query
+// row (8c + v) / group and head kv_head * group + (8c + v) % group of the sequence, so that a
+// row's query heads share the K and V rows they read. The warps split the positions the
+// chunk's rows can see, in steps of kStep; each score counts when Sees says so. The chunks of
+// one (sequence, KV head) are neighbours in launch order: they read the same K and V, which
+// the L2 then serves.
+template <typename Dtype, int kHeadDim, bool kPortableMma>
+__global__ void ATTNMETA_LAUNCH_BOUNDS(kMmaWarps * 32, 1) VarlenMmaKernel(VarlenAttentionParams p) {
+  // Steps of 16 positions from head dim 128 up: the sequence and mask state take the registers
+  // that 32 would need (108 bytes spilled at head dim 128).
+  constexpr int kStep = kHeadDim >= 128 ? 16 : 32;
+  using S = internal::WarpShape<kHeadDim, kStep>;
+  __shared__ internal::WarpStates<kMmaWarps, 8, kHeadDim> states;
+
+  const int32_t group = p.num_q_heads / p.num_kv_heads;
+  int32_t x = static_cast<int32_t>(blockIdx.x);
+  const int32_t chunk = x % p.vector_chunks;
+  x /= p.vector_chunks;
+  const int32_t kv_head = x % p.num_kv_heads;
+  const int32_t seq = x / p.num_kv_heads;
+  const int tid = static_cast<int>(threadIdx.x);
+  if (blockIdx.x == 0 && tid == 0) CheckQueryRows(p);
+  const Sequence s = ResolveSequence(p, seq, tid == 0);
+  const int32_t vec0 = chunk * 8;
+  const int64_t vectors = int64_t{s.q_len} * group;
+  if (vec0 >= vectors) return;  // the same for every thread of the block
+  // Positions any row of the chunk sees: causal rows stop at their own position.
+  const int64_t last_row = (min(vectors, int64_t{vec0} + 8) - 1) / group;
+  int32_t kv_end = s.kv_len;
+  if (s.blind) {
+    kv_end = 0;
+  } else if (p.mask_layout == kVarlenCausal) {
+    kv_end = static_cast<int32_t>(min(int64_t{kv_end}, s.kv_len - s.q_len + last_row + 1));
+  }
+  const int lane = tid % 32;
+  const int warp = tid / 32;
+  const internal::LaneView lv{lane,         lane / 4,       lane % 4,
+                              seq,          s.index_base,   0,
+                              kv_end,       int64_t{p.num_kv_heads} * kHeadDim,
+                              int64_t{kv_head} * kHeadDim};
+  // Vector g of the chunk.
+  const int32_t vec = vec0 + lv.g;
+  const int32_t row = vec / group;
+  const bool exists = row < s.q_len;
+  uint32_t qa[S::kKSteps][2];
+  internal::LoadQFragments<kHeadDim>(
+      p.q,
+      exists ? (int64_t{s.q_begin + row} * p.num_q_heads + kv_head * group + vec % group) * kHeadDim
+             : -1,
+      lv.t, qa);
+  internal::WarpSoftmax<kHeadDim> sm;
+  const float scale = p.softmax_scale * kLog2e;
+
+  int32_t raw[S::kIdx];
+  const int32_t first = warp * kStep;
+  const int32_t stride = kMmaWarps * kStep;
+  internal::LoadStepIndices<kHeadDim, kStep>(p, lv, first, raw);
+  for (int32_t base = first; base < lv.n; base += stride) {
+    int32_t slot[S::kIdx];
+    internal::ResolveSlots<kHeadDim, kStep>(p, lv, base, raw, slot);
+    internal::LoadStepIndices<kHeadDim, kStep>(p, lv, base + stride, raw);
+    internal::StepLoads<kHeadDim, kStep> loads;
+    internal::IssueStep<kHeadDim, kStep>(p.k_pool, p.v_pool, lv, slot, loads);
+    // A loaded position is < kv_end <= kv_len, and the sequence is not blind (kv_end > 0).
+    const auto sees = [&](int nt, int e) {
+      return exists && Sees(p, s, row, base + 8 * nt + 2 * lv.t + e);
+    };
+    internal::AttendStep<Dtype, kHeadDim, kStep, kPortableMma>(qa, scale, lv.t, loads, sees, sm);
+  }
+
+  internal::StoreWarpState(states, warp, lv.g, lv.t, sm);
+  __syncthreads();
+  internal::CombineWarpStates<kMmaWarps, 8, kHeadDim, kMmaWarps * 32>(
+      states, [&](int v, int d0, const float (&out)[8], float lse) {
+        const int32_t r = (vec0 + v) / group;
+        if (r >= s.q_len) return;
+        const int64_t head_row =
+            int64_t{s.q_begin + r} * p.num_q_heads + kv_head * group + (vec0 + v) % group;
+        *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + head_row * kHeadDim + d0) =
+            make_uint4(Pack2<Dtype>(out[0], out[1]), Pack2<Dtype>(out[2], out[3]),
+                       Pack2<Dtype>(out[4], out[5]), Pack2<Dtype>(out[6], out[7]));
+        if (d0 == 0) p.lse[head_row] = lse;
+      });
+}
+
 template <typename Dtype, int kHeadDim>
 hipError_t Launch(const VarlenAttentionParams& p, hipStream_t stream) {
+  if (p.vector_chunks > 0) {
+    const int64_t blocks = int64_t{p.batch_size} * p.num_kv_heads * p.vector_chunks;
+    VarlenMmaKernel<Dtype, kHeadDim, /*kPortableMma=*/false>
+        <<<static_cast<uint32_t>(blocks), kMmaWarps * 32, 0, stream>>>(p);
+    return hipGetLastError();
+  }
   const int64_t blocks =
       int64_t{p.batch_size} * p.q_tiles * (p.num_q_heads / p.heads_per_block);
   VarlenAttentionKernel<Dtype, kHeadDim><<<static_cast<uint32_t>(blocks), kThreads, 0, stream>>>(p);

@@ -81,7 +81,7 @@ constexpr Workload kWorkloads[] = {{"extend", 8, 4096, 2048, false},
                                    {"verify", 64, 4096, 8, true}};
 
 struct Row {
-  std::string op, source, mask;
+  std::string op, kernel, source, mask;
   int64_t bs, prefix, q_len, ps;
   double flops, bytes, us, read_us, copy_us;
 };
@@ -93,9 +93,9 @@ void Report(const Row& r) {
   const double tbs = r.bytes / (r.us * 1e-6) / 1e12;
   const double read_tbs = r.bytes / (r.read_us * 1e-6) / 1e12;
   const double copy_tbs = 2 * r.bytes / (r.copy_us * 1e-6) / 1e12;
-  std::printf("%-7s %-10s %-10s bs=%3lld prefix=%5lld q=%5lld ps=%2lld %10.1f us | %7.2f TFLOP/s "
-              "(%4.1f%% of %g) | KV %6.3f TB/s | read %6.3f TB/s | copy %6.3f TB/s\n",
-              r.op.c_str(), r.source.c_str(), r.mask.c_str(), static_cast<long long>(r.bs),
+  std::printf("%-7s %-12s %-10s %-10s bs=%3lld prefix=%5lld q=%5lld ps=%2lld %10.1f us | %7.2f "
+              "TFLOP/s (%4.1f%% of %g) | KV %6.3f TB/s | read %6.3f TB/s | copy %6.3f TB/s\n",
+              r.op.c_str(), r.kernel.c_str(), r.source.c_str(), r.mask.c_str(), static_cast<long long>(r.bs),
               static_cast<long long>(r.prefix), static_cast<long long>(r.q_len),
               static_cast<long long>(r.ps), r.us, tflops, 100 * tflops / kPeakTflops, kPeakTflops,
               tbs, read_tbs, copy_tbs);
@@ -190,12 +190,20 @@ class Bench {
       const std::vector<MaskLayout> layouts =
           w.verify ? std::vector<MaskLayout>{MaskLayout::kFull, MaskLayout::kQLenOnly, MaskLayout::kBitPacked}
                    : std::vector<MaskLayout>{MaskLayout::kNone};
-      for (MaskLayout layout : layouts) {
-        for (bool page_table : {false, true}) {
-          const double us = TimeConfig(w, b, ps, layout, page_table);
-          Report({w.name, page_table ? "page_table" : "kv_indices",
-                  layout == MaskLayout::kNone ? "causal" : std::string(MaskLayoutName(layout)), w.bs,
-                  w.prefix, w.q_len, ps, flops, bytes, us, read_us, copy_us});
+      // Verify's 8 rows x 4 query heads fit the tensor cores' short-query path; extend's
+      // 2,048 rows only the tiled kernel.
+      const std::vector<VarlenKernel> kernels =
+          w.verify ? std::vector<VarlenKernel>{VarlenKernel::kTensorCores, VarlenKernel::kTiled}
+                   : std::vector<VarlenKernel>{VarlenKernel::kTiled};
+      for (VarlenKernel kernel : kernels) {
+        for (MaskLayout layout : layouts) {
+          for (bool page_table : {false, true}) {
+            const double us = TimeConfig(w, b, ps, layout, page_table, kernel);
+            Report({w.name, kernel == VarlenKernel::kTensorCores ? "tensor_cores" : "tiled",
+                    page_table ? "page_table" : "kv_indices",
+                    layout == MaskLayout::kNone ? "causal" : std::string(MaskLayoutName(layout)),
+                    w.bs, w.prefix, w.q_len, ps, flops, bytes, us, read_us, copy_us});
+          }
         }
       }
     }
@@ -254,7 +262,8 @@ class Bench {
   }
 
   // Checks once, then times, one configuration.
-  double TimeConfig(const Workload& w, const Batch& b, int64_t ps, MaskLayout layout, bool page_table) {
+  double TimeConfig(const Workload& w, const Batch& b, int64_t ps, MaskLayout layout, bool page_table,
+                    VarlenKernel kernel) {
     DeviceBuffer<TokenOffset> qo = Unwrap(DeviceBuffer<TokenOffset>::FromHost(b.qo_indptr));
     DeviceBuffer<TokenOffset> kv_indptr = Unwrap(DeviceBuffer<TokenOffset>::FromHost(b.kv_indptr));
     DeviceBuffer<TokenSlot> kv_indices = Unwrap(DeviceBuffer<TokenSlot>::FromHost(b.kv_indices));
@@ -287,6 +296,7 @@ class Bench {
     a.mask = VarlenMask{layout, d_mask.const_span(), d_mask_indptr.const_span()};
     a.out = out_.span();
     a.lse = lse_.span();
+    a.kernel = kernel;
     auto launch = [&] { BENCH_CHECK(VarlenAttention(a, word_->device(), stream_)); };
 
     BENCH_CHECK(word_->Reset(stream_));
@@ -399,22 +409,23 @@ void Write(const std::string& dir) {
   if (dir.empty()) return;
   std::ofstream csv(dir + "/varlen_attention.csv");
   std::ofstream md(dir + "/varlen_attention.md");
-  csv << "op,source,mask,bs,prefix,q_len,page_size,visible_pairs,flops,kv_bytes,us,tflops,"
+  csv << "op,kernel,source,mask,bs,prefix,q_len,page_size,visible_pairs,flops,kv_bytes,us,tflops,"
          "fraction_of_bf16_peak,kv_tb_per_s,read_tb_per_s,fraction_of_read,copy_tb_per_s\n";
-  md << "| op | source | mask | bs | prefix | q_len | page size | us | TFLOP/s | % of 989 | KV TB/s "
-        "| read TB/s | % of read | copy TB/s |\n"
-     << "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+  md << "| op | kernel | source | mask | bs | prefix | q_len | page size | us | TFLOP/s | % of 989 "
+        "| KV TB/s | read TB/s | % of read | copy TB/s |\n"
+     << "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: |\n";
   for (const Row& r : rows) {
     const double tflops = r.flops / (r.us * 1e-6) / 1e12;
     const double tbs = r.bytes / (r.us * 1e-6) / 1e12;
     const double rtbs = r.bytes / (r.read_us * 1e-6) / 1e12;
     const double ctbs = 2 * r.bytes / (r.copy_us * 1e-6) / 1e12;
-    csv << absl::StrFormat("%s,%s,%s,%d,%d,%d,%d,%.0f,%.0f,%.0f,%.3f,%.3f,%.5f,%.4f,%.4f,%.4f,%.4f\n",
-                           r.op, r.source, r.mask, r.bs, r.prefix, r.q_len, r.ps,
+    csv << absl::StrFormat("%s,%s,%s,%s,%d,%d,%d,%d,%.0f,%.0f,%.0f,%.3f,%.3f,%.5f,%.4f,%.4f,%.4f,%.4f\n",
+                           r.op, r.kernel, r.source, r.mask, r.bs, r.prefix, r.q_len, r.ps,
                            r.flops / (4.0 * kHeadDim * kQHeads), r.flops, r.bytes, r.us, tflops,
                            tflops / kPeakTflops, tbs, rtbs, tbs / rtbs, ctbs);
-    md << absl::StrFormat("| %s | %s | %s | %d | %d | %d | %d | %.1f | %.2f | %.1f | %.3f | %.3f | %.1f | %.3f |\n",
-                          r.op, r.source, r.mask, r.bs, r.prefix, r.q_len, r.ps, r.us, tflops,
+    md << absl::StrFormat("| %s | %s | %s | %s | %d | %d | %d | %d | %.1f | %.2f | %.1f | %.3f | %.3f | %.1f | %.3f |\n",
+                          r.op, r.kernel, r.source, r.mask, r.bs, r.prefix, r.q_len, r.ps, r.us, tflops,
                           100 * tflops / kPeakTflops, tbs, rtbs, 100 * tbs / rtbs, ctbs);
   }
 }

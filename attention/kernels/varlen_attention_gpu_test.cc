@@ -29,6 +29,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -408,14 +409,17 @@ VarlenAttentionArgs Args(const DecodeAttentionDims& dims, const DeviceProblem& d
 
 // One call of the launcher on the inputs through `kv`, into outputs poisoned first.
 Result RunVarlen(const DecodeAttentionDims& dims, const DeviceProblem& d, const DecodeKv& kv,
-           kernels::DeviceViolation* violation = nullptr) {
+                 kernels::DeviceViolation* violation = nullptr,
+                 VarlenKernel kernel = VarlenKernel::kAuto) {
   const int64_t rows = static_cast<int64_t>(d.q.size()) / (int64_t{dims.num_q_heads} * dims.head_dim * 2);
   DeviceBuffer<uint8_t> out = *DeviceBuffer<uint8_t>::Create(d.q.size());
   DeviceBuffer<float> lse = *DeviceBuffer<float>::Create(rows * dims.num_q_heads);
   Poison(out.data(), out.size());
   Poison(lse.data(), lse.size() * sizeof(float));
   Result r;
-  r.status = VarlenAttention(Args(dims, d, kv, out, lse), violation, nullptr);
+  VarlenAttentionArgs a = Args(dims, d, kv, out, lse);
+  a.kernel = kernel;
+  r.status = VarlenAttention(a, violation, nullptr);
   EXPECT_EQ(hipDeviceSynchronize(), hipSuccess);
   r.out_bytes = Download(out);
   r.lse = Download(lse);
@@ -474,16 +478,33 @@ void ExpectMatches(const Problem& p, const Result& r) {
   }
 }
 
-// Both KV sources give the reference's results.
+// The kernels that take the problem: the tiled one always, the tensor cores' short-query path
+// when max_q_len * group fits it.
+std::vector<VarlenKernel> KernelsFor(const Problem& p) {
+  const int64_t group = p.dims.num_q_heads / p.dims.num_kv_heads;
+  if (p.metadata.max_q_len.value() * group <= 8 * kernels::kVarlenMaxVectorChunks) {
+    return {VarlenKernel::kTiled, VarlenKernel::kTensorCores};
+  }
+  return {VarlenKernel::kTiled};
+}
+
+const char* KernelName(VarlenKernel k) {
+  return k == VarlenKernel::kTensorCores ? "tensor cores" : k == VarlenKernel::kTiled ? "tiled" : "auto";
+}
+
+// Both KV sources give the reference's results, on every kernel that takes the problem.
 void ExpectBothSourcesMatch(const Problem& p) {
   const DeviceProblem d = ToDevice(p);
-  {
-    SCOPED_TRACE("token-level");
-    ExpectMatches(p, RunVarlen(p.dims, d, d.TokenLevel()));
-  }
-  {
-    SCOPED_TRACE("page table");
-    ExpectMatches(p, RunVarlen(p.dims, d, d.PageLevel()));
+  for (VarlenKernel kernel : KernelsFor(p)) {
+    SCOPED_TRACE(KernelName(kernel));
+    {
+      SCOPED_TRACE("token-level");
+      ExpectMatches(p, RunVarlen(p.dims, d, d.TokenLevel(), nullptr, kernel));
+    }
+    {
+      SCOPED_TRACE("page table");
+      ExpectMatches(p, RunVarlen(p.dims, d, d.PageLevel(), nullptr, kernel));
+    }
   }
 }
 
@@ -643,8 +664,12 @@ TEST_F(VarlenGpuTest, RowThatSeesNothingWritesZeroAndMinusInfinity) {
   DeviceProblem d = ToDevice(p);
   d.mask = Upload(mask);
   const int64_t cleared = 4 + 2;
-  for (const DecodeKv& kv : {d.TokenLevel(), d.PageLevel()}) {
-    const Result r = RunVarlen(p.dims, d, kv);
+  for (const auto& [kernel, kv] : {std::pair{VarlenKernel::kTiled, d.TokenLevel()},
+                                   std::pair{VarlenKernel::kTiled, d.PageLevel()},
+                                   std::pair{VarlenKernel::kTensorCores, d.TokenLevel()},
+                                   std::pair{VarlenKernel::kTensorCores, d.PageLevel()}}) {
+    SCOPED_TRACE(KernelName(kernel));
+    const Result r = RunVarlen(p.dims, d, kv, nullptr, kernel);
     ASSERT_TRUE(r.status.ok()) << r.status;
     for (int64_t row = 0; row < p.rows(); ++row) {
       if (row != cleared) ExpectRow(p, r, row);
@@ -685,10 +710,12 @@ TEST_F(VarlenGpuTest, RaggedMaskedBatchesMatchTheReference) {
     ExpectBothSourcesMatch(p);
     if (HasFatalFailure()) return;
     const DeviceProblem d = ToDeviceWithEmptySequence(p, 2);
-    for (const DecodeKv& kv : {d.TokenLevel(), d.PageLevel()}) {
-      SCOPED_TRACE("with a q_len-0 sequence at 2");
-      ExpectMatches(p, RunVarlen(p.dims, d, kv));
-      if (HasFatalFailure()) return;
+    for (VarlenKernel kernel : KernelsFor(p)) {
+      for (const DecodeKv& kv : {d.TokenLevel(), d.PageLevel()}) {
+        SCOPED_TRACE(::testing::Message() << "with a q_len-0 sequence at 2, " << KernelName(kernel));
+        ExpectMatches(p, RunVarlen(p.dims, d, kv, nullptr, kernel));
+        if (HasFatalFailure()) return;
+      }
     }
   }
 }
@@ -786,7 +813,7 @@ TEST_F(VarlenGpuTest, BadInputsAreRefusedBeforeLaunch) {
          a.v_pool = DeviceSpan<const uint8_t>(d.v.data(), pool_bytes - 16);
        },
        kInvalid,
-       "bytes are not the same whole rows of 4096"},
+       "bytes are not the same whole rows of 2048"},
       {"max_q_len past the query rows", [&](VarlenAttentionArgs& a) { a.max_q_len = TokenCount(rows + 1); },
        kInvalid,
        "max_q_len 68 does not fit 67 query rows over 3 sequences"},
@@ -881,6 +908,9 @@ TEST_F(VarlenGpuTest, BadInputsAreRefusedBeforeLaunch) {
          a.max_q_len = TokenCount(q_rows);
        },
        absl::StatusCode::kOutOfRange, "is more than 16777216 blocks"},
+      {"tensor cores for long query rows",
+       [&](VarlenAttentionArgs& a) { a.kernel = VarlenKernel::kTensorCores; },
+       kInvalid, "the tensor-core path takes at most 64 query vectors"},
       {"grid past the block limit",
        [&](VarlenAttentionArgs& a) {
          const int64_t many = int64_t{1} << 24;  // rows: 2^24 / 16 tiles x 3 x 8 blocks
@@ -1091,23 +1121,76 @@ TEST_F(GuardVarlenGpuTest, MaskBlocksOutsideTheMaskAreRecorded) {
       indptr[2] = bad;
       DeviceProblem e = ToDevice(p);
       e.mask_indptr = Upload(indptr);
-      const Result r = RunVarlen(p.dims, e, e.PageLevel(), word_->device());
+      for (VarlenKernel kernel : KernelsFor(p)) {
+        SCOPED_TRACE(KernelName(kernel));
+        const Result r = RunVarlen(p.dims, e, e.PageLevel(), word_->device(), kernel);
+        ASSERT_TRUE(r.status.ok()) << r.status;
+        ExpectViolation("does not fit in the mask");
+        ExpectSequence(p, r, 0);
+        ExpectSequence(p, r, 1);
+        ExpectBlind(p, r, 2);
+      }
+    }
+    // A mask shorter than mask_indptr says: the last block does not fit.
+    DeviceProblem e = ToDevice(p);
+    std::vector<uint8_t> short_mask(p.metadata.custom_mask.begin(), p.metadata.custom_mask.end() - 1);
+    e.mask = Upload(short_mask);
+    for (VarlenKernel kernel : KernelsFor(p)) {
+      SCOPED_TRACE(KernelName(kernel));
+      const Result r = RunVarlen(p.dims, e, e.TokenLevel(), word_->device(), kernel);
       ASSERT_TRUE(r.status.ok()) << r.status;
       ExpectViolation("does not fit in the mask");
       ExpectSequence(p, r, 0);
       ExpectSequence(p, r, 1);
       ExpectBlind(p, r, 2);
     }
-    // A mask shorter than mask_indptr says: the last block does not fit.
+  }
+}
+
+// The tensor cores' short-query path under corrupted device metadata (a verify batch): a slot
+// or page outside the pool is skipped and recorded, a q_len past max_q_len makes its sequence
+// see nothing, rows no sequence claims stay unwritten; the other sequences are unaffected.
+TEST_F(GuardVarlenGpuTest, TensorCorePathGuards) {
+  const Problem p = MakeVerify(Dims(32, 8, 128, KvElementType::kBf16), 16, {30, 90, 5},
+                               BinaryTrees(3, 8), 8, MaskLayout::kBitPacked, 121);
+  SCOPED_TRACE(p.what);
+  {
+    std::vector<TokenSlot> indices(p.metadata.kv_indices);
+    indices[p.metadata.kv_indptr[1].value() + 3] = TokenSlot(1 << 30);  // sequence 1
     DeviceProblem e = ToDevice(p);
-    std::vector<uint8_t> short_mask(p.metadata.custom_mask.begin(), p.metadata.custom_mask.end() - 1);
-    e.mask = Upload(short_mask);
-    const Result r = RunVarlen(p.dims, e, e.TokenLevel(), word_->device());
+    e.kv_indices = Upload(indices);
+    const Result r = RunVarlen(p.dims, e, e.TokenLevel(), word_->device(), VarlenKernel::kTensorCores);
     ASSERT_TRUE(r.status.ok()) << r.status;
-    ExpectViolation("does not fit in the mask");
+    ExpectViolation("outside the pool");
+    for (float x : r.out) ASSERT_TRUE(std::isfinite(x));
     ExpectSequence(p, r, 0);
+    ExpectSequence(p, r, 2);
+  }
+  {
+    std::vector<PageId> table(p.metadata.page_table.span().entries().begin(),
+                              p.metadata.page_table.span().entries().end());
+    table[0] = PageId(-3);  // sequence 0's first page
+    DeviceProblem e = ToDevice(p);
+    e.page_table = Upload(table);
+    const Result r = RunVarlen(p.dims, e, e.PageLevel(), word_->device(), VarlenKernel::kTensorCores);
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    ExpectViolation("outside the pool");
+    for (float x : r.out) ASSERT_TRUE(std::isfinite(x));
     ExpectSequence(p, r, 1);
-    ExpectBlind(p, r, 2);
+    ExpectSequence(p, r, 2);
+  }
+  {
+    // Rows 0..2 claimed by no sequence; sequence 0 then has 5 rows.
+    std::vector<TokenOffset> qo(p.metadata.qo_indptr);
+    qo[0] = TokenOffset(3);
+    DeviceProblem e = ToDevice(p);
+    e.qo_indptr = Upload(qo);
+    const Result r = RunVarlen(p.dims, e, e.PageLevel(), word_->device(), VarlenKernel::kTensorCores);
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    ExpectViolation("query rows no sequence claims");
+    ExpectSequence(p, r, 1);
+    ExpectSequence(p, r, 2);
+    for (int64_t x = 0; x < 3 * p.q_row(); ++x) ASSERT_EQ(r.out_bytes[2 * x], 0xff) << x;
   }
 }
 

@@ -133,9 +133,24 @@ absl::Status VarlenAttention(const VarlenAttentionArgs& a, kernels::DeviceViolat
   if (!rows.ok()) return rows.status();
   if (absl::Status s = CheckQueries(a, *bs, *rows); !s.ok()) return s;
   if (absl::Status s = CheckMask(a, *bs, p); !s.ok()) return s;
+  const int64_t group = a.dims.num_q_heads / a.dims.num_kv_heads;
+  // max_q_len <= q_rows < 2^31 and group < 2^31: the product fits int64.
+  const int64_t vector_chunks = (a.max_q_len.value() * group + 7) / 8;
+  const bool short_queries = vector_chunks <= kernels::kVarlenMaxVectorChunks;
+  if (a.kernel == VarlenKernel::kTensorCores && !short_queries) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "varlen attention: the tensor-core path takes at most ",
+        8 * kernels::kVarlenMaxVectorChunks, " query vectors per sequence and KV head, max_q_len ",
+        a.max_q_len.value(), " x group ", group, " is more"));
+  }
+  const bool tensor_cores = a.kernel == VarlenKernel::kTensorCores ||
+                            (a.kernel == VarlenKernel::kAuto && short_queries);
   const int32_t rows_per_block = kernels::VarlenQueryVectors(a.dims.head_dim) / heads_per_block;
-  const int64_t q_tiles = (a.max_q_len.value() + rows_per_block - 1) / rows_per_block;
-  const int64_t head_chunks = a.dims.num_q_heads / heads_per_block;
+  // The grid: bs * q_tiles * head_chunks blocks (tiled), or bs * num_kv_heads * vector_chunks.
+  const int64_t q_tiles =
+      tensor_cores ? vector_chunks : (a.max_q_len.value() + rows_per_block - 1) / rows_per_block;
+  const int64_t head_chunks =
+      tensor_cores ? a.dims.num_kv_heads : a.dims.num_q_heads / heads_per_block;
   // bs * q_tiles * head_chunks, each factor up to 2^31, checked by division before it is
   // multiplied (the product of claimed sizes would overflow int64).
   if (*bs > 0 && q_tiles > 0 &&
@@ -151,7 +166,8 @@ absl::Status VarlenAttention(const VarlenAttentionArgs& a, kernels::DeviceViolat
   p.q_rows = static_cast<int32_t>(*rows);
   p.qo_indptr = reinterpret_cast<const int32_t*>(a.qo_indptr.data());
   p.max_q_len = static_cast<int32_t>(a.max_q_len.value());
-  p.q_tiles = static_cast<int32_t>(q_tiles);
+  p.q_tiles = static_cast<int32_t>((a.max_q_len.value() + rows_per_block - 1) / rows_per_block);
+  p.vector_chunks = tensor_cores ? static_cast<int32_t>(vector_chunks) : 0;
   p.k_pool = a.k_pool.data();
   p.v_pool = a.v_pool.data();
   p.pool_slots = static_cast<int64_t>(a.k_pool.size()) /

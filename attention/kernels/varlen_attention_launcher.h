@@ -25,6 +25,7 @@
 #include "attention/kernels/device_violation.h"
 #include "attention/kernels/hip_port.h"
 #include "attention/kernels/paged_decode_launcher.h"
+#include "attention/kernels/varlen_attention.h"
 #include "attention/metadata/custom_mask.h"
 #include "kvcache/units.h"
 
@@ -41,6 +42,8 @@ struct VarlenMask {
   // kv_len_i, MaskWordBytes(max_q_len)); 8-byte aligned.
   DeviceSpan<const int64_t> mask_indptr;
 };
+
+enum class VarlenKernel { kAuto, kTiled, kTensorCores };
 
 struct VarlenAttentionArgs {
   // Head counts (GQA: num_q_heads a multiple of num_kv_heads), head dim (64, 128, 256), the
@@ -70,6 +73,11 @@ struct VarlenAttentionArgs {
   VarlenMask mask;
   DeviceSpan<uint8_t> out;  // [q_rows][num_q_heads][head_dim] of dtype, 16-byte aligned
   DeviceSpan<float> lse;    // [q_rows][num_q_heads]
+  // Which kernel runs: kAuto takes the short-query path on the tensor cores when max_q_len *
+  // (num_q_heads / num_kv_heads) <= 8 * kVarlenMaxVectorChunks (verify, draft-extend, decode)
+  // and the tiled path on CUDA cores otherwise (extend); the others force one (kTensorCores
+  // past that bound is InvalidArgument). Both compute the same.
+  VarlenKernel kernel = VarlenKernel::kAuto;
 };
 
 // Errors, before anything is launched (nothing written):
@@ -86,11 +94,13 @@ struct VarlenAttentionArgs {
 //   - a null pointer with a nonzero size (any array);
 //   - the mask: a layout without mask_indptr of bs + 1 entries, mask arrays without a layout,
 //     a bit-packed mask with max_q_len > kMaxBitPackedRows;
+//   - kernel kTensorCores for max_q_len * group > 8 * kVarlenMaxVectorChunks;
 //  OutOfRange (beyond the kernel's int32 arithmetic or the grid):
 //   - more than 2^31 - 1 query rows, more than 2^31 pool slots, a batch beyond int32;
 //   - kv_indices of more than 2^30 entries, a page table covering more than 2^30 tokens;
 //   - a grid of more than 2^24 blocks (bs * ceil(max_q_len / rows per block) * num_q_heads /
-//     heads per block), checked without overflow for any claimed sizes.
+//     heads per block, or bs * num_kv_heads * vector chunks on the tensor cores), checked
+//     without overflow for any claimed sizes.
 //  Internal: the launch failed.
 // What lives in device memory is not an error here: the kernel records it in `violation`
 // (may be null; varlen_attention.h lists the kinds).

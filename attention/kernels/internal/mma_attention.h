@@ -1,0 +1,340 @@
+// The warp-level attention step on the tensor cores that the decode kernel and the varlen
+// kernel's short-query path share: up to 8 query vectors (rows of the score MMA; the rest are
+// zero) against steps of kStep KV positions, K and V read from the pool straight into
+// fragment registers, online softmax in fp32 (log2 domain), and the combination of a block's
+// warps through shared memory. Device code only: include it from .hip.cc sources.
+//
+// Fragment layout (MmaM16N8K16 in hip_port.h; lane = 4 g + t):
+//   S = Q K^T: m = query vectors (rows past 8 are zero), n = 8 positions, k = 16 dims. Lane
+//     (g, t) loads position g's dims [32j + 8t, + 8) of each 32-dim block j and uses them as
+//     the k-columns 2t..2t+1 and 2t+8..2t+9 of k-steps 2j and 2j + 1; Q's fragments use the
+//     same order, and a dot product does not depend on the order of its terms.
+//   O^T += V^T P^T: m = 16 dims, n = 8 query vectors, k = 16 positions. S's accumulator lane
+//     holds P(vector g, positions 2t..2t+1) of each 8 positions, which is the B fragment as it
+//     stands; for A, lane (g, t) loads positions 2t, 2t+1, 2t+8 and 2t+9 at dims [kW g, + kW)
+//     and [8 kW + kW g, + kW) (kW = head_dim / 16), so that m-tile i's rows g and g + 8 are
+//     dims kW g + i and 8 kW + kW g + i: StoreWarpState puts them back in place.
+
+#ifndef ATTNMETA_ATTENTION_KERNELS_INTERNAL_MMA_ATTENTION_H_
+#define ATTNMETA_ATTENTION_KERNELS_INTERNAL_MMA_ATTENTION_H_
+
+#include <cstdint>
+
+#include "attention/kernels/hip_port.h"
+#include "attention/kernels/internal/element_types.h"
+#include "attention/kernels/internal/kv_source.h"
+
+namespace attnmeta {
+namespace kernels {
+namespace internal {
+
+// 2-byte elements of a word array: element e of `w` is the low (e even) or high half of word
+// e / 2. Packs element e of x (low half) with element e of y (high half) into one word: the
+// pair of positions an MMA fragment register holds.
+template <int kWords>
+__device__ inline uint32_t PairOf(const uint32_t (&x)[kWords], const uint32_t (&y)[kWords], int e) {
+  const uint32_t a = x[e / 2];
+  const uint32_t b = y[e / 2];
+  return e % 2 == 0 ? (a & 0xffffu) | (b << 16) : (a >> 16) | (b & 0xffff0000u);
+}
+
+// kWords 32-bit words (2 * kWords elements) at element offset `offset` of `base`, in 8- or
+// 16-byte loads.
+template <int kWords>
+__device__ inline void LoadWords(const void* base, int64_t offset, uint32_t (&w)[kWords]) {
+  const uint16_t* src = static_cast<const uint16_t*>(base) + offset;
+  if constexpr (kWords == 2) {
+    const uint2 x = __ldg(reinterpret_cast<const uint2*>(src));
+    w[0] = x.x;
+    w[1] = x.y;
+  } else {
+    static_assert(kWords % 4 == 0, "8 bytes or a multiple of 16");
+#pragma unroll
+    for (int i = 0; i < kWords / 4; ++i) {
+      const uint4 x = __ldg(reinterpret_cast<const uint4*>(src) + i);
+      w[4 * i] = x.x;
+      w[4 * i + 1] = x.y;
+      w[4 * i + 2] = x.z;
+      w[4 * i + 3] = x.w;
+    }
+  }
+}
+
+template <typename Dtype, bool kPortableMma>
+__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  if constexpr (kPortableMma) {
+    PortableMmaM16N8K16<Dtype::kIsBf16>(d, a, b);
+  } else {
+    MmaM16N8K16<Dtype::kIsBf16>(d, a, b);
+  }
+}
+
+// The shapes of one warp's work, from the head dim and the step (kStep positions).
+template <int kHeadDim, int kStep>
+struct WarpShape {
+  static constexpr int kKSteps = kHeadDim / 16;  // k-steps of S = Q K^T
+  static constexpr int kKLoads = kHeadDim / 32;  // 16-byte K loads per position and lane
+  static constexpr int kW = kHeadDim / 16;       // m-tiles of O^T, and V dims per chunk and lane
+  static constexpr int kVWords = kW / 2;
+  static constexpr int kNTiles = kStep / 8;      // 8-position tiles of S per step
+  static constexpr int kPvSteps = kStep / 16;    // 16-position k-steps of O^T per step
+  static constexpr int kIdx = kStep > 32 ? kStep / 32 : 1;  // index entries per lane and step
+  static_assert(kHeadDim % 64 == 0 && kStep % 16 == 0 && (kStep <= 32 || kStep % 32 == 0),
+                "fragment shapes");
+};
+
+// One step's K and V fragments as loaded (zero for a position that is skipped).
+template <int kHeadDim, int kStep>
+struct StepLoads {
+  using S = WarpShape<kHeadDim, kStep>;
+  uint32_t kb[S::kNTiles][S::kKLoads][4];  // position 8 nt + g, dims 32j + 8t
+  // Positions 16 kk + 2t + {0, 1, 8, 9}, dims [kW g, + kW) (chunk 0) and [8 kW + kW g, + kW).
+  uint32_t vw[S::kPvSteps][4][2][S::kVWords];
+  bool valid[S::kPvSteps][4];
+};
+
+// What a lane reads: the sequence's KV positions [lo, lo + n), through the KV source of the
+// kernel's params (kv_source.h), in the pool rows of one KV head.
+struct LaneView {
+  int lane, g, t;
+  int32_t seq;
+  int64_t index_base;  // KvLength's, for the sequence
+  int32_t lo;
+  int32_t n;
+  int64_t row;   // elements per pool slot
+  int64_t head;  // elements from a slot's start to the KV head
+};
+
+// The index entries of the step at `base` (lane i: position lo + base + i + 32 r), 0 past the
+// range.
+template <int kHeadDim, int kStep, typename Params>
+__device__ __forceinline__ void LoadStepIndices(const Params& p, const LaneView& lv, int32_t base,
+                                                int32_t (&raw)[WarpShape<kHeadDim, kStep>::kIdx]) {
+#pragma unroll
+  for (int r = 0; r < WarpShape<kHeadDim, kStep>::kIdx; ++r) {
+    const int32_t pos = base + lv.lane + 32 * r;
+    raw[r] = lv.lane + 32 * r < kStep && pos < lv.n
+                 ? LoadKvEntry(p, lv.seq, lv.index_base, lv.lo + pos)
+                 : 0;
+  }
+}
+
+// The slots of the step at `base` from its index entries: -1 for a position past the range or
+// outside the pool (recorded).
+template <int kHeadDim, int kStep, typename Params>
+__device__ __forceinline__ void ResolveSlots(const Params& p, const LaneView& lv, int32_t base,
+                                             const int32_t (&raw)[WarpShape<kHeadDim, kStep>::kIdx],
+                                             int32_t (&slot)[WarpShape<kHeadDim, kStep>::kIdx]) {
+#pragma unroll
+  for (int r = 0; r < WarpShape<kHeadDim, kStep>::kIdx; ++r) {
+    const int32_t pos = base + lv.lane + 32 * r;
+    slot[r] = lv.lane + 32 * r < kStep && pos < lv.n
+                  ? static_cast<int32_t>(
+                        SlotFromEntry(p, lv.seq, lv.index_base, raw[r], lv.lo + pos, true))
+                  : -1;
+  }
+}
+
+// Issues the K and V loads of a step whose slots are `slot`. Forced inline, as AttendStep: a
+// call would pass the register arrays through local memory.
+template <int kHeadDim, int kStep>
+__device__ __forceinline__ void IssueStep(const void* k_pool, const void* v_pool, const LaneView& lv,
+                                          const int32_t (&slot)[WarpShape<kHeadDim, kStep>::kIdx],
+                                          StepLoads<kHeadDim, kStep>& L) {
+  using S = WarpShape<kHeadDim, kStep>;
+#pragma unroll
+  for (int nt = 0; nt < S::kNTiles; ++nt) {
+    const int32_t s = ATTNMETA_SHFL_IDX32(slot[8 * nt / 32], 8 * nt % 32 + lv.g);
+#pragma unroll
+    for (int j = 0; j < S::kKLoads; ++j) {
+      L.kb[nt][j][0] = L.kb[nt][j][1] = L.kb[nt][j][2] = L.kb[nt][j][3] = 0;
+      if (s >= 0) LoadWords(k_pool, s * lv.row + lv.head + 32 * j + 8 * lv.t, L.kb[nt][j]);
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < S::kPvSteps; ++kk) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int32_t s = ATTNMETA_SHFL_IDX32(slot[16 * kk / 32],
+                                            16 * kk % 32 + 2 * lv.t + e % 2 + 8 * (e / 2));
+      L.valid[kk][e] = s >= 0;
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+#pragma unroll
+        for (int i = 0; i < S::kVWords; ++i) L.vw[kk][e][c][i] = 0;
+        if (s >= 0) {
+          LoadWords(v_pool, s * lv.row + lv.head + 8 * S::kW * c + S::kW * lv.g, L.vw[kk][e][c]);
+        }
+      }
+    }
+  }
+}
+
+// Q's A fragments of query vector g from its row of head_dim elements at element offset
+// `offset` of q (negative: the vector does not exist, zeros): words 0, 1 of its 16 bytes at
+// dims 32j + 8t for k-step 2j, words 2, 3 for k-step 2j + 1; rows g + 8 are zero.
+template <int kHeadDim>
+__device__ __forceinline__ void LoadQFragments(const void* q, int64_t offset, int t,
+                                               uint32_t (&qa)[kHeadDim / 16][2]) {
+#pragma unroll
+  for (int j = 0; j < kHeadDim / 32; ++j) {
+    uint32_t words[4] = {0, 0, 0, 0};
+    if (offset >= 0) LoadWords(q, offset + 32 * j + 8 * t, words);
+    qa[2 * j][0] = words[0];
+    qa[2 * j][1] = words[1];
+    qa[2 * j + 1][0] = words[2];
+    qa[2 * j + 1][1] = words[3];
+  }
+}
+
+// A warp's online softmax in the log2 domain: lane (g, t) keeps vector g's running max and its
+// part of the running sum, and O^T's m-tiles (rows kW g + i and 8 kW + kW g + i, columns
+// vectors 2t and 2t + 1).
+template <int kHeadDim>
+struct WarpSoftmax {
+  float m = NegInf();
+  float l = 0.0f;
+  float o[kHeadDim / 16][4] = {};
+};
+
+// Adds one step's positions: S = Q K^T on the tensor cores, the softmax update, O^T += V^T P^T.
+// A score counts when its position was loaded and `sees(nt, e)`: whether vector g sees
+// position 8 nt + 2t + e of the step.
+template <typename Dtype, int kHeadDim, int kStep, bool kPortableMma, typename Sees>
+__device__ __forceinline__ void AttendStep(const uint32_t (&qa)[kHeadDim / 16][2], float scale,
+                                           int t, const StepLoads<kHeadDim, kStep>& L,
+                                           const Sees& sees, WarpSoftmax<kHeadDim>& sm) {
+  using S = WarpShape<kHeadDim, kStep>;
+  float sc[S::kNTiles][4];  // S: sc[nt][0..1] = (vector g, positions 8 nt + 2t..2t+1)
+#pragma unroll
+  for (int nt = 0; nt < S::kNTiles; ++nt) {
+    sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < S::kKSteps; ++k) {
+      const uint32_t a[4] = {qa[k][0], 0, qa[k][1], 0};
+      const uint32_t b[2] = {L.kb[nt][k / 2][2 * (k % 2)], L.kb[nt][k / 2][2 * (k % 2) + 1]};
+      Mma<Dtype, kPortableMma>(sc[nt], a, b);
+    }
+  }
+  float mx = sm.m;
+#pragma unroll
+  for (int nt = 0; nt < S::kNTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      // Position 8 nt + 2t + e is V's position e + 2 (nt % 2) of k-step nt / 2.
+      sc[nt][e] = L.valid[nt / 2][e + 2 * (nt % 2)] && sees(nt, e) ? sc[nt][e] * scale : NegInf();
+      mx = fmaxf(mx, sc[nt][e]);
+    }
+  }
+  mx = fmaxf(mx, ATTNMETA_SHFL_XOR(mx, 1));
+  mx = fmaxf(mx, ATTNMETA_SHFL_XOR(mx, 2));
+  // Until vector g has seen a position, mx is -inf and nothing changes.
+  const bool seen = mx != NegInf();
+  const float alpha = seen ? exp2f(sm.m - mx) : 1.0f;
+  sm.m = mx;
+  sm.l *= alpha;
+#pragma unroll
+  for (int nt = 0; nt < S::kNTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      sc[nt][e] = seen ? exp2f(sc[nt][e] - mx) : 0.0f;
+      sm.l += sc[nt][e];
+    }
+  }
+  // This lane's columns are vectors 2t and 2t + 1, whose alphas lanes 8t and 8t + 4 hold.
+  const float alpha0 = ATTNMETA_SHFL_IDX32(alpha, 8 * t);
+  const float alpha1 = ATTNMETA_SHFL_IDX32(alpha, 8 * t + 4);
+#pragma unroll
+  for (int i = 0; i < S::kW; ++i) {
+    sm.o[i][0] *= alpha0;
+    sm.o[i][1] *= alpha1;
+    sm.o[i][2] *= alpha0;
+    sm.o[i][3] *= alpha1;
+  }
+#pragma unroll
+  for (int kk = 0; kk < S::kPvSteps; ++kk) {
+    const uint32_t b[2] = {Pack2<Dtype>(sc[2 * kk][0], sc[2 * kk][1]),
+                           Pack2<Dtype>(sc[2 * kk + 1][0], sc[2 * kk + 1][1])};
+#pragma unroll
+    for (int i = 0; i < S::kW; ++i) {
+      const uint32_t a[4] = {PairOf(L.vw[kk][0][0], L.vw[kk][1][0], i),
+                             PairOf(L.vw[kk][0][1], L.vw[kk][1][1], i),
+                             PairOf(L.vw[kk][2][0], L.vw[kk][3][0], i),
+                             PairOf(L.vw[kk][2][1], L.vw[kk][3][1], i)};
+      Mma<Dtype, kPortableMma>(sm.o[i], a, b);
+    }
+  }
+}
+
+// The softmax states of a block's warps, for kVecs query vectors, in shared memory.
+template <int kWarps, int kVecs, int kHeadDim>
+struct WarpStates {
+  static_assert(sizeof(float) * kWarps * kVecs * (kHeadDim + 2) <= 48 * 1024,
+                "static shared memory");
+  float acc[kWarps][kVecs][kHeadDim];
+  float max[kWarps][kVecs];
+  float sum[kWarps][kVecs];
+};
+
+// Warp `warp`'s state into `st`, its O^T dims put back in order.
+template <int kWarps, int kVecs, int kHeadDim>
+__device__ __forceinline__ void StoreWarpState(WarpStates<kWarps, kVecs, kHeadDim>& st, int warp,
+                                               int g, int t, const WarpSoftmax<kHeadDim>& sm) {
+  constexpr int kW = kHeadDim / 16;
+  float l_sum = sm.l;
+  l_sum += ATTNMETA_SHFL_XOR(l_sum, 1);
+  l_sum += ATTNMETA_SHFL_XOR(l_sum, 2);
+  if (t == 0 && g < kVecs) {
+    st.max[warp][g] = sm.m;
+    st.sum[warp][g] = l_sum;
+  }
+#pragma unroll
+  for (int i = 0; i < kW; ++i) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      if (2 * t + hh < kVecs) {
+        st.acc[warp][2 * t + hh][kW * g + i] = sm.o[i][hh];
+        st.acc[warp][2 * t + hh][8 * kW + kW * g + i] = sm.o[i][2 + hh];
+      }
+    }
+  }
+}
+
+// After a __syncthreads() that follows every warp's StoreWarpState: thread c of kThreads
+// merges the warps' states of vector c / (head_dim / 8), dims [8 (c % (head_dim / 8)), + 8),
+// and hands them to write(vector, d0, out[8], lse) (out normalised, lse natural log; a vector
+// that saw nothing gets zeros and -inf).
+template <int kWarps, int kVecs, int kHeadDim, int kThreads, typename Write>
+__device__ __forceinline__ void CombineWarpStates(const WarpStates<kWarps, kVecs, kHeadDim>& st,
+                                                  const Write& write) {
+  constexpr int kLanes = kHeadDim / 8;
+  for (int c = threadIdx.x; c < kVecs * kLanes; c += kThreads) {
+    const int h = c / kLanes;
+    const int d0 = c % kLanes * 8;
+    float mx = NegInf();
+    for (int q = 0; q < kWarps; ++q) mx = fmaxf(mx, st.max[q][h]);
+    float total = 0.0f;
+    float out[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (mx != NegInf()) {
+      for (int q = 0; q < kWarps; ++q) {
+        if (st.max[q][h] == NegInf()) continue;
+        const float weight = exp2f(st.max[q][h] - mx);
+        total += weight * st.sum[q][h];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) out[e] = fmaf(weight, st.acc[q][h][d0 + e], out[e]);
+      }
+    }
+    // total >= 1 once a position was seen (the largest score's own weight is 1).
+    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    const float lse = total > 0.0f ? (mx + log2f(total)) * kLn2 : NegInf();
+#pragma unroll
+    for (int e = 0; e < 8; ++e) out[e] *= inv;
+    write(h, d0, out, lse);
+  }
+}
+
+}  // namespace internal
+}  // namespace kernels
+}  // namespace attnmeta
+
+#endif  // ATTNMETA_ATTENTION_KERNELS_INTERNAL_MMA_ATTENTION_H_
