@@ -96,13 +96,13 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDe
                               w.hi - w.lo,  int64_t{p.num_kv_heads} * kHeadDim,
                               int64_t{kv_head} * kHeadDim};
 
-  uint32_t qa[S::kKSteps][2];  // vector g: query head q_head0 + g
-  internal::LoadQFragments<kHeadDim>(
-      p.q, lv.g < kHeads ? (int64_t{w.sequence} * p.num_q_heads + q_head0 + lv.g) * kHeadDim : -1,
-      lv.t, qa);
-  internal::WarpSoftmax<kHeadDim> sm;
+  internal::QFragments<kHeadDim, 1> qf;  // vector g: query head q_head0 + g
+  const int64_t q_offset[1] = {
+      lv.g < kHeads ? (int64_t{w.sequence} * p.num_q_heads + q_head0 + lv.g) * kHeadDim : -1};
+  internal::LoadQFragments<kHeadDim, 1>(p.q, q_offset, lv.t, qf);
+  internal::WarpSoftmax<kHeadDim, 1> sm;
   const float scale = p.softmax_scale * kLog2e;
-  const auto every = [](int, int) { return true; };
+  const auto every = [](int, int, int) { return true; };
 
   int32_t raw[S::kIdx];  // the index entries of the next step to resolve
   const int32_t first = warp * kStep;
@@ -114,7 +114,7 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDe
     internal::LoadStepIndices<kHeadDim, kStep>(p, lv, base + stride, raw);
     internal::StepLoads<kHeadDim, kStep> loads;
     internal::IssueStep<kHeadDim, kStep>(p.k_pool, p.v_pool, lv, slot, loads);
-    internal::AttendStep<Dtype, kHeadDim, kStep, kPortableMma>(qa, scale, lv.t, loads, every, sm);
+    internal::AttendStep<Dtype, kHeadDim, kStep, 1, kPortableMma>(qf, scale, lv.t, loads, every, sm);
   }
 
   internal::StoreWarpState(states, warp, lv.g, lv.t, sm);

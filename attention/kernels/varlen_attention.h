@@ -81,10 +81,11 @@ enum VarlenMaskKind : int32_t {
 // query rows of one sequence (the launcher sizes the grid with it).
 inline constexpr int32_t VarlenQueryVectors(int32_t head_dim) { return head_dim <= 128 ? 64 : 32; }
 
-// The short-query path takes batches of at most this many chunks of 8 query vectors per
+// The short-query path takes batches of at most this many chunks of 16 query vectors per
 // sequence and KV head (max_q_len * group <= 64: verify, draft-extend, decode): each chunk
 // reads its sequence's K and V again, from the L2 when the chunks run together.
-inline constexpr int32_t kVarlenMaxVectorChunks = 8;
+inline constexpr int32_t kVarlenMaxVectorChunks = 4;
+inline constexpr int32_t kVarlenChunkVectors = 16;
 
 struct VarlenAttentionParams {
   const void* q;       // [q_rows][num_q_heads][head_dim] of dtype, 16-byte aligned
@@ -95,8 +96,8 @@ struct VarlenAttentionParams {
   int32_t max_q_len;   // >= every q_len, >= 1; the grid covers q_tiles tiles of rows of it
   int32_t q_tiles;     // ceil(max_q_len / rows per block)
   // > 0: the short-query path on the tensor cores, one block per (sequence, KV head, chunk of
-  // 8 query vectors: row (8c + v) / group, head (8c + v) % group of the KV head's group);
-  // vector_chunks = ceil(max_q_len * group / 8), at most kVarlenMaxVectorChunks. 0: the tiled
+  // 16 query vectors: row (16c + v) / group, head (16c + v) % group of the KV head's group);
+  // vector_chunks = ceil(max_q_len * group / 16), at most kVarlenMaxVectorChunks. 0: the tiled
   // path (q_tiles, heads_per_block).
   int32_t vector_chunks;
 

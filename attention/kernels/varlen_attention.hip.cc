@@ -9,8 +9,10 @@ namespace kernels {
 namespace {
 
 constexpr int kThreads = 128;
-// Warps of a short-query block (VarlenMmaKernel).
-constexpr int kMmaWarps = 4;
+// Warps of a short-query block (VarlenMmaKernel): 2 at head dim 256, whose 16 vectors' states
+// of 4 warps would not fit the 48 KB of static shared memory.
+template <int kHeadDim>
+inline constexpr int kMmaWarps = kHeadDim > 128 ? 2 : 4;
 
 using internal::Bf16;
 using internal::Fp16;
@@ -397,20 +399,22 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kThreads, 1) VarlenAttentionKernel(Varlen
   }
 }
 
-// The short-query path on the tensor cores (internal/mma_attention.h): a block of kMmaWarps
-// warps per (sequence, KV head, chunk of 8 query vectors), vector v of chunk c being query
-// row (8c + v) / group and head kv_head * group + (8c + v) % group of the sequence, so that a
-// row's query heads share the K and V rows they read. The warps split the positions the
-// chunk's rows can see, in steps of kStep; each score counts when Sees says so. The chunks of
-// one (sequence, KV head) are neighbours in launch order: they read the same K and V, which
-// the L2 then serves.
+// The short-query path on the tensor cores (internal/mma_attention.h): a block of
+// kMmaWarps<kHeadDim> warps per (sequence, KV head, chunk of 16 query vectors), vector v of
+// chunk c being query row (16c + v) / group and head kv_head * group + (16c + v) % group of the
+// sequence, so that a row's query heads share the K and V rows they read; vectors v and v + 8
+// are the two halves of the score MMA's rows. The warps split the positions the chunk's rows
+// can see, in steps of kStep; each score counts when Sees says so. The chunks of one
+// (sequence, KV head) are neighbours in launch order: they read the same K and V, which the L2
+// then serves.
 template <typename Dtype, int kHeadDim, bool kPortableMma>
-__global__ void ATTNMETA_LAUNCH_BOUNDS(kMmaWarps * 32, 1) VarlenMmaKernel(VarlenAttentionParams p) {
-  // Steps of 16 positions from head dim 128 up: the sequence and mask state take the registers
-  // that 32 would need (108 bytes spilled at head dim 128).
+__global__ void ATTNMETA_LAUNCH_BOUNDS(kMmaWarps<kHeadDim> * 32, 1) VarlenMmaKernel(VarlenAttentionParams p) {
+  // Steps of 16 positions from head dim 128 up: the second half's accumulators and the
+  // sequence and mask state take the registers that 32 would need.
   constexpr int kStep = kHeadDim >= 128 ? 16 : 32;
   using S = internal::WarpShape<kHeadDim, kStep>;
-  __shared__ internal::WarpStates<kMmaWarps, 8, kHeadDim> states;
+  constexpr int kWarps = kMmaWarps<kHeadDim>;
+  __shared__ internal::WarpStates<kWarps, 16, kHeadDim> states;
 
   const int32_t group = p.num_q_heads / p.num_kv_heads;
   int32_t x = static_cast<int32_t>(blockIdx.x);
@@ -421,11 +425,11 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kMmaWarps * 32, 1) VarlenMmaKernel(Varlen
   const int tid = static_cast<int>(threadIdx.x);
   if (blockIdx.x == 0 && tid == 0) CheckQueryRows(p);
   const Sequence s = ResolveSequence(p, seq, tid == 0);
-  const int32_t vec0 = chunk * 8;
+  const int32_t vec0 = chunk * 16;
   const int64_t vectors = int64_t{s.q_len} * group;
   if (vec0 >= vectors) return;  // the same for every thread of the block
   // Positions any row of the chunk sees: causal rows stop at their own position.
-  const int64_t last_row = (min(vectors, int64_t{vec0} + 8) - 1) / group;
+  const int64_t last_row = (min(vectors, int64_t{vec0} + 16) - 1) / group;
   int32_t kv_end = s.kv_len;
   if (s.blind) {
     kv_end = 0;
@@ -438,22 +442,26 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kMmaWarps * 32, 1) VarlenMmaKernel(Varlen
                               seq,          s.index_base,   0,
                               kv_end,       int64_t{p.num_kv_heads} * kHeadDim,
                               int64_t{kv_head} * kHeadDim};
-  // Vector g of the chunk.
-  const int32_t vec = vec0 + lv.g;
-  const int32_t row = vec / group;
-  const bool exists = row < s.q_len;
-  uint32_t qa[S::kKSteps][2];
-  internal::LoadQFragments<kHeadDim>(
-      p.q,
-      exists ? (int64_t{s.q_begin + row} * p.num_q_heads + kv_head * group + vec % group) * kHeadDim
-             : -1,
-      lv.t, qa);
-  internal::WarpSoftmax<kHeadDim> sm;
+  // Vectors g and g + 8 of the chunk.
+  int32_t row[2];
+  int64_t q_offset[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int32_t vec = vec0 + lv.g + 8 * h;
+    row[h] = vec / group;
+    q_offset[h] = row[h] < s.q_len
+                      ? (int64_t{s.q_begin + row[h]} * p.num_q_heads + kv_head * group + vec % group) *
+                            kHeadDim
+                      : -1;
+  }
+  internal::QFragments<kHeadDim, 2> qf;
+  internal::LoadQFragments<kHeadDim, 2>(p.q, q_offset, lv.t, qf);
+  internal::WarpSoftmax<kHeadDim, 2> sm;
   const float scale = p.softmax_scale * kLog2e;
 
   int32_t raw[S::kIdx];
   const int32_t first = warp * kStep;
-  const int32_t stride = kMmaWarps * kStep;
+  const int32_t stride = kWarps * kStep;
   internal::LoadStepIndices<kHeadDim, kStep>(p, lv, first, raw);
   for (int32_t base = first; base < lv.n; base += stride) {
     int32_t slot[S::kIdx];
@@ -462,15 +470,15 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kMmaWarps * 32, 1) VarlenMmaKernel(Varlen
     internal::StepLoads<kHeadDim, kStep> loads;
     internal::IssueStep<kHeadDim, kStep>(p.k_pool, p.v_pool, lv, slot, loads);
     // A loaded position is < kv_end <= kv_len, and the sequence is not blind (kv_end > 0).
-    const auto sees = [&](int nt, int e) {
-      return exists && Sees(p, s, row, base + 8 * nt + 2 * lv.t + e);
+    const auto sees = [&](int h, int nt, int e) {
+      return q_offset[h] >= 0 && Sees(p, s, row[h], base + 8 * nt + 2 * lv.t + e);
     };
-    internal::AttendStep<Dtype, kHeadDim, kStep, kPortableMma>(qa, scale, lv.t, loads, sees, sm);
+    internal::AttendStep<Dtype, kHeadDim, kStep, 2, kPortableMma>(qf, scale, lv.t, loads, sees, sm);
   }
 
   internal::StoreWarpState(states, warp, lv.g, lv.t, sm);
   __syncthreads();
-  internal::CombineWarpStates<kMmaWarps, 8, kHeadDim, kMmaWarps * 32>(
+  internal::CombineWarpStates<kWarps, 16, kHeadDim, kWarps * 32>(
       states, [&](int v, int d0, const float (&out)[8], float lse) {
         const int32_t r = (vec0 + v) / group;
         if (r >= s.q_len) return;
@@ -488,7 +496,7 @@ hipError_t Launch(const VarlenAttentionParams& p, hipStream_t stream) {
   if (p.vector_chunks > 0) {
     const int64_t blocks = int64_t{p.batch_size} * p.num_kv_heads * p.vector_chunks;
     VarlenMmaKernel<Dtype, kHeadDim, /*kPortableMma=*/false>
-        <<<static_cast<uint32_t>(blocks), kMmaWarps * 32, 0, stream>>>(p);
+        <<<static_cast<uint32_t>(blocks), kMmaWarps<kHeadDim> * 32, 0, stream>>>(p);
     return hipGetLastError();
   }
   const int64_t blocks =

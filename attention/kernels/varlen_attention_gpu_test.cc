@@ -482,7 +482,7 @@ void ExpectMatches(const Problem& p, const Result& r) {
 // when max_q_len * group fits it.
 std::vector<VarlenKernel> KernelsFor(const Problem& p) {
   const int64_t group = p.dims.num_q_heads / p.dims.num_kv_heads;
-  if (p.metadata.max_q_len.value() * group <= 8 * kernels::kVarlenMaxVectorChunks) {
+  if (p.metadata.max_q_len.value() * group <= kernels::kVarlenChunkVectors * kernels::kVarlenMaxVectorChunks) {
     return {VarlenKernel::kTiled, VarlenKernel::kTensorCores};
   }
   return {VarlenKernel::kTiled};

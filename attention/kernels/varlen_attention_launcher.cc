@@ -135,12 +135,13 @@ absl::Status VarlenAttention(const VarlenAttentionArgs& a, kernels::DeviceViolat
   if (absl::Status s = CheckMask(a, *bs, p); !s.ok()) return s;
   const int64_t group = a.dims.num_q_heads / a.dims.num_kv_heads;
   // max_q_len <= q_rows < 2^31 and group < 2^31: the product fits int64.
-  const int64_t vector_chunks = (a.max_q_len.value() * group + 7) / 8;
+  const int64_t vector_chunks =
+      (a.max_q_len.value() * group + kernels::kVarlenChunkVectors - 1) / kernels::kVarlenChunkVectors;
   const bool short_queries = vector_chunks <= kernels::kVarlenMaxVectorChunks;
   if (a.kernel == VarlenKernel::kTensorCores && !short_queries) {
     return absl::InvalidArgumentError(absl::StrCat(
         "varlen attention: the tensor-core path takes at most ",
-        8 * kernels::kVarlenMaxVectorChunks, " query vectors per sequence and KV head, max_q_len ",
+        kernels::kVarlenChunkVectors * kernels::kVarlenMaxVectorChunks, " query vectors per sequence and KV head, max_q_len ",
         a.max_q_len.value(), " x group ", group, " is more"));
   }
   const bool tensor_cores = a.kernel == VarlenKernel::kTensorCores ||

@@ -1,17 +1,18 @@
 // The warp-level attention step on the tensor cores that the decode kernel and the varlen
-// kernel's short-query path share: up to 8 query vectors (rows of the score MMA; the rest are
-// zero) against steps of kStep KV positions, K and V read from the pool straight into
+// kernel's short-query path share: 8 x kHalves query vectors (kHalves 1: rows 0-7 of the score
+// MMA, the rest zero; 2: all 16 rows) against steps of kStep KV positions, K and V read from the pool straight into
 // fragment registers, online softmax in fp32 (log2 domain), and the combination of a block's
 // warps through shared memory. Device code only: include it from .hip.cc sources.
 //
 // Fragment layout (MmaM16N8K16 in hip_port.h; lane = 4 g + t):
-//   S = Q K^T: m = query vectors (rows past 8 are zero), n = 8 positions, k = 16 dims. Lane
+//   S = Q K^T: m = query vectors g and g + 8 (zero when kHalves is 1), n = 8 positions, k = 16
+//     dims. Lane
 //     (g, t) loads position g's dims [32j + 8t, + 8) of each 32-dim block j and uses them as
 //     the k-columns 2t..2t+1 and 2t+8..2t+9 of k-steps 2j and 2j + 1; Q's fragments use the
 //     same order, and a dot product does not depend on the order of its terms.
-//   O^T += V^T P^T: m = 16 dims, n = 8 query vectors, k = 16 positions. S's accumulator lane
-//     holds P(vector g, positions 2t..2t+1) of each 8 positions, which is the B fragment as it
-//     stands; for A, lane (g, t) loads positions 2t, 2t+1, 2t+8 and 2t+9 at dims [kW g, + kW)
+//   O^T += V^T P^T: m = 16 dims, n = 8 query vectors (one product per half), k = 16 positions.
+//     S's accumulator lane holds P(vector g [+ 8], positions 2t..2t+1) of each 8 positions,
+//     which is the B fragment as it stands; for A, lane (g, t) loads positions 2t, 2t+1, 2t+8 and 2t+9 at dims [kW g, + kW)
 //     and [8 kW + kW g, + kW) (kW = head_dim / 16), so that m-tile i's rows g and g + 8 are
 //     dims kW g + i and 8 kW + kW g + i: StoreWarpState puts them back in place.
 
@@ -170,98 +171,127 @@ __device__ __forceinline__ void IssueStep(const void* k_pool, const void* v_pool
   }
 }
 
-// Q's A fragments of query vector g from its row of head_dim elements at element offset
-// `offset` of q (negative: the vector does not exist, zeros): words 0, 1 of its 16 bytes at
-// dims 32j + 8t for k-step 2j, words 2, 3 for k-step 2j + 1; rows g + 8 are zero.
-template <int kHeadDim>
-__device__ __forceinline__ void LoadQFragments(const void* q, int64_t offset, int t,
-                                               uint32_t (&qa)[kHeadDim / 16][2]) {
+// Q's A fragments of query vectors g and g + 8 from their rows of head_dim elements at element
+// offsets `offset[h]` of q (negative: the vector does not exist, zeros): words 0, 1 of its 16
+// bytes at dims 32j + 8t for k-step 2j, words 2, 3 for k-step 2j + 1: qa[h][k] holds the A
+// fragment's words of row g + 8h (a[0], a[2] for h = 0; a[1], a[3] for h = 1).
+template <int kHeadDim, int kHalves>
+struct QFragments {
+  uint32_t qa[kHalves][kHeadDim / 16][2];
+};
+
+template <int kHeadDim, int kHalves>
+__device__ __forceinline__ void LoadQFragments(const void* q, const int64_t (&offset)[kHalves], int t,
+                                               QFragments<kHeadDim, kHalves>& f) {
 #pragma unroll
-  for (int j = 0; j < kHeadDim / 32; ++j) {
-    uint32_t words[4] = {0, 0, 0, 0};
-    if (offset >= 0) LoadWords(q, offset + 32 * j + 8 * t, words);
-    qa[2 * j][0] = words[0];
-    qa[2 * j][1] = words[1];
-    qa[2 * j + 1][0] = words[2];
-    qa[2 * j + 1][1] = words[3];
+  for (int h = 0; h < kHalves; ++h) {
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 32; ++j) {
+      uint32_t words[4] = {0, 0, 0, 0};
+      if (offset[h] >= 0) LoadWords(q, offset[h] + 32 * j + 8 * t, words);
+      f.qa[h][2 * j][0] = words[0];
+      f.qa[h][2 * j][1] = words[1];
+      f.qa[h][2 * j + 1][0] = words[2];
+      f.qa[h][2 * j + 1][1] = words[3];
+    }
   }
 }
 
-// A warp's online softmax in the log2 domain: lane (g, t) keeps vector g's running max and its
-// part of the running sum, and O^T's m-tiles (rows kW g + i and 8 kW + kW g + i, columns
-// vectors 2t and 2t + 1).
-template <int kHeadDim>
+// A warp's online softmax in the log2 domain: lane (g, t) keeps vector g + 8h's running max and
+// its part of the running sum, and O^T's m-tiles of half h (rows kW g + i and 8 kW + kW g + i,
+// columns vectors 8h + 2t and 8h + 2t + 1).
+template <int kHeadDim, int kHalves>
 struct WarpSoftmax {
-  float m = NegInf();
-  float l = 0.0f;
-  float o[kHeadDim / 16][4] = {};
+  float m[kHalves];
+  float l[kHalves];
+  float o[kHalves][kHeadDim / 16][4];
+  __device__ WarpSoftmax() {
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) {
+      m[h] = NegInf();
+      l[h] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kHeadDim / 16; ++i) o[h][i][0] = o[h][i][1] = o[h][i][2] = o[h][i][3] = 0.0f;
+    }
+  }
 };
 
 // Adds one step's positions: S = Q K^T on the tensor cores, the softmax update, O^T += V^T P^T.
-// A score counts when its position was loaded and `sees(nt, e)`: whether vector g sees
+// A score counts when its position was loaded and `sees(h, nt, e)`: whether vector g + 8h sees
 // position 8 nt + 2t + e of the step.
-template <typename Dtype, int kHeadDim, int kStep, bool kPortableMma, typename Sees>
-__device__ __forceinline__ void AttendStep(const uint32_t (&qa)[kHeadDim / 16][2], float scale,
+template <typename Dtype, int kHeadDim, int kStep, int kHalves, bool kPortableMma, typename Sees>
+__device__ __forceinline__ void AttendStep(const QFragments<kHeadDim, kHalves>& q, float scale,
                                            int t, const StepLoads<kHeadDim, kStep>& L,
-                                           const Sees& sees, WarpSoftmax<kHeadDim>& sm) {
+                                           const Sees& sees, WarpSoftmax<kHeadDim, kHalves>& sm) {
   using S = WarpShape<kHeadDim, kStep>;
-  float sc[S::kNTiles][4];  // S: sc[nt][0..1] = (vector g, positions 8 nt + 2t..2t+1)
+  // S: sc[nt][2h + e] = (vector g + 8h, position 8 nt + 2t + e).
+  float sc[S::kNTiles][4];
 #pragma unroll
   for (int nt = 0; nt < S::kNTiles; ++nt) {
     sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
 #pragma unroll
     for (int k = 0; k < S::kKSteps; ++k) {
-      const uint32_t a[4] = {qa[k][0], 0, qa[k][1], 0};
+      const uint32_t a[4] = {q.qa[0][k][0], kHalves > 1 ? q.qa[kHalves - 1][k][0] : 0u,
+                             q.qa[0][k][1], kHalves > 1 ? q.qa[kHalves - 1][k][1] : 0u};
       const uint32_t b[2] = {L.kb[nt][k / 2][2 * (k % 2)], L.kb[nt][k / 2][2 * (k % 2) + 1]};
       Mma<Dtype, kPortableMma>(sc[nt], a, b);
     }
   }
-  float mx = sm.m;
 #pragma unroll
-  for (int nt = 0; nt < S::kNTiles; ++nt) {
+  for (int h = 0; h < kHalves; ++h) {
+    float mx = sm.m[h];
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      // Position 8 nt + 2t + e is V's position e + 2 (nt % 2) of k-step nt / 2.
-      sc[nt][e] = L.valid[nt / 2][e + 2 * (nt % 2)] && sees(nt, e) ? sc[nt][e] * scale : NegInf();
-      mx = fmaxf(mx, sc[nt][e]);
+    for (int nt = 0; nt < S::kNTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        // Position 8 nt + 2t + e is V's position e + 2 (nt % 2) of k-step nt / 2.
+        float& x = sc[nt][2 * h + e];
+        x = L.valid[nt / 2][e + 2 * (nt % 2)] && sees(h, nt, e) ? x * scale : NegInf();
+        mx = fmaxf(mx, x);
+      }
     }
-  }
-  mx = fmaxf(mx, ATTNMETA_SHFL_XOR(mx, 1));
-  mx = fmaxf(mx, ATTNMETA_SHFL_XOR(mx, 2));
-  // Until vector g has seen a position, mx is -inf and nothing changes.
-  const bool seen = mx != NegInf();
-  const float alpha = seen ? exp2f(sm.m - mx) : 1.0f;
-  sm.m = mx;
-  sm.l *= alpha;
+    mx = fmaxf(mx, ATTNMETA_SHFL_XOR(mx, 1));
+    mx = fmaxf(mx, ATTNMETA_SHFL_XOR(mx, 2));
+    // Until the vector has seen a position, mx is -inf and nothing changes.
+    const bool seen = mx != NegInf();
+    const float alpha = seen ? exp2f(sm.m[h] - mx) : 1.0f;
+    sm.m[h] = mx;
+    sm.l[h] *= alpha;
 #pragma unroll
-  for (int nt = 0; nt < S::kNTiles; ++nt) {
+    for (int nt = 0; nt < S::kNTiles; ++nt) {
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      sc[nt][e] = seen ? exp2f(sc[nt][e] - mx) : 0.0f;
-      sm.l += sc[nt][e];
+      for (int e = 0; e < 2; ++e) {
+        float& x = sc[nt][2 * h + e];
+        x = seen ? exp2f(x - mx) : 0.0f;
+        sm.l[h] += x;
+      }
     }
-  }
-  // This lane's columns are vectors 2t and 2t + 1, whose alphas lanes 8t and 8t + 4 hold.
-  const float alpha0 = ATTNMETA_SHFL_IDX32(alpha, 8 * t);
-  const float alpha1 = ATTNMETA_SHFL_IDX32(alpha, 8 * t + 4);
+    // This lane's columns of half h are vectors 8h + 2t and 8h + 2t + 1, whose alphas lanes
+    // 8t and 8t + 4 hold.
+    const float alpha0 = ATTNMETA_SHFL_IDX32(alpha, 8 * t);
+    const float alpha1 = ATTNMETA_SHFL_IDX32(alpha, 8 * t + 4);
 #pragma unroll
-  for (int i = 0; i < S::kW; ++i) {
-    sm.o[i][0] *= alpha0;
-    sm.o[i][1] *= alpha1;
-    sm.o[i][2] *= alpha0;
-    sm.o[i][3] *= alpha1;
+    for (int i = 0; i < S::kW; ++i) {
+      sm.o[h][i][0] *= alpha0;
+      sm.o[h][i][1] *= alpha1;
+      sm.o[h][i][2] *= alpha0;
+      sm.o[h][i][3] *= alpha1;
+    }
   }
 #pragma unroll
   for (int kk = 0; kk < S::kPvSteps; ++kk) {
-    const uint32_t b[2] = {Pack2<Dtype>(sc[2 * kk][0], sc[2 * kk][1]),
-                           Pack2<Dtype>(sc[2 * kk + 1][0], sc[2 * kk + 1][1])};
 #pragma unroll
     for (int i = 0; i < S::kW; ++i) {
       const uint32_t a[4] = {PairOf(L.vw[kk][0][0], L.vw[kk][1][0], i),
                              PairOf(L.vw[kk][0][1], L.vw[kk][1][1], i),
                              PairOf(L.vw[kk][2][0], L.vw[kk][3][0], i),
                              PairOf(L.vw[kk][2][1], L.vw[kk][3][1], i)};
-      Mma<Dtype, kPortableMma>(sm.o[i], a, b);
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) {
+        const uint32_t b[2] = {Pack2<Dtype>(sc[2 * kk][2 * h], sc[2 * kk][2 * h + 1]),
+                               Pack2<Dtype>(sc[2 * kk + 1][2 * h], sc[2 * kk + 1][2 * h + 1])};
+        Mma<Dtype, kPortableMma>(sm.o[h][i], a, b);
+      }
     }
   }
 }
@@ -277,24 +307,29 @@ struct WarpStates {
 };
 
 // Warp `warp`'s state into `st`, its O^T dims put back in order.
-template <int kWarps, int kVecs, int kHeadDim>
+template <int kWarps, int kVecs, int kHeadDim, int kHalves>
 __device__ __forceinline__ void StoreWarpState(WarpStates<kWarps, kVecs, kHeadDim>& st, int warp,
-                                               int g, int t, const WarpSoftmax<kHeadDim>& sm) {
+                                               int g, int t,
+                                               const WarpSoftmax<kHeadDim, kHalves>& sm) {
   constexpr int kW = kHeadDim / 16;
-  float l_sum = sm.l;
-  l_sum += ATTNMETA_SHFL_XOR(l_sum, 1);
-  l_sum += ATTNMETA_SHFL_XOR(l_sum, 2);
-  if (t == 0 && g < kVecs) {
-    st.max[warp][g] = sm.m;
-    st.sum[warp][g] = l_sum;
-  }
 #pragma unroll
-  for (int i = 0; i < kW; ++i) {
+  for (int h = 0; h < kHalves; ++h) {
+    float l_sum = sm.l[h];
+    l_sum += ATTNMETA_SHFL_XOR(l_sum, 1);
+    l_sum += ATTNMETA_SHFL_XOR(l_sum, 2);
+    if (t == 0 && 8 * h + g < kVecs) {
+      st.max[warp][8 * h + g] = sm.m[h];
+      st.sum[warp][8 * h + g] = l_sum;
+    }
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      if (2 * t + hh < kVecs) {
-        st.acc[warp][2 * t + hh][kW * g + i] = sm.o[i][hh];
-        st.acc[warp][2 * t + hh][8 * kW + kW * g + i] = sm.o[i][2 + hh];
+    for (int i = 0; i < kW; ++i) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int v = 8 * h + 2 * t + hh;
+        if (v < kVecs) {
+          st.acc[warp][v][kW * g + i] = sm.o[h][i][hh];
+          st.acc[warp][v][8 * kW + kW * g + i] = sm.o[h][i][2 + hh];
+        }
       }
     }
   }
