@@ -16,6 +16,7 @@
 #include "attention/kernels/metadata_kernels.h"
 #include "attention/kernels/metadata_launchers.h"
 #include "attention/kernels/testing/device_buffer.h"
+#include "attention/kernels/testing/gpu_test.h"
 #include "attention/kernels/testing/upload.h"
 #include "attention/kernels/token_kv_indices.h"
 #include "attention/metadata/builders.h"
@@ -32,14 +33,8 @@ using testing::DeviceBuffer;
 using testing::Download;
 using testing::Upload;
 
-class GpuTest : public ::testing::Test {
+class GpuTest : public testing::ViolationWordGpuTest {
  protected:
-  void SetUp() override {
-    ASSERT_TRUE(testing::RequireGpu().ok()) << testing::RequireGpu();
-    auto w = DeviceViolationWord::Create();
-    ASSERT_TRUE(w.ok()) << w.status();
-    word_ = std::make_unique<DeviceViolationWord>(*std::move(w));
-  }
   kernels::DeviceViolation* violation() { return word_->device(); }
   // The recorded violation, then clears the word for the next launch.
   absl::Status Violations() {
@@ -47,7 +42,6 @@ class GpuTest : public ::testing::Test {
     EXPECT_TRUE(word_->Reset(nullptr).ok());
     return s;
   }
-  std::unique_ptr<DeviceViolationWord> word_;
 };
 
 class PageSizeGpuTest : public GpuTest, public ::testing::WithParamInterface<int64_t> {};
@@ -264,14 +258,7 @@ TEST_F(GpuTest, GatherKvCopiesThePoolRowsOfTokIdx) {
 
 // Corrupted device-resident metadata: the kernels stay in bounds, write safe values, and the
 // violation word names the first problem.
-class GuardGpuTest : public GpuTest {
- protected:
-  void ExpectViolation(const std::string& words) {
-    const absl::Status s = Violations();
-    EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
-    EXPECT_NE(s.message().find(words), absl::string_view::npos) << s;
-  }
-};
+class GuardGpuTest : public GpuTest {};
 
 TEST_F(GuardGpuTest, FusedLaunchClampsAndNamesBadRowsLengthsSlotsAndCapacity) {
   const BatchFixture f = MakeBatch(16, 4, 200, 1, 41);

@@ -76,7 +76,6 @@ __device__ inline bool ResolveWork(const PagedDecodeParams& p, int32_t item, Blo
 // shared memory at the end.
 template <typename Dtype, int kHeadDim, int kHeads, int kWarps, int kStep, bool kPortableMma>
 __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDecodeParams p) {
-  using S = internal::WarpShape<kHeadDim, kStep>;
   constexpr int kThreads = kWarps * 32;
   static_assert(kHeads <= 8, "one n-tile of query heads");
   __shared__ internal::WarpStates<kWarps, kHeads, kHeadDim> states;
@@ -102,20 +101,8 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDe
   internal::LoadQFragments<kHeadDim, 1>(p.q, q_offset, lv.t, qf);
   internal::WarpSoftmax<kHeadDim, 1> sm;
   const float scale = p.softmax_scale * kLog2e;
-  const auto every = [](int, int, int) { return true; };
-
-  int32_t raw[S::kIdx];  // the index entries of the next step to resolve
-  const int32_t first = warp * kStep;
-  const int32_t stride = kWarps * kStep;
-  internal::LoadStepIndices<kHeadDim, kStep>(p, lv, first, raw);
-  for (int32_t base = first; base < lv.n; base += stride) {
-    int32_t slot[S::kIdx];
-    internal::ResolveSlots<kHeadDim, kStep>(p, lv, base, raw, slot);
-    internal::LoadStepIndices<kHeadDim, kStep>(p, lv, base + stride, raw);
-    internal::StepLoads<kHeadDim, kStep> loads;
-    internal::IssueStep<kHeadDim, kStep>(p.k_pool, p.v_pool, lv, slot, loads);
-    internal::AttendStep<Dtype, kHeadDim, kStep, 1, kPortableMma>(qf, scale, lv.t, loads, every, sm);
-  }
+  internal::AttendWarpSteps<Dtype, kHeadDim, kStep, 1, kWarps, kPortableMma>(
+      p, lv, warp, qf, scale, [](int32_t, int, int, int) { return true; }, sm);
 
   internal::StoreWarpState(states, warp, lv.g, lv.t, sm);
   __syncthreads();

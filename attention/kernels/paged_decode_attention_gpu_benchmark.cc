@@ -54,7 +54,7 @@
 #include "attention/kernels/testing/bench_check.h"
 #include "attention/kernels/testing/device_buffer.h"
 #include "attention/kernels/testing/half_bits.h"
-#include "attention/kernels/testing/stream_read.h"
+#include "attention/kernels/testing/kv_bench.h"
 #include "attention/metadata/split_kv_planner.h"
 
 namespace attnmeta {
@@ -62,6 +62,7 @@ namespace {
 
 using testing::DeviceBuffer;
 using testing::GpuStatus;
+using testing::MedianEventUs;
 using testing::Unwrap;
 
 constexpr int32_t kQHeads = 32;
@@ -73,10 +74,8 @@ constexpr int64_t kQRowElements = int64_t{kQHeads} * kHeadDim;
 constexpr int64_t kRotationBytes = int64_t{256} << 20;  // 5x the L2
 constexpr int kMaxSets = 64;
 constexpr double kMaxKvBytes = 40e9;
-constexpr int64_t kBlockElements = int64_t{1} << 24;  // the random tile the pools repeat
 constexpr int64_t kMaxCopyBytes = int64_t{2} << 30;
 constexpr int64_t kMaxPageSize = 64;
-constexpr int kSamples = 15;
 constexpr double kSampleUs = 1000;  // GPU time one replay aims at
 
 struct Shape {
@@ -120,29 +119,6 @@ void Report(const Row& r) {
               100.0 * tbs / read_tbs, copy_tbs, 100.0 * r.contiguous_us / r.us);
 }
 
-// Median microseconds of one launch: `launches` calls launch(0), launch(1), ... issued on
-// `stream` between two events, after warm-up (for copies, which a graph would put on a copy
-// engine).
-double TimeOnStreamUs(hipStream_t stream, int launches, const std::function<void(int)>& launch) {
-  hipEvent_t start, stop;
-  BENCH_CHECK(GpuStatus(hipEventCreate(&start), "hipEventCreate"));
-  BENCH_CHECK(GpuStatus(hipEventCreate(&stop), "hipEventCreate"));
-  std::vector<float> ms;
-  for (int s = -3; s < kSamples; ++s) {
-    BENCH_CHECK(GpuStatus(hipEventRecord(start, stream), "hipEventRecord"));
-    for (int i = 0; i < launches; ++i) launch(i);
-    BENCH_CHECK(GpuStatus(hipEventRecord(stop, stream), "hipEventRecord"));
-    BENCH_CHECK(GpuStatus(hipEventSynchronize(stop), "hipEventSynchronize"));
-    float t = 0;
-    BENCH_CHECK(GpuStatus(hipEventElapsedTime(&t, start, stop), "hipEventElapsedTime"));
-    if (s >= 0) ms.push_back(t / launches);
-  }
-  BENCH_CHECK(GpuStatus(hipEventDestroy(start), "hipEventDestroy"));
-  BENCH_CHECK(GpuStatus(hipEventDestroy(stop), "hipEventDestroy"));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2] * 1e3;
-}
-
 // Median microseconds of one launch: `launches` calls launch(0), launch(1), ... captured into a
 // graph on `stream`, the graph replayed after warm-up (so that host launch cost does not hide
 // the GPU time of small shapes).
@@ -153,7 +129,7 @@ double TimeUs(hipStream_t stream, int launches, const std::function<void(int)>& 
   for (int i = 0; i < launches; ++i) launch(i);
   BENCH_CHECK(GpuStatus(hipStreamEndCapture(stream, &graph), "end capture"));
   BENCH_CHECK(GpuStatus(hipGraphInstantiate(&exec, graph, nullptr, nullptr, 0), "instantiate"));
-  const double us = TimeOnStreamUs(stream, 1, [&](int) {
+  const double us = MedianEventUs(stream, 1, [&](int) {
     BENCH_CHECK(GpuStatus(hipGraphLaunch(exec, stream), "hipGraphLaunch"));
   });
   BENCH_CHECK(GpuStatus(hipGraphExecDestroy(exec), "hipGraphExecDestroy"));
@@ -182,24 +158,13 @@ struct Layout {
 class Bench {
  public:
   Bench(int64_t max_tokens, int32_t blocks_per_sm, std::mt19937_64& rng)
-      : rng_(rng), blocks_per_sm_(blocks_per_sm) {
+      : rng_(rng),
+        blocks_per_sm_(blocks_per_sm),
+        pool_slots_(max_tokens + kMaxPageSize),
+        sms_(Unwrap(DeviceMultiprocessorCount())),
+        pool_(pool_slots_ * kRowBytes, rng_),
+        references_(pool_, kMaxCopyBytes, sms_ * 4) {
     BENCH_CHECK(GpuStatus(hipStreamCreate(&stream_), "stream"));
-    pool_slots_ = max_tokens + kMaxPageSize;
-    k_pool_ = Unwrap(DeviceBuffer<uint8_t>::Create(pool_slots_ * kRowBytes));
-    v_pool_ = Unwrap(DeviceBuffer<uint8_t>::Create(pool_slots_ * kRowBytes));
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (auto* block : {&k_block_, &v_block_}) {
-      block->resize(kBlockElements);
-      for (uint16_t& x : *block) x = testing::FloatToBf16(normal(rng_));
-    }
-    Tile(k_block_, k_pool_);
-    Tile(v_block_, v_pool_);
-    const int64_t copy_bytes = std::min<int64_t>(kMaxCopyBytes, pool_slots_ * kRowBytes);
-    copy_src_ = Unwrap(DeviceBuffer<uint8_t>::Create(copy_bytes));
-    copy_dst_ = Unwrap(DeviceBuffer<uint8_t>::Create(copy_bytes));
-    BENCH_CHECK(GpuStatus(hipMemcpy(copy_src_.data(), k_pool_.data(), copy_bytes, hipMemcpyDeviceToDevice),
-                          "fill"));
-    sms_ = Unwrap(DeviceMultiprocessorCount());
     word_.emplace(Unwrap(DeviceViolationWord::Create()));
     std::printf("pool of %lld slots (%.1f GB of K and V), %d multiprocessors\n",
                 static_cast<long long>(pool_slots_), 2.0 * pool_slots_ * kRowBytes / 1e9, sms_);
@@ -226,20 +191,15 @@ class Bench {
 
     const double bytes = KvBytes(s);
     const int launches = LaunchesFor(bytes, sets);
-    const int64_t copy_bytes = std::min<int64_t>(static_cast<int64_t>(bytes), copy_src_.size());
+    const int64_t copy_bytes = std::min<int64_t>(static_cast<int64_t>(bytes), references_.bytes());
     // The copy rotates over the buffer too when it is small.
-    const int64_t copy_slices = std::max<int64_t>(1, static_cast<int64_t>(copy_src_.size()) / copy_bytes);
-    const double copy_us = TimeOnStreamUs(stream_, launches, [&](int i) {
-      const int64_t off = (i % copy_slices) * copy_bytes;
-      BENCH_CHECK(GpuStatus(hipMemcpyAsync(copy_dst_.data() + off, copy_src_.data() + off, copy_bytes,
-                                           hipMemcpyDeviceToDevice, stream_),
-                            "copy"));
+    const int64_t copy_slices = std::max<int64_t>(1, references_.bytes() / copy_bytes);
+    // On the stream, not in a graph: a graph would put the copy on a copy engine.
+    const double copy_us = MedianEventUs(stream_, launches, [&](int i) {
+      references_.LaunchCopy((i % copy_slices) * copy_bytes, copy_bytes, stream_);
     });
     const double read_us = TimeUs(stream_, launches, [&](int i) {
-      const int64_t off = (i % copy_slices) * copy_bytes;
-      BENCH_CHECK(GpuStatus(testing::LaunchStreamRead(copy_src_.data() + off, copy_bytes, sink_.data(),
-                                                      sms_ * 4, stream_),
-                            "stream read"));
+      references_.LaunchRead((i % copy_slices) * copy_bytes, copy_bytes, stream_);
     });
     // The references' time per byte, applied to the shape's bytes.
     const double copy_us_scaled = copy_us * bytes / copy_bytes;
@@ -269,17 +229,6 @@ class Bench {
   }
 
  private:
-  // Fills a pool with copies of the random block.
-  void Tile(const std::vector<uint16_t>& block, DeviceBuffer<uint8_t>& pool) {
-    DeviceBuffer<uint16_t> staged = Unwrap(DeviceBuffer<uint16_t>::FromHost(block));
-    const int64_t block_bytes = kBlockElements * 2;
-    for (int64_t off = 0; off < static_cast<int64_t>(pool.size()); off += block_bytes) {
-      const int64_t n = std::min<int64_t>(block_bytes, pool.size() - off);
-      BENCH_CHECK(GpuStatus(hipMemcpy(pool.data() + off, staged.data(), n, hipMemcpyDeviceToDevice),
-                            "tile"));
-    }
-  }
-
   // Token t of sequence i of set k: slot k * tokens + i * ctx + t + ps (contiguous, past the
   // padding page), or slot page * ps + t % ps with the pages of all sets shuffled.
   Layout MakeLayout(const std::string& name, const Shape& s, int sets, int64_t ps, bool page_table,
@@ -342,8 +291,8 @@ class Bench {
       a.dims = DecodeAttentionDims{kQHeads, kKvHeads, kHeadDim, KvElementType::kBf16,
                                    1.0f / std::sqrt(static_cast<float>(kHeadDim))};
       a.q = DeviceSpan<const uint8_t>(reinterpret_cast<const uint8_t*>(q_.data()), q_.size() * 2);
-      a.k_pool = k_pool_.const_span();
-      a.v_pool = v_pool_.const_span();
+      a.k_pool = pool_.k().const_span();
+      a.v_pool = pool_.v().const_span();
       a.kv = KvOf(s, l, i % sets);
       if (use_plan) {
         a.split = DecodeSplitKv{&plan, work.const_span(), reduce.const_span(), partial_out.span(),
@@ -389,10 +338,10 @@ class Bench {
     }
     const double scale = 1.0 / std::sqrt(static_cast<double>(kHeadDim));
     auto k_at = [&](int64_t slot, int64_t h, int64_t x) {
-      return testing::Bf16ToFloat(k_block_[(slot * kRowElements + h * kHeadDim + x) % kBlockElements]);
+      return pool_.K(slot * kRowElements + h * kHeadDim + x);
     };
     auto v_at = [&](int64_t slot, int64_t h, int64_t x) {
-      return testing::Bf16ToFloat(v_block_[(slot * kRowElements + h * kHeadDim + x) % kBlockElements]);
+      return pool_.V(slot * kRowElements + h * kHeadDim + x);
     };
     std::vector<double> score(s.ctx), acc(kHeadDim);
     for (int64_t i : {int64_t{0}, s.bs - 1}) {
@@ -433,16 +382,13 @@ class Bench {
 
   std::mt19937_64& rng_;
   int32_t blocks_per_sm_;
+  int64_t pool_slots_;
+  int32_t sms_;
+  testing::RandomKvPool pool_;
+  testing::BandwidthReferences references_;
   hipStream_t stream_ = nullptr;
-  int64_t pool_slots_ = 0;
-  int32_t sms_ = 1;
-  std::vector<uint16_t> k_block_, v_block_, q_host_;
+  std::vector<uint16_t> q_host_;
   std::vector<TokenOffset> indptr_host_;
-  DeviceBuffer<uint8_t> k_pool_ = Unwrap(DeviceBuffer<uint8_t>::Create(0));
-  DeviceBuffer<uint8_t> v_pool_ = Unwrap(DeviceBuffer<uint8_t>::Create(0));
-  DeviceBuffer<uint8_t> copy_src_ = Unwrap(DeviceBuffer<uint8_t>::Create(0));
-  DeviceBuffer<uint8_t> copy_dst_ = Unwrap(DeviceBuffer<uint8_t>::Create(0));
-  DeviceBuffer<uint32_t> sink_ = Unwrap(DeviceBuffer<uint32_t>::Create(1));
   DeviceBuffer<uint16_t> q_ = Unwrap(DeviceBuffer<uint16_t>::Create(0));
   DeviceBuffer<uint8_t> out_ = Unwrap(DeviceBuffer<uint8_t>::Create(0));
   DeviceBuffer<float> lse_ = Unwrap(DeviceBuffer<float>::Create(0));

@@ -27,12 +27,12 @@
 #include <string>
 #include <vector>
 
-#include "attention/kernels/device_violation_word.h"
 #include "attention/kernels/paged_decode_attention.h"
 #include "attention/kernels/paged_decode_launcher.h"
+#include "attention/kernels/testing/attention_inputs.h"
 #include "attention/kernels/testing/device_buffer.h"
+#include "attention/kernels/testing/gpu_test.h"
 #include "attention/kernels/testing/upload.h"
-#include "attention/kernels/testing/half_bits.h"
 #include "attention/metadata/builders.h"
 #include "attention/metadata/reference_attention.h"
 #include "attention/metadata/split_kv_planner.h"
@@ -43,29 +43,17 @@ namespace attnmeta {
 namespace {
 
 using testing::BatchFixture;
+using testing::Bytes;
 using testing::DeviceBuffer;
+using testing::Dims;
 using testing::Download;
+using testing::FromBits;
+using testing::Poison;
+using testing::ToBits;
 using testing::Upload;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-std::vector<uint8_t> Bytes(const std::vector<uint16_t>& bits) {
-  std::vector<uint8_t> out(bits.size() * 2);
-  std::memcpy(out.data(), bits.data(), out.size());
-  return out;
-}
-
-uint16_t ToBits(KvElementType t, float x) {
-  return t == KvElementType::kBf16 ? testing::FloatToBf16(x) : testing::FloatToFp16(x);
-}
-float FromBits(KvElementType t, uint16_t b) {
-  return t == KvElementType::kBf16 ? testing::Bf16ToFloat(b) : testing::Fp16ToFloat(b);
-}
-
-DecodeAttentionDims Dims(int32_t q_heads, int32_t kv_heads, int32_t head_dim, KvElementType t) {
-  return DecodeAttentionDims{q_heads, kv_heads, head_dim, t,
-                             1.0f / std::sqrt(static_cast<float>(head_dim))};
-}
 
 // A decode batch (one query row per sequence, kv lengths given) laid out by the allocator with
 // shuffled pages; random N(0, 1) Q, K and V rounded to the element type; the reference output
@@ -120,18 +108,10 @@ Problem MakeProblem(const DecodeAttentionDims& dims, int64_t page_size,
 
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  auto fill = [&](int64_t n, std::vector<uint16_t>& bits, std::vector<float>& values) {
-    bits.resize(n);
-    values.resize(n);
-    for (int64_t i = 0; i < n; ++i) {
-      bits[i] = ToBits(dims.dtype, normal(rng));
-      values[i] = FromBits(dims.dtype, bits[i]);
-    }
-  };
   const int64_t pool_slots = p.fixture->pool_slots().value();
-  fill(pool_slots * p.kv_row(), p.k_bits, p.k);
-  fill(pool_slots * p.kv_row(), p.v_bits, p.v);
-  fill(p.bs() * dims.num_q_heads * dims.head_dim, p.q_bits, p.q);
+  testing::FillNormal(dims.dtype, pool_slots * p.kv_row(), rng, normal, p.k_bits, p.k);
+  testing::FillNormal(dims.dtype, pool_slots * p.kv_row(), rng, normal, p.v_bits, p.v);
+  testing::FillNormal(dims.dtype, p.bs() * dims.num_q_heads * dims.head_dim, rng, normal, p.q_bits, p.q);
 
   // The reference scores with 1 / sqrt(head_dim): another scale is folded into its queries.
   const float fold = dims.softmax_scale * std::sqrt(static_cast<float>(dims.head_dim));
@@ -184,12 +164,6 @@ DeviceProblem ToDevice(const Problem& p) {
                        Upload(p.metadata.kv_lens),
                        p.metadata.page_table.cols(),
                        p.fixture->page_size()};
-}
-
-void Poison(void* ptr, size_t bytes) {
-  if (bytes > 0) {
-    ASSERT_EQ(hipMemset(ptr, 0xff, bytes), hipSuccess);
-  }
 }
 
 struct Result {
@@ -293,10 +267,7 @@ void ExpectUntouched(const Result& r) {
   for (size_t i = 0; i < r.lse.size(); ++i) ASSERT_TRUE(std::isnan(r.lse[i])) << "lse " << i;
 }
 
-class DecodeGpuTest : public ::testing::Test {
- protected:
-  void SetUp() override { ASSERT_TRUE(testing::RequireGpu().ok()) << testing::RequireGpu(); }
-};
+class DecodeGpuTest : public testing::GpuTest {};
 
 class PageSizeDecodeGpuTest : public DecodeGpuTest, public ::testing::WithParamInterface<int64_t> {};
 
@@ -704,22 +675,7 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
 
 // Corrupted device-resident metadata: the kernels stay in bounds (memcheck in the bundle),
 // skip what they cannot read, and the violation word names the first problem.
-class GuardDecodeGpuTest : public DecodeGpuTest {
- protected:
-  void SetUp() override {
-    DecodeGpuTest::SetUp();
-    auto w = DeviceViolationWord::Create();
-    ASSERT_TRUE(w.ok()) << w.status();
-    word_ = std::make_unique<DeviceViolationWord>(*std::move(w));
-  }
-  void ExpectViolation(const std::string& words) {
-    const absl::Status s = word_->Check(nullptr);
-    EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
-    EXPECT_NE(s.message().find(words), absl::string_view::npos) << s;
-    EXPECT_TRUE(word_->Reset(nullptr).ok());
-  }
-  std::unique_ptr<DeviceViolationWord> word_;
-};
+class GuardDecodeGpuTest : public testing::ViolationWordGpuTest {};
 
 void ExpectAllFinite(const Result& r) {
   for (size_t i = 0; i < r.out.size(); ++i) ASSERT_TRUE(std::isfinite(r.out[i])) << "out " << i;

@@ -412,7 +412,6 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kMmaWarps<kHeadDim> * 32, 1) VarlenMmaKer
   // Steps of 16 positions from head dim 128 up: the second half's accumulators and the
   // sequence and mask state take the registers that 32 would need.
   constexpr int kStep = kHeadDim >= 128 ? 16 : 32;
-  using S = internal::WarpShape<kHeadDim, kStep>;
   constexpr int kWarps = kMmaWarps<kHeadDim>;
   __shared__ internal::WarpStates<kWarps, 16, kHeadDim> states;
 
@@ -459,22 +458,13 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kMmaWarps<kHeadDim> * 32, 1) VarlenMmaKer
   internal::WarpSoftmax<kHeadDim, 2> sm;
   const float scale = p.softmax_scale * kLog2e;
 
-  int32_t raw[S::kIdx];
-  const int32_t first = warp * kStep;
-  const int32_t stride = kWarps * kStep;
-  internal::LoadStepIndices<kHeadDim, kStep>(p, lv, first, raw);
-  for (int32_t base = first; base < lv.n; base += stride) {
-    int32_t slot[S::kIdx];
-    internal::ResolveSlots<kHeadDim, kStep>(p, lv, base, raw, slot);
-    internal::LoadStepIndices<kHeadDim, kStep>(p, lv, base + stride, raw);
-    internal::StepLoads<kHeadDim, kStep> loads;
-    internal::IssueStep<kHeadDim, kStep>(p.k_pool, p.v_pool, lv, slot, loads);
-    // A loaded position is < kv_end <= kv_len, and the sequence is not blind (kv_end > 0).
-    const auto sees = [&](int h, int nt, int e) {
-      return q_offset[h] >= 0 && Sees(p, s, row[h], base + 8 * nt + 2 * lv.t + e);
-    };
-    internal::AttendStep<Dtype, kHeadDim, kStep, 2, kPortableMma>(qf, scale, lv.t, loads, sees, sm);
-  }
+  // A loaded position is < kv_end <= kv_len, and the sequence is not blind (kv_end > 0).
+  internal::AttendWarpSteps<Dtype, kHeadDim, kStep, 2, kWarps, kPortableMma>(
+      p, lv, warp, qf, scale,
+      [&](int32_t base, int h, int nt, int e) {
+        return q_offset[h] >= 0 && Sees(p, s, row[h], base + 8 * nt + 2 * lv.t + e);
+      },
+      sm);
 
   internal::StoreWarpState(states, warp, lv.g, lv.t, sm);
   __syncthreads();

@@ -34,7 +34,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -47,7 +46,7 @@
 #include "attention/kernels/testing/bench_check.h"
 #include "attention/kernels/testing/device_buffer.h"
 #include "attention/kernels/testing/half_bits.h"
-#include "attention/kernels/testing/stream_read.h"
+#include "attention/kernels/testing/kv_bench.h"
 #include "attention/kernels/varlen_attention_launcher.h"
 #include "attention/metadata/custom_mask.h"
 #include "spec_decode/verify_tree.h"
@@ -57,6 +56,7 @@ namespace {
 
 using testing::DeviceBuffer;
 using testing::GpuStatus;
+using testing::MedianEventUs;
 using testing::Unwrap;
 
 constexpr int32_t kQHeads = 32;
@@ -65,11 +65,8 @@ constexpr int32_t kHeadDim = 128;
 constexpr int64_t kRowElements = int64_t{kKvHeads} * kHeadDim;  // one slot of K (or of V)
 constexpr int64_t kRowBytes = kRowElements * 2;
 constexpr int64_t kQRowElements = int64_t{kQHeads} * kHeadDim;
-constexpr int64_t kBlockElements = int64_t{1} << 24;  // the random tile the pools repeat
 constexpr int64_t kMaxCopyBytes = int64_t{2} << 30;
 constexpr int64_t kMaxPageSize = 64;
-constexpr int kSamples = 15;
-constexpr int kWarmup = 3;
 constexpr double kPeakTflops = 989;  // H200 dense bf16 tensor cores, NVIDIA spec sheet
 
 struct Workload {
@@ -101,27 +98,6 @@ void Report(const Row& r) {
               tbs, read_tbs, copy_tbs);
 }
 
-// Median microseconds of launch(), each timed between two events on `stream`, after warm-up.
-double TimeUs(hipStream_t stream, const std::function<void()>& launch) {
-  hipEvent_t start, stop;
-  BENCH_CHECK(GpuStatus(hipEventCreate(&start), "hipEventCreate"));
-  BENCH_CHECK(GpuStatus(hipEventCreate(&stop), "hipEventCreate"));
-  std::vector<float> ms;
-  for (int s = -kWarmup; s < kSamples; ++s) {
-    BENCH_CHECK(GpuStatus(hipEventRecord(start, stream), "hipEventRecord"));
-    launch();
-    BENCH_CHECK(GpuStatus(hipEventRecord(stop, stream), "hipEventRecord"));
-    BENCH_CHECK(GpuStatus(hipEventSynchronize(stop), "hipEventSynchronize"));
-    float t = 0;
-    BENCH_CHECK(GpuStatus(hipEventElapsedTime(&t, start, stop), "hipEventElapsedTime"));
-    if (s >= 0) ms.push_back(t);
-  }
-  BENCH_CHECK(GpuStatus(hipEventDestroy(start), "hipEventDestroy"));
-  BENCH_CHECK(GpuStatus(hipEventDestroy(stop), "hipEventDestroy"));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2] * 1e3;
-}
-
 // A workload's batch on the host: slots of shuffled pages, the metadata of both kinds, the
 // tree mask, and what the figures count.
 struct Batch {
@@ -139,24 +115,13 @@ struct Batch {
 
 class Bench {
  public:
-  Bench(int64_t max_tokens, std::mt19937_64& rng) : rng_(rng) {
+  Bench(int64_t max_tokens, std::mt19937_64& rng)
+      : rng_(rng),
+        pool_slots_(max_tokens + 2 * kMaxPageSize),
+        sms_(Unwrap(DeviceMultiprocessorCount())),
+        pool_(pool_slots_ * kRowBytes, rng_),
+        references_(pool_, kMaxCopyBytes, sms_ * 4) {
     BENCH_CHECK(GpuStatus(hipStreamCreate(&stream_), "stream"));
-    pool_slots_ = max_tokens + 2 * kMaxPageSize;
-    k_pool_ = Unwrap(DeviceBuffer<uint8_t>::Create(pool_slots_ * kRowBytes));
-    v_pool_ = Unwrap(DeviceBuffer<uint8_t>::Create(pool_slots_ * kRowBytes));
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (auto* block : {&k_block_, &v_block_}) {
-      block->resize(kBlockElements);
-      for (uint16_t& x : *block) x = testing::FloatToBf16(normal(rng_));
-    }
-    Tile(k_block_, k_pool_);
-    Tile(v_block_, v_pool_);
-    const int64_t copy_bytes = std::min<int64_t>(kMaxCopyBytes, pool_slots_ * kRowBytes);
-    copy_src_ = Unwrap(DeviceBuffer<uint8_t>::Create(copy_bytes));
-    copy_dst_ = Unwrap(DeviceBuffer<uint8_t>::Create(copy_bytes));
-    BENCH_CHECK(GpuStatus(hipMemcpy(copy_src_.data(), k_pool_.data(), copy_bytes, hipMemcpyDeviceToDevice),
-                          "fill"));
-    sms_ = Unwrap(DeviceMultiprocessorCount());
     word_.emplace(Unwrap(DeviceViolationWord::Create()));
     std::printf("pool of %lld slots (%.2f GB of K and V), %d multiprocessors\n",
                 static_cast<long long>(pool_slots_), 2.0 * pool_slots_ * kRowBytes / 1e9, sms_);
@@ -175,17 +140,13 @@ class Bench {
       const Batch b = MakeBatch(w, ps);
       const double bytes = 2.0 * w.bs * b.kv_len * kRowBytes;
       const double flops = 4.0 * kHeadDim * kQHeads * b.pairs;
-      const int64_t copy_bytes = std::min<int64_t>(static_cast<int64_t>(bytes), copy_src_.size());
+      const int64_t copy_bytes = std::min<int64_t>(static_cast<int64_t>(bytes), references_.bytes());
       // The references' time per byte, applied to the workload's bytes.
-      const double read_us = TimeUs(stream_, [&] {
-        BENCH_CHECK(GpuStatus(testing::LaunchStreamRead(copy_src_.data(), copy_bytes, sink_.data(),
-                                                        sms_ * 4, stream_),
-                              "stream read"));
+      const double read_us = MedianEventUs(stream_, 1, [&](int) {
+        references_.LaunchRead(0, copy_bytes, stream_);
       }) * bytes / copy_bytes;
-      const double copy_us = TimeUs(stream_, [&] {
-        BENCH_CHECK(GpuStatus(hipMemcpyAsync(copy_dst_.data(), copy_src_.data(), copy_bytes,
-                                             hipMemcpyDeviceToDevice, stream_),
-                              "copy"));
+      const double copy_us = MedianEventUs(stream_, 1, [&](int) {
+        references_.LaunchCopy(0, copy_bytes, stream_);
       }) * bytes / copy_bytes;
       const std::vector<MaskLayout> layouts =
           w.verify ? std::vector<MaskLayout>{MaskLayout::kFull, MaskLayout::kQLenOnly, MaskLayout::kBitPacked}
@@ -210,17 +171,6 @@ class Bench {
   }
 
  private:
-  // Fills a pool with copies of the random block.
-  void Tile(const std::vector<uint16_t>& block, DeviceBuffer<uint8_t>& pool) {
-    DeviceBuffer<uint16_t> staged = Unwrap(DeviceBuffer<uint16_t>::FromHost(block));
-    const int64_t block_bytes = kBlockElements * 2;
-    for (int64_t off = 0; off < static_cast<int64_t>(pool.size()); off += block_bytes) {
-      const int64_t n = std::min<int64_t>(block_bytes, pool.size() - off);
-      BENCH_CHECK(GpuStatus(hipMemcpy(pool.data() + off, staged.data(), n, hipMemcpyDeviceToDevice),
-                            "tile"));
-    }
-  }
-
   // Sequence i's positions on pages shuffled over the whole pool (page 0, the padding page,
   // never used).
   Batch MakeBatch(const Workload& w, int64_t ps) {
@@ -286,8 +236,8 @@ class Bench {
     a.q = DeviceSpan<const uint8_t>(reinterpret_cast<const uint8_t*>(q_.data()), q_.size() * 2);
     a.qo_indptr = qo.const_span();
     a.max_q_len = TokenCount(w.q_len);
-    a.k_pool = k_pool_.const_span();
-    a.v_pool = v_pool_.const_span();
+    a.k_pool = pool_.k().const_span();
+    a.v_pool = pool_.v().const_span();
     if (page_table) {
       a.kv = DecodePageTableKv{table.const_span(), b.cols, kv_lens.const_span(), *PageSize::Create(ps)};
     } else {
@@ -306,7 +256,7 @@ class Bench {
     BENCH_CHECK(GpuStatus(hipStreamSynchronize(stream_), w.name));
     BENCH_CHECK(word_->Check(stream_));
     Check(w, b, layout, mask, mask_indptr, page_table);
-    const double us = TimeUs(stream_, launch);
+    const double us = MedianEventUs(stream_, 1, [&](int) { launch(); });
     BENCH_CHECK(word_->Check(stream_));
     return us;
   }
@@ -337,8 +287,9 @@ class Bench {
     const CustomMaskView view{layout, mask, mask_indptr};
     const int32_t word_bytes = MaskWordBytes(TokenCount(w.q_len));
     const double scale = 1.0 / std::sqrt(static_cast<double>(kHeadDim));
-    auto kv_at = [&](const std::vector<uint16_t>& block, int64_t slot, int64_t h, int64_t x) {
-      return testing::Bf16ToFloat(block[(slot * kRowElements + h * kHeadDim + x) % kBlockElements]);
+    // Element x of KV head h of a slot, counted from the pool's start.
+    auto element = [](int64_t slot, int64_t h, int64_t x) {
+      return slot * kRowElements + h * kHeadDim + x;
     };
     std::vector<int64_t> check_rows = {0, 1, w.q_len - 1};
     if (w.verify) {
@@ -359,7 +310,7 @@ class Bench {
             if (!MaskSees(view, i, w.q_len, b.kv_len, word_bytes, r, t)) continue;
             double dot = 0;
             for (int64_t x = 0; x < kHeadDim; ++x) {
-              dot += double{testing::Bf16ToFloat(q[x])} * kv_at(k_block_, slots[t], kvh, x);
+              dot += double{testing::Bf16ToFloat(q[x])} * pool_.K(element(slots[t], kvh, x));
             }
             score[t] = dot * scale;
             m = std::max(m, score[t]);
@@ -370,7 +321,7 @@ class Bench {
             if (std::isinf(score[t])) continue;
             const double p = std::exp(score[t] - m);
             sum += p;
-            for (int64_t x = 0; x < kHeadDim; ++x) acc[x] += p * kv_at(v_block_, slots[t], kvh, x);
+            for (int64_t x = 0; x < kHeadDim; ++x) acc[x] += p * pool_.V(element(slots[t], kvh, x));
           }
           for (int64_t x = 0; x < kHeadDim; ++x) {
             const double want = acc[x] / sum;
@@ -390,15 +341,12 @@ class Bench {
   }
 
   std::mt19937_64& rng_;
+  int64_t pool_slots_;
+  int32_t sms_;
+  testing::RandomKvPool pool_;
+  testing::BandwidthReferences references_;
   hipStream_t stream_ = nullptr;
-  int64_t pool_slots_ = 0;
-  int32_t sms_ = 1;
-  std::vector<uint16_t> k_block_, v_block_, q_host_;
-  DeviceBuffer<uint8_t> k_pool_ = Unwrap(DeviceBuffer<uint8_t>::Create(0));
-  DeviceBuffer<uint8_t> v_pool_ = Unwrap(DeviceBuffer<uint8_t>::Create(0));
-  DeviceBuffer<uint8_t> copy_src_ = Unwrap(DeviceBuffer<uint8_t>::Create(0));
-  DeviceBuffer<uint8_t> copy_dst_ = Unwrap(DeviceBuffer<uint8_t>::Create(0));
-  DeviceBuffer<uint32_t> sink_ = Unwrap(DeviceBuffer<uint32_t>::Create(1));
+  std::vector<uint16_t> q_host_;
   DeviceBuffer<uint16_t> q_ = Unwrap(DeviceBuffer<uint16_t>::Create(0));
   DeviceBuffer<uint8_t> out_ = Unwrap(DeviceBuffer<uint8_t>::Create(0));
   DeviceBuffer<float> lse_ = Unwrap(DeviceBuffer<float>::Create(0));

@@ -34,9 +34,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "attention/kernels/device_violation_word.h"
+#include "attention/kernels/testing/attention_inputs.h"
 #include "attention/kernels/testing/device_buffer.h"
-#include "attention/kernels/testing/half_bits.h"
+#include "attention/kernels/testing/gpu_test.h"
 #include "attention/kernels/testing/upload.h"
 #include "attention/kernels/varlen_attention_launcher.h"
 #include "attention/metadata/builders.h"
@@ -51,30 +51,17 @@ namespace attnmeta {
 namespace {
 
 using testing::BatchFixture;
+using testing::Bytes;
 using testing::DeviceBuffer;
+using testing::Dims;
 using testing::Download;
+using testing::FromBits;
+using testing::Poison;
 using testing::Upload;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
 
-std::vector<uint8_t> Bytes(const std::vector<uint16_t>& bits) {
-  std::vector<uint8_t> out(bits.size() * 2);
-  std::memcpy(out.data(), bits.data(), out.size());
-  return out;
-}
-
-uint16_t ToBits(KvElementType t, float x) {
-  return t == KvElementType::kBf16 ? testing::FloatToBf16(x) : testing::FloatToFp16(x);
-}
-float FromBits(KvElementType t, uint16_t b) {
-  return t == KvElementType::kBf16 ? testing::Bf16ToFloat(b) : testing::Fp16ToFloat(b);
-}
-
-DecodeAttentionDims Dims(int32_t q_heads, int32_t kv_heads, int32_t head_dim, KvElementType t) {
-  return DecodeAttentionDims{q_heads, kv_heads, head_dim, t,
-                             1.0f / std::sqrt(static_cast<float>(head_dim))};
-}
 
 std::string DimsName(const DecodeAttentionDims& d) {
   return absl::StrCat(d.num_q_heads, "/", d.num_kv_heads, " heads, head_dim ", d.head_dim,
@@ -99,17 +86,6 @@ struct Problem {
   int64_t kv_row() const { return int64_t{dims.num_kv_heads} * dims.head_dim; }
   int64_t q_row() const { return int64_t{dims.num_q_heads} * dims.head_dim; }
 };
-
-// A fixture big enough for sequences of these total lengths at page size `ps`.
-std::unique_ptr<BatchFixture> MakeFixture(int64_t ps, uint64_t seed, const std::vector<int64_t>& kv_lens) {
-  int64_t pages = 8, longest = 1;
-  for (int64_t len : kv_lens) {
-    pages += len / ps + 2;
-    longest = std::max(longest, len);
-  }
-  return std::make_unique<BatchFixture>(ps, seed, pages, static_cast<int32_t>(kv_lens.size()) + 2,
-                                        longest + 16);
-}
 
 // log(sum exp(scale * q.k)) of query head h of row r of sequence i over the positions MaskSees
 // admits, in double; -inf when it sees none.
@@ -141,18 +117,10 @@ double Lse(const Problem& p, int64_t i, int64_t r, int32_t h) {
 void FillProblem(Problem& p, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  auto fill = [&](int64_t n, std::vector<uint16_t>& bits, std::vector<float>& values) {
-    bits.resize(n);
-    values.resize(n);
-    for (int64_t e = 0; e < n; ++e) {
-      bits[e] = ToBits(p.dims.dtype, normal(rng));
-      values[e] = FromBits(p.dims.dtype, bits[e]);
-    }
-  };
   const int64_t pool_slots = p.fixture->pool_slots().value();
-  fill(pool_slots * p.kv_row(), p.k_bits, p.k);
-  fill(pool_slots * p.kv_row(), p.v_bits, p.v);
-  fill(p.rows() * p.q_row(), p.q_bits, p.q);
+  testing::FillNormal(p.dims.dtype, pool_slots * p.kv_row(), rng, normal, p.k_bits, p.k);
+  testing::FillNormal(p.dims.dtype, pool_slots * p.kv_row(), rng, normal, p.v_bits, p.v);
+  testing::FillNormal(p.dims.dtype, p.rows() * p.q_row(), rng, normal, p.q_bits, p.q);
 
   // The reference scores with 1 / sqrt(head_dim): another scale is folded into its queries.
   const float fold = p.dims.softmax_scale * std::sqrt(static_cast<float>(p.dims.head_dim));
@@ -172,17 +140,28 @@ void FillProblem(Problem& p, uint64_t seed) {
   }
 }
 
-// Extend (prefill with a cached prefix): sequence j has cached[j] tokens from earlier steps and
-// new_tokens[j] query rows (BuildForwardMetadata, mode extend).
-Problem MakeExtend(const DecodeAttentionDims& dims, int64_t ps, const std::vector<int64_t>& cached,
-                   const std::vector<int64_t>& new_tokens, uint64_t seed) {
+// A problem of `dims` named `what`, on a fixture at page size `ps` that holds sequence j with
+// cached[j] tokens from earlier steps and new_tokens[j] more; its metadata, data and reference
+// are the caller's to make.
+Problem NewProblem(const DecodeAttentionDims& dims, int64_t ps, const std::vector<int64_t>& cached,
+                   const std::vector<int64_t>& new_tokens, uint64_t seed, std::string what) {
   Problem p;
   p.dims = dims;
-  p.what = absl::StrCat("extend, seed ", seed, ", page_size ", ps, ", ", DimsName(dims));
-  std::vector<int64_t> lens;
-  for (size_t j = 0; j < cached.size(); ++j) lens.push_back(cached[j] + new_tokens[j]);
-  p.fixture = MakeFixture(ps, seed, lens);
+  p.what = std::move(what);
+  int64_t pages = 8, longest = 1;
+  for (size_t j = 0; j < cached.size(); ++j) {
+    const int64_t len = cached[j] + new_tokens[j];
+    pages += len / ps + 2;
+    longest = std::max(longest, len);
+  }
+  p.fixture = std::make_unique<BatchFixture>(ps, seed, pages, static_cast<int32_t>(cached.size()) + 2,
+                                             longest + 16);
   for (size_t j = 0; j < cached.size(); ++j) p.fixture->AddSequence(cached[j], new_tokens[j]);
+  return p;
+}
+
+// The problem's metadata, built as extend without a mask (BuildForwardMetadata).
+void BuildExtendMetadata(Problem& p) {
   auto m = BuildForwardMetadata(p.fixture->Batch(ForwardMode::kExtend), p.fixture->pool(),
                                 p.fixture->page_size(),
                                 BuildOptions{true, MaskLayout::kNone,
@@ -190,6 +169,15 @@ Problem MakeExtend(const DecodeAttentionDims& dims, int64_t ps, const std::vecto
                                                            p.fixture->num_query_rows()}});
   EXPECT_TRUE(m.ok()) << m.status();
   p.metadata = *std::move(m);
+}
+
+// Extend (prefill with a cached prefix): sequence j has cached[j] tokens from earlier steps and
+// new_tokens[j] query rows (BuildForwardMetadata, mode extend).
+Problem MakeExtend(const DecodeAttentionDims& dims, int64_t ps, const std::vector<int64_t>& cached,
+                   const std::vector<int64_t>& new_tokens, uint64_t seed) {
+  Problem p = NewProblem(dims, ps, cached, new_tokens, seed,
+                         absl::StrCat("extend, seed ", seed, ", page_size ", ps, ", ", DimsName(dims)));
+  BuildExtendMetadata(p);
   FillProblem(p, seed);
   return p;
 }
@@ -197,13 +185,9 @@ Problem MakeExtend(const DecodeAttentionDims& dims, int64_t ps, const std::vecto
 // Draft-extend, fixed form: every request extends by `n` rows on top of cached[j] tokens.
 Problem MakeDraftExtend(const DecodeAttentionDims& dims, int64_t ps, const std::vector<int64_t>& cached,
                         int32_t n, uint64_t seed) {
-  Problem p;
-  p.dims = dims;
-  p.what = absl::StrCat("draft-extend ", n, " rows, seed ", seed, ", page_size ", ps, ", ", DimsName(dims));
-  std::vector<int64_t> lens;
-  for (int64_t c : cached) lens.push_back(c + n);
-  p.fixture = MakeFixture(ps, seed, lens);
-  for (int64_t c : cached) p.fixture->AddSequence(c, n);
+  Problem p = NewProblem(
+      dims, ps, cached, std::vector<int64_t>(cached.size(), n), seed,
+      absl::StrCat("draft-extend ", n, " rows, seed ", seed, ", page_size ", ps, ", ", DimsName(dims)));
   DraftExtendBatch b;
   b.req_rows = p.fixture->rows();
   b.kv_lens = p.fixture->kv_lens();
@@ -221,18 +205,11 @@ Problem MakeDraftExtend(const DecodeAttentionDims& dims, int64_t ps, const std::
 // (parents: n entries per request, -1 for the root), its mask in `layout`.
 Problem MakeVerify(const DecodeAttentionDims& dims, int64_t ps, const std::vector<int64_t>& seq_lens,
                    const std::vector<int32_t>& parents, int32_t n, MaskLayout layout, uint64_t seed) {
-  Problem p;
-  p.dims = dims;
-  p.what = absl::StrCat("target-verify ", n, " draft tokens, mask ", MaskLayoutName(layout), ", seed ",
-                        seed, ", page_size ", ps, ", ", DimsName(dims));
-  std::vector<int64_t> lens;
+  Problem p = NewProblem(dims, ps, seq_lens, std::vector<int64_t>(seq_lens.size(), n), seed,
+                         absl::StrCat("target-verify ", n, " draft tokens, mask ", MaskLayoutName(layout),
+                                      ", seed ", seed, ", page_size ", ps, ", ", DimsName(dims)));
   std::vector<TokenLength> committed;
-  for (int64_t s : seq_lens) {
-    lens.push_back(s + n);
-    committed.push_back(TokenLength(static_cast<int32_t>(s)));
-  }
-  p.fixture = MakeFixture(ps, seed, lens);
-  for (int64_t s : seq_lens) p.fixture->AddSequence(s, n);
+  for (int64_t s : seq_lens) committed.push_back(TokenLength(static_cast<int32_t>(s)));
   auto tree = BuildVerifyTreeFromParents(parents, committed, n);
   EXPECT_TRUE(tree.ok()) << tree.status();
   auto m = BuildTargetVerifyMetadata(p.fixture->pool(), p.fixture->rows(), *tree, layout,
@@ -263,22 +240,11 @@ std::vector<int32_t> BinaryTrees(int64_t bs, int32_t n) {
 Problem MakeMaskedExtend(const DecodeAttentionDims& dims, int64_t ps, const std::vector<int64_t>& cached,
                          const std::vector<int64_t>& new_tokens, MaskLayout layout, bool prefix_holes,
                          uint64_t seed) {
-  Problem p;
-  p.dims = dims;
-  p.what = absl::StrCat("masked extend, mask ", MaskLayoutName(layout),
-                        prefix_holes ? " with prefix holes" : "", ", seed ", seed, ", page_size ", ps,
-                        ", ", DimsName(dims));
-  std::vector<int64_t> lens;
-  for (size_t j = 0; j < cached.size(); ++j) lens.push_back(cached[j] + new_tokens[j]);
-  p.fixture = MakeFixture(ps, seed, lens);
-  for (size_t j = 0; j < cached.size(); ++j) p.fixture->AddSequence(cached[j], new_tokens[j]);
-  auto m = BuildForwardMetadata(p.fixture->Batch(ForwardMode::kExtend), p.fixture->pool(),
-                                p.fixture->page_size(),
-                                BuildOptions{true, MaskLayout::kNone,
-                                             MetadataCheck{p.fixture->pool_slots(),
-                                                           p.fixture->num_query_rows()}});
-  EXPECT_TRUE(m.ok()) << m.status();
-  p.metadata = *std::move(m);
+  Problem p = NewProblem(dims, ps, cached, new_tokens, seed,
+                         absl::StrCat("masked extend, mask ", MaskLayoutName(layout),
+                                      prefix_holes ? " with prefix holes" : "", ", seed ", seed,
+                                      ", page_size ", ps, ", ", DimsName(dims)));
+  BuildExtendMetadata(p);
   ForwardMetadata& md = p.metadata;
   std::vector<TokenLength> q_lens;
   for (size_t i = 0; i + 1 < md.qo_indptr.size(); ++i) {
@@ -375,12 +341,6 @@ DeviceProblem ToDeviceWithEmptySequence(const Problem& p, int64_t at) {
                        Upload(qo), Upload(kv), Upload(m.kv_indices), Upload(table), Upload(lens),
                        Upload(m.custom_mask), Upload(mask_indptr), cols, p.fixture->page_size(),
                        m.mask_layout, m.max_q_len};
-}
-
-void Poison(void* ptr, size_t bytes) {
-  if (bytes > 0) {
-    ASSERT_EQ(hipMemset(ptr, 0xff, bytes), hipSuccess);
-  }
 }
 
 struct Result {
@@ -508,10 +468,7 @@ void ExpectBothSourcesMatch(const Problem& p) {
   }
 }
 
-class VarlenGpuTest : public ::testing::Test {
- protected:
-  void SetUp() override { ASSERT_TRUE(testing::RequireGpu().ok()) << testing::RequireGpu(); }
-};
+class VarlenGpuTest : public testing::GpuTest {};
 
 class PageSizeVarlenGpuTest : public VarlenGpuTest, public ::testing::WithParamInterface<int64_t> {};
 
@@ -947,22 +904,7 @@ TEST_F(VarlenGpuTest, BadInputsAreRefusedBeforeLaunch) {
 
 // Corrupted device-resident metadata: the kernel stays in bounds (memcheck), skips what it
 // cannot read, and the violation word names the first problem.
-class GuardVarlenGpuTest : public VarlenGpuTest {
- protected:
-  void SetUp() override {
-    VarlenGpuTest::SetUp();
-    auto w = DeviceViolationWord::Create();
-    ASSERT_TRUE(w.ok()) << w.status();
-    word_ = std::make_unique<DeviceViolationWord>(*std::move(w));
-  }
-  void ExpectViolation(const std::string& words) {
-    const absl::Status s = word_->Check(nullptr);
-    EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
-    EXPECT_NE(s.message().find(words), absl::string_view::npos) << s;
-    EXPECT_TRUE(word_->Reset(nullptr).ok());
-  }
-  std::unique_ptr<DeviceViolationWord> word_;
-};
+class GuardVarlenGpuTest : public testing::ViolationWordGpuTest {};
 
 // Every output element finite, or still the poison (a row no sequence claims once qo_indptr is
 // clamped).

@@ -296,6 +296,32 @@ __device__ __forceinline__ void AttendStep(const QFragments<kHeadDim, kHalves>& 
   }
 }
 
+// Warp `warp` of kWarps attends to its steps of the positions in lv: steps warp, warp + kWarps,
+// ... of kStep positions. Per step: lane i resolves position i's slot (checked against the
+// pool; -1 skips the position) and loads the next step's index entries; the K and V loads of
+// the whole step are issued before the first MMA. `sees(base, h, nt, e)`: whether vector
+// g + 8h sees position base + 8 nt + 2t + e (AttendStep's, at the step starting at base).
+template <typename Dtype, int kHeadDim, int kStep, int kHalves, int kWarps, bool kPortableMma,
+          typename Params, typename Sees>
+__device__ __forceinline__ void AttendWarpSteps(const Params& p, const LaneView& lv, int warp,
+                                                const QFragments<kHeadDim, kHalves>& q, float scale,
+                                                const Sees& sees, WarpSoftmax<kHeadDim, kHalves>& sm) {
+  using S = WarpShape<kHeadDim, kStep>;
+  int32_t raw[S::kIdx];  // the index entries of the next step to resolve
+  const int32_t first = warp * kStep;
+  const int32_t stride = kWarps * kStep;
+  LoadStepIndices<kHeadDim, kStep>(p, lv, first, raw);
+  for (int32_t base = first; base < lv.n; base += stride) {
+    int32_t slot[S::kIdx];
+    ResolveSlots<kHeadDim, kStep>(p, lv, base, raw, slot);
+    LoadStepIndices<kHeadDim, kStep>(p, lv, base + stride, raw);
+    StepLoads<kHeadDim, kStep> loads;
+    IssueStep<kHeadDim, kStep>(p.k_pool, p.v_pool, lv, slot, loads);
+    const auto step_sees = [&](int h, int nt, int e) { return sees(base, h, nt, e); };
+    AttendStep<Dtype, kHeadDim, kStep, kHalves, kPortableMma>(q, scale, lv.t, loads, step_sees, sm);
+  }
+}
+
 // The softmax states of a block's warps, for kVecs query vectors, in shared memory.
 template <int kWarps, int kVecs, int kHeadDim>
 struct WarpStates {

@@ -1,9 +1,11 @@
-// Upload and Download: host vectors to and from DeviceBuffer in GPU tests, a failed copy being
-// a test failure (gtest).
+// Upload and Download: host vectors to and from DeviceBuffer in GPU tests, and Poison: outputs
+// filled before a run so that what it leaves unwritten shows; a failed call is a test failure
+// (gtest).
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_TESTING_UPLOAD_H_
 #define ATTNMETA_ATTENTION_KERNELS_TESTING_UPLOAD_H_
 
+#include <cstddef>
 #include <utility>
 #include <vector>
 
@@ -25,6 +27,13 @@ std::vector<T> Download(const DeviceBuffer<T>& b) {
   auto h = b.ToHost();
   EXPECT_TRUE(h.ok()) << h.status();
   return *std::move(h);
+}
+
+// Fills `bytes` bytes at `ptr` (device memory) with 0xFF: a NaN in bf16, fp16 and fp32.
+inline void Poison(void* ptr, size_t bytes) {
+  if (bytes > 0) {
+    ASSERT_EQ(hipMemset(ptr, 0xff, bytes), hipSuccess);
+  }
 }
 
 }  // namespace testing
