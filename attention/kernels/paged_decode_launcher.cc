@@ -260,7 +260,7 @@ absl::Status PagedDecodeAttention(const PagedDecodeArgs& a, kernels::DeviceViola
   p.q = a.q.data();
   p.k_pool = a.k_pool.data();
   p.v_pool = a.v_pool.data();
-  p.pool_slots = static_cast<int64_t>(a.k_pool.size()) / row;
+  p.kv.pool_slots = static_cast<int64_t>(a.k_pool.size()) / row;
   p.num_work = static_cast<int32_t>(items);
   if (a.split.has_value()) {
     p.work = reinterpret_cast<const kernels::DecodeWorkItem*>(a.split->work.data());

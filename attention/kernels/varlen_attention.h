@@ -59,6 +59,7 @@
 
 #include <cstdint>
 
+#include "attention/kernels/device_kv_source.h"
 #include "attention/kernels/device_violation.h"
 #include "attention/kernels/element_dtype.h"
 #include "attention/kernels/hip_port.h"
@@ -101,28 +102,11 @@ struct VarlenAttentionParams {
   // path (q_tiles, heads_per_block).
   int32_t vector_chunks;
 
-  const void* k_pool;  // [pool_slots][num_kv_heads][head_dim] of dtype, 16-byte aligned
+  const void* k_pool;  // [kv.pool_slots][num_kv_heads][head_dim] of dtype, 16-byte aligned
   const void* v_pool;  // like k_pool
-  int64_t pool_slots;  // <= 2^31; a position whose slot is outside [0, pool_slots) is skipped
-
-  // The KV source: the fields, and their guards, of PagedDecodeParams
-  // (paged_decode_attention.h), read by the same device helpers (internal/kv_source.h).
-  // Which KV source the kernel reads: 0 token-level, 1 the page table. An explicit flag, not
-  // a null pointer: an empty page table's pointer is null too.
-  int32_t page_level;
-  // Token-level KV (page_level == 0).
-  const int32_t* kv_indptr;   // [batch_size + 1], kv_indptr[0] == 0, non-decreasing
-  const int32_t* kv_indices;  // [kv_indices_capacity]: position c of sequence i is slot
-                              // kv_indices[kv_indptr[i] + c]
-  int64_t kv_indices_capacity;  // <= 2^30, >= kv_indptr[batch_size] (else clamped)
-  // Page-level KV (page_level == 1).
-  const int32_t* page_table;  // [batch_size][page_table_cols] page ids; columns past a
-                              // sequence's ceil(kv_len / page_size) pages are not read
-  int32_t page_table_cols;    // page_table_cols * page_size <= 2^30
-  const int32_t* kv_lens;     // [batch_size], 0 <= kv_lens[i] <= page_table_cols * page_size
-                              // (else clamped)
-  int32_t page_size;          // >= 1
-  int32_t page_size_log2;     // log2(page_size) for a power of two, else -1
+  // The K/V rows of position c of sequence i, and their guards: PagedDecodeParams's, read by
+  // the same device helpers (internal/kv_source.h).
+  DeviceKvSource kv;
 
   int32_t mask_layout;         // VarlenMaskKind
   const uint8_t* mask;         // [mask_capacity] bytes (kVarlenCausal: not read)

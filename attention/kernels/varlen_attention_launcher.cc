@@ -171,7 +171,7 @@ absl::Status VarlenAttention(const VarlenAttentionArgs& a, kernels::DeviceViolat
   p.vector_chunks = tensor_cores ? static_cast<int32_t>(vector_chunks) : 0;
   p.k_pool = a.k_pool.data();
   p.v_pool = a.v_pool.data();
-  p.pool_slots = static_cast<int64_t>(a.k_pool.size()) /
+  p.kv.pool_slots = static_cast<int64_t>(a.k_pool.size()) /
                  (int64_t{a.dims.num_kv_heads} * a.dims.head_dim * kElementBytes);
   p.out = a.out.data();
   p.lse = a.lse.data();

@@ -5,13 +5,9 @@
 // t % page_size). Device code only: include it from .hip.cc sources.
 //
 // Each helper is a template over the kernel's parameter struct (PagedDecodeParams,
-// VarlenAttentionParams), which must hold the KV-source fields under these names:
-//   int32_t page_level; const int32_t* kv_indptr; const int32_t* kv_indices;
-//   int64_t kv_indices_capacity; const int32_t* page_table; int32_t page_table_cols;
-//   const int32_t* kv_lens; int32_t page_size; int32_t page_size_log2; int64_t pool_slots;
-//   DeviceViolation* violation;
-// (their contracts in paged_decode_attention.h). Inlined into each kernel, so a kernel reads
-// the fields of its own struct with no copy.
+// VarlenAttentionParams), which holds the source as `kv` (DeviceKvSource,
+// device_kv_source.h: the fields and their contracts) and a `DeviceViolation* violation`.
+// Inlined into each kernel, so a kernel reads the fields of its own struct with no copy.
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_INTERNAL_KV_SOURCE_H_
 #define ATTNMETA_ATTENTION_KERNELS_INTERNAL_KV_SOURCE_H_
@@ -34,9 +30,9 @@ namespace internal {
 template <typename Params>
 __device__ inline int32_t KvLength(const Params& p, int32_t seq, DeviceViolation* v,
                                    int64_t* index_base) {
-  if (p.page_level == 0) {
-    int64_t begin = p.kv_indptr[seq];
-    int64_t end = p.kv_indptr[seq + 1];
+  if (p.kv.page_level == 0) {
+    int64_t begin = p.kv.kv_indptr[seq];
+    int64_t end = p.kv.kv_indptr[seq + 1];
     if (begin < 0) {
       RecordViolation(v, kOffsetNegative, seq, begin, 0);
       begin = 0;
@@ -45,24 +41,24 @@ __device__ inline int32_t KvLength(const Params& p, int32_t seq, DeviceViolation
       RecordViolation(v, kIndptrDecreasing, seq + 1, end, begin);
       end = begin;
     }
-    if (end > p.kv_indices_capacity) {
-      RecordViolation(v, kTotalPastCapacity, seq, end, p.kv_indices_capacity);
-      end = p.kv_indices_capacity;
+    if (end > p.kv.kv_indices_capacity) {
+      RecordViolation(v, kTotalPastCapacity, seq, end, p.kv.kv_indices_capacity);
+      end = p.kv.kv_indices_capacity;
       if (begin > end) begin = end;
     }
     *index_base = begin;
     return static_cast<int32_t>(end - begin);
   }
   *index_base = 0;
-  int64_t len = p.kv_lens[seq];
+  int64_t len = p.kv.kv_lens[seq];
   if (len < 0) {
     RecordViolation(v, kLengthNegative, seq, len, 0);
     len = 0;
   }
-  const int64_t table_tokens = int64_t{p.page_table_cols} * p.page_size;
+  const int64_t table_tokens = int64_t{p.kv.page_table_cols} * p.kv.page_size;
   if (len > table_tokens) {
-    RecordViolation(v, kPagesPastTable, seq, (len + p.page_size - 1) / p.page_size,
-                    p.page_table_cols);
+    RecordViolation(v, kPagesPastTable, seq, (len + p.kv.page_size - 1) / p.kv.page_size,
+                    p.kv.page_table_cols);
     len = table_tokens;
   }
   return static_cast<int32_t>(len);
@@ -74,9 +70,9 @@ __device__ inline int32_t KvLength(const Params& p, int32_t seq, DeviceViolation
 // REQUIRES: 0 <= t < KvLength(p, seq, ...), index_base as KvLength gave it.
 template <typename Params>
 __device__ inline int32_t LoadKvEntry(const Params& p, int32_t seq, int64_t index_base, int32_t t) {
-  if (p.page_level == 0) return __ldg(p.kv_indices + index_base + t);
-  const int32_t col = p.page_size_log2 >= 0 ? t >> p.page_size_log2 : t / p.page_size;
-  return __ldg(p.page_table + int64_t{seq} * p.page_table_cols + col);
+  if (p.kv.page_level == 0) return __ldg(p.kv.kv_indices + index_base + t);
+  const int32_t col = p.kv.page_size_log2 >= 0 ? t >> p.kv.page_size_log2 : t / p.kv.page_size;
+  return __ldg(p.kv.page_table + int64_t{seq} * p.kv.page_table_cols + col);
 }
 
 // The slot of position t from its raw entry (LoadKvEntry), or -1 when it lies outside the pool
@@ -87,15 +83,15 @@ __device__ inline int64_t SlotFromEntry(const Params& p, int32_t seq, int64_t in
                                         int32_t raw, int32_t t, bool report) {
   int64_t slot = raw;
   int64_t entry = index_base + t;
-  if (p.page_level != 0) {
-    const int32_t col = p.page_size_log2 >= 0 ? t >> p.page_size_log2 : t / p.page_size;
-    const int32_t offset = p.page_size_log2 >= 0 ? t & (p.page_size - 1) : t % p.page_size;
-    slot = int64_t{raw} * p.page_size + offset;
-    entry = int64_t{seq} * p.page_table_cols + col;
+  if (p.kv.page_level != 0) {
+    const int32_t col = p.kv.page_size_log2 >= 0 ? t >> p.kv.page_size_log2 : t / p.kv.page_size;
+    const int32_t offset = p.kv.page_size_log2 >= 0 ? t & (p.kv.page_size - 1) : t % p.kv.page_size;
+    slot = int64_t{raw} * p.kv.page_size + offset;
+    entry = int64_t{seq} * p.kv.page_table_cols + col;
   }
   // One unsigned compare catches negative slots too.
-  if (static_cast<uint64_t>(slot) >= static_cast<uint64_t>(p.pool_slots)) {
-    if (report) RecordViolation(p.violation, kSlotOutsidePool, entry, slot, p.pool_slots);
+  if (static_cast<uint64_t>(slot) >= static_cast<uint64_t>(p.kv.pool_slots)) {
+    if (report) RecordViolation(p.violation, kSlotOutsidePool, entry, slot, p.kv.pool_slots);
     return -1;
   }
   return slot;

@@ -155,10 +155,10 @@ absl::StatusOr<int64_t> CheckKvSource(absl::string_view op,
          {CheckNotNull("kv_indptr", t->kv_indptr), CheckNotNull("kv_indices", t->kv_indices)}) {
       if (!s.ok()) return s;
     }
-    p.page_level = 0;
-    p.kv_indptr = reinterpret_cast<const int32_t*>(t->kv_indptr.data());
-    p.kv_indices = reinterpret_cast<const int32_t*>(t->kv_indices.data());
-    p.kv_indices_capacity = static_cast<int64_t>(t->kv_indices.size());
+    p.kv.page_level = 0;
+    p.kv.kv_indptr = reinterpret_cast<const int32_t*>(t->kv_indptr.data());
+    p.kv.kv_indices = reinterpret_cast<const int32_t*>(t->kv_indices.data());
+    p.kv.kv_indices_capacity = static_cast<int64_t>(t->kv_indices.size());
     return static_cast<int64_t>(t->kv_indptr.size()) - 1;
   }
   const PageTableKv& pt = std::get<PageTableKv>(kv);
@@ -176,12 +176,12 @@ absl::StatusOr<int64_t> CheckKvSource(absl::string_view op,
        {CheckNotNull("page_table", pt.page_table), CheckNotNull("kv_lens", pt.kv_lens)}) {
     if (!s.ok()) return s;
   }
-  p.page_level = 1;
-  p.page_table = reinterpret_cast<const int32_t*>(pt.page_table.data());
-  p.page_table_cols = static_cast<int32_t>(pt.cols);
-  p.kv_lens = reinterpret_cast<const int32_t*>(pt.kv_lens.data());
-  p.page_size = static_cast<int32_t>(pt.page_size.tokens());
-  p.page_size_log2 = pt.page_size.log2();
+  p.kv.page_level = 1;
+  p.kv.page_table = reinterpret_cast<const int32_t*>(pt.page_table.data());
+  p.kv.page_table_cols = static_cast<int32_t>(pt.cols);
+  p.kv.kv_lens = reinterpret_cast<const int32_t*>(pt.kv_lens.data());
+  p.kv.page_size = static_cast<int32_t>(pt.page_size.tokens());
+  p.kv.page_size_log2 = pt.page_size.log2();
   return bs;
 }
 
