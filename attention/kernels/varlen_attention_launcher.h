@@ -73,10 +73,10 @@ struct VarlenAttentionArgs {
   VarlenMask mask;
   DeviceSpan<uint8_t> out;  // [q_rows][num_q_heads][head_dim] of dtype, 16-byte aligned
   DeviceSpan<float> lse;    // [q_rows][num_q_heads]
-  // Which kernel runs: kAuto takes the short-query path on the tensor cores when max_q_len *
-  // (num_q_heads / num_kv_heads) <= kVarlenChunkVectors * kVarlenMaxVectorChunks (verify, draft-extend, decode)
-  // and the tiled path on CUDA cores otherwise (extend); the others force one (kTensorCores
-  // past that bound is InvalidArgument). Both compute the same.
+  // Which kernel runs: kAuto takes the short-query path on the tensor cores when
+  // max_q_len * (num_q_heads / num_kv_heads) <= kVarlenChunkVectors * kVarlenMaxVectorChunks
+  // (64: verify, draft-extend, decode) and the tiled path on CUDA cores otherwise (extend); the
+  // others force one (kTensorCores past that bound is InvalidArgument). Both compute the same.
   VarlenKernel kernel = VarlenKernel::kAuto;
 };
 
@@ -94,7 +94,8 @@ struct VarlenAttentionArgs {
 //   - a null pointer with a nonzero size (any array);
 //   - the mask: a layout without mask_indptr of bs + 1 entries, mask arrays without a layout,
 //     a bit-packed mask with max_q_len > kMaxBitPackedRows;
-//   - kernel kTensorCores for max_q_len * group > kVarlenChunkVectors * kVarlenMaxVectorChunks;
+//   - kernel kTensorCores for max_q_len * group > 64 (kVarlenChunkVectors *
+//     kVarlenMaxVectorChunks);
 //  OutOfRange (beyond the kernel's int32 arithmetic or the grid):
 //   - more than 2^31 - 1 query rows, more than 2^31 pool slots, a batch beyond int32;
 //   - kv_indices of more than 2^30 entries, a page table covering more than 2^30 tokens;

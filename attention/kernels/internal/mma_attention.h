@@ -1,20 +1,22 @@
 // The warp-level attention step on the tensor cores that the decode kernel and the varlen
 // kernel's short-query path share: 8 x kHalves query vectors (kHalves 1: rows 0-7 of the score
-// MMA, the rest zero; 2: all 16 rows) against steps of kStep KV positions, K and V read from the pool straight into
-// fragment registers, online softmax in fp32 (log2 domain), and the combination of a block's
-// warps through shared memory. Device code only: include it from .hip.cc sources.
+// MMA, the rest zero; 2: all 16 rows) against steps of kStep KV positions, K and V read from
+// the pool straight into fragment registers, online softmax in fp32 (log2 domain), and the
+// combination of a block's warps through shared memory. Device code only: include it from
+// .hip.cc sources.
 //
 // Fragment layout (MmaM16N8K16 in hip_port.h; lane = 4 g + t):
-//   S = Q K^T: m = query vectors g and g + 8 (zero when kHalves is 1), n = 8 positions, k = 16
-//     dims. Lane
-//     (g, t) loads position g's dims [32j + 8t, + 8) of each 32-dim block j and uses them as
-//     the k-columns 2t..2t+1 and 2t+8..2t+9 of k-steps 2j and 2j + 1; Q's fragments use the
-//     same order, and a dot product does not depend on the order of its terms.
+//   S = Q K^T: m = query vectors g and g + 8 (zero when kHalves is 1), n = 8 positions,
+//     k = 16 dims. Lane (g, t) loads position g's dims [32j + 8t, + 8) of each 32-dim block j
+//     and uses them as the k-columns 2t..2t+1 and 2t+8..2t+9 of k-steps 2j and 2j + 1; Q's
+//     fragments use the same order, and a dot product does not depend on the order of its
+//     terms.
 //   O^T += V^T P^T: m = 16 dims, n = 8 query vectors (one product per half), k = 16 positions.
 //     S's accumulator lane holds P(vector g [+ 8], positions 2t..2t+1) of each 8 positions,
-//     which is the B fragment as it stands; for A, lane (g, t) loads positions 2t, 2t+1, 2t+8 and 2t+9 at dims [kW g, + kW)
-//     and [8 kW + kW g, + kW) (kW = head_dim / 16), so that m-tile i's rows g and g + 8 are
-//     dims kW g + i and 8 kW + kW g + i: StoreWarpState puts them back in place.
+//     which is the B fragment as it stands; for A, lane (g, t) loads positions 2t, 2t+1, 2t+8
+//     and 2t+9 at dims [kW g, + kW) and [8 kW + kW g, + kW) (kW = head_dim / 16), so that
+//     m-tile i's rows g and g + 8 are dims kW g + i and 8 kW + kW g + i: StoreWarpState puts
+//     them back in place.
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_INTERNAL_MMA_ATTENTION_H_
 #define ATTNMETA_ATTENTION_KERNELS_INTERNAL_MMA_ATTENTION_H_
