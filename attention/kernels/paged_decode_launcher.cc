@@ -77,10 +77,10 @@ absl::StatusOr<int64_t> CheckKv(const DecodeKv& kv, kernels::PagedDecodeParams& 
   return internal::CheckKvSource("decode attention", kv, p);
 }
 
-absl::Status CheckBuffers(const PagedDecodeArgs& a, int64_t bs) {
+// q, out, lse and the pools against the batch; the pool slots.
+absl::StatusOr<int64_t> CheckBuffers(const PagedDecodeArgs& a, int64_t bs) {
   const DecodeAttentionDims& d = a.dims;
-  const int64_t element = 2;  // bf16 and fp16
-  const int64_t q_bytes = bs * d.num_q_heads * d.head_dim * element;
+  const int64_t q_bytes = bs * d.num_q_heads * d.head_dim * internal::kElementBytes;
   if (static_cast<int64_t>(a.q.size()) != q_bytes || static_cast<int64_t>(a.out.size()) != q_bytes ||
       static_cast<int64_t>(a.lse.size()) != bs * d.num_q_heads) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -88,9 +88,8 @@ absl::Status CheckBuffers(const PagedDecodeArgs& a, int64_t bs) {
         a.lse.size(), " floats; a batch of ", bs, " wants ", q_bytes, ", ", q_bytes, " and ",
         bs * d.num_q_heads));
   }
-  absl::StatusOr<int64_t> slots = internal::CheckAttentionBuffers(
-      "decode attention", a.q, a.k_pool, a.v_pool, a.out, a.lse, d.num_kv_heads, d.head_dim);
-  return slots.ok() ? absl::OkStatus() : slots.status();
+  return internal::CheckAttentionBuffers("decode attention", a.q, a.k_pool, a.v_pool, a.out, a.lse,
+                                         d.num_kv_heads, d.head_dim);
 }
 
 bool SameLayout(const KvLayout& a, const KvLayout& b) {
@@ -244,7 +243,8 @@ absl::Status PagedDecodeAttention(const PagedDecodeArgs& a, kernels::DeviceViola
   if (*bs > std::numeric_limits<int32_t>::max()) {
     return absl::OutOfRangeError("decode attention: batch beyond int32");
   }
-  if (absl::Status s = CheckBuffers(a, *bs); !s.ok()) return s;
+  absl::StatusOr<int64_t> pool_slots = CheckBuffers(a, *bs);
+  if (!pool_slots.ok()) return pool_slots.status();
   if (a.split.has_value()) {
     if (absl::Status s = CheckSplit(*a.split, a.dims, DecodeKvLayout(a.kv), *bs); !s.ok()) return s;
   }
@@ -256,11 +256,10 @@ absl::Status PagedDecodeAttention(const PagedDecodeArgs& a, kernels::DeviceViola
   }
   if (blocks == 0) return absl::OkStatus();
 
-  const int64_t row = int64_t{a.dims.num_kv_heads} * a.dims.head_dim * 2;
   p.q = a.q.data();
   p.k_pool = a.k_pool.data();
   p.v_pool = a.v_pool.data();
-  p.kv.pool_slots = static_cast<int64_t>(a.k_pool.size()) / row;
+  p.kv.pool_slots = *pool_slots;
   p.num_work = static_cast<int32_t>(items);
   if (a.split.has_value()) {
     p.work = reinterpret_cast<const kernels::DecodeWorkItem*>(a.split->work.data());

@@ -24,8 +24,14 @@ namespace {
 constexpr int64_t kMaxBlocks = int64_t{1} << 24;
 constexpr const char* kOp = "varlen attention";
 
-// q, out, lse and the pools against the dims; the query rows q holds.
-absl::StatusOr<int64_t> CheckBuffers(const VarlenAttentionArgs& a) {
+// What CheckBuffers finds: the query rows q holds and the pool slots.
+struct BufferSizes {
+  int64_t rows;
+  int64_t pool_slots;
+};
+
+// q, out, lse and the pools against the dims.
+absl::StatusOr<BufferSizes> CheckBuffers(const VarlenAttentionArgs& a) {
   const DecodeAttentionDims& d = a.dims;
   const int64_t q_row = int64_t{d.num_q_heads} * d.head_dim * kElementBytes;
   const int64_t q_bytes = static_cast<int64_t>(a.q.size());
@@ -43,7 +49,7 @@ absl::StatusOr<int64_t> CheckBuffers(const VarlenAttentionArgs& a) {
   absl::StatusOr<int64_t> slots = internal::CheckAttentionBuffers(
       kOp, a.q, a.k_pool, a.v_pool, a.out, a.lse, d.num_kv_heads, d.head_dim);
   if (!slots.ok()) return slots.status();
-  return rows;
+  return BufferSizes{rows, *slots};
 }
 
 // qo_indptr and max_q_len against the batch and the query rows.
@@ -129,9 +135,9 @@ absl::Status VarlenAttention(const VarlenAttentionArgs& a, kernels::DeviceViolat
   if (*bs > std::numeric_limits<int32_t>::max()) {
     return absl::OutOfRangeError("varlen attention: batch beyond int32");
   }
-  absl::StatusOr<int64_t> rows = CheckBuffers(a);
-  if (!rows.ok()) return rows.status();
-  if (absl::Status s = CheckQueries(a, *bs, *rows); !s.ok()) return s;
+  absl::StatusOr<BufferSizes> sizes = CheckBuffers(a);
+  if (!sizes.ok()) return sizes.status();
+  if (absl::Status s = CheckQueries(a, *bs, sizes->rows); !s.ok()) return s;
   if (absl::Status s = CheckMask(a, *bs, p); !s.ok()) return s;
   const int64_t group = a.dims.num_q_heads / a.dims.num_kv_heads;
   // max_q_len <= q_rows < 2^31 and group < 2^31: the product fits int64.
@@ -141,38 +147,39 @@ absl::Status VarlenAttention(const VarlenAttentionArgs& a, kernels::DeviceViolat
   if (a.kernel == VarlenKernel::kTensorCores && !short_queries) {
     return absl::InvalidArgumentError(absl::StrCat(
         "varlen attention: the tensor-core path takes at most ",
-        kernels::kVarlenChunkVectors * kernels::kVarlenMaxVectorChunks, " query vectors per sequence and KV head, max_q_len ",
-        a.max_q_len.value(), " x group ", group, " is more"));
+        kernels::kVarlenChunkVectors * kernels::kVarlenMaxVectorChunks,
+        " query vectors per sequence and KV head, max_q_len ", a.max_q_len.value(), " x group ",
+        group, " is more"));
   }
   const bool tensor_cores = a.kernel == VarlenKernel::kTensorCores ||
                             (a.kernel == VarlenKernel::kAuto && short_queries);
   const int32_t rows_per_block = kernels::VarlenQueryVectors(a.dims.head_dim) / heads_per_block;
-  // The grid: bs * q_tiles * head_chunks blocks (tiled), or bs * num_kv_heads * vector_chunks.
-  const int64_t q_tiles =
-      tensor_cores ? vector_chunks : (a.max_q_len.value() + rows_per_block - 1) / rows_per_block;
-  const int64_t head_chunks =
+  const int64_t q_tiles = (a.max_q_len.value() + rows_per_block - 1) / rows_per_block;
+  // The grid: bs * row_groups * head_groups blocks: tiles of rows x query-head chunks (tiled),
+  // or vector chunks x KV heads (tensor cores).
+  const int64_t row_groups = tensor_cores ? vector_chunks : q_tiles;
+  const int64_t head_groups =
       tensor_cores ? a.dims.num_kv_heads : a.dims.num_q_heads / heads_per_block;
-  // bs * q_tiles * head_chunks, each factor up to 2^31, checked by division before it is
-  // multiplied (the product of claimed sizes would overflow int64).
-  if (*bs > 0 && q_tiles > 0 &&
-      (q_tiles > kMaxBlocks / head_chunks || *bs > kMaxBlocks / (q_tiles * head_chunks))) {
+  // Each factor up to 2^31, checked by division before it is multiplied (the product of
+  // claimed sizes would overflow int64).
+  if (*bs > 0 && row_groups > 0 &&
+      (row_groups > kMaxBlocks / head_groups || *bs > kMaxBlocks / (row_groups * head_groups))) {
     return absl::OutOfRangeError(absl::StrCat(
-        "varlen attention: ", *bs, " sequences x ", q_tiles, " tiles of rows x ", head_chunks,
-        " head chunks is more than ", kMaxBlocks, " blocks (fewer sequences, rows or heads)"));
+        "varlen attention: ", *bs, " sequences x ", row_groups, " groups of rows x ", head_groups,
+        " groups of heads is more than ", kMaxBlocks, " blocks (fewer sequences, rows or heads)"));
   }
-  const int64_t blocks = *bs * q_tiles * head_chunks;
+  const int64_t blocks = *bs * row_groups * head_groups;
   if (blocks == 0) return absl::OkStatus();
 
   p.q = a.q.data();
-  p.q_rows = static_cast<int32_t>(*rows);
+  p.q_rows = static_cast<int32_t>(sizes->rows);
   p.qo_indptr = reinterpret_cast<const int32_t*>(a.qo_indptr.data());
   p.max_q_len = static_cast<int32_t>(a.max_q_len.value());
-  p.q_tiles = static_cast<int32_t>((a.max_q_len.value() + rows_per_block - 1) / rows_per_block);
+  p.q_tiles = static_cast<int32_t>(q_tiles);
   p.vector_chunks = tensor_cores ? static_cast<int32_t>(vector_chunks) : 0;
   p.k_pool = a.k_pool.data();
   p.v_pool = a.v_pool.data();
-  p.kv.pool_slots = static_cast<int64_t>(a.k_pool.size()) /
-                 (int64_t{a.dims.num_kv_heads} * a.dims.head_dim * kElementBytes);
+  p.kv.pool_slots = sizes->pool_slots;
   p.out = a.out.data();
   p.lse = a.lse.data();
   p.batch_size = static_cast<int32_t>(*bs);
