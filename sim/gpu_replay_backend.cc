@@ -7,6 +7,7 @@
 #include "attention/kernels/hip_device_memory.h"
 #include "attention/kernels/hip_port.h"
 #include "attention/kernels/metadata_launchers.h"
+#include "attention/kernels/staged_uploads.h"
 
 namespace attnmeta {
 namespace {
@@ -17,6 +18,7 @@ class GpuReplayBackend : public ReplayBackend {
     writer_.reset();
     if (table_.ptr != nullptr) memory_->Free(table_);
     memory_.reset();
+    uploads_.reset();
     if (stream_ != nullptr) (void)hipStreamDestroy(stream_);
   }
 
@@ -30,7 +32,11 @@ class GpuReplayBackend : public ReplayBackend {
     if (hipStreamCreate(&b->stream_) != hipSuccess) {
       return absl::InternalError("backend \"gpu\": cannot create a stream");
     }
-    b->memory_ = std::make_unique<HipDeviceMemory>(b->stream_);
+    // The replay's staged inputs (and the small table copies) ride in the writer's launch.
+    absl::StatusOr<std::unique_ptr<StagedUploads>> uploads = StagedUploads::Create(b->stream_);
+    if (!uploads.ok()) return uploads.status();
+    b->uploads_ = *std::move(uploads);
+    b->memory_ = std::make_unique<HipDeviceMemory>(b->stream_, b->uploads_.get());
     const int64_t bytes = static_cast<int64_t>(table.table().size() * sizeof(TokenSlot));
     absl::StatusOr<DeviceBuffer> t = b->memory_->Allocate("req_to_token", bytes);
     if (!t.ok()) return t.status();
@@ -39,8 +45,10 @@ class GpuReplayBackend : public ReplayBackend {
         DeviceSpan<const TokenSlot>(static_cast<const TokenSlot*>(b->table_.ptr),
                                     table.table().size()),
         table.max_context_len()};
+    DeviceMetadataWriter::Options options;
+    options.uploads = b->uploads_.get();
     absl::StatusOr<std::unique_ptr<DeviceMetadataWriter>> writer =
-        DeviceMetadataWriter::Create(device_table, pool_slots, b->stream_, {});
+        DeviceMetadataWriter::Create(device_table, pool_slots, b->stream_, options);
     if (!writer.ok()) return writer.status();
     b->writer_ = *std::move(writer);
     return std::unique_ptr<ReplayBackend>(std::move(b));
@@ -57,6 +65,7 @@ class GpuReplayBackend : public ReplayBackend {
  private:
   GpuReplayBackend() = default;
   hipStream_t stream_ = nullptr;
+  std::unique_ptr<StagedUploads> uploads_;
   std::unique_ptr<HipDeviceMemory> memory_;
   DeviceBuffer table_;
   std::unique_ptr<DeviceMetadataWriter> writer_;

@@ -1,5 +1,6 @@
-// The "gpu" ReplayBackend: HipDeviceMemory and DeviceMetadataWriter on one stream, with a
-// device copy of req_to_token refreshed before every replay.
+// The "gpu" ReplayBackend: HipDeviceMemory and DeviceMetadataWriter on one stream, the staged
+// inputs applied inside the writer's launch (StagedUploads), with a device copy of
+// req_to_token refreshed before every replay.
 
 #ifndef ATTNMETA_SIM_GPU_REPLAY_BACKEND_H_
 #define ATTNMETA_SIM_GPU_REPLAY_BACKEND_H_

@@ -1,8 +1,10 @@
 // GraphState on the GPU: HipDeviceMemory and DeviceMetadataWriter with the metadata kernels
-// captured in a HIP/CUDA graph per bucket. For page sizes 1, 7, 16 and 64, random real batches
-// replayed through captured decode, extend and target-verify buckets give exactly the buffers
-// the host writer gives (real rows and padded rows), the real rows validate, and a regrow
-// invalidates the captured graph as on the host. Needs a GPU: fails when none is visible.
+// captured in a HIP/CUDA graph per bucket. For page sizes 1, 7, 16 and 64, with the staged
+// inputs copied by a copy call or applied inside the writer's launch (StagedUploads), random
+// real batches replayed through captured decode, extend and target-verify buckets give exactly
+// the buffers the host writer gives (real rows and padded rows), the real rows validate, and a
+// regrow invalidates the captured graph as on the host. Replays queued while the GPU is still
+// busy with earlier ones each write their own batch. Needs a GPU: fails when none is visible.
 
 #include <cstdint>
 #include <cstring>
@@ -10,12 +12,15 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attention/graph/graph_state.h"
 #include "attention/graph/testing/graph_harness.h"
 #include "attention/kernels/device_metadata_writer.h"
 #include "attention/kernels/hip_device_memory.h"
+#include "attention/kernels/staged_uploads.h"
+#include "attention/kernels/testing/spin.h"
 #include "attention/kernels/testing/device_buffer.h"
 #include "attention/metadata/testing/batch_fixture.h"
 #include "attention/metadata/validator.h"
@@ -48,7 +53,8 @@ std::vector<T> As(const std::vector<uint8_t>& bytes) {
   return out;
 }
 
-class DeviceGraphTest : public ::testing::TestWithParam<int64_t> {
+// (page size, staged uploads)
+class DeviceGraphTest : public ::testing::TestWithParam<std::tuple<int64_t, bool>> {
  protected:
   void SetUp() override {
     ASSERT_TRUE(testing::RequireGpu().ok()) << testing::RequireGpu();
@@ -61,7 +67,7 @@ class DeviceGraphTest : public ::testing::TestWithParam<int64_t> {
 };
 
 TEST_P(DeviceGraphTest, ReplaysEqualTheHostWriterAndARegrowRecaptures) {
-  const int64_t ps = GetParam();
+  const auto [ps, staged] = GetParam();
   const uint64_t seed = 900 + ps;
   std::mt19937_64 rng(seed);
   BatchFixture f(ps, seed, /*num_pages=*/20000 / ps + 64, /*max_reqs=*/40, /*max_context=*/520);
@@ -78,10 +84,18 @@ TEST_P(DeviceGraphTest, ReplaysEqualTheHostWriterAndARegrowRecaptures) {
   std::vector<TokenSlot> table(f.pool().table().begin(), f.pool().table().end());
   auto d_table = DeviceBuffer<TokenSlot>::FromHost(table);
   ASSERT_TRUE(d_table.ok()) << d_table.status();
-  HipDeviceMemory memory(stream_);
+  std::unique_ptr<StagedUploads> uploads;
+  if (staged) {
+    auto u = StagedUploads::Create(stream_);
+    ASSERT_TRUE(u.ok()) << u.status();
+    uploads = *std::move(u);
+  }
+  HipDeviceMemory memory(stream_, uploads.get());
+  DeviceMetadataWriter::Options options;
+  options.uploads = uploads.get();
   auto writer = DeviceMetadataWriter::Create(
       DeviceReqToToken{d_table->const_span(), f.pool().max_context_len()}, f.pool_slots(), stream_,
-      {});
+      options);
   ASSERT_TRUE(writer.ok()) << writer.status();
   auto device = GraphState::Create(config, &f.pool(), f.page_size(), &memory, writer->get());
   ASSERT_TRUE(device.ok()) << device.status();
@@ -109,7 +123,8 @@ TEST_P(DeviceGraphTest, ReplaysEqualTheHostWriterAndARegrowRecaptures) {
       EXPECT_EQ((*writer)->graphs_captured(), before + 1) << "one graph per bucket and mode";
       for (int iter = 0; iter < 4; ++iter) {
         const int64_t bs = std::uniform_int_distribution<int64_t>(1, std::min<int64_t>(bucket, 12))(rng);
-        SCOPED_TRACE(::testing::Message() << "page_size " << ps << " seed " << seed << " round "
+        SCOPED_TRACE(::testing::Message() << "page_size " << ps << " staged " << staged
+                                          << " seed " << seed << " round "
                                           << round << " mode " << ForwardModeName(b.mode)
                                           << " iter " << iter << " bs " << bs);
         std::vector<int> pick(12);
@@ -176,7 +191,109 @@ TEST_P(DeviceGraphTest, ReplaysEqualTheHostWriterAndARegrowRecaptures) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(PageSizes, DeviceGraphTest, ::testing::Values(1, 7, 16, 64));
+INSTANTIATE_TEST_SUITE_P(PageSizes, DeviceGraphTest,
+                         ::testing::Combine(::testing::Values(1, 7, 16, 64), ::testing::Bool()));
+
+// The host queues replay after replay while the GPU is still busy with earlier steps (a spin
+// kernel per step), as an engine running ahead does: with the inputs staged in StagedUploads,
+// each replay must still see its own batch. Each step's outputs are copied aside on the stream
+// and compared with the host writer's after the last step.
+TEST_P(DeviceGraphTest, ReplaysQueuedAheadOfTheGpuEachWriteTheirOwnBatch) {
+  const auto [ps, staged] = GetParam();
+  const uint64_t seed = 1700 + ps;
+  std::mt19937_64 rng(seed);
+  BatchFixture f(ps, seed, /*num_pages=*/12000 / ps + 64, /*max_reqs=*/24, /*max_context=*/400);
+  for (int i = 0; i < 20; ++i) f.AddSequence(std::uniform_int_distribution<int64_t>(0, 380)(rng), 1);
+  const BackendConfig config =
+      MakeTestConfig(ps, {.max_batch_size = 8, .max_context_len = 400, .split_kv = false});
+  GraphHarness host(config, f);
+  std::vector<TokenSlot> table(f.pool().table().begin(), f.pool().table().end());
+  auto d_table = DeviceBuffer<TokenSlot>::FromHost(table);
+  ASSERT_TRUE(d_table.ok()) << d_table.status();
+  std::unique_ptr<StagedUploads> uploads;
+  if (staged) {
+    auto u = StagedUploads::Create(stream_);
+    ASSERT_TRUE(u.ok()) << u.status();
+    uploads = *std::move(u);
+  }
+  HipDeviceMemory memory(stream_, uploads.get());
+  DeviceMetadataWriter::Options options;
+  options.uploads = uploads.get();
+  auto writer = DeviceMetadataWriter::Create(
+      DeviceReqToToken{d_table->const_span(), f.pool().max_context_len()}, f.pool_slots(), stream_,
+      options);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  auto device = GraphState::Create(config, &f.pool(), f.page_size(), &memory, writer->get());
+  ASSERT_TRUE(device.ok()) << device.status();
+  GraphState& d = **device;
+  constexpr int64_t kBucket = 8;
+  auto dh = d.Capture(kBucket, ForwardMode::kDecode);
+  auto hh = host.state().Capture(kBucket, ForwardMode::kDecode);
+  ASSERT_TRUE(dh.ok() && hh.ok()) << dh.status() << hh.status();
+
+  constexpr int kSteps = 12;
+  const std::vector<std::string> names = {"kv_indptr", "kv_last_page_len", "kv_indices",
+                                          "page_table"};
+  std::vector<std::vector<std::vector<uint8_t>>> want(kSteps);
+  std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> aside;  // [step * names + k]
+  for (int step = 0; step < kSteps; ++step) {
+    const int64_t bs = std::uniform_int_distribution<int64_t>(1, kBucket)(rng);
+    std::vector<int> pick(20);
+    std::iota(pick.begin(), pick.end(), 0);
+    std::shuffle(pick.begin(), pick.end(), rng);
+    std::vector<ReqPoolIndex> rows;
+    std::vector<TokenLength> kv;
+    for (int k = 0; k < bs; ++k) {
+      rows.push_back(f.rows()[pick[k]]);
+      kv.push_back(f.kv_lens()[pick[k]]);
+    }
+    const ReplayBatch batch{rows, kv};
+    ASSERT_EQ(testing::LaunchSpin(200000, stream_), hipSuccess);
+    ASSERT_TRUE(d.Replay(*dh, batch).ok()) << "step " << step;
+    auto hr = host.state().Replay(*hh, batch);
+    ASSERT_TRUE(hr.ok()) << hr.status();
+    const int64_t total = hr->metadata.kv_indptr.back().value() + (kBucket - bs);
+    const int64_t bytes[] = {(kBucket + 1) * 4, kBucket * 4, total * 4,
+                             kBucket * host.state().plan().page_table_cols * 4};
+    for (size_t k = 0; k < names.size(); ++k) {
+      want[step].push_back(Bytes(host.state(), host.memory(), names[k], bytes[k]));
+      auto copy = DeviceBuffer<uint8_t>::Create(bytes[k]);
+      ASSERT_TRUE(copy.ok());
+      aside.push_back(std::make_unique<DeviceBuffer<uint8_t>>(*std::move(copy)));
+      ASSERT_EQ(hipMemcpyAsync(aside.back()->data(), d.buffer(names[k]).ptr, bytes[k],
+                               hipMemcpyDeviceToDevice, stream_),
+                hipSuccess);
+    }
+  }
+  ASSERT_TRUE((*writer)->CheckViolations().ok()) << (*writer)->CheckViolations();
+  for (int step = 0; step < kSteps; ++step) {
+    for (size_t k = 0; k < names.size(); ++k) {
+      auto got = aside[step * names.size() + k]->ToHost();
+      ASSERT_TRUE(got.ok());
+      EXPECT_EQ(*got, want[step][k]) << "page size " << ps << " staged " << staged << " seed "
+                                     << seed << " step " << step << " " << names[k];
+    }
+  }
+  // A slot corrupted in the device table: the replay that reads it reports it, and the next
+  // replay, on the repaired table, is clean (every launch clears the violation word).
+  const int64_t at = int64_t{f.rows()[0].value()} * f.pool().max_context_len().value();
+  TokenSlot good;
+  ASSERT_EQ(hipMemcpy(&good, d_table->data() + at, sizeof(TokenSlot), hipMemcpyDeviceToHost),
+            hipSuccess);
+  const TokenSlot bad(static_cast<int32_t>(f.pool_slots().value() + 5));
+  ASSERT_EQ(hipMemcpy(d_table->data() + at, &bad, sizeof(TokenSlot), hipMemcpyHostToDevice),
+            hipSuccess);
+  const std::vector<ReqPoolIndex> one_row = {f.rows()[0]};
+  const std::vector<TokenLength> one_len = {f.kv_lens()[0]};
+  const ReplayBatch one{one_row, one_len};
+  ASSERT_TRUE(d.Replay(*dh, one).ok());
+  const absl::Status corrupted = (*writer)->CheckViolations();
+  EXPECT_EQ(corrupted.code(), absl::StatusCode::kOutOfRange) << corrupted;
+  ASSERT_EQ(hipMemcpy(d_table->data() + at, &good, sizeof(TokenSlot), hipMemcpyHostToDevice),
+            hipSuccess);
+  ASSERT_TRUE(d.Replay(*dh, one).ok());
+  EXPECT_TRUE((*writer)->CheckViolations().ok()) << (*writer)->CheckViolations();
+}
 
 // What the device writer does not implement is refused with a clear status.
 TEST(DeviceGraphUnsupportedTest, SplitKvAndDraftDecodeAreUnimplemented) {

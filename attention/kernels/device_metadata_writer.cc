@@ -31,13 +31,28 @@ absl::StatusOr<std::unique_ptr<DeviceMetadataWriter>> DeviceMetadataWriter::Crea
   if (req_to_token.table.empty() || req_to_token.max_context_len.value() < 1) {
     return absl::InvalidArgumentError("device metadata writer: empty req_to_token");
   }
+  if (options.uploads != nullptr && options.uploads->stream() != stream) {
+    return absl::InvalidArgumentError(
+        "device metadata writer: the staged uploads are queued on another stream");
+  }
   absl::StatusOr<DeviceViolationWord> violation = DeviceViolationWord::Create();
   if (!violation.ok()) return violation.status();
+  if (options.uploads != nullptr) {
+    if (absl::Status s = options.uploads->Attach(); !s.ok()) return s;
+  }
   return std::unique_ptr<DeviceMetadataWriter>(new DeviceMetadataWriter(
       req_to_token, pool_slots, stream, options, *std::move(violation)));
 }
 
-DeviceMetadataWriter::~DeviceMetadataWriter() { DropGraphs(); }
+DeviceMetadataWriter::~DeviceMetadataWriter() {
+  // What is staged still lands, through an apply kernel of its own.
+  if (options_.uploads != nullptr) (void)options_.uploads->Detach();
+  DropGraphs();
+}
+
+void DeviceMetadataWriter::NoteLaunched() {
+  if (options_.uploads != nullptr) options_.uploads->NoteApplyLaunched();
+}
 
 void DeviceMetadataWriter::DropGraphs() {
   for (Graph& g : graphs_) {
@@ -47,9 +62,20 @@ void DeviceMetadataWriter::DropGraphs() {
   graphs_.clear();
 }
 
-absl::Status DeviceMetadataWriter::Launch(const MetadataWriteRequest& r, const GraphBuffers& b) {
+absl::Status DeviceMetadataWriter::Launch(const MetadataWriteRequest& r, const GraphBuffers& b,
+                                          bool direct) {
   const size_t padded = static_cast<size_t>(r.padded_batch_size);
-  if (absl::Status s = violation_.Reset(stream_); !s.ok()) return s;
+  if (options_.uploads != nullptr) {
+    // The apply kernel clears the violation word too: one node fewer in the graph.
+    if (absl::Status s = options_.uploads->EnqueueApply(violation_.device(),
+                                                        sizeof(kernels::DeviceViolation));
+        !s.ok()) {
+      return s;
+    }
+    if (direct) NoteLaunched();
+  } else if (absl::Status s = violation_.Reset(stream_); !s.ok()) {
+    return s;
+  }
   DecodeMetadataDeviceArgs a;
   a.req_to_token = req_to_token_;
   a.pool_slots = pool_slots_;
@@ -100,7 +126,9 @@ absl::Status DeviceMetadataWriter::CheckSupported(const MetadataWriteRequest& r)
 absl::Status DeviceMetadataWriter::WriteBatchArrays(const MetadataWriteRequest& r,
                                                     const GraphBuffers& b) {
   if (absl::Status s = CheckSupported(r); !s.ok()) return s;
-  if (!options_.use_graphs) return Launch(r, b);
+  if (!options_.use_graphs) {
+    return Launch(r, b, /*direct=*/true);
+  }
   if (r.generation != generation_) {
     DropGraphs();
     generation_ = r.generation;
@@ -115,7 +143,7 @@ absl::Status DeviceMetadataWriter::WriteBatchArrays(const MetadataWriteRequest& 
         !s.ok()) {
       return s;
     }
-    const absl::Status launched = Launch(r, b);
+    const absl::Status launched = Launch(r, b, /*direct=*/false);
     const absl::Status ended = Runtime(hipStreamEndCapture(stream_, &g.graph), "end capture");
     if (!launched.ok()) {
       if (g.graph != nullptr) (void)hipGraphDestroy(g.graph);
@@ -135,7 +163,11 @@ absl::Status DeviceMetadataWriter::WriteBatchArrays(const MetadataWriteRequest& 
     ++graphs_captured_;
     it = graphs_.end() - 1;
   }
-  return Runtime(hipGraphLaunch(it->exec, stream_), "graph launch");
+  if (absl::Status s = Runtime(hipGraphLaunch(it->exec, stream_), "graph launch"); !s.ok()) {
+    return s;
+  }
+  NoteLaunched();
+  return absl::OkStatus();
 }
 
 absl::Status DeviceMetadataWriter::WriteTokenArrays(const MetadataWriteRequest&, const GraphBuffers&,

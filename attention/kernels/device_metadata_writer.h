@@ -7,7 +7,10 @@
 // never on the real batch (padded rows are told apart by their staged row, kPaddedRow).
 //
 // With graphs on (the default) the first write of a (generation, bucket, mode) captures the
-// launches and every write launches the captured graph; a new generation (GraphState::Reserve
+// launches and every write launches the captured graph. With `Options::uploads` (the
+// StagedUploads of the HipDeviceMemory that GraphState stages through) the writer attaches to
+// them and its launch starts with their apply kernel: the staged inputs land inside the one
+// graph launch of a replay step, with no copy call of their own; a new generation (GraphState::Reserve
 // moved the buffers) drops the graphs captured before it. WriteBatchArrays queues everything;
 // WriteTokenArrays has nothing left to do. Neither waits for the GPU: CheckViolations does,
 // and turns what the kernels recorded (a row, length or slot in device memory that broke its
@@ -30,6 +33,7 @@
 #include "attention/kernels/device_violation_word.h"
 #include "attention/kernels/hip_port.h"
 #include "attention/kernels/metadata_launchers.h"
+#include "attention/kernels/staged_uploads.h"
 #include "kvcache/units.h"
 
 namespace attnmeta {
@@ -38,6 +42,10 @@ class DeviceMetadataWriter : public MetadataWriter {
  public:
   struct Options {
     bool use_graphs = true;
+    // When set: attached to for the writer's lifetime (Create fails with FailedPrecondition
+    // when another consumer is attached), applied at the head of every launch. Must outlive
+    // the writer and be on the writer's stream.
+    StagedUploads* uploads = nullptr;
   };
 
   // `req_to_token` is the device copy of the table the replays' rows index (it must mirror
@@ -79,8 +87,12 @@ class DeviceMetadataWriter : public MetadataWriter {
         stream_(stream),
         options_(options),
         violation_(std::move(violation)) {}
-  // Queues the kernels of `request` on the stream.
-  absl::Status Launch(const MetadataWriteRequest& request, const GraphBuffers& buffers);
+  // Queues the kernels of `request` on the stream: launches them when `direct`, else the
+  // stream is capturing them.
+  absl::Status Launch(const MetadataWriteRequest& request, const GraphBuffers& buffers,
+                      bool direct);
+  // After every launch of the staged uploads' apply kernel (directly or in a graph).
+  void NoteLaunched();
   void DropGraphs();
 
   DeviceReqToToken req_to_token_;

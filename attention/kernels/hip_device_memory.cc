@@ -9,6 +9,7 @@ namespace attnmeta {
 using internal::RuntimeStatus;
 
 HipDeviceMemory::~HipDeviceMemory() {
+  (void)FlushUploads();
   (void)hipStreamSynchronize(stream_);
   for (const auto& [ptr, bytes] : live_) (void)hipFree(ptr);
   for (PinnedSlot& slot : pinned_) {
@@ -48,6 +49,8 @@ absl::StatusOr<DeviceBuffer> HipDeviceMemory::Allocate(absl::string_view name, i
 }
 
 void HipDeviceMemory::Free(DeviceBuffer buffer) {
+  // Staged copies may target the buffer: they land first (hipFree waits for the device).
+  (void)FlushUploads();
   if (live_.erase(buffer.ptr) > 0) (void)hipFree(buffer.ptr);
 }
 
@@ -63,11 +66,25 @@ absl::Status HipDeviceMemory::CheckRange(DeviceBuffer buffer, int64_t offset, in
   return absl::OkStatus();
 }
 
+absl::Status HipDeviceMemory::FlushUploads() {
+  return uploads_ != nullptr ? uploads_->Flush() : absl::OkStatus();
+}
+
 absl::Status HipDeviceMemory::CopyToDevice(DeviceBuffer dst, int64_t offset, const void* src,
                                            int64_t bytes) {
   if (absl::Status s = CheckRange(dst, offset, bytes); !s.ok()) return s;
   if (bytes == 0) return absl::OkStatus();
   char* to = static_cast<char*>(dst.ptr) + offset;
+  if (uploads_ != nullptr && uploads_->attached()) {
+    absl::Status staged = uploads_->Stage(to, src, bytes);
+    // No room: the open batch goes first, then this copy the ordinary way.
+    if (!absl::IsResourceExhausted(staged)) return staged;
+    if (absl::Status s = FlushUploads(); !s.ok()) return s;
+  }
+  return CopyThroughPinnedSlot(to, src, bytes);
+}
+
+absl::Status HipDeviceMemory::CopyThroughPinnedSlot(char* to, const void* src, int64_t bytes) {
   if (bytes > kPinnedSlotBytes || !EnsurePinned()) {
     return RuntimeStatus(hipMemcpyAsync(to, src, static_cast<size_t>(bytes), hipMemcpyHostToDevice, stream_),
                    "device memory: copy to device");
@@ -95,6 +112,7 @@ absl::Status HipDeviceMemory::CopyToHost(void* dst, DeviceBuffer src, int64_t of
                                          int64_t bytes) {
   if (absl::Status s = CheckRange(src, offset, bytes); !s.ok()) return s;
   if (bytes == 0) return absl::OkStatus();
+  if (absl::Status s = FlushUploads(); !s.ok()) return s;
   if (absl::Status s = RuntimeStatus(hipMemcpyAsync(dst, static_cast<const char*>(src.ptr) + offset,
                                               static_cast<size_t>(bytes), hipMemcpyDeviceToHost,
                                               stream_),
@@ -108,6 +126,7 @@ absl::Status HipDeviceMemory::CopyToHost(void* dst, DeviceBuffer src, int64_t of
 absl::Status HipDeviceMemory::Fill(DeviceBuffer dst, int64_t offset, int64_t bytes, uint8_t value) {
   if (absl::Status s = CheckRange(dst, offset, bytes); !s.ok()) return s;
   if (bytes == 0) return absl::OkStatus();
+  if (absl::Status s = FlushUploads(); !s.ok()) return s;
   return RuntimeStatus(hipMemsetAsync(static_cast<char*>(dst.ptr) + offset, value,
                                 static_cast<size_t>(bytes), stream_),
                  "device memory: fill");

@@ -4,10 +4,13 @@
 // (CopyToHost waits for the stream).
 //
 // A replay stages a few kilobytes: a copy from pageable memory makes the runtime copy it
-// through its own staging and wait, several microseconds of host time. Copies up to
-// kPinnedSlotBytes therefore go through a small ring of pinned host slots (memcpy into the
-// slot, an asynchronous copy from it, an event marking when the slot is free again); the ring
-// falls back to a plain copy when pinned memory cannot be had.
+// through its own staging and wait, several microseconds of host time. With StagedUploads
+// (staged_uploads.h) that a consumer such as DeviceMetadataWriter has attached to, such copies
+// cost a memcpy: they are staged and land when the consumer's next launch applies them (before
+// any other operation of this memory, which flushes them first). Otherwise copies up to
+// kPinnedSlotBytes go through a small ring of pinned host slots (memcpy into the slot, an
+// asynchronous copy from it, an event marking when the slot is free again), and a plain copy
+// when pinned memory cannot be had.
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_HIP_DEVICE_MEMORY_H_
 #define ATTNMETA_ATTENTION_KERNELS_HIP_DEVICE_MEMORY_H_
@@ -18,12 +21,15 @@
 #include "absl/container/flat_hash_map.h"
 #include "attention/graph/device_memory.h"
 #include "attention/kernels/hip_port.h"
+#include "attention/kernels/staged_uploads.h"
 
 namespace attnmeta {
 
 class HipDeviceMemory : public DeviceMemory {
  public:
-  explicit HipDeviceMemory(hipStream_t stream) : stream_(stream) {}
+  // `uploads` (may be null; on `stream`) must outlive this memory.
+  explicit HipDeviceMemory(hipStream_t stream, StagedUploads* uploads = nullptr)
+      : stream_(stream), uploads_(uploads) {}
   HipDeviceMemory(const HipDeviceMemory&) = delete;
   HipDeviceMemory& operator=(const HipDeviceMemory&) = delete;
   // Frees what is still allocated.
@@ -53,8 +59,13 @@ class HipDeviceMemory : public DeviceMemory {
   bool EnsurePinned();
   // OutOfRange unless [offset, offset + bytes) lies in a live allocation of this memory.
   absl::Status CheckRange(DeviceBuffer buffer, int64_t offset, int64_t bytes) const;
+  // Queues the staged copies not yet launched, so that they land before what comes next.
+  absl::Status FlushUploads();
+  // The copy through the pinned ring (or a plain one).
+  absl::Status CopyThroughPinnedSlot(char* to, const void* src, int64_t bytes);
 
   hipStream_t stream_;
+  StagedUploads* uploads_;
   absl::flat_hash_map<void*, int64_t> live_;  // pointer -> bytes
   PinnedSlot pinned_[kPinnedSlots];
   int next_pinned_ = 0;

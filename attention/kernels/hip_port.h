@@ -91,6 +91,7 @@ using hipStreamCaptureMode = cudaStreamCaptureMode;
 
 constexpr hipError_t hipSuccess = cudaSuccess;
 constexpr hipError_t hipErrorInvalidValue = cudaErrorInvalidValue;
+constexpr hipError_t hipErrorNotReady = cudaErrorNotReady;
 constexpr hipStreamCaptureMode hipStreamCaptureModeThreadLocal = cudaStreamCaptureModeThreadLocal;
 constexpr hipMemcpyKind hipMemcpyHostToDevice = cudaMemcpyHostToDevice;
 constexpr hipMemcpyKind hipMemcpyDeviceToHost = cudaMemcpyDeviceToHost;
@@ -128,6 +129,7 @@ inline hipError_t hipMemsetAsync(void* dst, int value, size_t bytes, hipStream_t
 inline hipError_t hipStreamCreate(hipStream_t* s) { return cudaStreamCreate(s); }
 inline hipError_t hipStreamDestroy(hipStream_t s) { return cudaStreamDestroy(s); }
 inline hipError_t hipStreamSynchronize(hipStream_t s) { return cudaStreamSynchronize(s); }
+inline hipError_t hipStreamQuery(hipStream_t s) { return cudaStreamQuery(s); }
 inline hipError_t hipStreamBeginCapture(hipStream_t s, hipStreamCaptureMode mode) {
   return cudaStreamBeginCapture(s, mode);
 }
@@ -149,9 +151,13 @@ constexpr unsigned hipEventDisableTiming = cudaEventDisableTiming;
 inline hipError_t hipEventCreateWithFlags(hipEvent_t* e, unsigned flags) {
   return cudaEventCreateWithFlags(e, flags);
 }
-constexpr unsigned hipHostMallocDefault = 0;
-inline hipError_t hipHostMalloc(void** p, size_t bytes, unsigned /*flags*/) {
-  return cudaMallocHost(p, bytes);
+constexpr unsigned hipHostMallocDefault = cudaHostAllocDefault;
+constexpr unsigned hipHostMallocMapped = cudaHostAllocMapped;
+inline hipError_t hipHostMalloc(void** p, size_t bytes, unsigned flags) {
+  return cudaHostAlloc(p, bytes, flags);
+}
+inline hipError_t hipHostGetDevicePointer(void** device, void* host, unsigned flags) {
+  return cudaHostGetDevicePointer(device, host, flags);
 }
 inline hipError_t hipHostFree(void* p) { return cudaFreeHost(p); }
 inline hipError_t hipEventDestroy(hipEvent_t e) { return cudaEventDestroy(e); }

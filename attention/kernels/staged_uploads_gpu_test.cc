@@ -1,0 +1,249 @@
+// StagedUploads and HipDeviceMemory's staged path: staged copies land when an apply kernel
+// runs (launched directly or from a graph), in order with the memory's other operations; a host
+// running ahead of the GPU waits for the previous apply and every step lands its own bytes; a
+// batch without room is refused whole; an apply reported launched that never runs is an error,
+// not a hang. Needs a GPU: fails when none is visible.
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "attention/kernels/device_metadata_writer.h"
+#include "attention/kernels/hip_device_memory.h"
+#include "attention/kernels/staged_uploads.h"
+#include "attention/kernels/testing/device_buffer.h"
+#include "attention/kernels/testing/gpu_test.h"
+#include "attention/kernels/testing/spin.h"
+#include "gtest/gtest.h"
+
+namespace attnmeta {
+namespace {
+
+using testing::DeviceBuffer;
+
+class StagedUploadsTest : public testing::GpuTest {
+ protected:
+  void SetUp() override {
+    GpuTest::SetUp();
+    if (HasFatalFailure()) return;
+    ASSERT_EQ(hipStreamCreate(&stream_), hipSuccess);
+  }
+  void TearDown() override {
+    if (stream_ != nullptr) (void)hipStreamDestroy(stream_);
+  }
+  std::unique_ptr<StagedUploads> MakeUploads(int64_t payload = StagedUploads::kDefaultPayloadBytes) {
+    auto u = StagedUploads::Create(stream_, payload);
+    EXPECT_TRUE(u.ok()) << u.status();
+    return u.ok() ? *std::move(u) : nullptr;
+  }
+  template <typename T>
+  std::vector<T> Read(const DeviceBuffer<T>& b) {
+    EXPECT_EQ(hipStreamSynchronize(stream_), hipSuccess);
+    auto h = b.ToHost();
+    EXPECT_TRUE(h.ok()) << h.status();
+    return h.ok() ? *h : std::vector<T>{};
+  }
+  hipStream_t stream_ = nullptr;
+};
+
+TEST_F(StagedUploadsTest, CopiesLandWhenTheApplyKernelRuns) {
+  auto u = MakeUploads();
+  ASSERT_NE(u, nullptr);
+  constexpr int kBytes = 24000;
+  auto dst = DeviceBuffer<uint8_t>::Create(kBytes);
+  ASSERT_TRUE(dst.ok());
+  ASSERT_EQ(hipMemset(dst->data(), 0xee, kBytes), hipSuccess);
+  std::vector<uint8_t> want(kBytes, 0xee);
+  // Aligned (16-byte words) and unaligned (bytes) copies, small ones and ones past the words
+  // the kernel loads up front (256 x 16 bytes of payload).
+  struct Copy {
+    int at, bytes;
+  };
+  const Copy copies[] = {{0, 32}, {37, 5}, {1001, 9999}, {11008, 8192}, {19300, 17}};
+  for (const Copy& c : copies) {
+    std::vector<uint8_t> src(c.bytes);
+    for (int k = 0; k < c.bytes; ++k) src[k] = static_cast<uint8_t>(c.at + 7 * k);
+    std::copy(src.begin(), src.end(), want.begin() + c.at);
+    ASSERT_TRUE(u->Stage(dst->data() + c.at, src.data(), c.bytes).ok()) << c.at;
+  }
+  EXPECT_TRUE(u->has_open_batch());
+  EXPECT_EQ(Read(*dst), std::vector<uint8_t>(kBytes, 0xee)) << "nothing lands before an apply";
+  ASSERT_TRUE(u->EnqueueApply().ok());
+  u->NoteApplyLaunched();
+  EXPECT_FALSE(u->has_open_batch());
+  EXPECT_EQ(Read(*dst), want);
+  // A batch is applied once: a later apply with nothing staged (a graph launched again) copies
+  // nothing over what was written since.
+  ASSERT_EQ(hipMemsetAsync(dst->data(), 0x11, kBytes, stream_), hipSuccess);
+  ASSERT_TRUE(u->EnqueueApply().ok());
+  u->NoteApplyLaunched();
+  EXPECT_EQ(Read(*dst), std::vector<uint8_t>(kBytes, 0x11));
+}
+
+TEST_F(StagedUploadsTest, TheApplyKernelClearsItsConsumersWords) {
+  auto u = MakeUploads();
+  ASSERT_NE(u, nullptr);
+  auto word = DeviceBuffer<uint32_t>::Create(80);
+  ASSERT_TRUE(word.ok());
+  ASSERT_EQ(hipMemset(word->data(), 0xff, 80 * 4), hipSuccess);
+  ASSERT_TRUE(u->EnqueueApply(word->data(), 4 * kernels::kMaxZeroWords).ok());
+  u->NoteApplyLaunched();
+  std::vector<uint32_t> want(80, 0xffffffffu);
+  std::fill(want.begin(), want.begin() + kernels::kMaxZeroWords, 0u);
+  EXPECT_EQ(Read(*word), want);
+  EXPECT_EQ(u->EnqueueApply(word->data(), 6).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(u->EnqueueApply(word->data(), 4 * kernels::kMaxZeroWords + 4).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(u->EnqueueApply(nullptr, 4).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The host stages step i + 1 while step i's apply is still queued behind a busy GPU: it waits
+// for that apply, never clobbers bytes not yet copied, and every step reads its own inputs.
+// Half the steps launch the apply from a captured graph.
+TEST_F(StagedUploadsTest, AHostRunningAheadWaitsAndEveryStepLandsItsOwnBytes) {
+  auto u = MakeUploads();
+  ASSERT_NE(u, nullptr);
+  constexpr int kSteps = 40;
+  constexpr int kInts = 300;
+  auto input = DeviceBuffer<int32_t>::Create(kInts);
+  auto results = DeviceBuffer<int32_t>::Create(kSteps * kInts);
+  ASSERT_TRUE(input.ok() && results.ok());
+  hipGraph_t graph = nullptr;
+  hipGraphExec_t exec = nullptr;
+  ASSERT_EQ(hipStreamBeginCapture(stream_, hipStreamCaptureModeThreadLocal), hipSuccess);
+  const absl::Status captured = u->EnqueueApply();
+  ASSERT_EQ(hipStreamEndCapture(stream_, &graph), hipSuccess);
+  ASSERT_TRUE(captured.ok()) << captured;
+  ASSERT_EQ(hipGraphInstantiate(&exec, graph, nullptr, nullptr, 0), hipSuccess);
+  std::vector<int32_t> want(kSteps * kInts);
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<int32_t> values(kInts);
+    for (int k = 0; k < kInts; ++k) values[k] = step * 1000 + k;
+    std::copy(values.begin(), values.end(), want.begin() + step * kInts);
+    ASSERT_TRUE(u->Stage(input->data(), values.data(), kInts * 4).ok()) << "step " << step;
+    if (step % 2 == 0) {
+      ASSERT_TRUE(u->EnqueueApply().ok());
+    } else {
+      ASSERT_EQ(hipGraphLaunch(exec, stream_), hipSuccess);
+    }
+    u->NoteApplyLaunched();
+    // The step's own work: long enough that the host gets ahead, then the inputs it read.
+    ASSERT_EQ(testing::LaunchSpin(20000, stream_), hipSuccess);
+    ASSERT_EQ(hipMemcpyAsync(results->data() + step * kInts, input->data(), kInts * 4,
+                             hipMemcpyDeviceToDevice, stream_),
+              hipSuccess);
+  }
+  EXPECT_EQ(Read(*results), want);
+  EXPECT_EQ(u->applies_launched(), uint64_t{kSteps});
+  (void)hipGraphExecDestroy(exec);
+  (void)hipGraphDestroy(graph);
+}
+
+TEST_F(StagedUploadsTest, ABatchWithoutRoomIsRefusedAndStagesNothing) {
+  auto u = MakeUploads(/*payload=*/64);
+  ASSERT_NE(u, nullptr);
+  auto dst = DeviceBuffer<uint8_t>::Create(256);
+  ASSERT_TRUE(dst.ok());
+  ASSERT_EQ(hipMemset(dst->data(), 0, 256), hipSuccess);
+  std::vector<uint8_t> ones(64, 1), twos(64, 2);
+  ASSERT_TRUE(u->Stage(dst->data(), ones.data(), 40).ok());  // 48 bytes of payload taken
+  const absl::Status full = u->Stage(dst->data() + 64, twos.data(), 17);
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  ASSERT_TRUE(u->Stage(dst->data() + 128, twos.data(), 16).ok());  // still fits
+  ASSERT_TRUE(u->Flush().ok());
+  std::vector<uint8_t> want(256, 0);
+  std::fill(want.begin(), want.begin() + 40, 1);
+  std::fill(want.begin() + 128, want.begin() + 144, 2);
+  EXPECT_EQ(Read(*dst), want);
+  // kMaxStagedUploads copies per batch.
+  auto many = MakeUploads();
+  ASSERT_NE(many, nullptr);
+  for (uint32_t i = 0; i < kernels::kMaxStagedUploads; ++i) {
+    ASSERT_TRUE(many->Stage(dst->data() + i, twos.data(), 1).ok()) << i;
+  }
+  EXPECT_EQ(many->Stage(dst->data(), twos.data(), 1).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(many->Stage(dst->data(), twos.data(), -1).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(many->Flush().ok());
+  EXPECT_EQ(hipStreamSynchronize(stream_), hipSuccess);
+}
+
+TEST_F(StagedUploadsTest, AnApplyReportedLaunchedThatNeverRunsIsAnErrorNotAHang) {
+  auto u = MakeUploads();
+  ASSERT_NE(u, nullptr);
+  auto dst = DeviceBuffer<int32_t>::Create(4);
+  ASSERT_TRUE(dst.ok());
+  const int32_t v[4] = {1, 2, 3, 4};
+  ASSERT_TRUE(u->Stage(dst->data(), v, 16).ok());
+  u->NoteApplyLaunched();  // but no apply kernel was queued
+  const absl::Status s = u->Stage(dst->data(), v, 16);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_NE(s.message().find("never ran"), absl::string_view::npos) << s;
+}
+
+TEST_F(StagedUploadsTest, CreateAndAttachRefuseWhatCannotWork) {
+  EXPECT_EQ(StagedUploads::Create(stream_, 8).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(StagedUploads::Create(stream_, int64_t{1} << 31).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto u = MakeUploads();
+  ASSERT_NE(u, nullptr);
+  auto table = DeviceBuffer<TokenSlot>::Create(64);
+  ASSERT_TRUE(table.ok());
+  const DeviceReqToToken req_to_token{table->const_span(), TokenCount(16)};
+  // The uploads must be queued on the writer's stream.
+  DeviceMetadataWriter::Options other_stream;
+  other_stream.uploads = u.get();
+  EXPECT_EQ(DeviceMetadataWriter::Create(req_to_token, TokenCount(64), nullptr, other_stream)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(u->attached());
+  auto first = DeviceMetadataWriter::Create(req_to_token, TokenCount(64), stream_, other_stream);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(u->attached());
+  const auto second = DeviceMetadataWriter::Create(req_to_token, TokenCount(64), stream_, other_stream);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition) << second.status();
+  first->reset();
+  EXPECT_FALSE(u->attached()) << "a writer detaches when it goes";
+}
+
+// HipDeviceMemory stages small copies only while a consumer is attached, flushes them before
+// any other operation of its own, and sends a copy without room the ordinary way after them.
+TEST_F(StagedUploadsTest, DeviceMemoryKeepsTheOrderOfItsOperations) {
+  auto u = MakeUploads(/*payload=*/256);
+  ASSERT_NE(u, nullptr);
+  HipDeviceMemory memory(stream_, u.get());
+  auto buffer = memory.Allocate("buffer", 1024);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  std::vector<uint8_t> a(1024, 7), b(1024, 9), out(1024);
+  // Not attached: an ordinary copy.
+  ASSERT_TRUE(memory.CopyToDevice(*buffer, 0, a.data(), 64).ok());
+  EXPECT_FALSE(u->has_open_batch());
+  ASSERT_TRUE(u->Attach().ok());
+  // Staged, then a fill over part of it: the staged bytes land first.
+  ASSERT_TRUE(memory.CopyToDevice(*buffer, 0, b.data(), 64).ok());
+  EXPECT_TRUE(u->has_open_batch());
+  ASSERT_TRUE(memory.Fill(*buffer, 32, 16, 0x55).ok());
+  EXPECT_FALSE(u->has_open_batch());
+  ASSERT_TRUE(memory.CopyToHost(out.data(), *buffer, 0, 64).ok());
+  std::vector<uint8_t> want(64, 9);
+  std::fill(want.begin() + 32, want.begin() + 48, 0x55);
+  EXPECT_EQ(std::vector<uint8_t>(out.begin(), out.begin() + 64), want);
+  // Staged, then a copy too large for the payload over the same bytes: the large one wins.
+  ASSERT_TRUE(memory.CopyToDevice(*buffer, 0, a.data(), 128).ok());
+  EXPECT_TRUE(u->has_open_batch());
+  ASSERT_TRUE(memory.CopyToDevice(*buffer, 0, b.data(), 1024).ok());
+  EXPECT_FALSE(u->has_open_batch());
+  ASSERT_TRUE(memory.CopyToHost(out.data(), *buffer, 0, 1024).ok());
+  EXPECT_EQ(out, b);
+  // Staged, then read back: the read flushes first.
+  ASSERT_TRUE(memory.CopyToDevice(*buffer, 100, a.data(), 10).ok());
+  ASSERT_TRUE(memory.CopyToHost(out.data(), *buffer, 0, 1024).ok());
+  std::fill(b.begin() + 100, b.begin() + 110, 7);
+  EXPECT_EQ(out, b);
+  ASSERT_TRUE(u->Detach().ok());
+}
+
+}  // namespace
+}  // namespace attnmeta
