@@ -382,9 +382,9 @@ void RunReplayStep(bool staged) {
               "%.2f us median (event to event); graphs captured: %lld\n",
               how, bs, (long long)ctx, (long long)ps, host_us[kSteps / 2],
               host_us[kSteps * 9 / 10], gpu_us[kSteps / 2], (long long)writer->graphs_captured());
-  Report({staged ? "replay step, staged uploads (host us)" : "replay step, copy call (host us)",
+  Report({staged ? "replay step: staged uploads (host us)" : "replay step: copy call (host us)",
           bs, ctx, ps, 0, host_us[kSteps / 2], 0});
-  Report({staged ? "replay step, staged uploads (GPU us)" : "replay step, copy call (GPU us)",
+  Report({staged ? "replay step: staged uploads (GPU us)" : "replay step: copy call (GPU us)",
           bs, ctx, ps, 0, gpu_us[kSteps / 2], 0});
   BENCH_CHECK(GpuStatus(hipEventDestroy(start), "event"));
   BENCH_CHECK(GpuStatus(hipEventDestroy(stop), "event"));
