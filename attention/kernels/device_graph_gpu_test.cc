@@ -61,9 +61,45 @@ class DeviceGraphTest : public ::testing::TestWithParam<std::tuple<int64_t, bool
     ASSERT_EQ(hipStreamCreate(&stream_), hipSuccess);
   }
   void TearDown() override {
+    device_.reset();  // it uses the stream
     if (stream_ != nullptr) (void)hipStreamDestroy(stream_);
   }
+
+  // GraphState on the GPU over f's table; members in the order they must be destroyed last.
+  struct Device {
+    std::unique_ptr<DeviceBuffer<TokenSlot>> table;  // the device copy of f's req_to_token
+    std::unique_ptr<StagedUploads> uploads;          // when staged
+    std::unique_ptr<HipDeviceMemory> memory;
+    std::unique_ptr<DeviceMetadataWriter> writer;
+    std::unique_ptr<GraphState> state;
+  };
+  void MakeDevice(const BatchFixture& f, const BackendConfig& config, bool staged) {
+    device_ = std::make_unique<Device>();
+    std::vector<TokenSlot> table(f.pool().table().begin(), f.pool().table().end());
+    auto d_table = DeviceBuffer<TokenSlot>::FromHost(table);
+    ASSERT_TRUE(d_table.ok()) << d_table.status();
+    device_->table = std::make_unique<DeviceBuffer<TokenSlot>>(*std::move(d_table));
+    if (staged) {
+      auto u = StagedUploads::Create(stream_);
+      ASSERT_TRUE(u.ok()) << u.status();
+      device_->uploads = *std::move(u);
+    }
+    device_->memory = std::make_unique<HipDeviceMemory>(stream_, device_->uploads.get());
+    DeviceMetadataWriter::Options options;
+    options.uploads = device_->uploads.get();
+    auto writer = DeviceMetadataWriter::Create(
+        DeviceReqToToken{device_->table->const_span(), f.pool().max_context_len()}, f.pool_slots(),
+        stream_, options);
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    device_->writer = *std::move(writer);
+    auto state = GraphState::Create(config, &f.pool(), f.page_size(), device_->memory.get(),
+                                    device_->writer.get());
+    ASSERT_TRUE(state.ok()) << state.status();
+    device_->state = *std::move(state);
+  }
+
   hipStream_t stream_ = nullptr;
+  std::unique_ptr<Device> device_;
 };
 
 TEST_P(DeviceGraphTest, ReplaysEqualTheHostWriterAndARegrowRecaptures) {
@@ -80,26 +116,11 @@ TEST_P(DeviceGraphTest, ReplaysEqualTheHostWriterAndARegrowRecaptures) {
   const BackendConfig config = MakeTestConfig(
       ps, {.max_batch_size = 8, .max_context_len = 512, .split_kv = false, .draft_tokens = kDraft});
   GraphHarness host(config, f);
-
-  std::vector<TokenSlot> table(f.pool().table().begin(), f.pool().table().end());
-  auto d_table = DeviceBuffer<TokenSlot>::FromHost(table);
-  ASSERT_TRUE(d_table.ok()) << d_table.status();
-  std::unique_ptr<StagedUploads> uploads;
-  if (staged) {
-    auto u = StagedUploads::Create(stream_);
-    ASSERT_TRUE(u.ok()) << u.status();
-    uploads = *std::move(u);
-  }
-  HipDeviceMemory memory(stream_, uploads.get());
-  DeviceMetadataWriter::Options options;
-  options.uploads = uploads.get();
-  auto writer = DeviceMetadataWriter::Create(
-      DeviceReqToToken{d_table->const_span(), f.pool().max_context_len()}, f.pool_slots(), stream_,
-      options);
-  ASSERT_TRUE(writer.ok()) << writer.status();
-  auto device = GraphState::Create(config, &f.pool(), f.page_size(), &memory, writer->get());
-  ASSERT_TRUE(device.ok()) << device.status();
-  GraphState& d = **device;
+  MakeDevice(f, config, staged);
+  ASSERT_FALSE(HasFatalFailure());
+  GraphState& d = *device_->state;
+  HipDeviceMemory& memory = *device_->memory;
+  DeviceMetadataWriter* writer = device_->writer.get();
 
   struct Bucket {
     ForwardMode mode;
@@ -116,11 +137,11 @@ TEST_P(DeviceGraphTest, ReplaysEqualTheHostWriterAndARegrowRecaptures) {
       const int64_t bucket = round == 0 ? 8 : 16;
       std::optional<TokenLength> q;
       if (b.mode == ForwardMode::kExtend) q = TokenLength(kExtendRows);
-      const int64_t before = (*writer)->graphs_captured();
+      const int64_t before = writer->graphs_captured();
       auto dh = d.Capture(bucket, b.mode, q);
       auto hh = host.state().Capture(bucket, b.mode, q);
       ASSERT_TRUE(dh.ok() && hh.ok()) << dh.status() << hh.status();
-      EXPECT_EQ((*writer)->graphs_captured(), before + 1) << "one graph per bucket and mode";
+      EXPECT_EQ(writer->graphs_captured(), before + 1) << "one graph per bucket and mode";
       for (int iter = 0; iter < 4; ++iter) {
         const int64_t bs = std::uniform_int_distribution<int64_t>(1, std::min<int64_t>(bucket, 12))(rng);
         SCOPED_TRACE(::testing::Message() << "page_size " << ps << " staged " << staged
@@ -146,8 +167,8 @@ TEST_P(DeviceGraphTest, ReplaysEqualTheHostWriterAndARegrowRecaptures) {
         auto hr = host.state().Replay(*hh, batch);
         ASSERT_TRUE(dr.ok()) << dr.status();
         ASSERT_TRUE(hr.ok()) << hr.status();
-        EXPECT_EQ((*writer)->graphs_captured(), before + 1) << "replays launch the captured graph";
-        ASSERT_TRUE((*writer)->CheckViolations().ok()) << (*writer)->CheckViolations();
+        EXPECT_EQ(writer->graphs_captured(), before + 1) << "replays launch the captured graph";
+        ASSERT_TRUE(writer->CheckViolations().ok()) << writer->CheckViolations();
         // Every buffer the replay wrote, padded rows included, byte for byte.
         const int64_t total = hr->metadata.kv_indptr.back().value() + (bucket - bs);
         std::vector<std::pair<std::string, int64_t>> written = {
@@ -207,25 +228,11 @@ TEST_P(DeviceGraphTest, ReplaysQueuedAheadOfTheGpuEachWriteTheirOwnBatch) {
   const BackendConfig config =
       MakeTestConfig(ps, {.max_batch_size = 8, .max_context_len = 400, .split_kv = false});
   GraphHarness host(config, f);
-  std::vector<TokenSlot> table(f.pool().table().begin(), f.pool().table().end());
-  auto d_table = DeviceBuffer<TokenSlot>::FromHost(table);
-  ASSERT_TRUE(d_table.ok()) << d_table.status();
-  std::unique_ptr<StagedUploads> uploads;
-  if (staged) {
-    auto u = StagedUploads::Create(stream_);
-    ASSERT_TRUE(u.ok()) << u.status();
-    uploads = *std::move(u);
-  }
-  HipDeviceMemory memory(stream_, uploads.get());
-  DeviceMetadataWriter::Options options;
-  options.uploads = uploads.get();
-  auto writer = DeviceMetadataWriter::Create(
-      DeviceReqToToken{d_table->const_span(), f.pool().max_context_len()}, f.pool_slots(), stream_,
-      options);
-  ASSERT_TRUE(writer.ok()) << writer.status();
-  auto device = GraphState::Create(config, &f.pool(), f.page_size(), &memory, writer->get());
-  ASSERT_TRUE(device.ok()) << device.status();
-  GraphState& d = **device;
+  MakeDevice(f, config, staged);
+  ASSERT_FALSE(HasFatalFailure());
+  GraphState& d = *device_->state;
+  DeviceMetadataWriter* writer = device_->writer.get();
+  DeviceBuffer<TokenSlot>& d_table = *device_->table;
   constexpr int64_t kBucket = 8;
   auto dh = d.Capture(kBucket, ForwardMode::kDecode);
   auto hh = host.state().Capture(kBucket, ForwardMode::kDecode);
@@ -265,7 +272,7 @@ TEST_P(DeviceGraphTest, ReplaysQueuedAheadOfTheGpuEachWriteTheirOwnBatch) {
                 hipSuccess);
     }
   }
-  ASSERT_TRUE((*writer)->CheckViolations().ok()) << (*writer)->CheckViolations();
+  ASSERT_TRUE(writer->CheckViolations().ok()) << writer->CheckViolations();
   for (int step = 0; step < kSteps; ++step) {
     for (size_t k = 0; k < names.size(); ++k) {
       auto got = aside[step * names.size() + k]->ToHost();
@@ -278,21 +285,21 @@ TEST_P(DeviceGraphTest, ReplaysQueuedAheadOfTheGpuEachWriteTheirOwnBatch) {
   // replay, on the repaired table, is clean (every launch clears the violation word).
   const int64_t at = int64_t{f.rows()[0].value()} * f.pool().max_context_len().value();
   TokenSlot good;
-  ASSERT_EQ(hipMemcpy(&good, d_table->data() + at, sizeof(TokenSlot), hipMemcpyDeviceToHost),
+  ASSERT_EQ(hipMemcpy(&good, d_table.data() + at, sizeof(TokenSlot), hipMemcpyDeviceToHost),
             hipSuccess);
   const TokenSlot bad(static_cast<int32_t>(f.pool_slots().value() + 5));
-  ASSERT_EQ(hipMemcpy(d_table->data() + at, &bad, sizeof(TokenSlot), hipMemcpyHostToDevice),
+  ASSERT_EQ(hipMemcpy(d_table.data() + at, &bad, sizeof(TokenSlot), hipMemcpyHostToDevice),
             hipSuccess);
   const std::vector<ReqPoolIndex> one_row = {f.rows()[0]};
   const std::vector<TokenLength> one_len = {f.kv_lens()[0]};
   const ReplayBatch one{one_row, one_len};
   ASSERT_TRUE(d.Replay(*dh, one).ok());
-  const absl::Status corrupted = (*writer)->CheckViolations();
+  const absl::Status corrupted = writer->CheckViolations();
   EXPECT_EQ(corrupted.code(), absl::StatusCode::kOutOfRange) << corrupted;
-  ASSERT_EQ(hipMemcpy(d_table->data() + at, &good, sizeof(TokenSlot), hipMemcpyHostToDevice),
+  ASSERT_EQ(hipMemcpy(d_table.data() + at, &good, sizeof(TokenSlot), hipMemcpyHostToDevice),
             hipSuccess);
   ASSERT_TRUE(d.Replay(*dh, one).ok());
-  EXPECT_TRUE((*writer)->CheckViolations().ok()) << (*writer)->CheckViolations();
+  EXPECT_TRUE(writer->CheckViolations().ok()) << writer->CheckViolations();
 }
 
 // What the device writer does not implement is refused with a clear status.
