@@ -501,6 +501,8 @@ absl::StatusOr<SplitKvPlanCounts> GraphState::Write(const CaptureHandle& h,
     std::copy(batch.q_lens.begin(), batch.q_lens.end(), staged_q_lens_.begin());
   }
   std::fill(staged_q_lens_.begin() + bs, staged_q_lens_.begin() + padded, TokenLength(0));
+  request.host_kv_lens = absl::MakeConstSpan(staged_kv_lens_).subspan(0, padded);
+  request.host_q_lens = absl::MakeConstSpan(staged_q_lens_).subspan(0, padded);
   // One copy per replay: the three arrays side by side, as the staged_inputs buffer holds them.
   const size_t cap = staged_rows_.size() * sizeof(int32_t);
   std::memcpy(staging_.data(), staged_rows_.data(), cap);

@@ -74,6 +74,10 @@ struct MetadataWriteRequest {
   MaskLayout mask_layout = MaskLayout::kNone;    // kFull for target-verify
   DraftDecodeShape draft_decode;                 // the config's topk and steps (draft-decode)
   TokenLength q_len_per_request;                 // the captured rows per request (a bound)
+  // Host copies of the staged kv_lens and q_lens ([padded_batch_size]), for a writer that
+  // works on the device but reports host-side counts (the split-KV plan's).
+  absl::Span<const TokenLength> host_kv_lens;
+  absl::Span<const TokenLength> host_q_lens;
   // The buffers' generation (GraphState::generation): a writer that keeps per-buffer state,
   // such as captured device graphs, must drop it when this changes.
   uint64_t generation = 0;

@@ -1,10 +1,11 @@
 // GraphState on the GPU: HipDeviceMemory and DeviceMetadataWriter with the metadata kernels
-// captured in a HIP/CUDA graph per bucket. For page sizes 1, 7, 16 and 64, with the staged
-// inputs copied by a copy call or applied inside the writer's launch (StagedUploads), random
-// real batches replayed through captured decode, extend and target-verify buckets give exactly
-// the buffers the host writer gives (real rows and padded rows), the real rows validate, and a
-// regrow invalidates the captured graph as on the host. Replays queued while the GPU is still
-// busy with earlier ones each write their own batch. Needs a GPU: fails when none is visible.
+// (the split-KV plan's included) captured in a HIP/CUDA graph per bucket. For page sizes 1, 7,
+// 16 and 64, with the staged inputs copied by a copy call or applied inside the writer's
+// launch (StagedUploads), random real batches replayed through captured decode, extend and
+// target-verify buckets give exactly the buffers the host writer gives (real rows and padded
+// rows, the split-KV plan and its counts), the real rows validate, and a regrow invalidates the
+// captured graph as on the host. Replays queued while the GPU is still busy with earlier ones
+// each write their own batch. Needs a GPU: fails when none is visible.
 
 #include <cstdint>
 #include <cstring>
@@ -114,7 +115,7 @@ TEST_P(DeviceGraphTest, ReplaysEqualTheHostWriterAndARegrowRecaptures) {
     f.AddSequence(cached, i < 12 ? 1 : (i < 24 ? kExtendRows : kDraft));
   }
   const BackendConfig config = MakeTestConfig(
-      ps, {.max_batch_size = 8, .max_context_len = 512, .split_kv = false, .draft_tokens = kDraft});
+      ps, {.max_batch_size = 8, .max_context_len = 512, .split_kv = true, .draft_tokens = kDraft});
   GraphHarness host(config, f);
   MakeDevice(f, config, staged);
   ASSERT_FALSE(HasFatalFailure());
@@ -175,6 +176,17 @@ TEST_P(DeviceGraphTest, ReplaysEqualTheHostWriterAndARegrowRecaptures) {
             {"kv_indptr", (bucket + 1) * 4}, {"qo_indptr", (bucket + 1) * 4},
             {"kv_last_page_len", bucket * 4}, {"kv_indices", total * 4},
             {"page_table", bucket * host.state().plan().page_table_cols * 4}};
+        // The split-KV plan, written on the device, and its counts, computed on the host.
+        EXPECT_EQ(dr->split_kv.chunk, hr->split_kv.chunk);
+        EXPECT_EQ(dr->split_kv.work_items, hr->split_kv.work_items);
+        EXPECT_EQ(dr->split_kv.reduce_items, hr->split_kv.reduce_items);
+        EXPECT_EQ(dr->split_kv.num_partials, hr->split_kv.num_partials);
+        EXPECT_GT(hr->split_kv.work_items, 0);
+        written.push_back({"split_kv_work", hr->split_kv.work_items * int64_t{sizeof(SplitKvWorkItem)}});
+        written.push_back({"split_kv_unit_indptr",
+                           (config.consumers().split_kv().num_units() + 1) * int64_t{4}});
+        written.push_back(
+            {"split_kv_reduce", hr->split_kv.reduce_items * int64_t{sizeof(SplitKvReduceItem)}});
         if (b.mode == ForwardMode::kTargetVerify) {
           written.push_back({"mask_indptr", (bucket + 1) * 8});
           written.push_back({"custom_mask", hr->metadata.custom_mask.mask_indptr.back()});
@@ -303,7 +315,7 @@ TEST_P(DeviceGraphTest, ReplaysQueuedAheadOfTheGpuEachWriteTheirOwnBatch) {
 }
 
 // What the device writer does not implement is refused with a clear status.
-TEST(DeviceGraphUnsupportedTest, SplitKvAndDraftDecodeAreUnimplemented) {
+TEST(DeviceGraphUnsupportedTest, DraftDecodeIsUnimplemented) {
   ASSERT_TRUE(testing::RequireGpu().ok()) << testing::RequireGpu();
   BatchFixture f(16, 3, 256, 8, 600);
   std::vector<TokenSlot> table(f.pool().table().begin(), f.pool().table().end());
@@ -314,11 +326,6 @@ TEST(DeviceGraphUnsupportedTest, SplitKvAndDraftDecodeAreUnimplemented) {
       DeviceReqToToken{d_table->const_span(), f.pool().max_context_len()}, f.pool_slots(), nullptr,
       {});
   ASSERT_TRUE(writer.ok());
-  auto split = GraphState::Create(MakeTestConfig(16), &f.pool(), f.page_size(), &memory,
-                                  writer->get());
-  ASSERT_TRUE(split.ok()) << split.status();
-  EXPECT_EQ((*split)->Capture(4, ForwardMode::kDecode).status().code(),
-            absl::StatusCode::kUnimplemented);
   auto draft = GraphState::Create(MakeTestConfig(16, {.split_kv = false, .topk = 2, .steps = 2}),
                                   &f.pool(), f.page_size(), &memory, writer->get());
   ASSERT_TRUE(draft.ok()) << draft.status();

@@ -96,6 +96,19 @@ absl::Status DeviceMetadataWriter::Launch(const MetadataWriteRequest& r, const G
   if (absl::Status s = BuildDecodeMetadataOnDevice(a, violation_.device(), stream_); !s.ok()) {
     return s;
   }
+  if (r.split_kv) {
+    SplitKvPlanDeviceArgs plan;
+    plan.qo_indptr = DeviceSpan<const TokenOffset>(a.qo_indptr.data(), a.qo_indptr.size());
+    plan.kv_indptr = DeviceSpan<const TokenOffset>(a.kv_indptr.data(), a.kv_indptr.size());
+    plan.options = r.split_kv_options;
+    plan.work = DeviceSpan<SplitKvWorkItem>(b.split_kv.work.data(), b.split_kv.work.size());
+    plan.unit_indptr =
+        DeviceSpan<int32_t>(b.split_kv.unit_indptr.data(), b.split_kv.unit_indptr.size());
+    plan.reduce = DeviceSpan<SplitKvReduceItem>(b.split_kv.reduce.data(), b.split_kv.reduce.size());
+    if (absl::Status s = BuildSplitKvPlanOnDevice(plan, violation_.device(), stream_); !s.ok()) {
+      return s;
+    }
+  }
   if (r.mask_layout == MaskLayout::kNone) return absl::OkStatus();
   TreeMaskDeviceArgs m;
   m.q_lens = a.q_lens;
@@ -109,10 +122,6 @@ absl::Status DeviceMetadataWriter::Launch(const MetadataWriteRequest& r, const G
 }
 
 absl::Status DeviceMetadataWriter::CheckSupported(const MetadataWriteRequest& r) const {
-  if (r.split_kv) {
-    return absl::UnimplementedError(
-        "device metadata writer: the split-KV plan has no device twin yet (use the host writer)");
-  }
   if (r.mode == ForwardMode::kDraftDecode) {
     return absl::UnimplementedError(
         "device metadata writer: draft-decode's multi-step layout has no device twin yet");
@@ -170,9 +179,17 @@ absl::Status DeviceMetadataWriter::WriteBatchArrays(const MetadataWriteRequest& 
   return absl::OkStatus();
 }
 
-absl::Status DeviceMetadataWriter::WriteTokenArrays(const MetadataWriteRequest&, const GraphBuffers&,
+absl::Status DeviceMetadataWriter::WriteTokenArrays(const MetadataWriteRequest& r,
+                                                    const GraphBuffers&,
                                                     SplitKvPlanCounts* split_kv_counts) {
-  if (split_kv_counts != nullptr) *split_kv_counts = SplitKvPlanCounts{};
+  if (split_kv_counts == nullptr) return absl::OkStatus();
+  *split_kv_counts = SplitKvPlanCounts{};
+  if (!r.split_kv) return absl::OkStatus();
+  // The plan is written on the device; its counts follow from the host's lengths.
+  absl::StatusOr<SplitKvPlanCounts> counts =
+      CountSplitKvPlan(r.host_q_lens, r.host_kv_lens, r.split_kv_options);
+  if (!counts.ok()) return counts.status();
+  *split_kv_counts = *counts;
   return absl::OkStatus();
 }
 

@@ -1,9 +1,9 @@
 // DeviceMetadataWriter: the graph layer's MetadataWriter (attention/graph/metadata_writer.h)
 // on the GPU. From the staged rows and lengths of a padded batch it writes every array of a
-// decode, extend, draft-extend or idle replay in one fused kernel launch (and target-verify's
-// FULL mask in a second), from device-resident inputs only, so that the launches can be
-// captured in a HIP/CUDA graph once per (buffer generation, bucket, mode) and replayed for
-// any real batch of that bucket: the kernels' arguments depend on the bucket and the buffers,
+// decode, extend, draft-extend or idle replay in one fused kernel launch (target-verify's
+// FULL mask in a second, the split-KV plan in another), from device-resident inputs only, so
+// that the launches can be captured in a HIP/CUDA graph once per (buffer generation, bucket,
+// mode) and replayed for any real batch of that bucket: the kernels' arguments depend on the bucket and the buffers,
 // never on the real batch (padded rows are told apart by their staged row, kPaddedRow).
 //
 // With graphs on (the default) the first write of a (generation, bucket, mode) captures the
@@ -16,8 +16,10 @@
 // and turns what the kernels recorded (a row, length or slot in device memory that broke its
 // bound) into a Status.
 //
-// Not supported here (Unimplemented): the split-KV plan and draft-decode's multi-step layout,
-// whose device twins are not written yet; the host writer does both.
+// The split-KV plan is written on the device too (BuildSplitKvPlanOnDevice, from the indptrs
+// the fused launch wrote); WriteTokenArrays reports its counts from the request's host
+// lengths (CountSplitKvPlan). Not supported here (Unimplemented): draft-decode's multi-step
+// layout, whose device twin is not written yet; the host writer does it.
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_DEVICE_METADATA_WRITER_H_
 #define ATTNMETA_ATTENTION_KERNELS_DEVICE_METADATA_WRITER_H_
@@ -58,7 +60,7 @@ class DeviceMetadataWriter : public MetadataWriter {
   DeviceMetadataWriter& operator=(const DeviceMetadataWriter&) = delete;
   ~DeviceMetadataWriter() override;
 
-  // Unimplemented for the split-KV plan, draft-decode and mask layouts other than FULL.
+  // Unimplemented for draft-decode and mask layouts other than FULL.
   absl::Status CheckSupported(const MetadataWriteRequest& request) const override;
   absl::Status WriteBatchArrays(const MetadataWriteRequest& request,
                                 const GraphBuffers& buffers) override;

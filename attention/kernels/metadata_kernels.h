@@ -107,6 +107,36 @@ struct FusedMetadataParams {
 hipError_t LaunchFusedMetadataKernel(const FusedMetadataParams& p, int32_t passes,
                                      hipStream_t stream);
 
+// A split-KV plan's work and reduce items as the host planner lays them out (SplitKvWorkItem
+// and SplitKvReduceItem of attention/metadata/split_kv_planner.h; the device writer checks
+// that the layouts match).
+struct SplitKvWorkEntry {
+  int32_t sequence, q_begin, q_end, kv_begin, kv_end, partial_slot;
+};
+struct SplitKvReduceEntry {
+  int32_t sequence, q_begin, q_end, partial_begin, partial_end;
+};
+
+// The split-KV plan PlanSplitKvInto writes for sequences [0, n) of qo_indptr / kv_indptr,
+// bit for bit: the same work items in the same order, unit_indptr[0, num_units], the reduce
+// items, the partial slots. One block. Violations: a negative or decreasing indptr entry (the
+// sequence taken as empty), q_len > kv_len (q taken as kv), items past a capacity (not written).
+struct SplitKvPlanParams {
+  const int32_t* qo_indptr;  // [n + 1]
+  const int32_t* kv_indptr;  // [n + 1]
+  int32_t n;                 // >= 0
+  int32_t num_units;         // >= 1
+  int32_t chunk;             // >= 1: the split unit in tokens (SplitKvPlanCounts::chunk)
+  int32_t q_tile;            // >= 1
+  SplitKvWorkEntry* work;    // [work_capacity]
+  int64_t work_capacity;
+  int32_t* unit_indptr;      // [num_units + 1]
+  SplitKvReduceEntry* reduce;  // [reduce_capacity]
+  int64_t reduce_capacity;
+  DeviceViolation* violation;
+};
+hipError_t LaunchSplitKvPlanKernel(const SplitKvPlanParams& p, hipStream_t stream);
+
 // Target-verify's FULL mask from tree rows: mask_indptr = [0] + cumsum(q_len * kv_len) and,
 // per request, [q_len][kv_len] bytes: 1 for the kv_len - q_len prefix columns, then the tree
 // row (tree rows of request i start at sum over k < i of q_len_k^2). Grid (padded_batch,

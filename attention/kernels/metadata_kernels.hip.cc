@@ -380,6 +380,132 @@ struct alignas(16) Word16 {
   uint32_t x, y, z, w;
 };
 
+
+// PlanSplitKvInto hands the batch's chunks out in order, units [0, extra) taking base + 1 and
+// the rest base: the unit of the g-th chunk and the first chunk of unit u are arithmetic, so a
+// sequence's items can be written on their own once the prefix sums of chunks, items, partial
+// slots and reduce items over the sequences before it are known.
+struct UnitMap {
+  int64_t base, extra;
+  // REQUIRES: g < the batch's chunks (so base > 0 past the first extra * (base + 1)).
+  __device__ int64_t UnitOf(int64_t g) const {
+    return g < extra * (base + 1) ? g / (base + 1) : extra + (g - extra * (base + 1)) / base;
+  }
+  __device__ int64_t Start(int64_t u) const {
+    return u < extra ? u * (base + 1) : extra * (base + 1) + (u - extra) * base;
+  }
+};
+
+// Sequence i's query rows and KV length, checked (a bad indptr entry makes it empty; q past kv
+// is clamped).
+struct PlanSequence {
+  int64_t qo_begin, q, kv, tiles, kv_chunks;
+};
+__device__ inline PlanSequence LoadPlanSequence(const SplitKvPlanParams& p, int32_t i) {
+  PlanSequence s{0, 0, 0, 0, 0};
+  const int64_t q0 = p.qo_indptr[i], q1 = p.qo_indptr[i + 1];
+  const int64_t k0 = p.kv_indptr[i], k1 = p.kv_indptr[i + 1];
+  if (q0 < 0 || k0 < 0) {
+    RecordViolation(p.violation, kOffsetNegative, i, q0 < 0 ? q0 : k0, 0);
+    return s;
+  }
+  if (q1 < q0 || k1 < k0) {
+    RecordViolation(p.violation, kIndptrDecreasing, i + 1, q1 < q0 ? q1 : k1, q1 < q0 ? q0 : k0);
+    return s;
+  }
+  s.qo_begin = q0;
+  s.q = q1 - q0;
+  s.kv = k1 - k0;
+  if (s.q > s.kv) {
+    RecordViolation(p.violation, kQueryPastKv, i, s.q, s.kv);
+    s.q = s.kv;
+  }
+  s.tiles = (s.q + p.q_tile - 1) / p.q_tile;
+  s.kv_chunks = (s.kv + p.chunk - 1) / p.chunk;
+  return s;
+}
+
+__device__ inline int64_t ExclusiveScan(int64_t v, int64_t& carry,
+                                        internal::BlockScratch<kIndptrThreads>& scratch) {
+  int64_t total = 0;
+  const int64_t before = carry + internal::BlockInclusiveScan<kIndptrThreads>(v, scratch, &total) - v;
+  carry += total;
+  return before;
+}
+
+__global__ void __launch_bounds__(kIndptrThreads) SplitKvPlanKernel(SplitKvPlanParams p) {
+  __shared__ internal::BlockScratch<kIndptrThreads> scratch;
+  int64_t total_chunks = 0;
+  for (int32_t k0 = 0; k0 < p.n; k0 += kIndptrThreads) {
+    const int32_t i = k0 + threadIdx.x;
+    int64_t chunks = 0;
+    if (i < p.n) {
+      const PlanSequence s = LoadPlanSequence(p, i);
+      chunks = s.tiles * s.kv_chunks;
+    }
+    (void)ExclusiveScan(chunks, total_chunks, scratch);
+  }
+  const UnitMap m{total_chunks / p.num_units, total_chunks % p.num_units};
+  int64_t chunk_carry = 0, item_carry = 0, partial_carry = 0, reduce_carry = 0;
+  for (int32_t k0 = 0; k0 < p.n; k0 += kIndptrThreads) {
+    const int32_t i = k0 + threadIdx.x;
+    PlanSequence s{0, 0, 0, 0, 0};
+    if (i < p.n) s = LoadPlanSequence(p, i);
+    const int64_t g_first = ExclusiveScan(s.tiles * s.kv_chunks, chunk_carry, scratch);
+    int64_t items = 0, partials = 0, reduces = 0;
+    for (int64_t t = 0; t < s.tiles; ++t) {
+      const int64_t g = g_first + t * s.kv_chunks;
+      const int64_t n_items = m.UnitOf(g + s.kv_chunks - 1) - m.UnitOf(g) + 1;
+      items += n_items;
+      if (n_items > 1) {
+        partials += n_items;
+        ++reduces;
+      }
+    }
+    int64_t item = ExclusiveScan(items, item_carry, scratch);
+    int64_t partial = ExclusiveScan(partials, partial_carry, scratch);
+    int64_t reduce = ExclusiveScan(reduces, reduce_carry, scratch);
+    for (int64_t t = 0; t < s.tiles; ++t) {
+      const int64_t g = g_first + t * s.kv_chunks;
+      const int64_t g_end = g + s.kv_chunks;
+      const int64_t u_first = m.UnitOf(g), u_last = m.UnitOf(g_end - 1);
+      const int64_t q_last = (t + 1) * p.q_tile < s.q ? (t + 1) * p.q_tile : s.q;
+      const int32_t q_begin = static_cast<int32_t>(s.qo_begin + t * p.q_tile);
+      const int32_t q_end = static_cast<int32_t>(s.qo_begin + q_last);
+      const bool split = u_last > u_first;
+      const int64_t partial_begin = partial;
+      for (int64_t u = u_first; u <= u_last; ++u, ++item) {
+        const int64_t c0 = m.Start(u) > g ? m.Start(u) : g;
+        const int64_t c1 = m.Start(u + 1) < g_end ? m.Start(u + 1) : g_end;
+        // The item holding a unit's first chunk starts the unit.
+        if (c0 == m.Start(u)) p.unit_indptr[u] = static_cast<int32_t>(item);
+        const int32_t slot = split ? static_cast<int32_t>(partial++) : -1;
+        if (item >= p.work_capacity) {
+          RecordViolation(p.violation, kTotalPastCapacity, i, item + 1, p.work_capacity);
+          continue;
+        }
+        const int64_t kv_end = (c1 - g) * p.chunk < s.kv ? (c1 - g) * p.chunk : s.kv;
+        p.work[item] = SplitKvWorkEntry{i, q_begin, q_end, static_cast<int32_t>((c0 - g) * p.chunk),
+                                        static_cast<int32_t>(kv_end), slot};
+      }
+      if (!split) continue;
+      if (reduce >= p.reduce_capacity) {
+        RecordViolation(p.violation, kTotalPastCapacity, i, reduce + 1, p.reduce_capacity);
+      } else {
+        p.reduce[reduce] = SplitKvReduceEntry{i, q_begin, q_end, static_cast<int32_t>(partial_begin),
+                                              static_cast<int32_t>(partial)};
+      }
+      ++reduce;
+    }
+  }
+  // Units with no chunk, and the end: every item is before them.
+  for (int32_t u = threadIdx.x; u <= p.num_units; u += kIndptrThreads) {
+    if (u == p.num_units || m.Start(u + 1) == m.Start(u)) {
+      p.unit_indptr[u] = static_cast<int32_t>(item_carry);
+    }
+  }
+}
+
 }  // namespace
 
 hipError_t LaunchIndptrKernel(const IndptrParams& p, hipStream_t stream) {
@@ -406,6 +532,11 @@ hipError_t LaunchFusedMetadataKernel(const FusedMetadataParams& p, int32_t passe
 
 hipError_t LaunchTreeMaskKernel(const TreeMaskParams& p, int32_t passes, hipStream_t stream) {
   TreeMaskKernel<<<dim3(p.padded_batch, passes), kThreads, 0, stream>>>(p);
+  return hipGetLastError();
+}
+
+hipError_t LaunchSplitKvPlanKernel(const SplitKvPlanParams& p, hipStream_t stream) {
+  SplitKvPlanKernel<<<1, kIndptrThreads, 0, stream>>>(p);
   return hipGetLastError();
 }
 

@@ -6,6 +6,7 @@
 // Needs a GPU: fails when none is visible.
 
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "attention/metadata/builders.h"
 #include "attention/metadata/context_gather.h"
 #include "attention/metadata/custom_mask.h"
+#include "attention/metadata/split_kv_planner.h"
 #include "attention/metadata/testing/batch_fixture.h"
 #include "gtest/gtest.h"
 
@@ -258,7 +260,110 @@ TEST_F(GpuTest, GatherKvCopiesThePoolRowsOfTokIdx) {
 
 // Corrupted device-resident metadata: the kernels stay in bounds, write safe values, and the
 // violation word names the first problem.
+// The words of a vector of plain structs, for exact comparisons.
+template <typename T>
+std::vector<int32_t> Words(const std::vector<T>& v) {
+  static_assert(sizeof(T) % 4 == 0);
+  std::vector<int32_t> out(v.size() * sizeof(T) / 4);
+  std::memcpy(out.data(), v.data(), out.size() * 4);
+  return out;
+}
+
+constexpr SplitKvWorkItem kPoisonItem{-7, TokenOffset(-7), TokenOffset(-7), TokenPosition(-7),
+                                      TokenPosition(-7), -7};
+constexpr SplitKvReduceItem kPoisonReduce{-7, TokenOffset(-7), TokenOffset(-7), -7, -7};
+
+// The split-KV plan on the device is the host planner's, bit for bit, over random batches (up to
+// 2,500 sequences: several rounds of the one-block kernel), query tiles, layouts and unit
+// counts; entries past the plan keep their poison.
+TEST_F(GpuTest, SplitKvPlanEqualsTheHostPlanner) {
+  const uint64_t seed = 4242;
+  std::mt19937_64 rng(seed);
+  for (int iter = 0; iter < 60; ++iter) {
+    const int bs = iter < 6 ? iter
+                            : std::uniform_int_distribution<int>(1, iter % 6 == 0 ? 2500 : 40)(rng);
+    std::vector<TokenOffset> qo = {TokenOffset(0)}, kv = {TokenOffset(0)};
+    for (int i = 0; i < bs; ++i) {
+      const int32_t k = std::uniform_int_distribution<int32_t>(0, 5000)(rng);
+      const int32_t q = std::uniform_int_distribution<int32_t>(0, std::min(k, 150))(rng);
+      qo.push_back(TokenOffset(qo.back().value() + q));
+      kv.push_back(TokenOffset(kv.back().value() + k));
+    }
+    SplitKvOptions opt;
+    const int64_t ps = std::vector<int64_t>{1, 7, 16, 64}[iter % 4];
+    opt.layout = iter % 2 ? KvLayout::Paged(*PageSize::Create(ps)) : KvLayout::LinearPerToken();
+    opt.num_units = std::uniform_int_distribution<int32_t>(1, iter % 5 == 0 ? 1500 : 300)(rng);
+    opt.kv_granularity = TokenCount(std::uniform_int_distribution<int64_t>(1, 700)(rng));
+    opt.q_tile = TokenCount(std::uniform_int_distribution<int64_t>(1, 128)(rng));
+    const SplitKvCapacity cap = SplitKvCapacityFor(NumQueryTiles(qo, opt.q_tile), opt.num_units);
+    std::vector<SplitKvWorkItem> work(cap.work_items + 3, kPoisonItem);
+    std::vector<int32_t> unit_indptr(opt.num_units + 3, -7);
+    std::vector<SplitKvReduceItem> reduce(cap.reduce_items + 3, kPoisonReduce);
+    DeviceBuffer<SplitKvWorkItem> d_work = Upload(work);
+    DeviceBuffer<int32_t> d_units = Upload(unit_indptr);
+    DeviceBuffer<SplitKvReduceItem> d_reduce = Upload(reduce);
+    auto counts = PlanSplitKvInto(
+        qo, kv, opt,
+        SplitKvPlanSpans{absl::MakeSpan(work), absl::MakeSpan(unit_indptr), absl::MakeSpan(reduce)});
+    ASSERT_TRUE(counts.ok()) << counts.status();
+    DeviceBuffer<TokenOffset> d_qo = Upload(qo), d_kv = Upload(kv);
+    SplitKvPlanDeviceArgs a{d_qo.const_span(), d_kv.const_span(), opt, d_work.span(),
+                            d_units.span(), d_reduce.span()};
+    ASSERT_TRUE(BuildSplitKvPlanOnDevice(a, violation(), nullptr).ok());
+    ASSERT_TRUE(Violations().ok()) << Violations();
+    const std::string at = "seed " + std::to_string(seed) + " iter " + std::to_string(iter) +
+                           " bs " + std::to_string(bs) + " units " + std::to_string(opt.num_units);
+    ASSERT_EQ(Words(Download(d_work)), Words(work)) << at;
+    ASSERT_EQ(Download(d_units), unit_indptr) << at;
+    ASSERT_EQ(Words(Download(d_reduce)), Words(reduce)) << at;
+  }
+}
+
 class GuardGpuTest : public GpuTest {};
+
+// The plan's kernel names a decreasing indptr and items past a span it was given, and writes
+// nothing outside the spans; the launcher refuses what it can see.
+TEST_F(GuardGpuTest, SplitKvPlanNamesBadIndptrsAndShortSpans) {
+  const std::vector<TokenOffset> qo = {TokenOffset(0), TokenOffset(1), TokenOffset(2)};
+  const std::vector<TokenOffset> kv = {TokenOffset(0), TokenOffset(900), TokenOffset(1800)};
+  SplitKvOptions opt;
+  opt.num_units = 8;
+  opt.kv_granularity = TokenCount(100);
+  // 18 chunks over 8 units: 9 items, one more than the span of 8 (two guard entries follow it).
+  DeviceBuffer<SplitKvWorkItem> work = Upload(std::vector<SplitKvWorkItem>(10, kPoisonItem));
+  DeviceBuffer<int32_t> units = Upload(std::vector<int32_t>(9, -7));
+  DeviceBuffer<SplitKvReduceItem> reduce = Upload(std::vector<SplitKvReduceItem>(4, kPoisonReduce));
+  DeviceBuffer<TokenOffset> d_qo = Upload(qo), d_kv = Upload(kv);
+  SplitKvPlanDeviceArgs a{d_qo.const_span(), d_kv.const_span(), opt,
+                          DeviceSpan<SplitKvWorkItem>(work.data(), 8), units.span(), reduce.span()};
+  ASSERT_TRUE(BuildSplitKvPlanOnDevice(a, violation(), nullptr).ok());
+  ExpectViolation("the buffer holds 8");
+  const std::vector<SplitKvWorkItem> got = Download(work);
+  EXPECT_EQ(Words(std::vector<SplitKvWorkItem>(got.begin() + 8, got.end())),
+            Words(std::vector<SplitKvWorkItem>(2, kPoisonItem)));
+  DeviceBuffer<TokenOffset> bad_kv =
+      Upload(std::vector<TokenOffset>{TokenOffset(0), TokenOffset(900), TokenOffset(800)});
+  a.kv_indptr = bad_kv.const_span();
+  a.work = work.span();
+  ASSERT_TRUE(BuildSplitKvPlanOnDevice(a, violation(), nullptr).ok());
+  ExpectViolation("below the entry");
+  // What the launcher sees: options, sizes, nulls.
+  SplitKvPlanDeviceArgs b = a;
+  b.options.num_units = 0;
+  EXPECT_EQ(BuildSplitKvPlanOnDevice(b, violation(), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  b = a;
+  b.unit_indptr = DeviceSpan<int32_t>(units.data(), 8);
+  EXPECT_EQ(BuildSplitKvPlanOnDevice(b, violation(), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  b = a;
+  b.qo_indptr = DeviceSpan<const TokenOffset>(d_qo.data(), 2);
+  EXPECT_EQ(BuildSplitKvPlanOnDevice(b, violation(), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  b = a;
+  b.work = DeviceSpan<SplitKvWorkItem>(nullptr, 8);
+  EXPECT_FALSE(BuildSplitKvPlanOnDevice(b, violation(), nullptr).ok());
+}
 
 TEST_F(GuardGpuTest, FusedLaunchClampsAndNamesBadRowsLengthsSlotsAndCapacity) {
   const BatchFixture f = MakeBatch(16, 4, 200, 1, 41);

@@ -1,6 +1,7 @@
 #include "attention/kernels/metadata_launchers.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 
@@ -179,6 +180,61 @@ absl::Status BuildTreeMaskOnDevice(const TreeMaskDeviceArgs& a, kernels::DeviceV
       kernels::LaunchTreeMaskKernel(p, Passes(a.max_mask_bytes_per_row, kernels::kMetadataThreads),
                                     stream),
       "tree mask");
+}
+
+// The kernel writes the host planner's items through its own plain structs.
+static_assert(sizeof(SplitKvWorkItem) == sizeof(kernels::SplitKvWorkEntry) &&
+              offsetof(SplitKvWorkItem, sequence) == offsetof(kernels::SplitKvWorkEntry, sequence) &&
+              offsetof(SplitKvWorkItem, q_begin) == offsetof(kernels::SplitKvWorkEntry, q_begin) &&
+              offsetof(SplitKvWorkItem, q_end) == offsetof(kernels::SplitKvWorkEntry, q_end) &&
+              offsetof(SplitKvWorkItem, kv_begin) == offsetof(kernels::SplitKvWorkEntry, kv_begin) &&
+              offsetof(SplitKvWorkItem, kv_end) == offsetof(kernels::SplitKvWorkEntry, kv_end) &&
+              offsetof(SplitKvWorkItem, partial_slot) ==
+                  offsetof(kernels::SplitKvWorkEntry, partial_slot));
+static_assert(sizeof(SplitKvReduceItem) == sizeof(kernels::SplitKvReduceEntry) &&
+              offsetof(SplitKvReduceItem, sequence) == offsetof(kernels::SplitKvReduceEntry, sequence) &&
+              offsetof(SplitKvReduceItem, q_begin) == offsetof(kernels::SplitKvReduceEntry, q_begin) &&
+              offsetof(SplitKvReduceItem, q_end) == offsetof(kernels::SplitKvReduceEntry, q_end) &&
+              offsetof(SplitKvReduceItem, partial_begin) ==
+                  offsetof(kernels::SplitKvReduceEntry, partial_begin) &&
+              offsetof(SplitKvReduceItem, partial_end) ==
+                  offsetof(kernels::SplitKvReduceEntry, partial_end));
+
+absl::Status BuildSplitKvPlanOnDevice(const SplitKvPlanDeviceArgs& a,
+                                      kernels::DeviceViolation* violation, hipStream_t stream) {
+  if (absl::Status s = CheckSplitKvOptions(a.options); !s.ok()) return s;
+  if (a.qo_indptr.empty() || a.qo_indptr.size() != a.kv_indptr.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("split-KV plan: qo_indptr has ",
+                                                   a.qo_indptr.size(), " entries, kv_indptr ",
+                                                   a.kv_indptr.size()));
+  }
+  if (a.unit_indptr.size() < static_cast<size_t>(a.options.num_units) + 1) {
+    return absl::InvalidArgumentError(absl::StrCat("split-KV plan: unit_indptr holds ",
+                                                   a.unit_indptr.size(), " entries, ",
+                                                   a.options.num_units + 1, " needed"));
+  }
+  if (a.qo_indptr.size() - 1 > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+    return absl::OutOfRangeError("split-KV plan: batch beyond int32");
+  }
+  for (absl::Status s : {CheckNotNull("qo_indptr", a.qo_indptr), CheckNotNull("kv_indptr", a.kv_indptr),
+                         CheckNotNull("work", a.work), CheckNotNull("unit_indptr", a.unit_indptr),
+                         CheckNotNull("reduce", a.reduce)}) {
+    if (!s.ok()) return s;
+  }
+  kernels::SplitKvPlanParams p;
+  p.qo_indptr = reinterpret_cast<const int32_t*>(a.qo_indptr.data());
+  p.kv_indptr = reinterpret_cast<const int32_t*>(a.kv_indptr.data());
+  p.n = static_cast<int32_t>(a.qo_indptr.size() - 1);
+  p.num_units = a.options.num_units;
+  p.chunk = static_cast<int32_t>(SplitKvChunk(a.options).value());
+  p.q_tile = static_cast<int32_t>(a.options.q_tile.value());
+  p.work = reinterpret_cast<kernels::SplitKvWorkEntry*>(a.work.data());
+  p.work_capacity = static_cast<int64_t>(a.work.size());
+  p.unit_indptr = a.unit_indptr.data();
+  p.reduce = reinterpret_cast<kernels::SplitKvReduceEntry*>(a.reduce.data());
+  p.reduce_capacity = static_cast<int64_t>(a.reduce.size());
+  p.violation = violation;
+  return LaunchResult(kernels::LaunchSplitKvPlanKernel(p, stream), "split-KV plan");
 }
 
 absl::Status GatherKvOnDevice(const GatherKvDeviceArgs& a, kernels::DeviceViolation* violation,

@@ -18,6 +18,7 @@
 #include "attention/kernels/device_span.h"
 #include "attention/kernels/device_violation.h"
 #include "attention/kernels/hip_port.h"
+#include "attention/metadata/split_kv_planner.h"
 #include "kvcache/req_to_token_pool.h"
 #include "kvcache/units.h"
 
@@ -80,6 +81,24 @@ struct TreeMaskDeviceArgs {
 };
 absl::Status BuildTreeMaskOnDevice(const TreeMaskDeviceArgs& args,
                                    kernels::DeviceViolation* violation, hipStream_t stream);
+
+// PlanSplitKvInto on the device: the split-KV plan of the sequences of qo_indptr / kv_indptr
+// (device arrays, e.g. the fused launch's) written into the fixed buffers, bit for bit the
+// plan the host planner writes for the same indptrs, without a host round trip. The counts
+// (CountSplitKvPlan) come from the host's lengths. InvalidArgument: options out of range,
+// indptrs empty or of different sizes, unit_indptr shorter than num_units + 1, null
+// pointers. On the device: a negative or decreasing indptr entry, q_len > kv_len and items
+// past the work or reduce spans are recorded (kernels::SplitKvPlanParams).
+struct SplitKvPlanDeviceArgs {
+  DeviceSpan<const TokenOffset> qo_indptr;  // [B + 1]
+  DeviceSpan<const TokenOffset> kv_indptr;  // [B + 1]
+  SplitKvOptions options;
+  DeviceSpan<SplitKvWorkItem> work;         // the work buffer's capacity
+  DeviceSpan<int32_t> unit_indptr;          // >= num_units + 1
+  DeviceSpan<SplitKvReduceItem> reduce;     // the reduce buffer's capacity
+};
+absl::Status BuildSplitKvPlanOnDevice(const SplitKvPlanDeviceArgs& args,
+                                      kernels::DeviceViolation* violation, hipStream_t stream);
 
 enum class KvElementType { kBf16, kFp16 };
 

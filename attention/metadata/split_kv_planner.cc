@@ -29,23 +29,14 @@ int64_t NumQueryTiles(absl::Span<const TokenOffset> qo_indptr, TokenCount q_tile
 
 namespace {
 
-// The split unit: the granularity rounded up to whole blocks of the consumer's layout.
-// REQUIRES: the options are in range (CheckPlanInputs).
-int64_t ChunkOf(const SplitKvOptions& options) {
-  const int64_t block = options.layout.block().tokens();
-  return (options.kv_granularity.value() + block - 1) / block * block;
-}
-
 struct PlanShape {
   int64_t chunk;
   int64_t total_chunks;
 };
 
-// The input checks shared by both entry points; returns the chunk and the batch's total
-// chunk count.
-absl::StatusOr<PlanShape> CheckPlanInputs(absl::Span<const TokenOffset> qo_indptr,
-                                          absl::Span<const TokenOffset> kv_indptr,
-                                          const SplitKvOptions& options) {
+}  // namespace
+
+absl::Status CheckSplitKvOptions(const SplitKvOptions& options) {
   if (options.num_units < 1 || options.num_units > kMaxUnits ||
       options.kv_granularity.value() < 1 || options.kv_granularity.value() > kMaxTokens ||
       options.q_tile.value() < 1 || options.q_tile.value() > kMaxTokens) {
@@ -54,13 +45,29 @@ absl::StatusOr<PlanShape> CheckPlanInputs(absl::Span<const TokenOffset> qo_indpt
         "[1, ", kMaxTokens, "], got ", options.num_units, ", ", options.kv_granularity.value(),
         ", ", options.q_tile.value()));
   }
+  return absl::OkStatus();
+}
+
+TokenCount SplitKvChunk(const SplitKvOptions& options) {
+  const int64_t block = options.layout.block().tokens();
+  return TokenCount((options.kv_granularity.value() + block - 1) / block * block);
+}
+
+namespace {
+
+// The input checks shared by both entry points; returns the chunk and the batch's total
+// chunk count.
+absl::StatusOr<PlanShape> CheckPlanInputs(absl::Span<const TokenOffset> qo_indptr,
+                                          absl::Span<const TokenOffset> kv_indptr,
+                                          const SplitKvOptions& options) {
+  if (absl::Status s = CheckSplitKvOptions(options); !s.ok()) return s;
   if (qo_indptr.size() != kv_indptr.size()) {
     return absl::InvalidArgumentError(absl::StrCat("qo_indptr has ", qo_indptr.size(),
                                                    " entries, kv_indptr ", kv_indptr.size()));
   }
   if (absl::Status s = internal::CheckIndptr("qo_indptr", qo_indptr); !s.ok()) return s;
   if (absl::Status s = internal::CheckIndptr("kv_indptr", kv_indptr); !s.ok()) return s;
-  const int64_t chunk = ChunkOf(options);
+  const int64_t chunk = SplitKvChunk(options).value();
   const int64_t q_tile = options.q_tile.value();
   int64_t total_chunks = 0;
   for (size_t i = 0; i + 1 < qo_indptr.size(); ++i) {
@@ -150,6 +157,51 @@ absl::StatusOr<SplitKvPlanCounts> PlanSplitKvInto(absl::Span<const TokenOffset> 
   absl::StatusOr<PlanShape> shape = CheckPlanInputs(qo_indptr, kv_indptr, options);
   if (!shape.ok()) return shape.status();
   return WritePlan(qo_indptr, kv_indptr, options, *shape, out);
+}
+
+absl::StatusOr<SplitKvPlanCounts> CountSplitKvPlan(absl::Span<const TokenLength> q_lens,
+                                                   absl::Span<const TokenLength> kv_lens,
+                                                   const SplitKvOptions& options) {
+  if (absl::Status s = CheckSplitKvOptions(options); !s.ok()) return s;
+  if (q_lens.size() != kv_lens.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("q_lens has ", q_lens.size(),
+                                                   " entries, kv_lens ", kv_lens.size()));
+  }
+  const int64_t chunk = SplitKvChunk(options).value();
+  const int64_t q_tile = options.q_tile.value();
+  int64_t total_chunks = 0;
+  for (size_t i = 0; i < q_lens.size(); ++i) {
+    const int64_t q = q_lens[i].value();
+    const int64_t kv = kv_lens[i].value();
+    if (q < 0 || kv < 0 || q > kv) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", i, ": q_len ", q, ", kv_len ", kv));
+    }
+    if (q > 0) total_chunks += (q + q_tile - 1) / q_tile * ((kv + chunk - 1) / chunk);
+  }
+  // WritePlan hands out chunks in order, units [0, extra) taking base + 1 and the rest base:
+  // the unit of the g-th chunk is arithmetic, and a tile's items are the units its chunks span.
+  const int64_t base = total_chunks / options.num_units;
+  const int64_t extra = total_chunks % options.num_units;
+  auto unit_of = [&](int64_t g) {
+    return g < extra * (base + 1) ? g / (base + 1) : extra + (g - extra * (base + 1)) / base;
+  };
+  SplitKvPlanCounts counts;
+  counts.chunk = TokenCount(chunk);
+  int64_t g = 0;  // the tile's first chunk
+  for (size_t i = 0; i < q_lens.size(); ++i) {
+    const int64_t q = q_lens[i].value();
+    const int64_t kv_chunks = (kv_lens[i].value() + chunk - 1) / chunk;
+    for (int64_t q0 = 0; q0 < q; q0 += q_tile, g += kv_chunks) {
+      const int64_t items = unit_of(g + kv_chunks - 1) - unit_of(g) + 1;
+      counts.work_items += items;
+      if (items > 1) {
+        counts.num_partials += static_cast<int32_t>(items);
+        ++counts.reduce_items;
+      }
+    }
+  }
+  return counts;
 }
 
 absl::StatusOr<SplitKvPlan> PlanSplitKv(absl::Span<const TokenOffset> qo_indptr,

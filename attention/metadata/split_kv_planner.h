@@ -126,6 +126,20 @@ absl::StatusOr<SplitKvPlanCounts> PlanSplitKvInto(absl::Span<const TokenOffset> 
                                                   const SplitKvOptions& options,
                                                   const SplitKvPlanSpans& out);
 
+// InvalidArgument unless every option is in range (the checks of PlanSplitKv).
+absl::Status CheckSplitKvOptions(const SplitKvOptions& options);
+// The split unit a plan uses: kv_granularity rounded up to whole blocks of the layout.
+// REQUIRES: CheckSplitKvOptions(options) is OK.
+TokenCount SplitKvChunk(const SplitKvOptions& options);
+
+// What PlanSplitKvInto writes for the batch of per-sequence query rows `q_lens` and KV lengths
+// `kv_lens`, computed in O(batch) without writing the plan: for writers that write the plan on
+// the device and must still report its counts on the host. InvalidArgument: options out of
+// range, lengths of different sizes, a negative length, or q_len > kv_len.
+absl::StatusOr<SplitKvPlanCounts> CountSplitKvPlan(absl::Span<const TokenLength> q_lens,
+                                                   absl::Span<const TokenLength> kv_lens,
+                                                   const SplitKvOptions& options);
+
 }  // namespace attnmeta
 
 #endif  // ATTNMETA_ATTENTION_METADATA_SPLIT_KV_PLANNER_H_

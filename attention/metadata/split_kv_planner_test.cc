@@ -218,5 +218,50 @@ TEST(SplitKvPlannerTest, RejectsBadInput) {
   }
 }
 
+std::vector<TokenLength> Lengths(const std::vector<int32_t>& lens) {
+  std::vector<TokenLength> out;
+  for (int32_t l : lens) out.push_back(TokenLength(l));
+  return out;
+}
+
+// CountSplitKvPlan, from the lengths alone, reports what the planner writes, on random batches
+// that reach every split shape (no split, tiles over many units, units with nothing).
+TEST(SplitKvPlannerTest, CountsFromLengthsEqualWhatThePlanWrites) {
+  const uint64_t seed = 20261130;
+  std::mt19937_64 rng(seed);
+  for (int iter = 0; iter < 2000; ++iter) {
+    const int bs = std::uniform_int_distribution<int>(0, 14)(rng);
+    std::vector<int32_t> q, kv;
+    for (int i = 0; i < bs; ++i) {
+      kv.push_back(std::uniform_int_distribution<int32_t>(0, 4000)(rng));
+      q.push_back(std::uniform_int_distribution<int32_t>(0, std::min(kv.back(), 200))(rng));
+    }
+    SplitKvOptions opt;
+    const int64_t ps = std::vector<int64_t>{1, 2, 7, 16, 64}[iter % 5];
+    opt.layout = iter % 2 ? KvLayout::Paged(*PageSize::Create(ps)) : KvLayout::LinearPerToken();
+    opt.num_units = std::uniform_int_distribution<int32_t>(1, 300)(rng);
+    opt.kv_granularity = TokenCount(std::uniform_int_distribution<int64_t>(1, 600)(rng));
+    opt.q_tile = TokenCount(std::uniform_int_distribution<int64_t>(1, 128)(rng));
+    auto plan = PlanSplitKv(Indptr(q), Indptr(kv), opt);
+    auto counts = CountSplitKvPlan(Lengths(q), Lengths(kv), opt);
+    ASSERT_TRUE(plan.ok() && counts.ok()) << plan.status() << counts.status();
+    const std::string at = "seed " + std::to_string(seed) + " iter " + std::to_string(iter);
+    EXPECT_EQ(counts->chunk, plan->chunk) << at;
+    EXPECT_EQ(counts->work_items, static_cast<int64_t>(plan->work.size())) << at;
+    EXPECT_EQ(counts->reduce_items, static_cast<int64_t>(plan->reduce.size())) << at;
+    EXPECT_EQ(counts->num_partials, plan->num_partials) << at;
+  }
+  SplitKvOptions opt;
+  EXPECT_EQ(CountSplitKvPlan(Lengths({2}), Lengths({1}), opt).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CountSplitKvPlan(Lengths({-1}), Lengths({1}), opt).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CountSplitKvPlan(Lengths({1, 1}), Lengths({4}), opt).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  opt.num_units = 0;
+  EXPECT_EQ(CountSplitKvPlan(Lengths({1}), Lengths({4}), opt).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace attnmeta
