@@ -4,8 +4,9 @@
 // launch (StagedUploads), random real batches replayed through captured decode, extend and
 // target-verify buckets give exactly the buffers the host writer gives (real rows and padded
 // rows, the split-KV plan and its counts), the real rows validate, and a regrow invalidates the
-// captured graph as on the host. Replays queued while the GPU is still busy with earlier ones
-// each write their own batch. Needs a GPU: fails when none is visible.
+// captured graph as on the host; draft-decode replays write every step as the host does.
+// Replays queued while the GPU is still busy with earlier ones each write their own batch.
+// Needs a GPU: fails when none is visible.
 
 #include <cstdint>
 #include <cstring>
@@ -24,6 +25,7 @@
 #include "attention/kernels/testing/spin.h"
 #include "attention/kernels/testing/device_buffer.h"
 #include "attention/metadata/testing/batch_fixture.h"
+#include "attention/metadata/draft_decode_layout.h"
 #include "attention/metadata/validator.h"
 #include "gtest/gtest.h"
 
@@ -314,24 +316,81 @@ TEST_P(DeviceGraphTest, ReplaysQueuedAheadOfTheGpuEachWriteTheirOwnBatch) {
   EXPECT_TRUE(writer->CheckViolations().ok()) << writer->CheckViolations();
 }
 
-// What the device writer does not implement is refused with a clear status.
-TEST(DeviceGraphUnsupportedTest, DraftDecodeIsUnimplemented) {
-  ASSERT_TRUE(testing::RequireGpu().ok()) << testing::RequireGpu();
-  BatchFixture f(16, 3, 256, 8, 600);
-  std::vector<TokenSlot> table(f.pool().table().begin(), f.pool().table().end());
-  auto d_table = DeviceBuffer<TokenSlot>::FromHost(table);
-  ASSERT_TRUE(d_table.ok());
-  HipDeviceMemory memory(nullptr);
-  auto writer = DeviceMetadataWriter::Create(
-      DeviceReqToToken{d_table->const_span(), f.pool().max_context_len()}, f.pool_slots(), nullptr,
-      {});
-  ASSERT_TRUE(writer.ok());
-  auto draft = GraphState::Create(MakeTestConfig(16, {.split_kv = false, .topk = 2, .steps = 2}),
-                                  &f.pool(), f.page_size(), &memory, writer->get());
-  ASSERT_TRUE(draft.ok()) << draft.status();
-  const absl::Status s = (*draft)->Capture(4, ForwardMode::kDraftDecode).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
-  EXPECT_NE(s.message().find("draft-decode"), absl::string_view::npos) << s;
+template <typename T>
+std::vector<T> FromDevice(absl::Span<T> device, size_t n) {
+  std::vector<T> out(n);
+  EXPECT_EQ(hipMemcpy(out.data(), device.data(), n * sizeof(T), hipMemcpyDeviceToHost), hipSuccess);
+  return out;
+}
+
+template <typename T>
+std::vector<T> Prefix(absl::Span<T> host, size_t n) {
+  return std::vector<T>(host.begin(), host.begin() + n);
+}
+
+// Draft-decode replays (top-k branches over several steps) write every step's arrays, the
+// padded branches' included, exactly as the host writer does.
+TEST_P(DeviceGraphTest, DraftDecodeReplaysEqualTheHostWriter) {
+  const auto [ps, staged] = GetParam();
+  const uint64_t seed = 2300 + ps;
+  std::mt19937_64 rng(seed);
+  const DraftDecodeShape shape{ps < 16 ? 2 : 4, 3};
+  constexpr int32_t kMaxContext = 600;
+  // Rows as wide as draft-decode reads at kMaxContext (GraphState checks it).
+  const int64_t row = MaxDraftRowTokens(TokenLength(kMaxContext), shape, *PageSize::Create(ps));
+  BatchFixture f(ps, seed, /*num_pages=*/30000 / ps + 64, /*max_reqs=*/16, /*max_context=*/row);
+  std::vector<TokenLength> committed;
+  for (int i = 0; i < 12; ++i) {
+    const TokenLength len(std::uniform_int_distribution<int32_t>(0, 300)(rng));
+    f.AddSequence(len.value(), DraftRowTokens(len, shape, f.page_size()) - len.value());
+    committed.push_back(len);
+  }
+  const BackendConfig config = MakeTestConfig(
+      ps, {.max_batch_size = 8, .max_context_len = kMaxContext, .split_kv = false, .topk = shape.topk,
+           .steps = shape.steps});
+  GraphHarness host(config, f);
+  MakeDevice(f, config, staged);
+  ASSERT_FALSE(HasFatalFailure());
+  GraphState& d = *device_->state;
+  constexpr int64_t kBucket = 8;
+  auto dh = d.Capture(kBucket, ForwardMode::kDraftDecode);
+  auto hh = host.state().Capture(kBucket, ForwardMode::kDraftDecode);
+  ASSERT_TRUE(dh.ok() && hh.ok()) << dh.status() << hh.status();
+  const size_t branches = kBucket * shape.topk;
+  for (int iter = 0; iter < 6; ++iter) {
+    const int64_t bs = std::uniform_int_distribution<int64_t>(1, kBucket)(rng);
+    std::vector<int> pick(12);
+    std::iota(pick.begin(), pick.end(), 0);
+    std::shuffle(pick.begin(), pick.end(), rng);
+    std::vector<ReqPoolIndex> rows;
+    std::vector<TokenLength> lens;
+    for (int k = 0; k < bs; ++k) {
+      rows.push_back(f.rows()[pick[k]]);
+      lens.push_back(committed[pick[k]]);
+    }
+    const ReplayBatch batch{rows, lens};
+    ASSERT_TRUE(d.Replay(*dh, batch).ok());
+    ASSERT_TRUE(host.state().Replay(*hh, batch).ok());
+    ASSERT_TRUE(device_->writer->CheckViolations().ok()) << device_->writer->CheckViolations();
+    const GraphBuffers& db = d.buffers();
+    const GraphBuffers& hb = host.state().buffers();
+    const std::string at = "page size " + std::to_string(ps) + " staged " +
+                           std::to_string(staged) + " seed " + std::to_string(seed) + " iter " +
+                           std::to_string(iter) + " bs " + std::to_string(bs);
+    EXPECT_EQ(FromDevice(db.draft_qo_indptr, branches + 1), Prefix(hb.draft_qo_indptr, branches + 1))
+        << at;
+    for (int step = 0; step < shape.steps; ++step) {
+      const DraftStepBuffers& dd = db.draft_steps[step];
+      const DraftStepBuffers& hd = hb.draft_steps[step];
+      const size_t tokens = static_cast<size_t>(hd.kv_indptr[branches].value());
+      EXPECT_EQ(FromDevice(dd.kv_indptr, branches + 1), Prefix(hd.kv_indptr, branches + 1))
+          << at << " step " << step;
+      EXPECT_EQ(FromDevice(dd.kv_lens, branches), Prefix(hd.kv_lens, branches)) << at;
+      EXPECT_EQ(FromDevice(dd.kv_last_page_len, branches), Prefix(hd.kv_last_page_len, branches))
+          << at;
+      EXPECT_EQ(FromDevice(dd.kv_indices, tokens), Prefix(hd.kv_indices, tokens)) << at;
+    }
+  }
 }
 
 }  // namespace

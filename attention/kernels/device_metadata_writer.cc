@@ -76,6 +76,30 @@ absl::Status DeviceMetadataWriter::Launch(const MetadataWriteRequest& r, const G
   } else if (absl::Status s = violation_.Reset(stream_); !s.ok()) {
     return s;
   }
+  if (r.mode == ForwardMode::kDraftDecode) {
+    // Every step's arrays over the padded batch's branches, from the staged committed lengths.
+    const size_t branches = padded * static_cast<size_t>(r.draft_decode.topk);
+    for (int32_t step = 0; step < r.draft_decode.steps; ++step) {
+      const DraftStepBuffers& d = b.draft_steps[step];
+      DraftStepDeviceArgs s;
+      s.req_to_token = req_to_token_;
+      s.pool_slots = pool_slots_;
+      s.page_size = r.page_size;
+      s.rows = Device<const ReqPoolIndex>(b.req_rows, padded);
+      s.seq_lens = Device<const TokenLength>(b.kv_lens, padded);
+      s.shape = r.draft_decode;
+      s.step = step;
+      s.kv_lens = Device(d.kv_lens, branches);
+      s.kv_indptr = Device(d.kv_indptr, branches + 1);
+      s.qo_indptr = Device(b.draft_qo_indptr, branches + 1);
+      s.kv_last_page_len = Device(d.kv_last_page_len, branches);
+      s.kv_indices = Device(d.kv_indices, d.kv_indices.size());
+      if (absl::Status st = BuildDraftStepOnDevice(s, violation_.device(), stream_); !st.ok()) {
+        return st;
+      }
+    }
+    return absl::OkStatus();
+  }
   DecodeMetadataDeviceArgs a;
   a.req_to_token = req_to_token_;
   a.pool_slots = pool_slots_;
@@ -122,10 +146,6 @@ absl::Status DeviceMetadataWriter::Launch(const MetadataWriteRequest& r, const G
 }
 
 absl::Status DeviceMetadataWriter::CheckSupported(const MetadataWriteRequest& r) const {
-  if (r.mode == ForwardMode::kDraftDecode) {
-    return absl::UnimplementedError(
-        "device metadata writer: draft-decode's multi-step layout has no device twin yet");
-  }
   if (r.mask_layout != MaskLayout::kNone && r.mask_layout != MaskLayout::kFull) {
     return absl::UnimplementedError("device metadata writer: only the FULL mask layout");
   }

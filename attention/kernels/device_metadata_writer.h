@@ -18,8 +18,8 @@
 //
 // The split-KV plan is written on the device too (BuildSplitKvPlanOnDevice, from the indptrs
 // the fused launch wrote); WriteTokenArrays reports its counts from the request's host
-// lengths (CountSplitKvPlan). Not supported here (Unimplemented): draft-decode's multi-step
-// layout, whose device twin is not written yet; the host writer does it.
+// lengths (CountSplitKvPlan). Draft-decode replays write every step's arrays instead
+// (BuildDraftStepOnDevice, two launches per step).
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_DEVICE_METADATA_WRITER_H_
 #define ATTNMETA_ATTENTION_KERNELS_DEVICE_METADATA_WRITER_H_
@@ -60,7 +60,7 @@ class DeviceMetadataWriter : public MetadataWriter {
   DeviceMetadataWriter& operator=(const DeviceMetadataWriter&) = delete;
   ~DeviceMetadataWriter() override;
 
-  // Unimplemented for draft-decode and mask layouts other than FULL.
+  // Unimplemented for mask layouts other than FULL.
   absl::Status CheckSupported(const MetadataWriteRequest& request) const override;
   absl::Status WriteBatchArrays(const MetadataWriteRequest& request,
                                 const GraphBuffers& buffers) override;

@@ -107,6 +107,33 @@ struct FusedMetadataParams {
 hipError_t LaunchFusedMetadataKernel(const FusedMetadataParams& p, int32_t passes,
                                      hipStream_t stream);
 
+// Step `step` of draft-decode (iters = step + 1; draft_decode_layout.h) over the padded
+// batch's branches z = s * topk + k: for a real request s (rows[s] != kPaddedRow), branch z is
+// seq_lens[s] + iters tokens (the request's prefix, then iters draft slots from
+// DraftSourcePosition(seq_lens[s], k) on) with one query row; for a padded request, seq_lens[s]
+// tokens on the padding page and no query row. Two launches: one block for the per-branch
+// arrays, then a grid (branches, passes) for kv_indices. Violations: a row outside the table
+// or a negative length (the branch written as padding), draft positions past the row (the
+// branch written as padding), a total past INT32_MAX or past kv_indices (clamped), a slot
+// outside the pool (its token written as padding).
+struct DraftStepParams {
+  SlotSource src;
+  const int32_t* rows;       // [padded_batch], kPaddedRow allowed
+  const int32_t* seq_lens;   // [padded_batch] committed lengths
+  int32_t padded_batch;      // >= 1
+  int32_t topk;              // >= 1
+  int32_t steps;             // >= 1
+  int32_t step;              // [0, steps)
+  int32_t* kv_lens;          // [padded_batch * topk]
+  int32_t* kv_indptr;        // [padded_batch * topk + 1]
+  int32_t* qo_indptr;        // [padded_batch * topk + 1]
+  int32_t* kv_last_page_len; // [padded_batch * topk]
+  int32_t* kv_indices;       // [kv_indices_capacity]
+  int64_t kv_indices_capacity;
+  DeviceViolation* violation;
+};
+hipError_t LaunchDraftStepKernels(const DraftStepParams& p, int32_t passes, hipStream_t stream);
+
 // A split-KV plan's work and reduce items as the host planner lays them out (SplitKvWorkItem
 // and SplitKvReduceItem of attention/metadata/split_kv_planner.h; the device writer checks
 // that the layouts match).

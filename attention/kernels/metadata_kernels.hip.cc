@@ -381,6 +381,102 @@ struct alignas(16) Word16 {
 };
 
 
+// DraftSourcePosition of draft_decode_layout.h.
+__device__ inline int64_t DraftSource(int64_t len, int32_t branch, const DraftStepParams& p) {
+  const int64_t ps = p.src.page_size;
+  if (ps == 1 || p.topk == 1) return len + int64_t{branch} * p.steps;
+  const int64_t pages_per_branch = (len % ps + p.steps + ps - 1) / ps;
+  return (len / ps) * ps + int64_t{branch} * pages_per_branch * ps + len % ps;
+}
+
+// A draft branch's request row and committed length, checked: row is null for a padded request
+// and for one whose row, length or draft positions break their bounds (recorded).
+struct DraftBranch {
+  const int32_t* row;
+  int64_t len;     // the committed length (the padded KV length for a padded request)
+  int64_t source;  // where its draft slots start in the row
+};
+__device__ inline DraftBranch LoadDraftBranch(const DraftStepParams& p, int32_t z) {
+  const int32_t s = z / p.topk;
+  DraftBranch b{RowSlots(p.src, p.rows[s], s, p.violation), p.seq_lens[s], 0};
+  if (b.len < 0) {
+    RecordViolation(p.violation, kLengthNegative, s, b.len, 0);
+    b.len = 0;
+    b.row = nullptr;
+    return b;
+  }
+  if (b.row == nullptr) return b;
+  b.source = DraftSource(b.len, z % p.topk, p);
+  const int64_t last = b.source + p.step + 1;
+  if (b.len > p.src.stride || last > p.src.stride) {
+    RecordViolation(p.violation, kLengthPastRow, s, b.len > p.src.stride ? b.len : last,
+                    p.src.stride);
+    b.row = nullptr;
+  }
+  return b;
+}
+
+__global__ void __launch_bounds__(kIndptrThreads) DraftStepIndptrKernel(DraftStepParams p) {
+  __shared__ internal::BlockScratch<kIndptrThreads> scratch;
+  const int32_t branches = p.padded_batch * p.topk;
+  const int64_t iters = p.step + 1;
+  int64_t kv_carry = 0, q_carry = 0;
+  if (threadIdx.x == 0) {
+    p.kv_indptr[0] = 0;
+    p.qo_indptr[0] = 0;
+  }
+  for (int32_t z0 = 0; z0 < branches; z0 += kIndptrThreads) {
+    const int32_t z = z0 + threadIdx.x;
+    int64_t kv = 0, q = 0;
+    if (z < branches) {
+      const DraftBranch b = LoadDraftBranch(p, z);
+      // A real request's branch holds its prefix and the step's draft tokens; a padded one (or
+      // one whose bounds broke) its length on the padding page.
+      const bool real = b.row != nullptr;
+      kv = real ? b.len + iters : b.len;
+      q = real ? 1 : 0;
+      p.kv_lens[z] = static_cast<int32_t>(Clamp(kv, 0, kInt32Max));
+      p.kv_last_page_len[z] = LastPageLen(static_cast<int32_t>(Clamp(kv, 0, kInt32Max)), p.src);
+    }
+    int64_t kv_total = 0, q_total = 0;
+    const int64_t kv_end = kv_carry + internal::BlockInclusiveScan<kIndptrThreads>(kv, scratch, &kv_total);
+    const int64_t q_end = q_carry + internal::BlockInclusiveScan<kIndptrThreads>(q, scratch, &q_total);
+    if (z < branches) {
+      if (kv_end > kInt32Max) RecordViolation(p.violation, kTotalPastInt32, z, kv_end, kInt32Max);
+      p.kv_indptr[z + 1] = static_cast<int32_t>(Clamp(kv_end, 0, kInt32Max));
+      p.qo_indptr[z + 1] = static_cast<int32_t>(q_end);
+    }
+    kv_carry += kv_total;
+    q_carry += q_total;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) DraftStepIndicesKernel(DraftStepParams p) {
+  const int32_t z = blockIdx.x;
+  const int64_t begin = p.kv_indptr[z];
+  int64_t n = p.kv_indptr[z + 1] - begin;
+  if (begin + n > p.kv_indices_capacity) {
+    if (blockIdx.y == 0 && threadIdx.x == 0) {
+      RecordViolation(p.violation, kTotalPastCapacity, z, begin + n, p.kv_indices_capacity);
+    }
+    n = begin < p.kv_indices_capacity ? p.kv_indices_capacity - begin : 0;
+  }
+  // The violations of the branch were recorded by the indptr launch: none again here.
+  DraftStepParams quiet = p;
+  quiet.violation = nullptr;
+  const DraftBranch b = LoadDraftBranch(quiet, z);
+  int32_t* dst = p.kv_indices + begin;
+  for (int64_t t = blockIdx.y * int64_t{kThreads} + threadIdx.x; t < n;
+       t += int64_t{gridDim.y} * kThreads) {
+    int32_t slot = static_cast<int32_t>(t % p.src.page_size);
+    if (b.row != nullptr) {
+      const int64_t at = t < b.len ? t : b.source + (t - b.len);
+      slot = CheckedSlot(p.src, b.row[at], static_cast<int32_t>(t), z / p.topk, p.violation);
+    }
+    dst[t] = slot;
+  }
+}
+
 // PlanSplitKvInto hands the batch's chunks out in order, units [0, extra) taking base + 1 and
 // the rest base: the unit of the g-th chunk and the first chunk of unit u are arithmetic, so a
 // sequence's items can be written on their own once the prefix sums of chunks, items, partial
@@ -532,6 +628,13 @@ hipError_t LaunchFusedMetadataKernel(const FusedMetadataParams& p, int32_t passe
 
 hipError_t LaunchTreeMaskKernel(const TreeMaskParams& p, int32_t passes, hipStream_t stream) {
   TreeMaskKernel<<<dim3(p.padded_batch, passes), kThreads, 0, stream>>>(p);
+  return hipGetLastError();
+}
+
+hipError_t LaunchDraftStepKernels(const DraftStepParams& p, int32_t passes, hipStream_t stream) {
+  DraftStepIndptrKernel<<<1, kIndptrThreads, 0, stream>>>(p);
+  if (const hipError_t err = hipGetLastError(); err != hipSuccess) return err;
+  DraftStepIndicesKernel<<<dim3(p.padded_batch * p.topk, passes), kThreads, 0, stream>>>(p);
   return hipGetLastError();
 }
 

@@ -182,6 +182,56 @@ absl::Status BuildTreeMaskOnDevice(const TreeMaskDeviceArgs& a, kernels::DeviceV
       "tree mask");
 }
 
+absl::Status BuildDraftStepOnDevice(const DraftStepDeviceArgs& a,
+                                    kernels::DeviceViolation* violation, hipStream_t stream) {
+  absl::StatusOr<kernels::SlotSource> src = Source(a.req_to_token, a.pool_slots, a.page_size);
+  if (!src.ok()) return src.status();
+  if (absl::Status s = CheckDraftDecodeShape(a.shape); !s.ok()) return s;
+  if (a.step < 0 || a.step >= a.shape.steps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("draft step ", a.step, " outside [0, ", a.shape.steps, ")"));
+  }
+  const size_t b = a.rows.size();
+  if (b > static_cast<size_t>(std::numeric_limits<int32_t>::max() / a.shape.topk)) {
+    return absl::OutOfRangeError("draft step: branches beyond the grid");
+  }
+  const size_t branches = b * static_cast<size_t>(a.shape.topk);
+  if (a.seq_lens.size() != b || a.kv_lens.size() != branches ||
+      a.kv_indptr.size() != branches + 1 || a.qo_indptr.size() != branches + 1 ||
+      a.kv_last_page_len.size() != branches) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "draft step: ", b, " rows, ", a.seq_lens.size(), " seq_lens, and outputs of ",
+        a.kv_lens.size(), "/", a.kv_indptr.size(), "/", a.qo_indptr.size(), "/",
+        a.kv_last_page_len.size(), " entries for ", branches, " branches"));
+  }
+  for (absl::Status s :
+       {CheckNotNull("rows", a.rows), CheckNotNull("seq_lens", a.seq_lens),
+        CheckNotNull("kv_lens", a.kv_lens), CheckNotNull("kv_indptr", a.kv_indptr),
+        CheckNotNull("qo_indptr", a.qo_indptr), CheckNotNull("kv_last_page_len", a.kv_last_page_len),
+        CheckNotNull("kv_indices", a.kv_indices)}) {
+    if (!s.ok()) return s;
+  }
+  if (b == 0) return absl::OkStatus();
+  kernels::DraftStepParams p;
+  p.src = *src;
+  p.rows = reinterpret_cast<const int32_t*>(a.rows.data());
+  p.seq_lens = reinterpret_cast<const int32_t*>(a.seq_lens.data());
+  p.padded_batch = static_cast<int32_t>(b);
+  p.topk = a.shape.topk;
+  p.steps = a.shape.steps;
+  p.step = a.step;
+  p.kv_lens = reinterpret_cast<int32_t*>(a.kv_lens.data());
+  p.kv_indptr = reinterpret_cast<int32_t*>(a.kv_indptr.data());
+  p.qo_indptr = reinterpret_cast<int32_t*>(a.qo_indptr.data());
+  p.kv_last_page_len = reinterpret_cast<int32_t*>(a.kv_last_page_len.data());
+  p.kv_indices = reinterpret_cast<int32_t*>(a.kv_indices.data());
+  p.kv_indices_capacity = static_cast<int64_t>(a.kv_indices.size());
+  p.violation = violation;
+  // A branch is at most a row of req_to_token; the grid-stride loop covers any length.
+  const int32_t passes = std::min<int32_t>(64, Passes(src->stride, kernels::kMetadataThreads));
+  return LaunchResult(kernels::LaunchDraftStepKernels(p, passes, stream), "draft step");
+}
+
 // The kernel writes the host planner's items through its own plain structs.
 static_assert(sizeof(SplitKvWorkItem) == sizeof(kernels::SplitKvWorkEntry) &&
               offsetof(SplitKvWorkItem, sequence) == offsetof(kernels::SplitKvWorkEntry, sequence) &&

@@ -18,6 +18,7 @@
 #include "attention/kernels/device_span.h"
 #include "attention/kernels/device_violation.h"
 #include "attention/kernels/hip_port.h"
+#include "attention/metadata/draft_decode_layout.h"
 #include "attention/metadata/split_kv_planner.h"
 #include "kvcache/req_to_token_pool.h"
 #include "kvcache/units.h"
@@ -81,6 +82,28 @@ struct TreeMaskDeviceArgs {
 };
 absl::Status BuildTreeMaskOnDevice(const TreeMaskDeviceArgs& args,
                                    kernels::DeviceViolation* violation, hipStream_t stream);
+
+// One draft-decode step on the device (kernels::DraftStepParams): BuildDraftDecodeStep's
+// arrays for the real requests, and for the padded requests (rows kernels::kPaddedRow) their
+// branches as a graph writer pads them (seq_lens tokens on the padding page, no query row).
+// InvalidArgument: the shape or step, sizes that disagree, null pointers; OutOfRange: a batch
+// beyond the grid.
+struct DraftStepDeviceArgs {
+  DeviceReqToToken req_to_token;
+  TokenCount pool_slots;                      // bounds the slots read
+  PageSize page_size = *PageSize::Create(1);
+  DeviceSpan<const ReqPoolIndex> rows;        // [B]
+  DeviceSpan<const TokenLength> seq_lens;     // [B] committed lengths
+  DraftDecodeShape shape;
+  int32_t step = 0;
+  DeviceSpan<TokenLength> kv_lens;            // [B * topk]
+  DeviceSpan<TokenOffset> kv_indptr;          // [B * topk + 1]
+  DeviceSpan<TokenOffset> qo_indptr;          // [B * topk + 1]
+  DeviceSpan<TokenLength> kv_last_page_len;   // [B * topk]
+  DeviceSpan<TokenSlot> kv_indices;           // capacity; entries past kv_indptr[B * topk] untouched
+};
+absl::Status BuildDraftStepOnDevice(const DraftStepDeviceArgs& args,
+                                    kernels::DeviceViolation* violation, hipStream_t stream);
 
 // PlanSplitKvInto on the device: the split-KV plan of the sequences of qo_indptr / kv_indptr
 // (device arrays, e.g. the fused launch's) written into the fixed buffers, bit for bit the
