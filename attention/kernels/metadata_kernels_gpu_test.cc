@@ -23,6 +23,7 @@
 #include "attention/metadata/builders.h"
 #include "attention/metadata/context_gather.h"
 #include "attention/metadata/custom_mask.h"
+#include "attention/metadata/draft_decode_layout.h"
 #include "attention/metadata/split_kv_planner.h"
 #include "attention/metadata/testing/batch_fixture.h"
 #include "gtest/gtest.h"
@@ -320,6 +321,74 @@ TEST_F(GpuTest, SplitKvPlanEqualsTheHostPlanner) {
 }
 
 class GuardGpuTest : public GpuTest {};
+
+// The draft-step kernels name a row outside the table, a negative committed length, draft
+// positions past the row and a slot outside the pool; the branch (or token) is written on the
+// padding page and nothing is read or written out of bounds.
+TEST_F(GuardGpuTest, DraftStepNamesBadRowsLengthsPositionsAndSlots) {
+  const BatchFixture f = MakeBatch(16, 2, 100, 40, 47);
+  DeviceBuffer<TokenSlot> d_table = Upload(std::vector<TokenSlot>{});
+  const DeviceReqToToken src = DeviceTable(f, d_table);
+  const DraftDecodeShape shape{2, 2};
+  struct Case {
+    ReqPoolIndex row;
+    int32_t len;
+    std::string words;
+  };
+  const int32_t past = static_cast<int32_t>(f.pool().max_context_len().value());
+  for (const Case& c : {Case{ReqPoolIndex(1000), 10, "outside [0, "},
+                        Case{f.rows()[0], -3, "is negative"},
+                        Case{f.rows()[0], past, "is past the row"}}) {
+    SCOPED_TRACE(c.words);
+    DeviceBuffer<ReqPoolIndex> rows = Upload(std::vector<ReqPoolIndex>{f.rows()[1], c.row});
+    DeviceBuffer<TokenLength> lens =
+        Upload(std::vector<TokenLength>{TokenLength(20), TokenLength(c.len)});
+    DeviceBuffer<TokenLength> kv_lens = Upload(std::vector<TokenLength>(4));
+    DeviceBuffer<TokenOffset> kv_indptr = Upload(std::vector<TokenOffset>(5));
+    DeviceBuffer<TokenOffset> qo_indptr = Upload(std::vector<TokenOffset>(5));
+    DeviceBuffer<TokenLength> last = Upload(std::vector<TokenLength>(4));
+    DeviceBuffer<TokenSlot> indices = Upload(std::vector<TokenSlot>(4 * (past + 4), TokenSlot(-9)));
+    DraftStepDeviceArgs a{src, f.pool_slots(),
+                          f.page_size(), rows.const_span(), lens.const_span(), shape, 1,
+                          kv_lens.span(), kv_indptr.span(), qo_indptr.span(), last.span(),
+                          indices.span()};
+    ASSERT_TRUE(BuildDraftStepOnDevice(a, violation(), nullptr).ok());
+    ExpectViolation(c.words);
+    // The bad request's branches hold no query row; the good one's two do.
+    EXPECT_EQ(Download(qo_indptr).back(), TokenOffset(2));
+  }
+  // A slot outside the pool, read as a draft slot.
+  std::vector<TokenSlot> table(f.pool().table().begin(), f.pool().table().end());
+  const int64_t at = int64_t{f.rows()[0].value()} * f.pool().max_context_len().value() + 20;
+  table[at] = TokenSlot(static_cast<int32_t>(f.pool_slots().value() + 3));
+  DeviceBuffer<TokenSlot> bad_table = Upload(table);
+  DeviceBuffer<ReqPoolIndex> rows = Upload(std::vector<ReqPoolIndex>{f.rows()[0]});
+  DeviceBuffer<TokenLength> lens = Upload(std::vector<TokenLength>{TokenLength(20)});
+  DeviceBuffer<TokenLength> kv_lens = Upload(std::vector<TokenLength>(2));
+  DeviceBuffer<TokenOffset> kv_indptr = Upload(std::vector<TokenOffset>(3));
+  DeviceBuffer<TokenOffset> qo_indptr = Upload(std::vector<TokenOffset>(3));
+  DeviceBuffer<TokenLength> last = Upload(std::vector<TokenLength>(2));
+  DeviceBuffer<TokenSlot> indices = Upload(std::vector<TokenSlot>(64, TokenSlot(-9)));
+  DraftStepDeviceArgs a{DeviceReqToToken{bad_table.const_span(), f.pool().max_context_len()},
+                        f.pool_slots(), f.page_size(), rows.const_span(), lens.const_span(),
+                        shape, 0, kv_lens.span(), kv_indptr.span(), qo_indptr.span(), last.span(),
+                        indices.span()};
+  ASSERT_TRUE(BuildDraftStepOnDevice(a, violation(), nullptr).ok());
+  ExpectViolation("outside the pool");
+  // What the launcher sees.
+  DraftStepDeviceArgs b = a;
+  b.step = 2;
+  EXPECT_EQ(BuildDraftStepOnDevice(b, violation(), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  b = a;
+  b.kv_lens = DeviceSpan<TokenLength>(kv_lens.data(), 1);
+  EXPECT_EQ(BuildDraftStepOnDevice(b, violation(), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  b = a;
+  b.shape.topk = 0;
+  EXPECT_EQ(BuildDraftStepOnDevice(b, violation(), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+}
 
 // The plan's kernel names a decreasing indptr and items past a span it was given, and writes
 // nothing outside the spans; the launcher refuses what it can see.
