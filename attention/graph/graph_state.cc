@@ -488,9 +488,12 @@ absl::StatusOr<SplitKvPlanCounts> GraphState::Write(const CaptureHandle& h,
     request.page_table = false;
     request.split_kv = false;
   }
+  const size_t padded = static_cast<size_t>(h.bucket);
+  // The host copies of what is staged below (filled before the writer runs).
+  request.host_kv_lens = absl::MakeConstSpan(staged_kv_lens_).subspan(0, padded);
+  request.host_q_lens = absl::MakeConstSpan(staged_q_lens_).subspan(0, padded);
   // Before anything is staged: a request the writer cannot write changes nothing.
   if (absl::Status s = writer_->CheckSupported(request); !s.ok()) return s;
-  const size_t padded = static_cast<size_t>(h.bucket);
   std::copy(batch.req_rows.begin(), batch.req_rows.end(), staged_rows_.begin());
   std::fill(staged_rows_.begin() + bs, staged_rows_.begin() + padded, kPaddedRow);
   std::copy(batch.kv_lens.begin(), batch.kv_lens.end(), staged_kv_lens_.begin());
@@ -501,8 +504,6 @@ absl::StatusOr<SplitKvPlanCounts> GraphState::Write(const CaptureHandle& h,
     std::copy(batch.q_lens.begin(), batch.q_lens.end(), staged_q_lens_.begin());
   }
   std::fill(staged_q_lens_.begin() + bs, staged_q_lens_.begin() + padded, TokenLength(0));
-  request.host_kv_lens = absl::MakeConstSpan(staged_kv_lens_).subspan(0, padded);
-  request.host_q_lens = absl::MakeConstSpan(staged_q_lens_).subspan(0, padded);
   // One copy per replay: the three arrays side by side, as the staged_inputs buffer holds them.
   const size_t cap = staged_rows_.size() * sizeof(int32_t);
   std::memcpy(staging_.data(), staged_rows_.data(), cap);

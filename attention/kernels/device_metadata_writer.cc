@@ -149,6 +149,12 @@ absl::Status DeviceMetadataWriter::CheckSupported(const MetadataWriteRequest& r)
   if (r.mask_layout != MaskLayout::kNone && r.mask_layout != MaskLayout::kFull) {
     return absl::UnimplementedError("device metadata writer: only the FULL mask layout");
   }
+  const size_t padded = static_cast<size_t>(r.padded_batch_size);
+  if (r.split_kv && (r.host_kv_lens.size() != padded || r.host_q_lens.size() != padded)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device metadata writer: the split-KV counts need the host's lengths of the ", padded,
+        " padded rows, got ", r.host_kv_lens.size(), " and ", r.host_q_lens.size()));
+  }
   return absl::OkStatus();
 }
 

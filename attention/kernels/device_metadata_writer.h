@@ -60,7 +60,8 @@ class DeviceMetadataWriter : public MetadataWriter {
   DeviceMetadataWriter& operator=(const DeviceMetadataWriter&) = delete;
   ~DeviceMetadataWriter() override;
 
-  // Unimplemented for mask layouts other than FULL.
+  // Unimplemented for mask layouts other than FULL; InvalidArgument for a split-KV request
+  // without the host lengths of its padded rows (host_kv_lens, host_q_lens).
   absl::Status CheckSupported(const MetadataWriteRequest& request) const override;
   absl::Status WriteBatchArrays(const MetadataWriteRequest& request,
                                 const GraphBuffers& buffers) override;

@@ -9,7 +9,7 @@ namespace attnmeta {
 using internal::RuntimeStatus;
 
 HipDeviceMemory::~HipDeviceMemory() {
-  (void)FlushUploads();
+  if (!FlushUploads().ok()) uploads_->Discard();
   (void)hipStreamSynchronize(stream_);
   for (const auto& [ptr, bytes] : live_) (void)hipFree(ptr);
   for (PinnedSlot& slot : pinned_) {
@@ -49,8 +49,9 @@ absl::StatusOr<DeviceBuffer> HipDeviceMemory::Allocate(absl::string_view name, i
 }
 
 void HipDeviceMemory::Free(DeviceBuffer buffer) {
-  // Staged copies may target the buffer: they land first (hipFree waits for the device).
-  (void)FlushUploads();
+  // Staged copies may target the buffer: they land first (hipFree waits for the device), or
+  // are dropped when they cannot be launched.
+  if (!FlushUploads().ok()) uploads_->Discard();
   if (live_.erase(buffer.ptr) > 0) (void)hipFree(buffer.ptr);
 }
 
@@ -75,7 +76,7 @@ absl::Status HipDeviceMemory::CopyToDevice(DeviceBuffer dst, int64_t offset, con
   if (absl::Status s = CheckRange(dst, offset, bytes); !s.ok()) return s;
   if (bytes == 0) return absl::OkStatus();
   char* to = static_cast<char*>(dst.ptr) + offset;
-  if (uploads_ != nullptr && uploads_->attached()) {
+  if (uploads_ != nullptr && uploads_->attached() && uploads_->stream() == stream_) {
     absl::Status staged = uploads_->Stage(to, src, bytes);
     // No room: the open batch goes first, then this copy the ordinary way.
     if (!absl::IsResourceExhausted(staged)) return staged;

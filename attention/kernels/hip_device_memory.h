@@ -27,7 +27,7 @@ namespace attnmeta {
 
 class HipDeviceMemory : public DeviceMemory {
  public:
-  // `uploads` (may be null; on `stream`) must outlive this memory.
+  // `uploads` (may be null) must outlive this memory; it is used only when queued on `stream`.
   explicit HipDeviceMemory(hipStream_t stream, StagedUploads* uploads = nullptr)
       : stream_(stream), uploads_(uploads) {}
   HipDeviceMemory(const HipDeviceMemory&) = delete;

@@ -153,6 +153,8 @@ inline hipError_t hipEventCreateWithFlags(hipEvent_t* e, unsigned flags) {
 }
 constexpr unsigned hipHostMallocDefault = cudaHostAllocDefault;
 constexpr unsigned hipHostMallocMapped = cudaHostAllocMapped;
+// CUDA's pinned memory is coherent with the device without a flag.
+constexpr unsigned hipHostMallocCoherent = 0;
 inline hipError_t hipHostMalloc(void** p, size_t bytes, unsigned flags) {
   return cudaHostAlloc(p, bytes, flags);
 }

@@ -137,17 +137,12 @@ absl::Status BuildDecodeMetadataOnDevice(const DecodeMetadataDeviceArgs& a,
   p.padded_batch = static_cast<int32_t>(b);
   p.violation = violation;
   // Every block sums the lengths before its row, so a block covers several passes when the
-  // batch alone fills the GPU (about kTargetBlocks blocks in flight), but no more than
-  // kMaxPassesPerBlock: at bs 1024 x 32k, one block per row left 32 passes to each block
-  // (same-run A/B, ps 16: 96 us, against 86 us with two blocks per row; at 768 x 4k two blocks
-  // per row were slower, 13.4 against 12.5 us).
+  // batch alone fills the GPU (about kTargetBlocks blocks in flight on a large one).
   constexpr int64_t kTargetBlocks = 768;
-  constexpr int32_t kMaxPassesPerBlock = 16;
   const int32_t needed = std::max(Passes(a.max_kv_len.value(), kernels::kMetadataTokensPerPass),
                                   Passes(a.page_table_cols, kernels::kMetadataTokensPerPass));
   const int32_t passes = std::min<int32_t>(
-      needed, std::max(Passes(kTargetBlocks, static_cast<int64_t>(b)),
-                       Passes(needed, kMaxPassesPerBlock)));
+      needed, Passes(kTargetBlocks, static_cast<int64_t>(b)));
   return LaunchResult(kernels::LaunchFusedMetadataKernel(p, passes, stream), "decode metadata");
 }
 

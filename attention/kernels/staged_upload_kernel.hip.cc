@@ -54,6 +54,7 @@ __global__ void __launch_bounds__(kThreads) ApplyStagedUploadsKernel(ApplyStaged
     if (fresh) p.state->applied_batch = header.batch;
     const uint64_t runs = p.state->runs + 1;
     p.state->runs = runs;
+    __threadfence_system();
     *reinterpret_cast<volatile uint64_t*>(p.host_runs) = runs;
   }
 }
@@ -61,6 +62,8 @@ __global__ void __launch_bounds__(kThreads) ApplyStagedUploadsKernel(ApplyStaged
 }  // namespace
 
 hipError_t LaunchApplyStagedUploads(const ApplyStagedUploadsParams& p, hipStream_t stream) {
+  // The error checked after the launch must be the launch's own.
+  (void)hipGetLastError();
   ApplyStagedUploadsKernel<<<1, kThreads, 0, stream>>>(p);
   return hipGetLastError();
 }

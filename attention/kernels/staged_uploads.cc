@@ -28,7 +28,7 @@ absl::StatusOr<std::unique_ptr<StagedUploads>> StagedUploads::Create(hipStream_t
   }
   std::unique_ptr<StagedUploads> u(new StagedUploads(stream, payload_bytes));
   const size_t bytes = static_cast<size_t>(kPayloadOffset + RoundUp16(payload_bytes));
-  if (hipHostMalloc(&u->host_, bytes, hipHostMallocMapped) != hipSuccess) {
+  if (hipHostMalloc(&u->host_, bytes, hipHostMallocMapped | hipHostMallocCoherent) != hipSuccess) {
     (void)hipGetLastError();
     u->host_ = nullptr;
     return absl::ResourceExhaustedError(
@@ -77,6 +77,17 @@ uint64_t StagedUploads::Finished() const {
 }
 
 absl::Status StagedUploads::WaitForApplies() {
+  if (resync_) {
+    // An apply launch reported failure: whether its kernel was queued is unknown, so count
+    // what has run once the stream is idle.
+    if (absl::Status s = RuntimeStatus(hipStreamSynchronize(stream_), "staged uploads: stream");
+        !s.ok()) {
+      return s;
+    }
+    launched_ = Finished();
+    resync_ = false;
+    return absl::OkStatus();
+  }
   // Polls the counter the apply kernel increments; asks the stream now and then, so that an
   // apply kernel that will never run (a failed launch) is an error rather than a hang.
   for (int64_t poll = 0;; ++poll) {
@@ -89,6 +100,9 @@ absl::Status StagedUploads::WaitForApplies() {
                                               " apply kernel(s) reported launched never ran"));
     }
     if (q != hipErrorNotReady) return RuntimeStatus(q, "staged uploads: stream");
+    // Some runtimes also record "not ready" as the last error: a later launch check would
+    // take it for its own.
+    (void)hipGetLastError();
     std::this_thread::yield();
   }
 }
@@ -98,6 +112,10 @@ absl::Status StagedUploads::Stage(void* dst, const void* src, int64_t bytes) {
     return absl::InvalidArgumentError(absl::StrCat("staged uploads: ", bytes, " bytes"));
   }
   if (bytes == 0) return absl::OkStatus();
+  if (bytes > payload_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat("staged uploads: ", bytes,
+                                                     " bytes exceed the payload of ", payload_bytes_));
+  }
   if (!open_) {
     if (absl::Status s = WaitForApplies(); !s.ok()) return s;
     // Every apply kernel has run: the arena is the host's until the next one is launched.
@@ -132,8 +150,16 @@ absl::Status StagedUploads::EnqueueApply(void* zero, int64_t zero_bytes) {
   kernels::ApplyStagedUploadsParams p = device_;
   p.zero = static_cast<uint32_t*>(zero);
   p.zero_words = static_cast<uint32_t>(zero_bytes / 4);
-  return internal::LaunchResult(kernels::LaunchApplyStagedUploads(p, stream_),
-                                "staged uploads apply");
+  absl::Status launched = internal::LaunchResult(kernels::LaunchApplyStagedUploads(p, stream_),
+                                                 "staged uploads apply");
+  if (!launched.ok()) {
+    // The open batch may or may not be applied: it is closed (its copies are lost, which the
+    // caller learns from this status), and the next batch waits for the stream to count the
+    // runs again.
+    open_ = false;
+    resync_ = true;
+  }
+  return launched;
 }
 
 void StagedUploads::NoteApplyLaunched() {
@@ -143,9 +169,22 @@ void StagedUploads::NoteApplyLaunched() {
 
 absl::Status StagedUploads::Flush() {
   if (!open_) return absl::OkStatus();
+  if (count_ == 0) {
+    // Nothing to apply (a copy without room opened it): closed without a launch.
+    open_ = false;
+    return absl::OkStatus();
+  }
   if (absl::Status s = EnqueueApply(); !s.ok()) return s;
   NoteApplyLaunched();
   return absl::OkStatus();
+}
+
+void StagedUploads::Discard() {
+  if (!open_) return;
+  // No apply kernel is pending while a batch is open: the header is the host's.
+  count_ = 0;
+  header_->count = 0;
+  open_ = false;
 }
 
 absl::Status StagedUploads::Attach() {

@@ -48,8 +48,8 @@ class StagedUploads {
 
   // Adds a copy of src[0, bytes) to device address `dst` to the open batch, opening one if
   // none is (which waits for every launched apply kernel to run). InvalidArgument for
-  // bytes < 0; ResourceExhausted when the batch has no room left for it (entries or payload):
-  // nothing is staged then. Internal when a launched apply kernel never ran (the stream went
+  // bytes < 0; ResourceExhausted when the batch has no room left for it (entries or payload;
+  // a copy larger than the payload opens nothing): nothing is staged then. Internal when a launched apply kernel never ran (the stream went
   // idle without it) or the stream failed.
   // REQUIRES: dst is a device address valid until the batch is applied.
   absl::Status Stage(void* dst, const void* src, int64_t bytes);
@@ -58,13 +58,17 @@ class StagedUploads {
   // runs it applies the batch that is open then, and clears the device words
   // [zero, zero + zero_bytes) for the consumer (a status word its kernels record into).
   // InvalidArgument unless zero_bytes is a multiple of 4 and at most 4 * kMaxZeroWords.
+  // Internal when the launch fails: the open batch is then closed, its copies lost.
   absl::Status EnqueueApply(void* zero = nullptr, int64_t zero_bytes = 0);
   // An apply kernel was launched, directly or in a graph: the open batch, if any, is in flight.
   // The consumer calls it after every successful launch that holds an apply kernel.
   void NoteApplyLaunched();
-  // When a batch is open: EnqueueApply and NoteApplyLaunched, so that its copies land before
-  // whatever is queued on the stream next.
+  // When a batch with copies is open: EnqueueApply and NoteApplyLaunched, so that its copies
+  // land before whatever is queued on the stream next. An open batch without copies is closed.
   absl::Status Flush();
+  // Drops the open batch's copies (for a consumer whose destinations go away after a failed
+  // Flush).
+  void Discard();
 
   // One consumer at a time. FailedPrecondition when one is attached already.
   absl::Status Attach();
@@ -97,6 +101,7 @@ class StagedUploads {
   kernels::ApplyStagedUploadsParams device_{};
   bool attached_ = false;
   bool open_ = false;
+  bool resync_ = false;    // an apply launch failed: count the runs again before the next batch
   uint32_t count_ = 0;     // copies of the open batch
   uint32_t used_ = 0;      // payload bytes of the open batch
   uint64_t launched_ = 0;  // apply kernels launched

@@ -1,8 +1,9 @@
 // StagedUploads and HipDeviceMemory's staged path: staged copies land when an apply kernel
 // runs (launched directly or from a graph), in order with the memory's other operations; a host
 // running ahead of the GPU waits for the previous apply and every step lands its own bytes; a
-// batch without room is refused whole; an apply reported launched that never runs is an error,
-// not a hang. Needs a GPU: fails when none is visible.
+// copy without room is refused and stages nothing, discarded copies never land; an apply
+// reported launched that never runs is an error, not a hang. Needs a GPU: fails when none is
+// visible.
 
 #include <cstdint>
 #include <cstring>
@@ -130,7 +131,7 @@ TEST_F(StagedUploadsTest, AHostRunningAheadWaitsAndEveryStepLandsItsOwnBytes) {
     }
     u->NoteApplyLaunched();
     // The step's own work: long enough that the host gets ahead, then the inputs it read.
-    ASSERT_EQ(testing::LaunchSpin(20000, stream_), hipSuccess);
+    ASSERT_EQ(testing::LaunchSpin(200000, stream_), hipSuccess);
     ASSERT_EQ(hipMemcpyAsync(results->data() + step * kInts, input->data(), kInts * 4,
                              hipMemcpyDeviceToDevice, stream_),
               hipSuccess);
@@ -147,7 +148,7 @@ TEST_F(StagedUploadsTest, ABatchWithoutRoomIsRefusedAndStagesNothing) {
   auto dst = DeviceBuffer<uint8_t>::Create(256);
   ASSERT_TRUE(dst.ok());
   ASSERT_EQ(hipMemset(dst->data(), 0, 256), hipSuccess);
-  std::vector<uint8_t> ones(64, 1), twos(64, 2);
+  std::vector<uint8_t> ones(80, 1), twos(80, 2);
   ASSERT_TRUE(u->Stage(dst->data(), ones.data(), 40).ok());  // 48 bytes of payload taken
   const absl::Status full = u->Stage(dst->data() + 64, twos.data(), 17);
   EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
@@ -157,16 +158,29 @@ TEST_F(StagedUploadsTest, ABatchWithoutRoomIsRefusedAndStagesNothing) {
   std::fill(want.begin(), want.begin() + 40, 1);
   std::fill(want.begin() + 128, want.begin() + 144, 2);
   EXPECT_EQ(Read(*dst), want);
+  // A copy larger than the payload opens no batch; closing an empty one launches nothing.
+  const uint64_t launched = u->applies_launched();
+  EXPECT_EQ(u->Stage(dst->data(), ones.data(), 65).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(u->has_open_batch());
+  ASSERT_TRUE(u->Flush().ok());
+  EXPECT_EQ(u->applies_launched(), launched);
+  // Discarded copies never land.
+  ASSERT_TRUE(u->Stage(dst->data() + 200, ones.data(), 8).ok());
+  u->Discard();
+  EXPECT_FALSE(u->has_open_batch());
+  ASSERT_TRUE(u->Flush().ok());
+  EXPECT_EQ(Read(*dst), want);
   // kMaxStagedUploads copies per batch.
   auto many = MakeUploads();
   ASSERT_NE(many, nullptr);
   for (uint32_t i = 0; i < kernels::kMaxStagedUploads; ++i) {
-    ASSERT_TRUE(many->Stage(dst->data() + i, twos.data(), 1).ok()) << i;
+    ASSERT_TRUE(many->Stage(dst->data() + 160 + i, twos.data(), 1).ok()) << i;
   }
   EXPECT_EQ(many->Stage(dst->data(), twos.data(), 1).code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(many->Stage(dst->data(), twos.data(), -1).code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(many->Flush().ok());
-  EXPECT_EQ(hipStreamSynchronize(stream_), hipSuccess);
+  std::fill(want.begin() + 160, want.begin() + 160 + kernels::kMaxStagedUploads, 2);
+  EXPECT_EQ(Read(*dst), want);
 }
 
 TEST_F(StagedUploadsTest, AnApplyReportedLaunchedThatNeverRunsIsAnErrorNotAHang) {
@@ -204,6 +218,15 @@ TEST_F(StagedUploadsTest, CreateAndAttachRefuseWhatCannotWork) {
   EXPECT_TRUE(u->attached());
   const auto second = DeviceMetadataWriter::Create(req_to_token, TokenCount(64), stream_, other_stream);
   EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition) << second.status();
+  // A split-KV request needs the host's lengths of its padded rows for the plan's counts.
+  MetadataWriteRequest request;
+  request.padded_batch_size = 4;
+  request.split_kv = true;
+  EXPECT_EQ((*first)->CheckSupported(request).code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<TokenLength> lens(4, TokenLength(1));
+  request.host_kv_lens = lens;
+  request.host_q_lens = lens;
+  EXPECT_TRUE((*first)->CheckSupported(request).ok());
   first->reset();
   EXPECT_FALSE(u->attached()) << "a writer detaches when it goes";
 }
