@@ -122,13 +122,12 @@ absl::Status DeviceMetadataWriter::Launch(const MetadataWriteRequest& r, const G
   }
   if (r.split_kv) {
     SplitKvPlanDeviceArgs plan;
-    plan.qo_indptr = DeviceSpan<const TokenOffset>(a.qo_indptr.data(), a.qo_indptr.size());
-    plan.kv_indptr = DeviceSpan<const TokenOffset>(a.kv_indptr.data(), a.kv_indptr.size());
+    plan.qo_indptr = Device<const TokenOffset>(b.qo_indptr, padded + 1);
+    plan.kv_indptr = Device<const TokenOffset>(b.kv_indptr, padded + 1);
     plan.options = r.split_kv_options;
-    plan.work = DeviceSpan<SplitKvWorkItem>(b.split_kv.work.data(), b.split_kv.work.size());
-    plan.unit_indptr =
-        DeviceSpan<int32_t>(b.split_kv.unit_indptr.data(), b.split_kv.unit_indptr.size());
-    plan.reduce = DeviceSpan<SplitKvReduceItem>(b.split_kv.reduce.data(), b.split_kv.reduce.size());
+    plan.work = Device(b.split_kv.work, b.split_kv.work.size());
+    plan.unit_indptr = Device(b.split_kv.unit_indptr, b.split_kv.unit_indptr.size());
+    plan.reduce = Device(b.split_kv.reduce, b.split_kv.reduce.size());
     if (absl::Status s = BuildSplitKvPlanOnDevice(plan, violation_.device(), stream_); !s.ok()) {
       return s;
     }

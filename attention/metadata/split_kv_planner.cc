@@ -27,15 +27,6 @@ int64_t NumQueryTiles(absl::Span<const TokenOffset> qo_indptr, TokenCount q_tile
   return tiles;
 }
 
-namespace {
-
-struct PlanShape {
-  int64_t chunk;
-  int64_t total_chunks;
-};
-
-}  // namespace
-
 absl::Status CheckSplitKvOptions(const SplitKvOptions& options) {
   if (options.num_units < 1 || options.num_units > kMaxUnits ||
       options.kv_granularity.value() < 1 || options.kv_granularity.value() > kMaxTokens ||
@@ -54,6 +45,11 @@ TokenCount SplitKvChunk(const SplitKvOptions& options) {
 }
 
 namespace {
+
+struct PlanShape {
+  int64_t chunk;
+  int64_t total_chunks;
+};
 
 // The input checks shared by both entry points; returns the chunk and the batch's total
 // chunk count.
