@@ -33,11 +33,12 @@
 #include "attention/kernels/device_metadata_writer.h"
 #include "attention/kernels/device_violation_word.h"
 #include "attention/kernels/hip_device_memory.h"
-#include "attention/kernels/staged_uploads.h"
 #include "attention/kernels/metadata_kernels.h"
 #include "attention/kernels/metadata_launchers.h"
+#include "attention/kernels/staged_uploads.h"
 #include "attention/kernels/testing/bench_check.h"
 #include "attention/kernels/testing/device_buffer.h"
+#include "attention/kernels/testing/kv_bench.h"
 #include "attention/kernels/token_kv_indices.h"
 #include "attention/metadata/testing/batch_fixture.h"
 
@@ -52,26 +53,10 @@ constexpr int kLaunchesPerSample = 8;
 constexpr int kSamples = 31;
 constexpr int64_t kRotationBytes = int64_t{256} << 20;  // 5x the L2
 
-// Median microseconds of one call of `launch(set)`, sets rotating.
+// Median microseconds of one call of `launch(set)`, the sets rotating within each sample.
 double TimeUs(int sets, const std::function<void(int)>& launch) {
-  hipEvent_t start, stop;
-  BENCH_CHECK(GpuStatus(hipEventCreate(&start), "hipEventCreate"));
-  BENCH_CHECK(GpuStatus(hipEventCreate(&stop), "hipEventCreate"));
-  std::vector<float> ms;
-  int next = 0;
-  for (int s = -3; s < kSamples; ++s) {
-    BENCH_CHECK(GpuStatus(hipEventRecord(start, nullptr), "hipEventRecord"));
-    for (int l = 0; l < kLaunchesPerSample; ++l, next = (next + 1) % sets) launch(next);
-    BENCH_CHECK(GpuStatus(hipEventRecord(stop, nullptr), "hipEventRecord"));
-    BENCH_CHECK(GpuStatus(hipEventSynchronize(stop), "hipEventSynchronize"));
-    float t = 0;
-    BENCH_CHECK(GpuStatus(hipEventElapsedTime(&t, start, stop), "hipEventElapsedTime"));
-    if (s >= 0) ms.push_back(t / kLaunchesPerSample);
-  }
-  BENCH_CHECK(GpuStatus(hipEventDestroy(start), "hipEventDestroy"));
-  BENCH_CHECK(GpuStatus(hipEventDestroy(stop), "hipEventDestroy"));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2] * 1e3;
+  return testing::MedianEventUs(nullptr, kLaunchesPerSample, [&](int i) { launch(i % sets); },
+                                kSamples);
 }
 
 struct Row {

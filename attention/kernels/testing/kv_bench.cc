@@ -10,7 +10,6 @@ namespace testing {
 namespace {
 
 constexpr int kWarmup = 3;
-constexpr int kSamples = 15;
 
 // Draws a random N(0, 1) bf16 tile and fills `pool` with copies of it.
 void FillWithTile(std::mt19937_64& rng, std::normal_distribution<float>& normal,
@@ -58,12 +57,13 @@ void BandwidthReferences::LaunchCopy(int64_t offset, int64_t bytes, hipStream_t 
                         "copy"));
 }
 
-double MedianEventUs(hipStream_t stream, int launches, const std::function<void(int)>& launch) {
+double MedianEventUs(hipStream_t stream, int launches, const std::function<void(int)>& launch,
+                     int samples) {
   hipEvent_t start, stop;
   BENCH_CHECK(GpuStatus(hipEventCreate(&start), "hipEventCreate"));
   BENCH_CHECK(GpuStatus(hipEventCreate(&stop), "hipEventCreate"));
   std::vector<float> ms;
-  for (int s = -kWarmup; s < kSamples; ++s) {
+  for (int s = -kWarmup; s < samples; ++s) {
     BENCH_CHECK(GpuStatus(hipEventRecord(start, stream), "hipEventRecord"));
     for (int i = 0; i < launches; ++i) launch(i);
     BENCH_CHECK(GpuStatus(hipEventRecord(stop, stream), "hipEventRecord"));

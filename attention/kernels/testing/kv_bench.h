@@ -62,8 +62,9 @@ class BandwidthReferences {
 };
 
 // Median microseconds of one launch: `launches` calls launch(0), launch(1), ... issued on
-// `stream` between two events, 15 samples after 3 of warm-up.
-double MedianEventUs(hipStream_t stream, int launches, const std::function<void(int)>& launch);
+// `stream` between two events, `samples` samples after 3 of warm-up.
+double MedianEventUs(hipStream_t stream, int launches, const std::function<void(int)>& launch,
+                     int samples = 15);
 
 }  // namespace testing
 }  // namespace attnmeta
