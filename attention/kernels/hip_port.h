@@ -12,8 +12,8 @@
 // the device (hipDeviceGetAttribute, warp size). Device code uses attnmeta::kWaveSize (the
 // target's, in the device pass) and the wave shuffles ATTNMETA_SHFL_UP / ATTNMETA_SHFL_DOWN /
 // ATTNMETA_SHFL_XOR (all lanes active; CUDA has only the _sync forms, HIP 5.2 only the plain
-// ones) and ATTNMETA_SHFL_IDX32 (a lane of the same 32-lane group). MmaM16N8K16 is the
-// warp-level matrix product on 32-lane groups: the tensor cores on NVIDIA, a portable form on
+// ones), ATTNMETA_SHFL_IDX32 (a lane of the same 32-lane group) and ATTNMETA_BALLOT32 (the
+// predicates of the 32-lane group as bits). MmaM16N8K16 is the warp-level matrix product on 32-lane groups: the tensor cores on NVIDIA, a portable form on
 // AMD. Kernels declare ATTNMETA_LAUNCH_BOUNDS(threads, min blocks per multiprocessor) and
 // convert fp16 through HalfBitsToFloat / FloatToHalfBits (the vendor's conversion
 // instructions, round to nearest even), on raw bits so that no vendor half type reaches a
@@ -45,6 +45,8 @@ inline constexpr int kWaveSize = 64;
 #define ATTNMETA_SHFL_DOWN(value, delta) __shfl_down((value), (delta))
 #define ATTNMETA_SHFL_XOR(value, mask) __shfl_xor((value), (mask))
 #define ATTNMETA_SHFL_IDX32(value, lane) __shfl((value), (lane), 32)
+// Bit i: the predicate of lane i of the caller's 32-lane group (a wave64 holds two).
+#define ATTNMETA_BALLOT32(pred) static_cast<uint32_t>(__ballot(pred) >> (__lane_id() & 32))
 // HIP's second __launch_bounds__ argument is waves per execution unit, not blocks per
 // multiprocessor: the register hint is NVIDIA's only.
 #define ATTNMETA_LAUNCH_BOUNDS(threads, min_blocks) __launch_bounds__(threads)
@@ -70,6 +72,7 @@ inline constexpr int kWaveSize = 32;
 #define ATTNMETA_SHFL_DOWN(value, delta) __shfl_down_sync(0xffffffffu, (value), (delta))
 #define ATTNMETA_SHFL_XOR(value, mask) __shfl_xor_sync(0xffffffffu, (value), (mask))
 #define ATTNMETA_SHFL_IDX32(value, lane) __shfl_sync(0xffffffffu, (value), (lane))
+#define ATTNMETA_BALLOT32(pred) __ballot_sync(0xffffffffu, (pred))
 #define ATTNMETA_LAUNCH_BOUNDS(threads, min_blocks) __launch_bounds__(threads, min_blocks)
 
 #if defined(__CUDACC__)
@@ -240,6 +243,41 @@ __device__ inline void MmaM16N8K16(float (&d)[4], const uint32_t (&a)[4], const 
   }
 #else
   PortableMmaM16N8K16<kBf16>(d, a, b);
+#endif
+}
+
+// Bytes of x (0-3) and y (4-7) picked by the selector's nibbles, lowest nibble first: CUDA's
+// __byte_perm, which HIP provides too.
+__device__ inline uint32_t BytePerm(uint32_t x, uint32_t y, uint32_t selector) {
+  return __byte_perm(x, y, selector);
+}
+
+// a * b in 64 bits from 32-bit operands: one wide multiply on NVIDIA, where the compiler may
+// otherwise widen the operands and multiply in 64 bits.
+__device__ inline int64_t MulWide(int32_t a, int32_t b) {
+#if defined(ATTNMETA_GPU_CUDA)
+  int64_t product;
+  asm("mul.wide.s32 %0, %1, %2;\n" : "=l"(product) : "r"(a), "r"(b));
+  return product;
+#else
+  return int64_t{a} * b;
+#endif
+}
+
+// Two floats rounded to bf16 (to nearest even; a NaN stays a NaN), lo in the low half: one
+// instruction on NVIDIA since sm_80.
+__device__ inline uint32_t PackBf16x2(float lo, float hi) {
+#if defined(ATTNMETA_GPU_CUDA)
+  uint32_t packed;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(hi), "f"(lo));
+  return packed;
+#else
+  const auto round = [](float x) -> uint32_t {
+    const uint32_t b = __float_as_uint(x);
+    if ((b & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;
+    return (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+  };
+  return round(lo) | (round(hi) << 16);
 #endif
 }
 

@@ -9,9 +9,9 @@ namespace kernels {
 namespace {
 
 constexpr int32_t kInt32Max = 2147483647;
-// Enough threads that a reduce item's partials are summed in few rounds of loads (a 16k
-// sequence split for a large GPU has ~128 partials): 8 partial sums per chunk at head dim 128.
-constexpr int kMergeThreads = 256;
+// The merge: query heads (warps) per block, and partials whose loads a lane keeps in flight.
+constexpr int kMergeWarps = 4;
+constexpr int kMergeUnroll = 8;
 
 using internal::Bf16;
 using internal::Fp16;
@@ -125,32 +125,19 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDe
       });
 }
 
-// A block-wide max (is_max) or sum of every thread's value, returned to every thread.
-__device__ inline float BlockReduce(float value, bool is_max, float* scratch) {
-  scratch[threadIdx.x] = value;
-  __syncthreads();
-  for (int stride = kMergeThreads / 2; stride > 0; stride /= 2) {
-    if (static_cast<int>(threadIdx.x) < stride) {
-      const float other = scratch[threadIdx.x + stride];
-      scratch[threadIdx.x] = is_max ? fmaxf(scratch[threadIdx.x], other) : scratch[threadIdx.x] + other;
-    }
-    __syncthreads();
-  }
-  const float result = scratch[0];
-  __syncthreads();  // scratch is reused at once
-  return result;
-}
-
-// One block per (reduce item, query head): weights exp(lse_p - max) over the item's partials,
-// then thread (part, chunk) sums partials part, part + parts, ... of dims [4 chunk, + 4).
-template <typename Dtype>
-__global__ void __launch_bounds__(kMergeThreads) DecodeMergeKernel(DecodeMergeParams p) {
-  __shared__ float scratch[kMergeThreads];
-  __shared__ float4 sm_acc[kMergeThreads];
+// One warp per (reduce item, query head), kMergeWarps heads per block: no block barrier on
+// the path. The lanes take the item's partials by turns for the max and the sum of the weights
+// exp(lse_p - max) (shuffle reductions), then each lane sums its kHeadDim / 32 dims over all
+// the partials, kMergeUnroll partials in flight.
+template <typename Dtype, int kHeadDim>
+__global__ void __launch_bounds__(kMergeWarps * 32) DecodeMergeKernel(DecodeMergeParams p) {
+  constexpr int kDims = kHeadDim / 32;  // per lane: 2, 4 or 8
   const int32_t r = blockIdx.x;
-  const int32_t h = blockIdx.y;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int32_t h = static_cast<int32_t>(blockIdx.y) * kMergeWarps + static_cast<int32_t>(threadIdx.x) / 32;
+  if (h >= p.num_q_heads) return;
   const DecodeReduceItem it = p.reduce[r];
-  DeviceViolation* v = threadIdx.x == 0 && h == 0 ? p.violation : nullptr;
+  DeviceViolation* v = lane == 0 && h == 0 ? p.violation : nullptr;
   if (it.sequence < 0 || it.sequence >= p.batch_size) {
     RecordViolation(v, kRowOutsideTable, r, it.sequence, p.batch_size);
     return;
@@ -162,52 +149,54 @@ __global__ void __launch_bounds__(kMergeThreads) DecodeMergeKernel(DecodeMergePa
   }
   const int64_t heads = p.num_q_heads;
   float mx = NegInf();
-  for (int32_t k = it.partial_begin + threadIdx.x; k < it.partial_end; k += kMergeThreads) {
+  for (int32_t k = it.partial_begin + lane; k < it.partial_end; k += 32) {
     mx = fmaxf(mx, p.partial_lse[k * heads + h]);
   }
-  mx = BlockReduce(mx, /*is_max=*/true, scratch);
+#pragma unroll
+  for (int m = 16; m > 0; m /= 2) mx = fmaxf(mx, ATTNMETA_SHFL_XOR(mx, m));
   // A partial that saw no token (lse -inf) has weight 0; all of them: output 0, lse -inf.
   auto weight = [&](int32_t k) {
     const float x = p.partial_lse[k * heads + h];
     return x == NegInf() ? 0.0f : __expf(x - mx);
   };
   float sum = 0.0f;
-  for (int32_t k = it.partial_begin + threadIdx.x; k < it.partial_end; k += kMergeThreads) {
-    sum += weight(k);
-  }
-  sum = BlockReduce(sum, /*is_max=*/false, scratch);
+  for (int32_t k = it.partial_begin + lane; k < it.partial_end; k += 32) sum += weight(k);
+#pragma unroll
+  for (int m = 16; m > 0; m /= 2) sum += ATTNMETA_SHFL_XOR(sum, m);
 
-  const int32_t chunks = p.head_dim / 4;
-  const int32_t chunk = threadIdx.x % chunks;
-  const int32_t part = threadIdx.x / chunks;
-  const int32_t parts = kMergeThreads / chunks;
-  float4 acc = make_float4(0, 0, 0, 0);
-#pragma unroll 4
-  for (int32_t k = it.partial_begin + part; k < it.partial_end; k += parts) {
+  float acc[kDims] = {};
+  const float* part = p.partial_out + h * int64_t{kHeadDim} + kDims * lane;
+#pragma unroll kMergeUnroll
+  for (int32_t k = it.partial_begin; k < it.partial_end; ++k) {
     const float wk = weight(k);
-    const float4 x = __ldg(reinterpret_cast<const float4*>(p.partial_out + (k * heads + h) * p.head_dim) +
-                           chunk);
-    acc.x = fmaf(wk, x.x, acc.x);
-    acc.y = fmaf(wk, x.y, acc.y);
-    acc.z = fmaf(wk, x.z, acc.z);
-    acc.w = fmaf(wk, x.w, acc.w);
-  }
-  sm_acc[threadIdx.x] = acc;
-  __syncthreads();
-  const int64_t head_row = int64_t{it.sequence} * heads + h;
-  if (part == 0) {
-    for (int32_t k = 1; k < parts; ++k) {
-      const float4 x = sm_acc[k * chunks + chunk];
-      acc.x += x.x;
-      acc.y += x.y;
-      acc.z += x.z;
-      acc.w += x.w;
+    const float4* x = reinterpret_cast<const float4*>(part + k * heads * kHeadDim);
+    float xs[kDims];
+    if constexpr (kDims == 2) {
+      const float2 y = __ldg(reinterpret_cast<const float2*>(x));
+      xs[0] = y.x;
+      xs[1] = y.y;
+    } else {
+#pragma unroll
+      for (int i = 0; i < kDims / 4; ++i) {
+        const float4 y = __ldg(x + i);
+        xs[4 * i] = y.x;
+        xs[4 * i + 1] = y.y;
+        xs[4 * i + 2] = y.z;
+        xs[4 * i + 3] = y.w;
+      }
     }
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    *reinterpret_cast<uint2*>(static_cast<uint16_t*>(p.out) + head_row * p.head_dim + chunk * 4) =
-        make_uint2(Pack2<Dtype>(acc.x * inv, acc.y * inv), Pack2<Dtype>(acc.z * inv, acc.w * inv));
+#pragma unroll
+    for (int d = 0; d < kDims; ++d) acc[d] = fmaf(wk, xs[d], acc[d]);
   }
-  if (threadIdx.x == 0) p.lse[head_row] = sum > 0.0f ? mx + __logf(sum) : NegInf();
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  uint32_t packed[kDims / 2];
+#pragma unroll
+  for (int d = 0; d < kDims / 2; ++d) packed[d] = Pack2<Dtype>(acc[2 * d] * inv, acc[2 * d + 1] * inv);
+  const int64_t head_row = int64_t{it.sequence} * heads + h;
+  uint32_t* dst = reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.out) + head_row * kHeadDim + kDims * lane);
+#pragma unroll
+  for (int d = 0; d < kDims / 2; ++d) dst[d] = packed[d];
+  if (lane == 0) p.lse[head_row] = sum > 0.0f ? mx + __logf(sum) : NegInf();
 }
 
 template <typename Dtype, int kHeadDim, int kHeads, int kVariant>
@@ -224,7 +213,7 @@ hipError_t Launch(const PagedDecodeParams& p, hipStream_t stream) {
 template <typename Dtype, int kHeadDim, int kHeads>
 hipError_t ByVariant(const PagedDecodeParams& p, hipStream_t stream) {
   if constexpr (kHeadDim == kVariantHeadDim && kHeads == kVariantQueryHeads) {
-    static_assert(kNumDecodeVariants == 6, "one case per variant");
+    static_assert(kNumDecodeVariants == 5, "one case per variant");
     switch (p.variant) {
       case 0:
         return Launch<Dtype, kHeadDim, kHeads, 0>(p, stream);
@@ -236,8 +225,6 @@ hipError_t ByVariant(const PagedDecodeParams& p, hipStream_t stream) {
         return Launch<Dtype, kHeadDim, kHeads, 3>(p, stream);
       case 4:
         return Launch<Dtype, kHeadDim, kHeads, 4>(p, stream);
-      case 5:
-        return Launch<Dtype, kHeadDim, kHeads, 5>(p, stream);
     }
     return hipErrorInvalidValue;
   } else {
@@ -285,15 +272,29 @@ hipError_t LaunchPagedDecodeKernel(const PagedDecodeParams& p, hipStream_t strea
   return hipErrorInvalidValue;
 }
 
+template <typename Dtype>
+hipError_t LaunchMerge(const DecodeMergeParams& p, hipStream_t stream) {
+  const dim3 grid(p.num_reduce, (p.num_q_heads + kMergeWarps - 1) / kMergeWarps);
+  switch (p.head_dim) {
+    case 64:
+      DecodeMergeKernel<Dtype, 64><<<grid, kMergeWarps * 32, 0, stream>>>(p);
+      return hipGetLastError();
+    case 128:
+      DecodeMergeKernel<Dtype, 128><<<grid, kMergeWarps * 32, 0, stream>>>(p);
+      return hipGetLastError();
+    case 256:
+      DecodeMergeKernel<Dtype, 256><<<grid, kMergeWarps * 32, 0, stream>>>(p);
+      return hipGetLastError();
+  }
+  return hipErrorInvalidValue;
+}
+
 hipError_t LaunchDecodeMergeKernel(const DecodeMergeParams& p, hipStream_t stream) {
-  const dim3 grid(p.num_reduce, p.num_q_heads);
   switch (p.dtype) {
     case kElementBf16:
-      DecodeMergeKernel<Bf16><<<grid, kMergeThreads, 0, stream>>>(p);
-      return hipGetLastError();
+      return LaunchMerge<Bf16>(p, stream);
     case kElementFp16:
-      DecodeMergeKernel<Fp16><<<grid, kMergeThreads, 0, stream>>>(p);
-      return hipGetLastError();
+      return LaunchMerge<Fp16>(p, stream);
   }
   return hipErrorInvalidValue;
 }

@@ -20,8 +20,8 @@ inline constexpr float kLn2 = 0.6931471805599453f;
 
 __device__ inline float NegInf() { return __int_as_float(0xff800000); }
 
-// The element types: eight 2-byte elements of a 16-byte word to floats (exact), and a float to
-// its bits (round to nearest even; a NaN stays a NaN).
+// The element types: eight 2-byte elements of a 16-byte word to floats (exact); Pack2 rounds
+// floats to them (to nearest even; a NaN stays a NaN).
 struct Bf16 {
   static constexpr bool kIsBf16 = true;
   __device__ static void ToFloat(const uint4& w, float (&f)[8]) {
@@ -31,11 +31,6 @@ struct Bf16 {
       f[2 * i] = __uint_as_float(words[i] << 16);
       f[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
     }
-  }
-  __device__ static uint32_t FromFloat(float x) {
-    const uint32_t b = __float_as_uint(x);
-    if ((b & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;
-    return (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
   }
 };
 
@@ -55,7 +50,11 @@ struct Fp16 {
 // Two floats as one word of two elements: lo in the low half.
 template <typename Dtype>
 __device__ inline uint32_t Pack2(float lo, float hi) {
-  return Dtype::FromFloat(lo) | (Dtype::FromFloat(hi) << 16);
+  if constexpr (Dtype::kIsBf16) {
+    return PackBf16x2(lo, hi);
+  } else {
+    return Dtype::FromFloat(lo) | (Dtype::FromFloat(hi) << 16);
+  }
 }
 
 }  // namespace internal

@@ -36,9 +36,8 @@ namespace internal {
 // pair of positions an MMA fragment register holds.
 template <int kWords>
 __device__ inline uint32_t PairOf(const uint32_t (&x)[kWords], const uint32_t (&y)[kWords], int e) {
-  const uint32_t a = x[e / 2];
-  const uint32_t b = y[e / 2];
-  return e % 2 == 0 ? (a & 0xffffu) | (b << 16) : (a >> 16) | (b & 0xffff0000u);
+  // Bytes 0-1 of x's word and 0-1 of y's (e even), or bytes 2-3 of each.
+  return BytePerm(x[e / 2], y[e / 2], e % 2 == 0 ? 0x5410u : 0x7632u);
 }
 
 // kWords 32-bit words (2 * kWords elements) at element offset `offset` of `base`, in 8- or
@@ -139,19 +138,30 @@ __device__ __forceinline__ void ResolveSlots(const Params& p, const LaneView& lv
 }
 
 // Issues the K and V loads of a step whose slots are `slot`. Forced inline, as AttendStep: a
-// call would pass the register arrays through local memory.
-template <int kHeadDim, int kStep>
+// call would pass the register arrays through local memory. kAllLoaded: every position of the
+// step has a slot (the common case), so no fragment needs zeros and no load a predicate.
+template <int kHeadDim, int kStep, bool kAllLoaded>
 __device__ __forceinline__ void IssueStep(const void* k_pool, const void* v_pool, const LaneView& lv,
                                           const int32_t (&slot)[WarpShape<kHeadDim, kStep>::kIdx],
                                           StepLoads<kHeadDim, kStep>& L) {
   using S = WarpShape<kHeadDim, kStep>;
+  // A row's address is one wide multiply-add of its slot onto the lane's column: the lane's
+  // dims of K ([8t, + 8) of each 32) and of V ([kW g, + kW) of each half).
+  const int32_t row_bytes = static_cast<int32_t>(2 * lv.row);
+  const uint16_t* k_lane = static_cast<const uint16_t*>(k_pool) + lv.head + 8 * lv.t;
+  const uint16_t* v_lane = static_cast<const uint16_t*>(v_pool) + lv.head + S::kW * lv.g;
+  const auto row_of = [row_bytes](const uint16_t* lane, int32_t s) {
+    return reinterpret_cast<const uint16_t*>(reinterpret_cast<const unsigned char*>(lane) +
+                                             MulWide(s, row_bytes));
+  };
 #pragma unroll
   for (int nt = 0; nt < S::kNTiles; ++nt) {
     const int32_t s = ATTNMETA_SHFL_IDX32(slot[8 * nt / 32], 8 * nt % 32 + lv.g);
+    const uint16_t* k = row_of(k_lane, s);
 #pragma unroll
     for (int j = 0; j < S::kKLoads; ++j) {
-      L.kb[nt][j][0] = L.kb[nt][j][1] = L.kb[nt][j][2] = L.kb[nt][j][3] = 0;
-      if (s >= 0) LoadWords(k_pool, s * lv.row + lv.head + 32 * j + 8 * lv.t, L.kb[nt][j]);
+      if (!kAllLoaded) L.kb[nt][j][0] = L.kb[nt][j][1] = L.kb[nt][j][2] = L.kb[nt][j][3] = 0;
+      if (kAllLoaded || s >= 0) LoadWords(k, 32 * j, L.kb[nt][j]);
     }
   }
 #pragma unroll
@@ -160,17 +170,31 @@ __device__ __forceinline__ void IssueStep(const void* k_pool, const void* v_pool
     for (int e = 0; e < 4; ++e) {
       const int32_t s = ATTNMETA_SHFL_IDX32(slot[16 * kk / 32],
                                             16 * kk % 32 + 2 * lv.t + e % 2 + 8 * (e / 2));
-      L.valid[kk][e] = s >= 0;
+      const uint16_t* v = row_of(v_lane, s);
+      L.valid[kk][e] = kAllLoaded || s >= 0;
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
+        if (!kAllLoaded) {
 #pragma unroll
-        for (int i = 0; i < S::kVWords; ++i) L.vw[kk][e][c][i] = 0;
-        if (s >= 0) {
-          LoadWords(v_pool, s * lv.row + lv.head + 8 * S::kW * c + S::kW * lv.g, L.vw[kk][e][c]);
+          for (int i = 0; i < S::kVWords; ++i) L.vw[kk][e][c][i] = 0;
         }
+        if (kAllLoaded || s >= 0) LoadWords(v, 8 * S::kW * c, L.vw[kk][e][c]);
       }
     }
   }
+}
+
+// Whether every position of a step has a slot: lanes [0, kStep) of slot[0], and every lane of
+// slot[1..] (ResolveSlots gives -1 past kStep).
+template <int kHeadDim, int kStep>
+__device__ __forceinline__ bool StepAllLoaded(const int32_t (&slot)[WarpShape<kHeadDim, kStep>::kIdx]) {
+  constexpr uint32_t kFirst = kStep >= 32 ? 0xffffffffu : (1u << kStep) - 1;
+  bool all = (ATTNMETA_BALLOT32(slot[0] >= 0) & kFirst) == kFirst;
+#pragma unroll
+  for (int r = 1; r < WarpShape<kHeadDim, kStep>::kIdx; ++r) {
+    all = all && ATTNMETA_BALLOT32(slot[r] >= 0) == 0xffffffffu;
+  }
+  return all;
 }
 
 // Q's A fragments of query vectors g and g + 8 from their rows of head_dim elements at element
@@ -270,18 +294,27 @@ __device__ __forceinline__ void AttendStep(const QFragments<kHeadDim, kHalves>& 
     }
     // This lane's columns of half h are vectors 8h + 2t and 8h + 2t + 1, whose alphas lanes
     // 8t and 8t + 4 hold.
-    const float alpha0 = ATTNMETA_SHFL_IDX32(alpha, 8 * t);
-    const float alpha1 = ATTNMETA_SHFL_IDX32(alpha, 8 * t + 4);
+    // Once the maxima settle, most steps change none of them: skip the rescale then.
+    if (ATTNMETA_BALLOT32(alpha != 1.0f) != 0) {
+      const float alpha0 = ATTNMETA_SHFL_IDX32(alpha, 8 * t);
+      const float alpha1 = ATTNMETA_SHFL_IDX32(alpha, 8 * t + 4);
 #pragma unroll
-    for (int i = 0; i < S::kW; ++i) {
-      sm.o[h][i][0] *= alpha0;
-      sm.o[h][i][1] *= alpha1;
-      sm.o[h][i][2] *= alpha0;
-      sm.o[h][i][3] *= alpha1;
+      for (int i = 0; i < S::kW; ++i) {
+        sm.o[h][i][0] *= alpha0;
+        sm.o[h][i][1] *= alpha1;
+        sm.o[h][i][2] *= alpha0;
+        sm.o[h][i][3] *= alpha1;
+      }
     }
   }
 #pragma unroll
   for (int kk = 0; kk < S::kPvSteps; ++kk) {
+    uint32_t b[kHalves][2];
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) {
+      b[h][0] = Pack2<Dtype>(sc[2 * kk][2 * h], sc[2 * kk][2 * h + 1]);
+      b[h][1] = Pack2<Dtype>(sc[2 * kk + 1][2 * h], sc[2 * kk + 1][2 * h + 1]);
+    }
 #pragma unroll
     for (int i = 0; i < S::kW; ++i) {
       const uint32_t a[4] = {PairOf(L.vw[kk][0][0], L.vw[kk][1][0], i),
@@ -289,11 +322,7 @@ __device__ __forceinline__ void AttendStep(const QFragments<kHeadDim, kHalves>& 
                              PairOf(L.vw[kk][2][0], L.vw[kk][3][0], i),
                              PairOf(L.vw[kk][2][1], L.vw[kk][3][1], i)};
 #pragma unroll
-      for (int h = 0; h < kHalves; ++h) {
-        const uint32_t b[2] = {Pack2<Dtype>(sc[2 * kk][2 * h], sc[2 * kk][2 * h + 1]),
-                               Pack2<Dtype>(sc[2 * kk + 1][2 * h], sc[2 * kk + 1][2 * h + 1])};
-        Mma<Dtype, kPortableMma>(sm.o[h][i], a, b);
-      }
+      for (int h = 0; h < kHalves; ++h) Mma<Dtype, kPortableMma>(sm.o[h][i], a, b[h]);
     }
   }
 }
@@ -318,7 +347,11 @@ __device__ __forceinline__ void AttendWarpSteps(const Params& p, const LaneView&
     ResolveSlots<kHeadDim, kStep>(p, lv, base, raw, slot);
     LoadStepIndices<kHeadDim, kStep>(p, lv, base + stride, raw);
     StepLoads<kHeadDim, kStep> loads;
-    IssueStep<kHeadDim, kStep>(p.k_pool, p.v_pool, lv, slot, loads);
+    if (StepAllLoaded<kHeadDim, kStep>(slot)) {
+      IssueStep<kHeadDim, kStep, true>(p.k_pool, p.v_pool, lv, slot, loads);
+    } else {
+      IssueStep<kHeadDim, kStep, false>(p.k_pool, p.v_pool, lv, slot, loads);
+    }
     const auto step_sees = [&](int h, int nt, int e) { return sees(base, h, nt, e); };
     AttendStep<Dtype, kHeadDim, kStep, kHalves, kPortableMma>(q, scale, lv.t, loads, step_sees, sm);
   }
