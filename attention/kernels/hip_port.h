@@ -13,8 +13,8 @@
 // target's, in the device pass) and the wave shuffles ATTNMETA_SHFL_UP / ATTNMETA_SHFL_DOWN /
 // ATTNMETA_SHFL_XOR (all lanes active; CUDA has only the _sync forms, HIP 5.2 only the plain
 // ones), ATTNMETA_SHFL_IDX32 (a lane of the same 32-lane group) and ATTNMETA_BALLOT32 (the
-// predicates of the 32-lane group as bits). MmaM16N8K16 is the warp-level matrix product on 32-lane groups: the tensor cores on NVIDIA, a portable form on
-// AMD. Kernels declare ATTNMETA_LAUNCH_BOUNDS(threads, min blocks per multiprocessor) and
+// predicates of the 32-lane group as bits). MmaM16N8K16 is the warp-level matrix product on
+// 32-lane groups: the tensor cores on NVIDIA, a portable form on AMD. Kernels declare ATTNMETA_LAUNCH_BOUNDS(threads, min blocks per multiprocessor) and
 // convert fp16 through HalfBitsToFloat / FloatToHalfBits (the vendor's conversion
 // instructions, round to nearest even), on raw bits so that no vendor half type reaches a
 // shared header.
@@ -246,10 +246,23 @@ __device__ inline void MmaM16N8K16(float (&d)[4], const uint32_t (&a)[4], const 
 #endif
 }
 
-// Bytes of x (0-3) and y (4-7) picked by the selector's nibbles, lowest nibble first: CUDA's
-// __byte_perm, which HIP provides too.
-__device__ inline uint32_t BytePerm(uint32_t x, uint32_t y, uint32_t selector) {
-  return __byte_perm(x, y, selector);
+// The low 16-bit halves of x and y as one word (x's in the low half), and the high halves:
+// one byte permute on NVIDIA; shifts and masks on AMD, where HIP 5.2's __byte_perm goes
+// through memory.
+__device__ inline uint32_t LowHalves(uint32_t x, uint32_t y) {
+#if defined(ATTNMETA_GPU_CUDA)
+  return __byte_perm(x, y, 0x5410u);
+#else
+  return (x & 0xffffu) | (y << 16);
+#endif
+}
+
+__device__ inline uint32_t HighHalves(uint32_t x, uint32_t y) {
+#if defined(ATTNMETA_GPU_CUDA)
+  return __byte_perm(x, y, 0x7632u);
+#else
+  return (x >> 16) | (y & 0xffff0000u);
+#endif
 }
 
 // a * b in 64 bits from 32-bit operands: one wide multiply on NVIDIA, where the compiler may
@@ -264,8 +277,8 @@ __device__ inline int64_t MulWide(int32_t a, int32_t b) {
 #endif
 }
 
-// Two floats rounded to bf16 (to nearest even; a NaN stays a NaN), lo in the low half: one
-// instruction on NVIDIA since sm_80.
+// Two floats rounded to bf16 (to nearest even; a NaN stays a NaN, its bits the vendor's), lo
+// in the low half: one instruction on NVIDIA since sm_80 (the project builds sm_90).
 __device__ inline uint32_t PackBf16x2(float lo, float hi) {
 #if defined(ATTNMETA_GPU_CUDA)
   uint32_t packed;

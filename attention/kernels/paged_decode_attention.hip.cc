@@ -134,7 +134,8 @@ __global__ void __launch_bounds__(kMergeWarps * 32) DecodeMergeKernel(DecodeMerg
   constexpr int kDims = kHeadDim / 32;  // per lane: 2, 4 or 8
   const int32_t r = blockIdx.x;
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int32_t h = static_cast<int32_t>(blockIdx.y) * kMergeWarps + static_cast<int32_t>(threadIdx.x) / 32;
+  const int32_t h =
+      static_cast<int32_t>(blockIdx.y) * kMergeWarps + static_cast<int32_t>(threadIdx.x) / 32;
   if (h >= p.num_q_heads) return;
   const DecodeReduceItem it = p.reduce[r];
   DeviceViolation* v = lane == 0 && h == 0 ? p.violation : nullptr;
@@ -191,9 +192,12 @@ __global__ void __launch_bounds__(kMergeWarps * 32) DecodeMergeKernel(DecodeMerg
   const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
   uint32_t packed[kDims / 2];
 #pragma unroll
-  for (int d = 0; d < kDims / 2; ++d) packed[d] = Pack2<Dtype>(acc[2 * d] * inv, acc[2 * d + 1] * inv);
+  for (int d = 0; d < kDims / 2; ++d) {
+    packed[d] = Pack2<Dtype>(acc[2 * d] * inv, acc[2 * d + 1] * inv);
+  }
   const int64_t head_row = int64_t{it.sequence} * heads + h;
-  uint32_t* dst = reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.out) + head_row * kHeadDim + kDims * lane);
+  uint32_t* dst = reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.out) + head_row * kHeadDim +
+                                              kDims * lane);
 #pragma unroll
   for (int d = 0; d < kDims / 2; ++d) dst[d] = packed[d];
   if (lane == 0) p.lse[head_row] = sum > 0.0f ? mx + __logf(sum) : NegInf();

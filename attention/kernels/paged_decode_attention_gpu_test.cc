@@ -302,7 +302,9 @@ TEST_P(PageSizeDecodeGpuTest, TokenLevelAndPageTableMatchTheReference) {
 INSTANTIATE_TEST_SUITE_P(PageSizes, PageSizeDecodeGpuTest, ::testing::Values(1, 7, 16, 64));
 
 // GQA groups of 1 (MHA) to 16 (query heads per block 1, 2, 4, 8, and a group of 16 run as two
-// chunks of 8, a group of 3 as three of 1), head dims 64, 128, 256, bf16 and fp16.
+// chunks of 8, a group of 3 as three of 1), head dims 64, 128, 256, bf16 and fp16; unsplit, and
+// split with a plan whose longest sequence has more than 32 partials (the merge's warp takes
+// them in rounds of 32).
 TEST_F(DecodeGpuTest, HeadsHeadDimsAndDtypesMatchTheReference) {
   struct Shape {
     int32_t q_heads, kv_heads, head_dim;
@@ -321,10 +323,22 @@ TEST_F(DecodeGpuTest, HeadsHeadDimsAndDtypesMatchTheReference) {
     SCOPED_TRACE(::testing::Message() << s.q_heads << "/" << s.kv_heads << " heads, head_dim "
                                       << s.head_dim << (s.dtype == KvElementType::kBf16 ? " bf16" : " fp16"));
     const Problem p = MakeProblem(Dims(s.q_heads, s.kv_heads, s.head_dim, s.dtype), 16,
-                                  {37, 300, 1, 64}, ++seed);
+                                  {37, 300, 1, 64, 1200}, ++seed);
     const DeviceProblem d = ToDevice(p);
     ExpectMatches(p, RunDecode(p, d, d.TokenLevel()));
     ExpectMatches(p, RunDecode(p, d, d.PageLevel()));
+    // At most 64 items: chunks of 32 tokens, 38 partials for the 1200-token sequence.
+    const DecodeSplitOptions many_partials{/*multiprocessor_count=*/8 * s.kv_heads, s.kv_heads,
+                                           /*blocks_per_multiprocessor=*/8, TokenCount(16)};
+    for (const DecodeKv& kv : {d.TokenLevel(), d.PageLevel()}) {
+      SCOPED_TRACE(kv.index() == 0 ? "token-level, split" : "page table, split");
+      auto plan = PlanDecodeSplitKv(p.metadata.kv_indptr, DecodeKvLayout(kv), many_partials);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      int32_t most = 0;
+      for (const SplitKvReduceItem& r : plan->reduce) most = std::max(most, r.partial_end - r.partial_begin);
+      EXPECT_GT(most, 32);
+      ExpectMatches(p, RunDecode(p, d, kv, &*plan));
+    }
     if (HasFatalFailure()) return;
   }
 }

@@ -42,7 +42,7 @@ namespace {
 
 // Blocks of one launch: within NVIDIA's grid x and, at 256 threads, HIP's 2^32 threads.
 constexpr int64_t kMaxBlocks = int64_t{1} << 23;
-// The merge kernel's grid y is the query head.
+// The merge kernel's grid y is the query heads over its 4 warps per block; at most 65535.
 constexpr int64_t kMaxQueryHeads = 65535;
 
 // Query heads per block: the largest of 8, 4, 2, 1 dividing the group (kernel instantiations);

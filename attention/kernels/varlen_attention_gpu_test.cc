@@ -850,6 +850,15 @@ TEST_F(VarlenGpuTest, BadInputsAreRefusedBeforeLaunch) {
        },
        absl::StatusCode::kOutOfRange,
        "2147483648 query rows, beyond int32"},
+      {"a pool slot past 2^31 bytes",
+       [&](VarlenAttentionArgs& a) {
+         a.dims.num_q_heads = a.dims.num_kv_heads = int32_t{1} << 22;
+         a.dims.head_dim = 256;
+         a.q = DeviceSpan<const uint8_t>(d.q.data(), 0);
+         a.out = DeviceSpan<uint8_t>(out.data(), 0);
+         a.lse = DeviceSpan<float>(lse.data(), 0);
+       },
+       absl::StatusCode::kOutOfRange, "a pool slot of 2147483648 bytes"},
       {"grid whose block count overflows int64",
        [&](VarlenAttentionArgs& a) {
          // bs 2^30 x 2^27 tiles of 8 rows x 2^17 chunks of 8 heads: 2^74 blocks, 0 modulo 2^64.

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <variant>
 
 #include "absl/status/status.h"
@@ -188,8 +189,8 @@ absl::StatusOr<int64_t> CheckKvSource(absl::string_view op,
 // The K/V pools and the vector-loaded buffers of an attention launch (their sizes against the
 // query rows checked by the caller): the pool slots. InvalidArgument for pools that are not
 // the same whole rows of num_kv_heads * head_dim elements, q / k_pool / v_pool / out not
-// kVectorBytes-aligned, a null pointer with a nonzero size; OutOfRange for more than 2^31 pool
-// slots.
+// kVectorBytes-aligned, a null pointer with a nonzero size; OutOfRange for a slot
+// (num_kv_heads * head_dim elements) of 2^31 bytes or more, or more than 2^31 pool slots.
 inline absl::StatusOr<int64_t> CheckAttentionBuffers(absl::string_view op,
                                                      DeviceSpan<const uint8_t> q,
                                                      DeviceSpan<const uint8_t> k_pool,
@@ -198,6 +199,10 @@ inline absl::StatusOr<int64_t> CheckAttentionBuffers(absl::string_view op,
                                                      DeviceSpan<float> lse, int32_t num_kv_heads,
                                                      int32_t head_dim) {
   const int64_t row = int64_t{num_kv_heads} * head_dim * kElementBytes;
+  if (row > std::numeric_limits<int32_t>::max()) {
+    return absl::OutOfRangeError(absl::StrCat(op, ": a pool slot of ", row,
+                                              " bytes, past the kernels' 32-bit row offsets"));
+  }
   if (k_pool.size() != v_pool.size() || static_cast<int64_t>(k_pool.size()) % row != 0) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": K/V pools of ", k_pool.size(), " and ",
                                                    v_pool.size(),

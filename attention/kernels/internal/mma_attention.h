@@ -36,8 +36,7 @@ namespace internal {
 // pair of positions an MMA fragment register holds.
 template <int kWords>
 __device__ inline uint32_t PairOf(const uint32_t (&x)[kWords], const uint32_t (&y)[kWords], int e) {
-  // Bytes 0-1 of x's word and 0-1 of y's (e even), or bytes 2-3 of each.
-  return BytePerm(x[e / 2], y[e / 2], e % 2 == 0 ? 0x5410u : 0x7632u);
+  return e % 2 == 0 ? LowHalves(x[e / 2], y[e / 2]) : HighHalves(x[e / 2], y[e / 2]);
 }
 
 // kWords 32-bit words (2 * kWords elements) at element offset `offset` of `base`, in 8- or
@@ -146,13 +145,15 @@ __device__ __forceinline__ void IssueStep(const void* k_pool, const void* v_pool
                                           StepLoads<kHeadDim, kStep>& L) {
   using S = WarpShape<kHeadDim, kStep>;
   // A row's address is one wide multiply-add of its slot onto the lane's column: the lane's
-  // dims of K ([8t, + 8) of each 32) and of V ([kW g, + kW) of each half).
+  // dims of K ([8t, + 8) of each 32) and of V ([kW g, + kW) of each half). A slot's bytes fit
+  // int32 (the launchers' CheckAttentionBuffers).
   const int32_t row_bytes = static_cast<int32_t>(2 * lv.row);
   const uint16_t* k_lane = static_cast<const uint16_t*>(k_pool) + lv.head + 8 * lv.t;
   const uint16_t* v_lane = static_cast<const uint16_t*>(v_pool) + lv.head + S::kW * lv.g;
+  // A skipped position (slot -1, not loaded) gets slot 0's address: no pointer before the pool.
   const auto row_of = [row_bytes](const uint16_t* lane, int32_t s) {
     return reinterpret_cast<const uint16_t*>(reinterpret_cast<const unsigned char*>(lane) +
-                                             MulWide(s, row_bytes));
+                                             MulWide(kAllLoaded || s > 0 ? s : 0, row_bytes));
   };
 #pragma unroll
   for (int nt = 0; nt < S::kNTiles; ++nt) {
@@ -187,7 +188,8 @@ __device__ __forceinline__ void IssueStep(const void* k_pool, const void* v_pool
 // Whether every position of a step has a slot: lanes [0, kStep) of slot[0], and every lane of
 // slot[1..] (ResolveSlots gives -1 past kStep).
 template <int kHeadDim, int kStep>
-__device__ __forceinline__ bool StepAllLoaded(const int32_t (&slot)[WarpShape<kHeadDim, kStep>::kIdx]) {
+__device__ __forceinline__ bool StepAllLoaded(
+    const int32_t (&slot)[WarpShape<kHeadDim, kStep>::kIdx]) {
   constexpr uint32_t kFirst = kStep >= 32 ? 0xffffffffu : (1u << kStep) - 1;
   bool all = (ATTNMETA_BALLOT32(slot[0] >= 0) & kFirst) == kFirst;
 #pragma unroll
