@@ -14,10 +14,10 @@
 // ATTNMETA_SHFL_XOR (all lanes active; CUDA has only the _sync forms, HIP 5.2 only the plain
 // ones), ATTNMETA_SHFL_IDX32 (a lane of the same 32-lane group) and ATTNMETA_BALLOT32 (the
 // predicates of the 32-lane group as bits). MmaM16N8K16 is the warp-level matrix product on
-// 32-lane groups: the tensor cores on NVIDIA, a portable form on AMD. Kernels declare ATTNMETA_LAUNCH_BOUNDS(threads, min blocks per multiprocessor) and
-// convert fp16 through HalfBitsToFloat / FloatToHalfBits (the vendor's conversion
-// instructions, round to nearest even), on raw bits so that no vendor half type reaches a
-// shared header.
+// 32-lane groups: the tensor cores on NVIDIA, a portable form on AMD. Kernels declare
+// ATTNMETA_LAUNCH_BOUNDS(threads, min blocks per multiprocessor) and convert fp16 through
+// HalfBitsToFloat / FloatToHalfBits (the vendor's conversion instructions, round to nearest
+// even), on raw bits so that no vendor half type reaches a shared header.
 //
 // No Abseil and no glog here: device sources include this header.
 
@@ -246,22 +246,14 @@ __device__ inline void MmaM16N8K16(float (&d)[4], const uint32_t (&a)[4], const 
 #endif
 }
 
-// The low 16-bit halves of x and y as one word (x's in the low half), and the high halves:
-// one byte permute on NVIDIA; shifts and masks on AMD, where HIP 5.2's __byte_perm goes
-// through memory.
-__device__ inline uint32_t LowHalves(uint32_t x, uint32_t y) {
+// The low (high false) or high 16-bit halves of x and y as one word, x's in the low half: one
+// byte permute on NVIDIA; shifts and masks on AMD, where HIP 5.2's __byte_perm goes through
+// memory.
+__device__ inline uint32_t HalvesOf(uint32_t x, uint32_t y, bool high) {
 #if defined(ATTNMETA_GPU_CUDA)
-  return __byte_perm(x, y, 0x5410u);
+  return __byte_perm(x, y, high ? 0x7632u : 0x5410u);
 #else
-  return (x & 0xffffu) | (y << 16);
-#endif
-}
-
-__device__ inline uint32_t HighHalves(uint32_t x, uint32_t y) {
-#if defined(ATTNMETA_GPU_CUDA)
-  return __byte_perm(x, y, 0x7632u);
-#else
-  return (x >> 16) | (y & 0xffff0000u);
+  return high ? (x >> 16) | (y & 0xffff0000u) : (x & 0xffffu) | (y << 16);
 #endif
 }
 

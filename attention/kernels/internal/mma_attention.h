@@ -36,7 +36,7 @@ namespace internal {
 // pair of positions an MMA fragment register holds.
 template <int kWords>
 __device__ inline uint32_t PairOf(const uint32_t (&x)[kWords], const uint32_t (&y)[kWords], int e) {
-  return e % 2 == 0 ? LowHalves(x[e / 2], y[e / 2]) : HighHalves(x[e / 2], y[e / 2]);
+  return HalvesOf(x[e / 2], y[e / 2], /*high=*/e % 2 != 0);
 }
 
 // kWords 32-bit words (2 * kWords elements) at element offset `offset` of `base`, in 8- or
@@ -294,10 +294,10 @@ __device__ __forceinline__ void AttendStep(const QFragments<kHeadDim, kHalves>& 
         sm.l[h] += x;
       }
     }
-    // This lane's columns of half h are vectors 8h + 2t and 8h + 2t + 1, whose alphas lanes
-    // 8t and 8t + 4 hold.
     // Once the maxima settle, most steps change none of them: skip the rescale then.
     if (ATTNMETA_BALLOT32(alpha != 1.0f) != 0) {
+      // This lane's columns of half h are vectors 8h + 2t and 8h + 2t + 1, whose alphas lanes
+      // 8t and 8t + 4 hold.
       const float alpha0 = ATTNMETA_SHFL_IDX32(alpha, 8 * t);
       const float alpha1 = ATTNMETA_SHFL_IDX32(alpha, 8 * t + 4);
 #pragma unroll
