@@ -32,6 +32,8 @@
 #include <hip/hip_runtime.h>
 
 namespace attnmeta {
+// MmaM16N8K16 below is the portable form here (MFMA fragments differ).
+inline constexpr bool kNativeMmaM16N8K16 = false;
 // The device pass knows the target's wave size; the host pass gets a placeholder that host
 // code must not use (see above).
 #if defined(__AMDGCN_WAVEFRONT_SIZE)
@@ -66,6 +68,8 @@ __device__ inline uint16_t FloatToHalfBits(float x) { return __half_as_ushort(__
 
 namespace attnmeta {
 inline constexpr int kWaveSize = 32;
+// MmaM16N8K16 below is the tensor cores' mma.sync.
+inline constexpr bool kNativeMmaM16N8K16 = true;
 }  // namespace attnmeta
 
 #define ATTNMETA_SHFL_UP(value, delta) __shfl_up_sync(0xffffffffu, (value), (delta))

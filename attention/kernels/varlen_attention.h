@@ -101,6 +101,9 @@ struct VarlenAttentionParams {
   // vector_chunks = ceil(max_q_len * group / 16), at most kVarlenMaxVectorChunks. 0: the tiled
   // path (q_tiles, heads_per_block).
   int32_t vector_chunks;
+  // With vector_chunks 0: 1 runs the tiled path on the tensor cores (MmaM16N8K16, hip_port.h),
+  // 0 on CUDA cores; the same grid and the same results.
+  int32_t tiled_tensor_cores;
 
   const void* k_pool;  // [kv.pool_slots][num_kv_heads][head_dim] of dtype, 16-byte aligned
   const void* v_pool;  // like k_pool

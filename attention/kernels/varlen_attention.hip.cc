@@ -154,6 +154,48 @@ __device__ inline bool Sees(const VarlenAttentionParams& p, const Sequence& s, i
   return false;
 }
 
+// What a block of a tiled kernel works on: kM query vectors = (kM / heads_per_block query rows
+// of one sequence) x (heads_per_block query heads of one KV head's group).
+struct TileBlock {
+  int32_t seq, kv_head;
+  int32_t q_head0;  // the block's first query head
+  int32_t row0;     // the block's first row of the sequence
+  int32_t rows;     // of them in the sequence, >= 1
+  int32_t kv_end;   // positions any row of the block sees are below it
+  Sequence s;
+};
+
+// False when the block has no row of its sequence (the same for every thread of the block).
+// The tiles of one (sequence, head chunk) are neighbours in launch order (they read the same
+// K/V, which then comes from the L2), the last rows first: causal rows see the most.
+__device__ inline bool ResolveTileBlock(const VarlenAttentionParams& p, int32_t vectors, TileBlock& b) {
+  const int32_t heads = p.heads_per_block;
+  const int32_t group = p.num_q_heads / p.num_kv_heads;
+  const int32_t chunks = group / heads;
+  int32_t x = static_cast<int32_t>(blockIdx.x);
+  const int32_t tile = p.q_tiles - 1 - x % p.q_tiles;
+  x /= p.q_tiles;
+  const int32_t chunk = x % chunks;
+  x /= chunks;
+  b.kv_head = x % p.num_kv_heads;
+  b.seq = x / p.num_kv_heads;
+  b.q_head0 = b.kv_head * group + chunk * heads;
+  const int32_t rows_per_block = vectors / heads;
+  if (blockIdx.x == 0 && threadIdx.x == 0) CheckQueryRows(p);
+  b.s = ResolveSequence(p, b.seq, threadIdx.x == 0);
+  b.row0 = tile * rows_per_block;
+  if (b.row0 >= b.s.q_len) return false;
+  b.rows = min(rows_per_block, b.s.q_len - b.row0);
+  // Positions any row of the block sees: causal rows stop at their own position.
+  b.kv_end = b.s.kv_len;
+  if (b.s.blind) {
+    b.kv_end = 0;
+  } else if (p.mask_layout == kVarlenCausal) {
+    b.kv_end = min(b.kv_end, b.s.kv_len - b.s.q_len + b.row0 + b.rows);
+  }
+  return true;
+}
+
 // The slot of position c of the sequence, or -1 (recorded when `report`) when it lies outside
 // the pool.
 __device__ inline int64_t SlotOf(const VarlenAttentionParams& p, int32_t seq, const Sequence& s,
@@ -221,34 +263,13 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kThreads, 1) VarlenAttentionKernel(Varlen
   __shared__ float alpha_s[kM];  // the rescale of each query vector's accumulator this tile
   __shared__ float sum_s[kM];    // the final sum of weights
 
-  const int32_t heads = p.heads_per_block;
-  const int32_t group = p.num_q_heads / p.num_kv_heads;
-  const int32_t chunks = group / heads;
-  int32_t x = static_cast<int32_t>(blockIdx.x);
-  // The tiles of one (sequence, head chunk) are neighbours in launch order (they read the same
-  // K/V, which then comes from the L2), the last rows first: causal rows see the most.
-  const int32_t tile = p.q_tiles - 1 - x % p.q_tiles;
-  x /= p.q_tiles;
-  const int32_t chunk = x % chunks;
-  x /= chunks;
-  const int32_t kv_head = x % p.num_kv_heads;
-  const int32_t seq = x / p.num_kv_heads;
-  const int32_t q_head0 = kv_head * group + chunk * heads;
-  const int32_t rows_per_block = kM / heads;
-
   const int tid = static_cast<int>(threadIdx.x);
-  if (blockIdx.x == 0 && tid == 0) CheckQueryRows(p);
-  const Sequence s = ResolveSequence(p, seq, tid == 0);
-  const int32_t row0 = tile * rows_per_block;
-  if (row0 >= s.q_len) return;  // the same for every thread of the block
-  const int32_t rows = min(rows_per_block, s.q_len - row0);
-  // Positions any row of the block sees: causal rows stop at their own position.
-  int32_t kv_end = s.kv_len;
-  if (s.blind) {
-    kv_end = 0;
-  } else if (p.mask_layout == kVarlenCausal) {
-    kv_end = min(kv_end, s.kv_len - s.q_len + row0 + rows);
-  }
+  TileBlock b;
+  if (!ResolveTileBlock(p, kM, b)) return;  // the same for every thread of the block
+  const Sequence& s = b.s;
+  const int32_t heads = p.heads_per_block;
+  const int32_t seq = b.seq, kv_head = b.kv_head, q_head0 = b.q_head0;
+  const int32_t row0 = b.row0, rows = b.rows, kv_end = b.kv_end;
 
   // Query vector m is row row0 + m / heads, head q_head0 + m % heads; rows past the sequence
   // are zero and never written.
@@ -399,6 +420,254 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kThreads, 1) VarlenAttentionKernel(Varlen
   }
 }
 
+// The tiled path on the tensor cores (VarlenTiledMmaKernel): the tiled kernel's blocks (kM
+// query vectors of one sequence and KV head, the same grid), FlashAttention-style: warp w
+// computes query vectors [16 w, 16 w + 16) as the rows of the MMAs, against tiles of kN
+// positions that the block stages in shared memory.
+//  - S = Q K^T (m = 16 vectors, n = 8 positions, k = 16 dims): Q's fragments stay in registers
+//    in the dim order of mma_attention.h (lane t takes dims [32 j + 8 t, + 8) of each 32-dim
+//    block j as the k-columns of two k-steps), so that a lane's B fragments of both k-steps are
+//    one 16-byte word of a K row. K rows are padded by 16 words, which puts the words that
+//    rows g and g + 1 of a quarter-wave read in different banks.
+//  - O += P V (m = 16 vectors, n = 8 dims, k = 16 positions): S's accumulators are P's A
+//    fragments as they stand when the k-order of the product is a permutation of the tile's
+//    positions: row n of the K tile holds position KRow^-1(n), chosen so that the columns
+//    a lane holds in n-tiles 2 kk and 2 kk + 1 are positions 16 kk + 4 t + {0, 1} and
+//    + {2, 3}. V is staged transposed ([dim][position], two positions per word), so that a
+//    lane's B fragment is one 8-byte word.
+template <int kHeadDim>
+struct MmaTiling {
+  static constexpr int kM = VarlenQueryVectors(kHeadDim);  // 64, 64, 32
+  static constexpr int kWarps = kM / 16;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kN = kHeadDim > 128 ? 32 : 64;      // positions per tile
+  static constexpr int kChunks = kHeadDim / 8;              // 16-byte words of a K/V row
+  static constexpr int kKPitch = kHeadDim / 2 + 16;         // words per staged K row
+  // Words per staged V^T row (one dim, kN / 2 words): lanes g = 0..3 of a 64-bit load read
+  // 8-word spans that this pitch (8 or 24 mod 32) keeps apart.
+  static constexpr int kVPitch = kN / 2 + 8;
+  static constexpr int kNTiles = kN / 8;
+  static constexpr int kPvSteps = kN / 16;
+  static constexpr int kDimTiles = kHeadDim / 8;
+  static constexpr int kKLoads = kN * kChunks / kThreads;         // K words per thread
+  static constexpr int kVLoads = kN / 2 * (kChunks / 2) / kThreads;  // V (2 positions x 16 dims)
+  static_assert(kKLoads >= 1 && kVLoads >= 1 && kThreads >= kN, "the threads cover a tile");
+  static_assert(kVPitch % 16 == 8 && kKPitch % 32 == 16, "conflict-free fragment loads");
+};
+
+// The K-tile row of tile position n: positions 16 kk + 4 t + 2 h + e (t < 4, h, e < 2) go to
+// row 16 kk + 8 h + 2 t + e, the column lane t holds as element e of n-tile 2 kk + h.
+__device__ inline int KRow(int n) {
+  return (n & ~15) | ((n >> 1 & 1) << 3) | ((n >> 2 & 3) << 1) | (n & 1);
+}
+
+// The tile position of S's column n (the inverse of KRow).
+__device__ inline int TilePosition(int n) {
+  return (n & ~15) | ((n >> 1 & 3) << 2) | ((n >> 3 & 1) << 1) | (n & 1);
+}
+
+// The slot of position c of the block's range, or -1 past kv_end or outside the pool
+// (recorded).
+__device__ inline int32_t TileSlot(const VarlenAttentionParams& p, const TileBlock& b, int32_t c) {
+  return c < b.kv_end ? static_cast<int32_t>(SlotOf(p, b.seq, b.s, c, true)) : -1;
+}
+
+template <typename Dtype, int kHeadDim>
+__global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
+    VarlenTiledMmaKernel(VarlenAttentionParams p) {
+  using T = MmaTiling<kHeadDim>;
+  constexpr int kN = T::kN;
+  __shared__ __align__(16) uint32_t k_s[kN * T::kKPitch];
+  __shared__ __align__(16) uint32_t vt_s[kHeadDim * T::kVPitch];
+  __shared__ int32_t slot_s[kN];  // position base + n's slot, -1: not read
+
+  TileBlock b;
+  if (!ResolveTileBlock(p, T::kM, b)) return;  // the same for every thread of the block
+  const Sequence& s = b.s;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int32_t heads = p.heads_per_block;
+  // The lane's vectors 16 w + g and 16 w + 8 + g: rows past the sequence are zero and never
+  // written.
+  int32_t row[2];
+  int64_t q_offset[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int32_t m = 16 * (tid / 32) + 8 * h + g;
+    row[h] = m / heads;
+    q_offset[h] = row[h] < b.rows ? (int64_t{s.q_begin + b.row0 + row[h]} * p.num_q_heads +
+                                     b.q_head0 + m % heads) * kHeadDim
+                                  : -1;
+  }
+  internal::QFragments<kHeadDim, 2> qf;
+  internal::LoadQFragments<kHeadDim, 2>(p.q, q_offset, t, qf);
+
+  const float scale = p.softmax_scale * kLog2e;
+  const int32_t prefix = s.kv_len - s.q_len;
+  const int64_t pool_row = int64_t{p.num_kv_heads} * kHeadDim;
+  const int64_t head = int64_t{b.kv_head} * kHeadDim;
+  float run_max[2] = {NegInf(), NegInf()};
+  float run_sum[2] = {0.0f, 0.0f};  // the lane's part of the row's sum
+  float o[T::kDimTiles][4];
+#pragma unroll
+  for (int i = 0; i < T::kDimTiles; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+
+  int32_t next_slot = tid < kN ? TileSlot(p, b, tid) : -1;
+  for (int32_t base = 0; base < b.kv_end; base += kN) {
+    if (tid < kN) slot_s[tid] = next_slot;
+    // Every position of the tile read, and seen by every row of the block (causal, the tile at
+    // or before the block's first row's position): no score needs a check.
+    const bool holes = __syncthreads_or(tid < kN && next_slot < 0) != 0;
+    const bool whole = !holes && p.mask_layout == kVarlenCausal && base + kN - 1 <= prefix + b.row0;
+
+    uint4 kw[T::kKLoads];
+#pragma unroll
+    for (int l = 0; l < T::kKLoads; ++l) {
+      const int e = tid + l * T::kThreads;
+      const int32_t slot = slot_s[e / T::kChunks];
+      kw[l] = slot >= 0 ? Load16(p.k_pool, MulWide(slot, static_cast<int32_t>(pool_row)) + head +
+                                               e % T::kChunks * 8)
+                        : make_uint4(0, 0, 0, 0);
+    }
+    uint4 vw[T::kVLoads][4];  // positions 2 x and 2 x + 1, dims [16 y, + 16)
+#pragma unroll
+    for (int l = 0; l < T::kVLoads; ++l) {
+      const int f = tid + l * T::kThreads;
+      const int x = f % (kN / 2);
+      const int y = f / (kN / 2);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int32_t slot = slot_s[2 * x + i];
+        const int64_t at = MulWide(slot, static_cast<int32_t>(pool_row)) + head + 16 * y;
+        vw[l][2 * i] = slot >= 0 ? Load16(p.v_pool, at) : make_uint4(0, 0, 0, 0);
+        vw[l][2 * i + 1] = slot >= 0 ? Load16(p.v_pool, at + 8) : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int l = 0; l < T::kKLoads; ++l) {
+      const int e = tid + l * T::kThreads;
+      *reinterpret_cast<uint4*>(&k_s[KRow(e / T::kChunks) * T::kKPitch + 4 * (e % T::kChunks)]) = kw[l];
+    }
+#pragma unroll
+    for (int l = 0; l < T::kVLoads; ++l) {
+      const int f = tid + l * T::kThreads;
+      const int x = f % (kN / 2);
+      const int y = f / (kN / 2);
+      const uint32_t a[8] = {vw[l][0].x, vw[l][0].y, vw[l][0].z, vw[l][0].w,
+                             vw[l][1].x, vw[l][1].y, vw[l][1].z, vw[l][1].w};
+      const uint32_t c[8] = {vw[l][2].x, vw[l][2].y, vw[l][2].z, vw[l][2].w,
+                             vw[l][3].x, vw[l][3].y, vw[l][3].z, vw[l][3].w};
+#pragma unroll
+      for (int d = 0; d < 16; ++d) {
+        vt_s[(16 * y + d) * T::kVPitch + x] = HalvesOf(a[d / 2], c[d / 2], d % 2 != 0);
+      }
+    }
+    __syncthreads();
+    // The next tile's slots load while this one computes.
+    if (base + kN < b.kv_end) next_slot = tid < kN ? TileSlot(p, b, base + kN + tid) : -1;
+
+    float sc[T::kNTiles][4];
+#pragma unroll
+    for (int j = 0; j < T::kNTiles; ++j) {
+      sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+#pragma unroll
+      for (int kb = 0; kb < kHeadDim / 32; ++kb) {
+        const uint4 w = *reinterpret_cast<const uint4*>(&k_s[(8 * j + g) * T::kKPitch + 16 * kb + 4 * t]);
+        const uint32_t a0[4] = {qf.qa[0][2 * kb][0], qf.qa[1][2 * kb][0], qf.qa[0][2 * kb][1],
+                                qf.qa[1][2 * kb][1]};
+        const uint32_t a1[4] = {qf.qa[0][2 * kb + 1][0], qf.qa[1][2 * kb + 1][0],
+                                qf.qa[0][2 * kb + 1][1], qf.qa[1][2 * kb + 1][1]};
+        const uint32_t b0[2] = {w.x, w.y};
+        const uint32_t b1[2] = {w.z, w.w};
+        MmaM16N8K16<Dtype::kIsBf16>(sc[j], a0, b0);
+        MmaM16N8K16<Dtype::kIsBf16>(sc[j], a1, b1);
+      }
+    }
+    // Scaled scores (log2 domain), -inf where the row does not see the position.
+#pragma unroll
+    for (int j = 0; j < T::kNTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2;
+        bool sees = true;
+        if (!whole) {
+          const int n = TilePosition(8 * j + 2 * t + e % 2);
+          sees = slot_s[n] >= 0 && q_offset[h] >= 0 && Sees(p, s, b.row0 + row[h], base + n);
+        }
+        sc[j][e] = sees ? sc[j][e] * scale : NegInf();
+      }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = run_max[h];
+#pragma unroll
+      for (int j = 0; j < T::kNTiles; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * h], sc[j][2 * h + 1]));
+      mx = fmaxf(mx, ATTNMETA_SHFL_XOR(mx, 1));
+      mx = fmaxf(mx, ATTNMETA_SHFL_XOR(mx, 2));
+      // Until the row has seen a position, mx is -inf and nothing changes.
+      const bool seen = mx != NegInf();
+      alpha[h] = seen ? exp2f(run_max[h] - mx) : 1.0f;
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < T::kNTiles; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = sc[j][2 * h + e];
+          x = seen ? exp2f(x - mx) : 0.0f;
+          sum += x;
+        }
+      }
+      run_sum[h] = run_sum[h] * alpha[h] + sum;
+      run_max[h] = mx;
+    }
+    // After the first tiles a row's maximum rarely moves: skip the rescale when no lane's did.
+    if (ATTNMETA_BALLOT32(alpha[0] != 1.0f || alpha[1] != 1.0f) != 0) {
+#pragma unroll
+      for (int i = 0; i < T::kDimTiles; ++i) {
+        o[i][0] *= alpha[0];
+        o[i][1] *= alpha[0];
+        o[i][2] *= alpha[1];
+        o[i][3] *= alpha[1];
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < T::kPvSteps; ++kk) {
+      const uint32_t pa[4] = {Pack2<Dtype>(sc[2 * kk][0], sc[2 * kk][1]),
+                              Pack2<Dtype>(sc[2 * kk][2], sc[2 * kk][3]),
+                              Pack2<Dtype>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                              Pack2<Dtype>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+      for (int i = 0; i < T::kDimTiles; ++i) {
+        const uint2 w = *reinterpret_cast<const uint2*>(&vt_s[(8 * i + g) * T::kVPitch + 8 * kk + 2 * t]);
+        const uint32_t bv[2] = {w.x, w.y};
+        MmaM16N8K16<Dtype::kIsBf16>(o[i], pa, bv);
+      }
+    }
+    __syncthreads();  // the next tile overwrites k_s, vt_s and slot_s
+  }
+
+  // The sum is >= 1 once a position was seen (the largest score's own weight is 1).
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = run_sum[h];
+    sum += ATTNMETA_SHFL_XOR(sum, 1);
+    sum += ATTNMETA_SHFL_XOR(sum, 2);
+    if (q_offset[h] < 0) continue;
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    uint16_t* dst = static_cast<uint16_t*>(p.out) + q_offset[h] + 2 * t;
+#pragma unroll
+    for (int i = 0; i < T::kDimTiles; ++i) {
+      *reinterpret_cast<uint32_t*>(dst + 8 * i) = Pack2<Dtype>(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
+    }
+    if (t == 0) {
+      p.lse[q_offset[h] / kHeadDim] = sum > 0.0f ? (run_max[h] + log2f(sum)) * kLn2 : NegInf();
+    }
+  }
+}
+
 // The short-query path on the tensor cores (internal/mma_attention.h): a block of
 // kMmaWarps<kHeadDim> warps per (sequence, KV head, chunk of 16 query vectors), vector v of
 // chunk c being query row (16c + v) / group and head kv_head * group + (16c + v) % group of the
@@ -491,7 +760,12 @@ hipError_t Launch(const VarlenAttentionParams& p, hipStream_t stream) {
   }
   const int64_t blocks =
       int64_t{p.batch_size} * p.q_tiles * (p.num_q_heads / p.heads_per_block);
-  VarlenAttentionKernel<Dtype, kHeadDim><<<static_cast<uint32_t>(blocks), kThreads, 0, stream>>>(p);
+  if (p.tiled_tensor_cores != 0) {
+    VarlenTiledMmaKernel<Dtype, kHeadDim>
+        <<<static_cast<uint32_t>(blocks), MmaTiling<kHeadDim>::kThreads, 0, stream>>>(p);
+  } else {
+    VarlenAttentionKernel<Dtype, kHeadDim><<<static_cast<uint32_t>(blocks), kThreads, 0, stream>>>(p);
+  }
   return hipGetLastError();
 }
 

@@ -113,6 +113,20 @@ struct Batch {
   double pairs = 0;                       // visible (query row, key) pairs
 };
 
+const char* KernelName(VarlenKernel k) {
+  switch (k) {
+    case VarlenKernel::kShortQueries:
+      return "short_queries";
+    case VarlenKernel::kTiledTensorCores:
+      return "tiled_tensor_cores";
+    case VarlenKernel::kTiledCudaCores:
+      return "tiled_cuda_cores";
+    case VarlenKernel::kAuto:
+      break;
+  }
+  return "auto";
+}
+
 class Bench {
  public:
   Bench(int64_t max_tokens, std::mt19937_64& rng)
@@ -151,16 +165,16 @@ class Bench {
       const std::vector<MaskLayout> layouts =
           w.verify ? std::vector<MaskLayout>{MaskLayout::kFull, MaskLayout::kQLenOnly, MaskLayout::kBitPacked}
                    : std::vector<MaskLayout>{MaskLayout::kNone};
-      // Verify's 8 rows x 4 query heads fit the tensor cores' short-query path; extend's
-      // 2,048 rows only the tiled kernel.
-      const std::vector<VarlenKernel> kernels =
-          w.verify ? std::vector<VarlenKernel>{VarlenKernel::kTensorCores, VarlenKernel::kTiled}
-                   : std::vector<VarlenKernel>{VarlenKernel::kTiled};
+      // Verify's 8 rows x 4 query heads fit the short-query path; extend's 2,048 rows only
+      // the tiled kernels.
+      std::vector<VarlenKernel> kernels = {VarlenKernel::kTiledTensorCores,
+                                           VarlenKernel::kTiledCudaCores};
+      if (w.verify) kernels.insert(kernels.begin(), VarlenKernel::kShortQueries);
       for (VarlenKernel kernel : kernels) {
         for (MaskLayout layout : layouts) {
           for (bool page_table : {false, true}) {
             const double us = TimeConfig(w, b, ps, layout, page_table, kernel);
-            Report({w.name, kernel == VarlenKernel::kTensorCores ? "tensor_cores" : "tiled",
+            Report({w.name, KernelName(kernel),
                     page_table ? "page_table" : "kv_indices",
                     layout == MaskLayout::kNone ? "causal" : std::string(MaskLayoutName(layout)),
                     w.bs, w.prefix, w.q_len, ps, flops, bytes, us, read_us, copy_us});

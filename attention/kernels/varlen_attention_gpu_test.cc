@@ -438,19 +438,42 @@ void ExpectMatches(const Problem& p, const Result& r) {
   }
 }
 
-// The kernels that take the problem: the tiled one always, the tensor cores' short-query path
-// when max_q_len * group fits it.
+// The kernels that take the problem: both tiled ones always, the short-query path when
+// max_q_len * group fits it.
 std::vector<VarlenKernel> KernelsFor(const Problem& p) {
   const int64_t group = p.dims.num_q_heads / p.dims.num_kv_heads;
   if (p.metadata.max_q_len.value() * group <= kernels::kVarlenChunkVectors * kernels::kVarlenMaxVectorChunks) {
-    return {VarlenKernel::kTiled, VarlenKernel::kTensorCores};
+    return {VarlenKernel::kTiledCudaCores, VarlenKernel::kTiledTensorCores, VarlenKernel::kShortQueries};
   }
-  return {VarlenKernel::kTiled};
+  return {VarlenKernel::kTiledCudaCores, VarlenKernel::kTiledTensorCores};
 }
 
 const char* KernelName(VarlenKernel k) {
-  return k == VarlenKernel::kTensorCores ? "tensor cores" : k == VarlenKernel::kTiled ? "tiled" : "auto";
+  switch (k) {
+    case VarlenKernel::kTiledCudaCores:
+      return "tiled, CUDA cores";
+    case VarlenKernel::kTiledTensorCores:
+      return "tiled, tensor cores";
+    case VarlenKernel::kShortQueries:
+      return "short queries";
+    case VarlenKernel::kAuto:
+      break;
+  }
+  return "auto";
 }
+
+// Every pair of an element of `a` and one of `b`.
+template <typename A, size_t kA, typename B, size_t kB>
+std::vector<std::pair<A, B>> Cross(const A (&a)[kA], const B (&b)[kB]) {
+  std::vector<std::pair<A, B>> pairs;
+  for (const A& x : a) {
+    for (const B& y : b) pairs.emplace_back(x, y);
+  }
+  return pairs;
+}
+
+// The kernels every batch can take: the guard tests run each.
+constexpr VarlenKernel kTiledKernels[] = {VarlenKernel::kTiledCudaCores, VarlenKernel::kTiledTensorCores};
 
 // Both KV sources give the reference's results, on every kernel that takes the problem.
 void ExpectBothSourcesMatch(const Problem& p) {
@@ -621,10 +644,12 @@ TEST_F(VarlenGpuTest, RowThatSeesNothingWritesZeroAndMinusInfinity) {
   DeviceProblem d = ToDevice(p);
   d.mask = Upload(mask);
   const int64_t cleared = 4 + 2;
-  for (const auto& [kernel, kv] : {std::pair{VarlenKernel::kTiled, d.TokenLevel()},
-                                   std::pair{VarlenKernel::kTiled, d.PageLevel()},
-                                   std::pair{VarlenKernel::kTensorCores, d.TokenLevel()},
-                                   std::pair{VarlenKernel::kTensorCores, d.PageLevel()}}) {
+  for (const auto& [kernel, kv] : {std::pair{VarlenKernel::kTiledCudaCores, d.TokenLevel()},
+                                   std::pair{VarlenKernel::kTiledCudaCores, d.PageLevel()},
+                                   std::pair{VarlenKernel::kTiledTensorCores, d.TokenLevel()},
+                                   std::pair{VarlenKernel::kTiledTensorCores, d.PageLevel()},
+                                   std::pair{VarlenKernel::kShortQueries, d.TokenLevel()},
+                                   std::pair{VarlenKernel::kShortQueries, d.PageLevel()}}) {
     SCOPED_TRACE(KernelName(kernel));
     const Result r = RunVarlen(p.dims, d, kv, nullptr, kernel);
     ASSERT_TRUE(r.status.ok()) << r.status;
@@ -875,7 +900,7 @@ TEST_F(VarlenGpuTest, BadInputsAreRefusedBeforeLaunch) {
        },
        absl::StatusCode::kOutOfRange, "is more than 16777216 blocks"},
       {"tensor cores for long query rows",
-       [&](VarlenAttentionArgs& a) { a.kernel = VarlenKernel::kTensorCores; },
+       [&](VarlenAttentionArgs& a) { a.kernel = VarlenKernel::kShortQueries; },
        kInvalid, "the tensor-core path takes at most 64 query vectors"},
       {"grid past the block limit",
        [&](VarlenAttentionArgs& a) {
@@ -960,15 +985,18 @@ TEST_F(GuardVarlenGpuTest, BrokenQoIndptrIsClampedAndRecorded) {
     for (int32_t x : c.qo) qo.push_back(TokenOffset(x));
     DeviceProblem e = ToDevice(p);
     e.qo_indptr = Upload(qo);
-    for (const DecodeKv& kv : {e.TokenLevel(), e.PageLevel()}) {
-      const Result r = RunVarlen(p.dims, e, kv, word_->device());
-      ASSERT_TRUE(r.status.ok()) << r.status;
-      ExpectViolation(c.words);
-      ExpectNoGarbage(r);
-      for (int64_t i : c.intact) ExpectSequence(p, r, i);
-      for (int64_t row : c.unclaimed) {
-        for (int64_t x = row * p.q_row(); x < (row + 1) * p.q_row(); ++x) {
-          ASSERT_EQ(r.out_bytes[2 * x], 0xff) << "row " << row << " written";
+    for (VarlenKernel kernel : kTiledKernels) {
+      SCOPED_TRACE(KernelName(kernel));
+      for (const DecodeKv& kv : {e.TokenLevel(), e.PageLevel()}) {
+        const Result r = RunVarlen(p.dims, e, kv, word_->device(), kernel);
+        ASSERT_TRUE(r.status.ok()) << r.status;
+        ExpectViolation(c.words);
+        ExpectNoGarbage(r);
+        for (int64_t i : c.intact) ExpectSequence(p, r, i);
+        for (int64_t row : c.unclaimed) {
+          for (int64_t x = row * p.q_row(); x < (row + 1) * p.q_row(); ++x) {
+            ASSERT_EQ(r.out_bytes[2 * x], 0xff) << "row " << row << " written";
+          }
         }
       }
     }
@@ -990,13 +1018,13 @@ TEST_F(GuardVarlenGpuTest, LengthsPastTheirBuffersAreClampedAndRecorded) {
       {{0, 50, 20, total}, "below the entry", {0}},
       {{-40, 50, 157, total}, "kv_indptr entry 0: -40 is negative", {0, 1, 2}},  // clamped to 0
   };
-  for (const IndptrCase& c : indptr_cases) {
-    SCOPED_TRACE(c.words);
+  for (const auto& [c, kernel] : Cross(indptr_cases, kTiledKernels)) {
+    SCOPED_TRACE(::testing::Message() << c.words << ", " << KernelName(kernel));
     std::vector<TokenOffset> indptr;
     for (int32_t x : c.indptr) indptr.push_back(TokenOffset(x));
     DeviceBuffer<TokenOffset> d_indptr = Upload(indptr);
     const Result r = RunVarlen(p.dims, d, DecodeTokenLevelKv{d_indptr.const_span(), d.kv_indices.const_span()},
-                         word_->device());
+                               word_->device(), kernel);
     ASSERT_TRUE(r.status.ok()) << r.status;
     ExpectViolation(c.words);
     ExpectNoGarbage(r);
@@ -1011,14 +1039,14 @@ TEST_F(GuardVarlenGpuTest, LengthsPastTheirBuffersAreClampedAndRecorded) {
       {{50, 107, -3}, "is negative"},
       {{50, 3, 50}, "7 query rows over 3 KV tokens"},
   };
-  for (const LensCase& c : lens_cases) {
-    SCOPED_TRACE(c.words);
+  for (const auto& [c, kernel] : Cross(lens_cases, kTiledKernels)) {
+    SCOPED_TRACE(::testing::Message() << c.words << ", " << KernelName(kernel));
     std::vector<TokenLength> lens;
     for (int32_t x : c.lens) lens.push_back(TokenLength(x));
     DeviceBuffer<TokenLength> d_lens = Upload(lens);
     const Result r = RunVarlen(p.dims, d, DecodePageTableKv{d.page_table.const_span(), d.cols, d_lens.const_span(),
                                                       d.page_size},
-                         word_->device());
+                               word_->device(), kernel);
     ASSERT_TRUE(r.status.ok()) << r.status;
     ExpectViolation(c.words);
     ExpectNoGarbage(r);
@@ -1032,13 +1060,14 @@ TEST_F(GuardVarlenGpuTest, SlotsOutsideThePoolAreSkippedAndRecorded) {
   const Problem p = MakeExtend(Dims(32, 8, 128, KvElementType::kBf16), 16, {60, 10, 30}, {40, 7, 20}, 101);
   SCOPED_TRACE(p.what);
   const int64_t pool_slots = p.fixture->pool_slots().value();
-  for (int32_t bad : {1 << 30, -7, static_cast<int32_t>(pool_slots)}) {
-    SCOPED_TRACE(::testing::Message() << "slot " << bad);
+  const int32_t bad_slots[] = {1 << 30, -7, static_cast<int32_t>(pool_slots)};
+  for (const auto& [bad, kernel] : Cross(bad_slots, kTiledKernels)) {
+    SCOPED_TRACE(::testing::Message() << "slot " << bad << ", " << KernelName(kernel));
     std::vector<TokenSlot> indices(p.metadata.kv_indices);
     indices[37] = TokenSlot(bad);  // position 37 of sequence 0
     DeviceProblem e = ToDevice(p);
     e.kv_indices = Upload(indices);
-    const Result r = RunVarlen(p.dims, e, e.TokenLevel(), word_->device());
+    const Result r = RunVarlen(p.dims, e, e.TokenLevel(), word_->device(), kernel);
     ASSERT_TRUE(r.status.ok()) << r.status;
     ExpectViolation("outside the pool");
     for (float x : r.out) ASSERT_TRUE(std::isfinite(x));
@@ -1051,12 +1080,15 @@ TEST_F(GuardVarlenGpuTest, SlotsOutsideThePoolAreSkippedAndRecorded) {
   table[p.metadata.page_table.cols()] = PageId(1 << 29);
   DeviceProblem e = ToDevice(p);
   e.page_table = Upload(table);
-  const Result r = RunVarlen(p.dims, e, e.PageLevel(), word_->device());
-  ASSERT_TRUE(r.status.ok()) << r.status;
-  ExpectViolation("outside the pool");
-  for (float x : r.out) ASSERT_TRUE(std::isfinite(x));
-  ExpectSequence(p, r, 0);
-  ExpectSequence(p, r, 2);
+  for (VarlenKernel kernel : kTiledKernels) {
+    SCOPED_TRACE(KernelName(kernel));
+    const Result r = RunVarlen(p.dims, e, e.PageLevel(), word_->device(), kernel);
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    ExpectViolation("outside the pool");
+    for (float x : r.out) ASSERT_TRUE(std::isfinite(x));
+    ExpectSequence(p, r, 0);
+    ExpectSequence(p, r, 2);
+  }
 }
 
 // A mask block that does not fit in the mask (mask_indptr past it, or negative): its sequence
@@ -1110,7 +1142,7 @@ TEST_F(GuardVarlenGpuTest, TensorCorePathGuards) {
     indices[p.metadata.kv_indptr[1].value() + 3] = TokenSlot(1 << 30);  // sequence 1
     DeviceProblem e = ToDevice(p);
     e.kv_indices = Upload(indices);
-    const Result r = RunVarlen(p.dims, e, e.TokenLevel(), word_->device(), VarlenKernel::kTensorCores);
+    const Result r = RunVarlen(p.dims, e, e.TokenLevel(), word_->device(), VarlenKernel::kShortQueries);
     ASSERT_TRUE(r.status.ok()) << r.status;
     ExpectViolation("outside the pool");
     for (float x : r.out) ASSERT_TRUE(std::isfinite(x));
@@ -1123,7 +1155,7 @@ TEST_F(GuardVarlenGpuTest, TensorCorePathGuards) {
     table[0] = PageId(-3);  // sequence 0's first page
     DeviceProblem e = ToDevice(p);
     e.page_table = Upload(table);
-    const Result r = RunVarlen(p.dims, e, e.PageLevel(), word_->device(), VarlenKernel::kTensorCores);
+    const Result r = RunVarlen(p.dims, e, e.PageLevel(), word_->device(), VarlenKernel::kShortQueries);
     ASSERT_TRUE(r.status.ok()) << r.status;
     ExpectViolation("outside the pool");
     for (float x : r.out) ASSERT_TRUE(std::isfinite(x));
@@ -1136,7 +1168,7 @@ TEST_F(GuardVarlenGpuTest, TensorCorePathGuards) {
     qo[0] = TokenOffset(3);
     DeviceProblem e = ToDevice(p);
     e.qo_indptr = Upload(qo);
-    const Result r = RunVarlen(p.dims, e, e.PageLevel(), word_->device(), VarlenKernel::kTensorCores);
+    const Result r = RunVarlen(p.dims, e, e.PageLevel(), word_->device(), VarlenKernel::kShortQueries);
     ASSERT_TRUE(r.status.ok()) << r.status;
     ExpectViolation("query rows no sequence claims");
     ExpectSequence(p, r, 1);

@@ -144,15 +144,18 @@ absl::Status VarlenAttention(const VarlenAttentionArgs& a, kernels::DeviceViolat
   const int64_t vector_chunks =
       (a.max_q_len.value() * group + kernels::kVarlenChunkVectors - 1) / kernels::kVarlenChunkVectors;
   const bool short_queries = vector_chunks <= kernels::kVarlenMaxVectorChunks;
-  if (a.kernel == VarlenKernel::kTensorCores && !short_queries) {
+  if (a.kernel == VarlenKernel::kShortQueries && !short_queries) {
     return absl::InvalidArgumentError(absl::StrCat(
         "varlen attention: the tensor-core path takes at most ",
         kernels::kVarlenChunkVectors * kernels::kVarlenMaxVectorChunks,
         " query vectors per sequence and KV head, max_q_len ", a.max_q_len.value(), " x group ",
         group, " is more"));
   }
-  const bool tensor_cores = a.kernel == VarlenKernel::kTensorCores ||
+  const bool tensor_cores = a.kernel == VarlenKernel::kShortQueries ||
                             (a.kernel == VarlenKernel::kAuto && short_queries);
+  const bool tiled_tensor_cores =
+      a.kernel == VarlenKernel::kTiledTensorCores ||
+      (a.kernel == VarlenKernel::kAuto && !short_queries && kNativeMmaM16N8K16);
   const int32_t rows_per_block = kernels::VarlenQueryVectors(a.dims.head_dim) / heads_per_block;
   const int64_t q_tiles = (a.max_q_len.value() + rows_per_block - 1) / rows_per_block;
   // The grid: bs * row_groups * head_groups blocks: tiles of rows x query-head chunks (tiled),
@@ -177,6 +180,7 @@ absl::Status VarlenAttention(const VarlenAttentionArgs& a, kernels::DeviceViolat
   p.max_q_len = static_cast<int32_t>(a.max_q_len.value());
   p.q_tiles = static_cast<int32_t>(q_tiles);
   p.vector_chunks = tensor_cores ? static_cast<int32_t>(vector_chunks) : 0;
+  p.tiled_tensor_cores = tiled_tensor_cores ? 1 : 0;
   p.k_pool = a.k_pool.data();
   p.v_pool = a.v_pool.data();
   p.kv.pool_slots = sizes->pool_slots;

@@ -43,7 +43,13 @@ struct VarlenMask {
   DeviceSpan<const int64_t> mask_indptr;
 };
 
-enum class VarlenKernel { kAuto, kTiled, kTensorCores };
+// The kernels of varlen attention; all compute the same (varlen_attention.h).
+enum class VarlenKernel {
+  kAuto,
+  kTiledCudaCores,    // blocks of query-row tiles, fp32 FMAs
+  kTiledTensorCores,  // the same blocks, MmaM16N8K16 (FlashAttention-style)
+  kShortQueries,      // the decode kernel's warp step on the tensor cores, for short q_len
+};
 
 struct VarlenAttentionArgs {
   // Head counts (GQA: num_q_heads a multiple of num_kv_heads), head dim (64, 128, 256), the
@@ -73,10 +79,12 @@ struct VarlenAttentionArgs {
   VarlenMask mask;
   DeviceSpan<uint8_t> out;  // [q_rows][num_q_heads][head_dim] of dtype, 16-byte aligned
   DeviceSpan<float> lse;    // [q_rows][num_q_heads]
-  // Which kernel runs: kAuto takes the short-query path on the tensor cores when
+  // Which kernel runs: kAuto takes kShortQueries when
   // max_q_len * (num_q_heads / num_kv_heads) <= kVarlenChunkVectors * kVarlenMaxVectorChunks
-  // (64: verify, draft-extend, decode) and the tiled path on CUDA cores otherwise (extend); the
-  // others force one (kTensorCores past that bound is InvalidArgument). Both compute the same.
+  // (64: verify, draft-extend, decode), else the tiled path: kTiledTensorCores where
+  // MmaM16N8K16 is the tensor-core instruction (NVIDIA, kNativeMmaM16N8K16), kTiledCudaCores
+  // where it is the portable form (AMD). The others force one (kShortQueries past that bound is
+  // InvalidArgument).
   VarlenKernel kernel = VarlenKernel::kAuto;
 };
 
@@ -94,7 +102,7 @@ struct VarlenAttentionArgs {
 //   - a null pointer with a nonzero size (any array);
 //   - the mask: a layout without mask_indptr of bs + 1 entries, mask arrays without a layout,
 //     a bit-packed mask with max_q_len > kMaxBitPackedRows;
-//   - kernel kTensorCores for max_q_len * group > 64 (kVarlenChunkVectors *
+//   - kernel kShortQueries for max_q_len * group > 64 (kVarlenChunkVectors *
 //     kVarlenMaxVectorChunks);
 //  OutOfRange (beyond the kernel's int32 arithmetic or the grid):
 //   - more than 2^31 - 1 query rows, more than 2^31 pool slots, a batch beyond int32;
