@@ -76,11 +76,14 @@ enum VarlenMaskKind : int32_t {
   kVarlenMaskBitPacked = 3,
 };
 
-// Query vectors (query row, query head pairs) one block computes: the block's K/V tiles are
-// staged in shared memory once and used by all of them. A block takes heads_per_block query
-// heads of one KV head's group, so it covers VarlenQueryVectors(head_dim) / heads_per_block
-// query rows of one sequence (the launcher sizes the grid with it).
-inline constexpr int32_t VarlenQueryVectors(int32_t head_dim) { return head_dim <= 128 ? 64 : 32; }
+// Query vectors (query row, query head pairs) one block of a tiled kernel computes: the
+// block's K/V tiles are staged in shared memory once and used by all of them. A block takes
+// heads_per_block query heads of one KV head's group, so it covers
+// VarlenQueryVectors(head_dim, tensor_cores) / heads_per_block query rows of one sequence (the
+// launcher sizes the grid with it). On the tensor cores a warp takes 16 vectors.
+inline constexpr int32_t VarlenQueryVectors(int32_t head_dim, bool tensor_cores) {
+  return tensor_cores ? (head_dim <= 128 ? 128 : 64) : (head_dim <= 128 ? 64 : 32);
+}
 
 // The short-query path takes batches of at most this many chunks of 16 query vectors per
 // sequence and KV head (max_q_len * group <= 64: verify, draft-extend, decode): each chunk

@@ -37,7 +37,7 @@ __device__ inline uint4 Load16(const void* base, int64_t offset) {
 //    words of a V row, and the kRO weights of a position are one or two 16-byte words.
 template <int kHeadDim>
 struct Tiling {
-  static constexpr int kM = VarlenQueryVectors(kHeadDim);  // 64, 64, 32
+  static constexpr int kM = VarlenQueryVectors(kHeadDim, false);  // 64, 64, 32
   static constexpr int kN = 4096 / kHeadDim;               // 64, 32, 16
   static constexpr int kChunks = kHeadDim / 8;              // 16-byte words of a row
   static constexpr int kRowWords = kChunks + 1;             // padded row in shared memory
@@ -420,10 +420,11 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kThreads, 1) VarlenAttentionKernel(Varlen
   }
 }
 
-// The tiled path on the tensor cores (VarlenTiledMmaKernel): the tiled kernel's blocks (kM
-// query vectors of one sequence and KV head, the same grid), FlashAttention-style: warp w
-// computes query vectors [16 w, 16 w + 16) as the rows of the MMAs, against tiles of kN
-// positions that the block stages in shared memory.
+// The tiled path on the tensor cores (VarlenTiledMmaKernel): blocks like the tiled kernel's
+// (kM query vectors of one sequence and KV head's group, the grid in the same order; kM is
+// VarlenQueryVectors(head_dim, true)), FlashAttention-style: warp w computes query vectors
+// [16 w, 16 w + 16) as the rows of the MMAs, against tiles of kN positions that the block
+// stages in shared memory, the next tile's K and V loads in flight while it computes.
 //  - S = Q K^T (m = 16 vectors, n = 8 positions, k = 16 dims): Q's fragments stay in registers
 //    in the dim order of mma_attention.h (lane t takes dims [32 j + 8 t, + 8) of each 32-dim
 //    block j as the k-columns of two k-steps), so that a lane's B fragments of both k-steps are
@@ -437,10 +438,10 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kThreads, 1) VarlenAttentionKernel(Varlen
 //    lane's B fragment is one 8-byte word.
 template <int kHeadDim>
 struct MmaTiling {
-  static constexpr int kM = VarlenQueryVectors(kHeadDim);  // 64, 64, 32
+  static constexpr int kM = VarlenQueryVectors(kHeadDim, true);  // 128, 128, 64
   static constexpr int kWarps = kM / 16;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kN = kHeadDim > 128 ? 32 : 64;      // positions per tile
+  static constexpr int kN = 8192 / kHeadDim;  // positions per tile: 128, 64, 32
   static constexpr int kChunks = kHeadDim / 8;              // 16-byte words of a K/V row
   static constexpr int kKPitch = kHeadDim / 2 + 16;         // words per staged K row
   // Words per staged V^T row (one dim, kN / 2 words): lanes g = 0..3 of a 64-bit load read
@@ -472,6 +473,70 @@ __device__ inline int32_t TileSlot(const VarlenAttentionParams& p, const TileBlo
   return c < b.kv_end ? static_cast<int32_t>(SlotOf(p, b.seq, b.s, c, true)) : -1;
 }
 
+// One thread's share of a tile's K and V as loaded (zero for a position not read), until it is
+// staged in shared memory.
+template <int kHeadDim>
+struct MmaTileLoads {
+  using T = MmaTiling<kHeadDim>;
+  uint4 k[T::kKLoads];     // word e % kChunks of position e / kChunks, e = tid + l * kThreads
+  uint4 v[T::kVLoads][4];  // positions 2 x and 2 x + 1 (f = tid + l * kThreads, x = f % (kN /
+                           // 2)), dims [16 y, + 16) (y = f / (kN / 2)), 8 dims per word
+};
+
+// Issues the loads of the tile whose slots are `slots` (-1: not read).
+template <int kHeadDim>
+__device__ __forceinline__ void LoadMmaTile(const VarlenAttentionParams& p, const int32_t* slots,
+                                            int32_t pool_row, int64_t head, MmaTileLoads<kHeadDim>& w) {
+  using T = MmaTiling<kHeadDim>;
+  const int tid = static_cast<int>(threadIdx.x);
+#pragma unroll
+  for (int l = 0; l < T::kKLoads; ++l) {
+    const int e = tid + l * T::kThreads;
+    const int32_t slot = slots[e / T::kChunks];
+    w.k[l] = slot >= 0 ? Load16(p.k_pool, MulWide(slot, pool_row) + head + e % T::kChunks * 8)
+                       : make_uint4(0, 0, 0, 0);
+  }
+#pragma unroll
+  for (int l = 0; l < T::kVLoads; ++l) {
+    const int f = tid + l * T::kThreads;
+    const int x = f % (T::kN / 2);
+    const int y = f / (T::kN / 2);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int32_t slot = slots[2 * x + i];
+      const int64_t at = MulWide(slot, pool_row) + head + 16 * y;
+      w.v[l][2 * i] = slot >= 0 ? Load16(p.v_pool, at) : make_uint4(0, 0, 0, 0);
+      w.v[l][2 * i + 1] = slot >= 0 ? Load16(p.v_pool, at + 8) : make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// Stages a loaded tile: K rows at KRow, V transposed (two positions per word).
+template <int kHeadDim>
+__device__ __forceinline__ void StageMmaTile(const MmaTileLoads<kHeadDim>& w, uint32_t* k_s, uint32_t* vt_s) {
+  using T = MmaTiling<kHeadDim>;
+  const int tid = static_cast<int>(threadIdx.x);
+#pragma unroll
+  for (int l = 0; l < T::kKLoads; ++l) {
+    const int e = tid + l * T::kThreads;
+    *reinterpret_cast<uint4*>(&k_s[KRow(e / T::kChunks) * T::kKPitch + 4 * (e % T::kChunks)]) = w.k[l];
+  }
+#pragma unroll
+  for (int l = 0; l < T::kVLoads; ++l) {
+    const int f = tid + l * T::kThreads;
+    const int x = f % (T::kN / 2);
+    const int y = f / (T::kN / 2);
+    const uint32_t a[8] = {w.v[l][0].x, w.v[l][0].y, w.v[l][0].z, w.v[l][0].w,
+                           w.v[l][1].x, w.v[l][1].y, w.v[l][1].z, w.v[l][1].w};
+    const uint32_t c[8] = {w.v[l][2].x, w.v[l][2].y, w.v[l][2].z, w.v[l][2].w,
+                           w.v[l][3].x, w.v[l][3].y, w.v[l][3].z, w.v[l][3].w};
+#pragma unroll
+    for (int d = 0; d < 16; ++d) {
+      vt_s[(16 * y + d) * T::kVPitch + x] = HalvesOf(a[d / 2], c[d / 2], d % 2 != 0);
+    }
+  }
+}
+
 template <typename Dtype, int kHeadDim>
 __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
     VarlenTiledMmaKernel(VarlenAttentionParams p) {
@@ -479,7 +544,7 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
   constexpr int kN = T::kN;
   __shared__ __align__(16) uint32_t k_s[kN * T::kKPitch];
   __shared__ __align__(16) uint32_t vt_s[kHeadDim * T::kVPitch];
-  __shared__ int32_t slot_s[kN];  // position base + n's slot, -1: not read
+  __shared__ int32_t slot_s[2][kN];  // tile i's position n: slot_s[i % 2][n], -1: not read
 
   TileBlock b;
   if (!ResolveTileBlock(p, T::kM, b)) return;  // the same for every thread of the block
@@ -514,59 +579,27 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
 #pragma unroll
   for (int i = 0; i < T::kDimTiles; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
 
-  int32_t next_slot = tid < kN ? TileSlot(p, b, tid) : -1;
-  for (int32_t base = 0; base < b.kv_end; base += kN) {
-    if (tid < kN) slot_s[tid] = next_slot;
+  // The pipeline: tile i + 1's K and V loads and tile i + 2's slots are in flight while the
+  // block computes on tile i (slot_s[i % 2]: the slots of tile i, for the scores' checks).
+  const int32_t row_elems = static_cast<int32_t>(pool_row);
+  if (tid < kN) slot_s[0][tid] = TileSlot(p, b, tid);
+  bool holes_next = __syncthreads_or(tid < kN && slot_s[0][tid] < 0) != 0;
+  MmaTileLoads<kHeadDim> loads;
+  if (b.kv_end > 0) LoadMmaTile<kHeadDim>(p, slot_s[0], row_elems, head, loads);
+  int32_t next_slot = tid < kN ? TileSlot(p, b, kN + tid) : -1;
+  for (int32_t base = 0, i = 0; base < b.kv_end; base += kN, ++i) {
+    const int32_t* slots = slot_s[i % 2];
     // Every position of the tile read, and seen by every row of the block (causal, the tile at
     // or before the block's first row's position): no score needs a check.
-    const bool holes = __syncthreads_or(tid < kN && next_slot < 0) != 0;
-    const bool whole = !holes && p.mask_layout == kVarlenCausal && base + kN - 1 <= prefix + b.row0;
-
-    uint4 kw[T::kKLoads];
-#pragma unroll
-    for (int l = 0; l < T::kKLoads; ++l) {
-      const int e = tid + l * T::kThreads;
-      const int32_t slot = slot_s[e / T::kChunks];
-      kw[l] = slot >= 0 ? Load16(p.k_pool, MulWide(slot, static_cast<int32_t>(pool_row)) + head +
-                                               e % T::kChunks * 8)
-                        : make_uint4(0, 0, 0, 0);
+    const bool whole =
+        !holes_next && p.mask_layout == kVarlenCausal && base + kN - 1 <= prefix + b.row0;
+    StageMmaTile<kHeadDim>(loads, k_s, vt_s);
+    if (tid < kN) slot_s[(i + 1) % 2][tid] = next_slot;
+    holes_next = __syncthreads_or(tid < kN && next_slot < 0) != 0;
+    if (base + kN < b.kv_end) {
+      LoadMmaTile<kHeadDim>(p, slot_s[(i + 1) % 2], row_elems, head, loads);
+      next_slot = tid < kN ? TileSlot(p, b, base + 2 * kN + tid) : -1;
     }
-    uint4 vw[T::kVLoads][4];  // positions 2 x and 2 x + 1, dims [16 y, + 16)
-#pragma unroll
-    for (int l = 0; l < T::kVLoads; ++l) {
-      const int f = tid + l * T::kThreads;
-      const int x = f % (kN / 2);
-      const int y = f / (kN / 2);
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int32_t slot = slot_s[2 * x + i];
-        const int64_t at = MulWide(slot, static_cast<int32_t>(pool_row)) + head + 16 * y;
-        vw[l][2 * i] = slot >= 0 ? Load16(p.v_pool, at) : make_uint4(0, 0, 0, 0);
-        vw[l][2 * i + 1] = slot >= 0 ? Load16(p.v_pool, at + 8) : make_uint4(0, 0, 0, 0);
-      }
-    }
-#pragma unroll
-    for (int l = 0; l < T::kKLoads; ++l) {
-      const int e = tid + l * T::kThreads;
-      *reinterpret_cast<uint4*>(&k_s[KRow(e / T::kChunks) * T::kKPitch + 4 * (e % T::kChunks)]) = kw[l];
-    }
-#pragma unroll
-    for (int l = 0; l < T::kVLoads; ++l) {
-      const int f = tid + l * T::kThreads;
-      const int x = f % (kN / 2);
-      const int y = f / (kN / 2);
-      const uint32_t a[8] = {vw[l][0].x, vw[l][0].y, vw[l][0].z, vw[l][0].w,
-                             vw[l][1].x, vw[l][1].y, vw[l][1].z, vw[l][1].w};
-      const uint32_t c[8] = {vw[l][2].x, vw[l][2].y, vw[l][2].z, vw[l][2].w,
-                             vw[l][3].x, vw[l][3].y, vw[l][3].z, vw[l][3].w};
-#pragma unroll
-      for (int d = 0; d < 16; ++d) {
-        vt_s[(16 * y + d) * T::kVPitch + x] = HalvesOf(a[d / 2], c[d / 2], d % 2 != 0);
-      }
-    }
-    __syncthreads();
-    // The next tile's slots load while this one computes.
-    if (base + kN < b.kv_end) next_slot = tid < kN ? TileSlot(p, b, base + kN + tid) : -1;
 
     float sc[T::kNTiles][4];
 #pragma unroll
@@ -585,28 +618,31 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
         MmaM16N8K16<Dtype::kIsBf16>(sc[j], a1, b1);
       }
     }
-    // Scaled scores (log2 domain), -inf where the row does not see the position.
+    // -inf where the row does not see the position (no check on a whole tile).
+    if (!whole) {
 #pragma unroll
-    for (int j = 0; j < T::kNTiles; ++j) {
+      for (int j = 0; j < T::kNTiles; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e / 2;
-        bool sees = true;
-        if (!whole) {
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2;
           const int n = TilePosition(8 * j + 2 * t + e % 2);
-          sees = slot_s[n] >= 0 && q_offset[h] >= 0 && Sees(p, s, b.row0 + row[h], base + n);
+          if (slots[n] < 0 || q_offset[h] < 0 || !Sees(p, s, b.row0 + row[h], base + n)) {
+            sc[j][e] = NegInf();
+          }
         }
-        sc[j][e] = sees ? sc[j][e] * scale : NegInf();
       }
     }
+    // The online softmax in the log2 domain: the running maximum is of the scaled scores
+    // (scale > 0), and a weight is exp2(score * scale - maximum).
     float alpha[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float mx = run_max[h];
+      float mx = NegInf();
 #pragma unroll
       for (int j = 0; j < T::kNTiles; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * h], sc[j][2 * h + 1]));
       mx = fmaxf(mx, ATTNMETA_SHFL_XOR(mx, 1));
       mx = fmaxf(mx, ATTNMETA_SHFL_XOR(mx, 2));
+      mx = fmaxf(run_max[h], mx * scale);
       // Until the row has seen a position, mx is -inf and nothing changes.
       const bool seen = mx != NegInf();
       alpha[h] = seen ? exp2f(run_max[h] - mx) : 1.0f;
@@ -616,7 +652,7 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& x = sc[j][2 * h + e];
-          x = seen ? exp2f(x - mx) : 0.0f;
+          x = seen ? exp2f(fmaf(x, scale, -mx)) : 0.0f;
           sum += x;
         }
       }
@@ -646,7 +682,7 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
         MmaM16N8K16<Dtype::kIsBf16>(o[i], pa, bv);
       }
     }
-    __syncthreads();  // the next tile overwrites k_s, vt_s and slot_s
+    __syncthreads();  // the next tile overwrites k_s, vt_s and the other slot_s
   }
 
   // The sum is >= 1 once a position was seen (the largest score's own weight is 1).

@@ -904,7 +904,8 @@ TEST_F(VarlenGpuTest, BadInputsAreRefusedBeforeLaunch) {
        kInvalid, "the tensor-core path takes at most 64 query vectors"},
       {"grid past the block limit",
        [&](VarlenAttentionArgs& a) {
-         const int64_t many = int64_t{1} << 24;  // rows: 2^24 / 16 tiles x 3 x 8 blocks
+         // Rows: 2^25 / 32 tiles (tensor cores; 2^25 / 16 on CUDA cores) x 3 x 8 blocks.
+         const int64_t many = int64_t{1} << 25;
          a.q = DeviceSpan<const uint8_t>(d.q.data(), many * p.q_row() * 2);
          a.out = DeviceSpan<uint8_t>(out.data(), many * p.q_row() * 2);
          a.lse = DeviceSpan<float>(lse.data(), many * 32);

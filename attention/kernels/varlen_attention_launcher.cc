@@ -156,7 +156,8 @@ absl::Status VarlenAttention(const VarlenAttentionArgs& a, kernels::DeviceViolat
   const bool tiled_tensor_cores =
       a.kernel == VarlenKernel::kTiledTensorCores ||
       (a.kernel == VarlenKernel::kAuto && !short_queries && kNativeMmaM16N8K16);
-  const int32_t rows_per_block = kernels::VarlenQueryVectors(a.dims.head_dim) / heads_per_block;
+  const int32_t rows_per_block =
+      kernels::VarlenQueryVectors(a.dims.head_dim, tiled_tensor_cores) / heads_per_block;
   const int64_t q_tiles = (a.max_q_len.value() + rows_per_block - 1) / rows_per_block;
   // The grid: bs * row_groups * head_groups blocks: tiles of rows x query-head chunks (tiled),
   // or vector chunks x KV heads (tensor cores).
