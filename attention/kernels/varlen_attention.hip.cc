@@ -432,9 +432,9 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kThreads, 1) VarlenAttentionKernel(Varlen
 //    rows g and g + 1 of a quarter-wave read in different banks.
 //  - O += P V (m = 16 vectors, n = 8 dims, k = 16 positions): S's accumulators are P's A
 //    fragments as they stand when the k-order of the product is a permutation of the tile's
-//    positions: row n of the K tile holds position KRow^-1(n), chosen so that the columns
-//    a lane holds in n-tiles 2 kk and 2 kk + 1 are positions 16 kk + 4 t + {0, 1} and
-//    + {2, 3}. V is staged transposed ([dim][position], two positions per word), so that a
+//    positions: row n of the K tile holds position TilePosition(n) (position n goes to row
+//    KRow(n)), chosen so that the columns a lane holds in n-tiles 2 kk and 2 kk + 1 are
+//    positions 16 kk + 4 t + {0, 1} and + {2, 3}. V is staged transposed ([dim][position], two positions per word), so that a
 //    lane's B fragment is one 8-byte word.
 template <int kHeadDim>
 struct MmaTiling {
