@@ -24,8 +24,11 @@
 //   kOffsetNegative / kIndptrDecreasing   kv_indptr entry negative / below the one before it,
 //                                         or a work item's kv_end below its kv_begin
 //   kTotalPastCapacity                    kv_indptr past kv_indices' capacity (index: the
-//                                         sequence), or a partial slot past the partial
-//                                         buffers (index: the work item)
+//                                         sequence), a partial slot past the partial buffers
+//                                         (index: the work item), a reduce item's partials
+//                                         past them (index: the reduce item), or, merging in
+//                                         the attention launch, a partial slot no reduce item
+//                                         merges (index: the work item, bound: num_reduce)
 //   kLengthNegative                       a negative kv_lens entry
 //   kPagesPastTable                       kv_lens[i] needs more pages than the table's columns
 //   kSlotOutsidePool                      a token's slot (from kv_indices or page table) outside
@@ -102,6 +105,13 @@ struct PagedDecodeParams {
   float* partial_out;          // [partial_capacity][num_q_heads][head_dim], 16-byte aligned
   float* partial_lse;          // [partial_capacity][num_q_heads]
   int32_t partial_capacity;
+  // Null: the partials wait for the merge kernel. Else the block that completes a reduce item
+  // merges it: merge_counters[r * H + x] counts the blocks of reduce item r done for KV head /
+  // query-head chunk x of H = num_kv_heads * group / heads_per_block; zero before the launch,
+  // and the launch leaves them zero when the device plan is the one the launcher checked.
+  const DecodeReduceItem* reduce;  // [num_reduce], with merge_counters
+  int32_t num_reduce;
+  uint32_t* merge_counters;        // [num_reduce * H] or null
 
   void* out;   // [batch_size][num_q_heads][head_dim] of dtype, 16-byte aligned
   float* lse;  // [batch_size][num_q_heads]

@@ -65,6 +65,137 @@ __device__ inline bool ResolveWork(const PagedDecodeParams& p, int32_t item, Blo
   return true;
 }
 
+// False (recorded) when a reduce item names no row of the batch or partial slots outside the
+// buffers: nothing of it may be read or written.
+__device__ inline bool ReduceItemFits(const DecodeReduceItem& it, int32_t r, int32_t batch_size,
+                                      int32_t partial_capacity, DeviceViolation* v) {
+  if (it.sequence < 0 || it.sequence >= batch_size) {
+    RecordViolation(v, kRowOutsideTable, r, it.sequence, batch_size);
+    return false;
+  }
+  if (it.partial_begin < 0 || it.partial_end > partial_capacity || it.partial_begin > it.partial_end) {
+    RecordViolation(v, kTotalPastCapacity, r, it.partial_end, partial_capacity);
+    return false;
+  }
+  return true;
+}
+
+// One warp: out and lse of query head h of reduce item `it` (checked) from its partials. The
+// lanes take the partials by turns for the max and the sum of the weights exp(lse_p - max)
+// (shuffle reductions), then each lane sums its kHeadDim / 32 dims over all the partials,
+// kMergeUnroll partials in flight. Plain loads: the partials may have been written by other
+// blocks of the same launch.
+template <typename Dtype, int kHeadDim>
+__device__ __forceinline__ void MergeHead(const float* partial_out, const float* partial_lse,
+                                          int32_t num_q_heads, int32_t h, const DecodeReduceItem& it,
+                                          void* out, float* lse) {
+  constexpr int kDims = kHeadDim / 32;  // per lane: 2, 4 or 8
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t heads = num_q_heads;
+  float mx = NegInf();
+  for (int32_t k = it.partial_begin + lane; k < it.partial_end; k += 32) {
+    mx = fmaxf(mx, partial_lse[k * heads + h]);
+  }
+#pragma unroll
+  for (int m = 16; m > 0; m /= 2) mx = fmaxf(mx, ATTNMETA_SHFL_XOR(mx, m));
+  // A partial that saw no token (lse -inf) has weight 0; all of them: output 0, lse -inf.
+  auto weight = [&](int32_t k) {
+    const float x = partial_lse[k * heads + h];
+    return x == NegInf() ? 0.0f : __expf(x - mx);
+  };
+  float sum = 0.0f;
+  for (int32_t k = it.partial_begin + lane; k < it.partial_end; k += 32) sum += weight(k);
+#pragma unroll
+  for (int m = 16; m > 0; m /= 2) sum += ATTNMETA_SHFL_XOR(sum, m);
+
+  float acc[kDims] = {};
+  const float* part = partial_out + h * int64_t{kHeadDim} + kDims * lane;
+#pragma unroll kMergeUnroll
+  for (int32_t k = it.partial_begin; k < it.partial_end; ++k) {
+    const float wk = weight(k);
+    const float* x = part + k * heads * kHeadDim;
+    float xs[kDims];
+    if constexpr (kDims == 2) {
+      const float2 y = *reinterpret_cast<const float2*>(x);
+      xs[0] = y.x;
+      xs[1] = y.y;
+    } else {
+#pragma unroll
+      for (int i = 0; i < kDims / 4; ++i) {
+        const float4 y = reinterpret_cast<const float4*>(x)[i];
+        xs[4 * i] = y.x;
+        xs[4 * i + 1] = y.y;
+        xs[4 * i + 2] = y.z;
+        xs[4 * i + 3] = y.w;
+      }
+    }
+#pragma unroll
+    for (int d = 0; d < kDims; ++d) acc[d] = fmaf(wk, xs[d], acc[d]);
+  }
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  uint32_t packed[kDims / 2];
+#pragma unroll
+  for (int d = 0; d < kDims / 2; ++d) {
+    packed[d] = Pack2<Dtype>(acc[2 * d] * inv, acc[2 * d + 1] * inv);
+  }
+  const int64_t head_row = int64_t{it.sequence} * heads + h;
+  uint32_t* dst = reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(out) + head_row * kHeadDim +
+                                              kDims * lane);
+#pragma unroll
+  for (int d = 0; d < kDims / 2; ++d) dst[d] = packed[d];
+  if (lane == 0) lse[head_row] = sum > 0.0f ? mx + __logf(sum) : NegInf();
+}
+
+// Split-KV without a merge launch (merge_counters set): the block that completes a reduce item,
+// the last of the item's blocks for this KV head and query-head chunk (`head_group`) to count
+// itself, merges the item's partials for the chunk's query heads, a warp per head. A block's
+// partial stores are made visible before it counts itself (fence, barrier, one atomic add), and
+// the last block resets the counter, so that a launch leaves every counter it used at zero.
+template <typename Dtype, int kHeadDim, int kHeads, int kWarps>
+__device__ __forceinline__ void MergeIfLast(const PagedDecodeParams& p, int32_t item, int32_t slot,
+                                            int32_t head_group, int32_t head_groups, int32_t q_head0) {
+  __shared__ int32_t merge_item;  // the reduce item this block merges, or -1
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  // The reduce item that merges the slot, 32 items a step (found before the barrier, so that
+  // its loads overlap the other warps' stores).
+  int32_t found = -1;
+  if (warp == 0) {
+    for (int32_t r0 = 0; r0 < p.num_reduce && found < 0; r0 += 32) {
+      const int32_t r = r0 + lane;
+      bool hit = false;
+      if (r < p.num_reduce) hit = p.reduce[r].partial_begin <= slot && slot < p.reduce[r].partial_end;
+      const uint32_t hits = ATTNMETA_BALLOT32(hit);
+      if (hits != 0) found = r0 + __ffs(static_cast<int>(hits)) - 1;
+    }
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    merge_item = -1;
+    if (found < 0) {
+      RecordViolation(p.violation, kTotalPastCapacity, item, int64_t{slot} + 1, p.num_reduce);
+    } else {
+      const DecodeReduceItem it = p.reduce[found];
+      if (ReduceItemFits(it, found, p.batch_size, p.partial_capacity, p.violation)) {
+        uint32_t* counter = p.merge_counters + int64_t{found} * head_groups + head_group;
+        if (atomicAdd(counter, 1u) + 1 == static_cast<uint32_t>(it.partial_end - it.partial_begin)) {
+          *counter = 0;
+          merge_item = found;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  if (merge_item < 0) return;  // the same for every thread of the block
+  __threadfence();
+  const DecodeReduceItem it = p.reduce[merge_item];
+  for (int h = warp; h < kHeads; h += kWarps) {
+    MergeHead<Dtype, kHeadDim>(p.partial_out, p.partial_lse, p.num_q_heads, q_head0 + h, it, p.out,
+                               p.lse);
+  }
+}
+
 // One block: one (work item, KV head, chunk of kHeads query heads of its group), kWarps warps.
 // Warp w takes steps w, w + kWarps, ... of kStep tokens of the block's range on the tensor
 // cores (internal/mma_attention.h: the query heads are the vectors). Each step: lane i
@@ -123,15 +254,17 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDe
           if (d0 == 0) p.partial_lse[head_row] = lse;
         }
       });
+  if (p.merge_counters != nullptr && w.partial_slot >= 0) {
+    MergeIfLast<Dtype, kHeadDim, kHeads, kWarps>(p, item, w.partial_slot,
+                                                 static_cast<int32_t>(blockIdx.x) % per_item, per_item,
+                                                 q_head0);
+  }
 }
 
 // One warp per (reduce item, query head), kMergeWarps heads per block: no block barrier on
-// the path. The lanes take the item's partials by turns for the max and the sum of the weights
-// exp(lse_p - max) (shuffle reductions), then each lane sums its kHeadDim / 32 dims over all
-// the partials, kMergeUnroll partials in flight.
+// the path (MergeHead).
 template <typename Dtype, int kHeadDim>
 __global__ void __launch_bounds__(kMergeWarps * 32) DecodeMergeKernel(DecodeMergeParams p) {
-  constexpr int kDims = kHeadDim / 32;  // per lane: 2, 4 or 8
   const int32_t r = blockIdx.x;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int32_t h =
@@ -139,68 +272,8 @@ __global__ void __launch_bounds__(kMergeWarps * 32) DecodeMergeKernel(DecodeMerg
   if (h >= p.num_q_heads) return;
   const DecodeReduceItem it = p.reduce[r];
   DeviceViolation* v = lane == 0 && h == 0 ? p.violation : nullptr;
-  if (it.sequence < 0 || it.sequence >= p.batch_size) {
-    RecordViolation(v, kRowOutsideTable, r, it.sequence, p.batch_size);
-    return;
-  }
-  if (it.partial_begin < 0 || it.partial_end > p.partial_capacity ||
-      it.partial_begin > it.partial_end) {
-    RecordViolation(v, kTotalPastCapacity, r, it.partial_end, p.partial_capacity);
-    return;
-  }
-  const int64_t heads = p.num_q_heads;
-  float mx = NegInf();
-  for (int32_t k = it.partial_begin + lane; k < it.partial_end; k += 32) {
-    mx = fmaxf(mx, p.partial_lse[k * heads + h]);
-  }
-#pragma unroll
-  for (int m = 16; m > 0; m /= 2) mx = fmaxf(mx, ATTNMETA_SHFL_XOR(mx, m));
-  // A partial that saw no token (lse -inf) has weight 0; all of them: output 0, lse -inf.
-  auto weight = [&](int32_t k) {
-    const float x = p.partial_lse[k * heads + h];
-    return x == NegInf() ? 0.0f : __expf(x - mx);
-  };
-  float sum = 0.0f;
-  for (int32_t k = it.partial_begin + lane; k < it.partial_end; k += 32) sum += weight(k);
-#pragma unroll
-  for (int m = 16; m > 0; m /= 2) sum += ATTNMETA_SHFL_XOR(sum, m);
-
-  float acc[kDims] = {};
-  const float* part = p.partial_out + h * int64_t{kHeadDim} + kDims * lane;
-#pragma unroll kMergeUnroll
-  for (int32_t k = it.partial_begin; k < it.partial_end; ++k) {
-    const float wk = weight(k);
-    const float4* x = reinterpret_cast<const float4*>(part + k * heads * kHeadDim);
-    float xs[kDims];
-    if constexpr (kDims == 2) {
-      const float2 y = __ldg(reinterpret_cast<const float2*>(x));
-      xs[0] = y.x;
-      xs[1] = y.y;
-    } else {
-#pragma unroll
-      for (int i = 0; i < kDims / 4; ++i) {
-        const float4 y = __ldg(x + i);
-        xs[4 * i] = y.x;
-        xs[4 * i + 1] = y.y;
-        xs[4 * i + 2] = y.z;
-        xs[4 * i + 3] = y.w;
-      }
-    }
-#pragma unroll
-    for (int d = 0; d < kDims; ++d) acc[d] = fmaf(wk, xs[d], acc[d]);
-  }
-  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-  uint32_t packed[kDims / 2];
-#pragma unroll
-  for (int d = 0; d < kDims / 2; ++d) {
-    packed[d] = Pack2<Dtype>(acc[2 * d] * inv, acc[2 * d + 1] * inv);
-  }
-  const int64_t head_row = int64_t{it.sequence} * heads + h;
-  uint32_t* dst = reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.out) + head_row * kHeadDim +
-                                              kDims * lane);
-#pragma unroll
-  for (int d = 0; d < kDims / 2; ++d) dst[d] = packed[d];
-  if (lane == 0) p.lse[head_row] = sum > 0.0f ? mx + __logf(sum) : NegInf();
+  if (!ReduceItemFits(it, r, p.batch_size, p.partial_capacity, v)) return;
+  MergeHead<Dtype, kHeadDim>(p.partial_out, p.partial_lse, p.num_q_heads, h, it, p.out, p.lse);
 }
 
 template <typename Dtype, int kHeadDim, int kHeads, int kVariant>

@@ -7,8 +7,9 @@
 // Per shape: the kernel reading shuffled pools of page size 1, 16 and 64 through token-level
 // kv_indices, through the page table at 16 and 64, and a contiguous layout (slots = identity,
 // token-level); each with the plan PlanDecodeSplitKv makes for this GPU (a split for bs 1 and 8,
-// and wherever the batch alone does not fill the GPU), plus the same kernel without a split at
-// page size 16 where the plan splits. Then every compiled variant of the kernel shape at a few
+// and wherever the batch alone does not fill the GPU), the partials merged in the attention
+// launch (merge counters), plus, at page size 16 where the plan splits, the same plan merged by
+// a second launch and the same kernel without a split. Then every compiled variant of the kernel shape at a few
 // shapes (the sweep), so that the best can be made the default.
 //
 // Method (METHOD.md): every launch's status checked; outputs poisoned (0xFF bytes, NaN) and
@@ -206,7 +207,7 @@ class Bench {
     const double read_us_scaled = read_us * bytes / copy_bytes;
 
     Layout contiguous = MakeLayout("contiguous", s, sets, 1, false, /*shuffled=*/false);
-    const double contiguous_us = TimeLayout(s, sets, launches, contiguous, variant, true);
+    const double contiguous_us = TimeLayout(s, sets, launches, contiguous, variant, Split::kInLaunch);
     Report({contiguous.name, variant, s.bs, s.ctx, 1, last_items_, bytes, contiguous_us,
             copy_us_scaled, contiguous_us, read_us_scaled});
     struct Config {
@@ -218,10 +219,14 @@ class Bench {
     for (const Config& c : configs) {
       Layout l = MakeLayout(absl::StrFormat("%s ps%d", c.page_table ? "page_table" : "kv_indices", c.ps),
                             s, sets, c.ps, c.page_table, true);
-      const double us = TimeLayout(s, sets, launches, l, variant, true);
+      const double us = TimeLayout(s, sets, launches, l, variant, Split::kInLaunch);
       Report({l.name, variant, s.bs, s.ctx, c.ps, last_items_, bytes, us, copy_us_scaled, contiguous_us, read_us_scaled});
       if (last_items_ != s.bs && c.ps == 16 && !c.page_table) {
-        const double nosplit_us = TimeLayout(s, sets, launches, l, variant, false);
+        const int64_t items = last_items_;
+        const double launch_us = TimeLayout(s, sets, launches, l, variant, Split::kMergeLaunch);
+        Report({l.name + " merge launch", variant, s.bs, s.ctx, c.ps, items, bytes, launch_us,
+                copy_us_scaled, contiguous_us, read_us_scaled});
+        const double nosplit_us = TimeLayout(s, sets, launches, l, variant, Split::kNone);
         Report({l.name + " nosplit", variant, s.bs, s.ctx, c.ps, s.bs, bytes, nosplit_us,
                 copy_us_scaled, contiguous_us, read_us_scaled});
       }
@@ -272,13 +277,17 @@ class Bench {
                               DeviceSpan<const TokenSlot>(l.kv_indices.data() + set * tokens, tokens)};
   }
 
-  // Checks once, then times, the layout with the plan PlanDecodeSplitKv makes (split) or with
-  // none; last_items_ is the plan's work items.
-  double TimeLayout(const Shape& s, int sets, int launches, const Layout& l, int32_t variant, bool split) {
+  // How a shape's plan is run: no split; split, merged by a second launch; split, merged in the
+  // attention launch (merge counters).
+  enum class Split { kNone, kMergeLaunch, kInLaunch };
+
+  // Checks once, then times, the layout with the plan PlanDecodeSplitKv makes (unless kNone);
+  // last_items_ is the plan's work items.
+  double TimeLayout(const Shape& s, int sets, int launches, const Layout& l, int32_t variant, Split split) {
     const DecodeKv kv0 = KvOf(s, l, 0);
     SplitKvPlan plan = Unwrap(PlanDecodeSplitKv(indptr_host_, DecodeKvLayout(kv0),
                                                 DecodeSplitOptions{sms_, kKvHeads, blocks_per_sm_}));
-    const bool use_plan = split && !plan.reduce.empty();
+    const bool use_plan = split != Split::kNone && !plan.reduce.empty();
     last_items_ = use_plan ? static_cast<int64_t>(plan.work.size()) : s.bs;
     DeviceBuffer<SplitKvWorkItem> work = Unwrap(DeviceBuffer<SplitKvWorkItem>::FromHost(plan.work));
     DeviceBuffer<SplitKvReduceItem> reduce = Unwrap(DeviceBuffer<SplitKvReduceItem>::FromHost(plan.reduce));
@@ -286,6 +295,8 @@ class Bench {
         Unwrap(DeviceBuffer<float>::Create(int64_t{plan.num_partials} * kQRowElements));
     DeviceBuffer<float> partial_lse =
         Unwrap(DeviceBuffer<float>::Create(int64_t{plan.num_partials} * kQHeads));
+    DeviceBuffer<uint32_t> counters = Unwrap(DeviceBuffer<uint32_t>::FromHost(
+        std::vector<uint32_t>(plan.reduce.size() * kQHeads, 0)));
     auto launch = [&](int i) {
       PagedDecodeArgs a;
       a.dims = DecodeAttentionDims{kQHeads, kKvHeads, kHeadDim, KvElementType::kBf16,
@@ -296,7 +307,8 @@ class Bench {
       a.kv = KvOf(s, l, i % sets);
       if (use_plan) {
         a.split = DecodeSplitKv{&plan, work.const_span(), reduce.const_span(), partial_out.span(),
-                                partial_lse.span()};
+                                partial_lse.span(),
+                                split == Split::kInLaunch ? counters.span() : DeviceSpan<uint32_t>()};
       }
       a.out = out_.span();
       a.lse = lse_.span();

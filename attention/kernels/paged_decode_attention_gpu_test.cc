@@ -174,10 +174,11 @@ struct Result {
 };
 
 // One call of the launcher on the problem's inputs through `kv` (split by `plan` when not
-// null), into outputs and partial buffers poisoned first.
-Result RunDecode(const DecodeAttentionDims& dims, const DeviceProblem& d, int64_t bs, const DecodeKv& kv,
-           const SplitKvPlan* plan, int32_t variant = 0,
-           kernels::DeviceViolation* violation = nullptr) {
+// null, merged in the attention launch when `merge_counters` is not empty), into outputs and
+// partial buffers poisoned first.
+Result RunDecodeOnce(const DecodeAttentionDims& dims, const DeviceProblem& d, int64_t bs,
+                     const DecodeKv& kv, const SplitKvPlan* plan, int32_t variant,
+                     kernels::DeviceViolation* violation, DeviceSpan<uint32_t> merge_counters) {
   const int64_t rows = bs * dims.num_q_heads;
   DeviceBuffer<uint8_t> out = *DeviceBuffer<uint8_t>::Create(rows * dims.head_dim * 2);
   DeviceBuffer<float> lse = *DeviceBuffer<float>::Create(rows);
@@ -205,7 +206,7 @@ Result RunDecode(const DecodeAttentionDims& dims, const DeviceProblem& d, int64_
   a.kv = kv;
   if (plan != nullptr) {
     a.split = DecodeSplitKv{plan, d_work.const_span(), d_reduce.const_span(), partial_out.span(),
-                            partial_lse.span()};
+                            partial_lse.span(), merge_counters};
   }
   a.out = out.span();
   a.lse = lse.span();
@@ -220,6 +221,43 @@ Result RunDecode(const DecodeAttentionDims& dims, const DeviceProblem& d, int64_
     uint16_t bits;
     std::memcpy(&bits, r.out_bytes.data() + 2 * i, 2);
     r.out[i] = FromBits(dims.dtype, bits);
+  }
+  return r;
+}
+
+// RunDecodeOnce with the merge launch. A split with reduce items also runs twice with the merge
+// in the attention launch (the same counters, zeroed once): its results must be the merge
+// launch's (to fp32 rounding) and the counters zero after each run.
+Result RunDecode(const DecodeAttentionDims& dims, const DeviceProblem& d, int64_t bs, const DecodeKv& kv,
+                 const SplitKvPlan* plan, int32_t variant = 0,
+                 kernels::DeviceViolation* violation = nullptr) {
+  Result r = RunDecodeOnce(dims, d, bs, kv, plan, variant, violation, {});
+  if (plan == nullptr || plan->reduce.empty() || violation != nullptr) return r;
+  if (!r.status.ok()) {  // refused before any launch: so is the other way
+    DeviceBuffer<uint32_t> counters = Upload(std::vector<uint32_t>(plan->reduce.size() * dims.num_q_heads, 0));
+    EXPECT_EQ(RunDecodeOnce(dims, d, bs, kv, plan, variant, nullptr, counters.span()).status, r.status);
+    return r;
+  }
+  const std::vector<uint32_t> zeros(plan->reduce.size() * dims.num_q_heads, 0);
+  DeviceBuffer<uint32_t> counters = Upload(zeros);
+  for (int run = 0; run < 2; ++run) {
+    SCOPED_TRACE(::testing::Message() << "merged in the attention launch, run " << run);
+    const Result fused = RunDecodeOnce(dims, d, bs, kv, plan, variant, nullptr, counters.span());
+    EXPECT_EQ(fused.status, r.status);
+    EXPECT_EQ(Download(counters), zeros) << "counters left nonzero";
+    for (size_t i = 0; i < r.out.size(); ++i) {
+      const double want = r.out[i];
+      if (!(std::fabs(fused.out[i] - want) <= 1e-3 + 8e-3 * std::fabs(want))) {
+        ADD_FAILURE() << "out element " << i << ": " << fused.out[i] << " against " << want;
+        break;
+      }
+    }
+    for (size_t i = 0; i < r.lse.size(); ++i) {
+      if (!(std::fabs(fused.lse[i] - r.lse[i]) <= 1e-5 * (1 + std::fabs(r.lse[i])))) {
+        ADD_FAILURE() << "lse " << i << ": " << fused.lse[i] << " against " << r.lse[i];
+        break;
+      }
+    }
   }
   return r;
 }
@@ -559,6 +597,8 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
   good.kv = d.TokenLevel();
   good.split = DecodeSplitKv{&*plan, work.const_span(), reduce.const_span(),
                              DeviceSpan<float>(partial_out.data(), partial_floats), partial_lse.span()};
+  DeviceBuffer<uint32_t> counters =
+      Upload(std::vector<uint32_t>(plan->reduce.size() * 32, 0));
   good.out = DeviceSpan<uint8_t>(out.data(), q_bytes);
   good.lse = DeviceSpan<float>(lse.data(), bs * 32);
 
@@ -653,6 +693,16 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
       {"partial_lse too small",
        [&](PagedDecodeArgs& a) { a.split->partial_lse = DeviceSpan<float>(partial_lse.data(), 1); },
        absl::StatusCode::kResourceExhausted},
+      {"merge counters too small",
+       [&](PagedDecodeArgs& a) {
+         a.split->merge_counters = DeviceSpan<uint32_t>(counters.data(), plan->reduce.size() * 32 - 1);
+       },
+       absl::StatusCode::kResourceExhausted},
+      {"merge counters null with a size",
+       [&](PagedDecodeArgs& a) {
+         a.split->merge_counters = DeviceSpan<uint32_t>(nullptr, plan->reduce.size() * 32);
+       },
+       kInvalid},
       {"no plan", [&](PagedDecodeArgs& a) { a.split->plan = nullptr; }, kInvalid},
       {"device copy of another plan",
        [&](PagedDecodeArgs& a) { a.split->work = work4.const_span(); }, kInvalid},
@@ -835,25 +885,31 @@ TEST_F(GuardDecodeGpuTest, CorruptedDevicePlanIsRecorded) {
       {"reduce item past the partials", [](auto&, auto& r) { r[0].partial_end = 5000; },
        "the buffer holds"},
   };
+  DeviceBuffer<uint32_t> counters = Upload(std::vector<uint32_t>(plan->reduce.size() * 32, 0));
   for (const Case& c : cases) {
-    SCOPED_TRACE(c.what);
-    std::vector<SplitKvWorkItem> work(plan->work);
-    std::vector<SplitKvReduceItem> reduce(plan->reduce);
-    c.edit(work, reduce);
-    DeviceBuffer<SplitKvWorkItem> d_work = Upload(work);
-    DeviceBuffer<SplitKvReduceItem> d_reduce = Upload(reduce);
-    PagedDecodeArgs a;
-    a.dims = p.dims;
-    a.q = d.q.const_span();
-    a.k_pool = d.k.const_span();
-    a.v_pool = d.v.const_span();
-    a.kv = d.TokenLevel();
-    a.split = DecodeSplitKv{&*plan, d_work.const_span(), d_reduce.const_span(), partial_out.span(),
-                            partial_lse.span()};
-    a.out = out.span();
-    a.lse = lse.span();
-    ASSERT_TRUE(PagedDecodeAttention(a, word_->device(), nullptr).ok());
-    ExpectViolation(c.words);
+    for (bool fused : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << c.what << (fused ? ", merged in the attention launch" : ""));
+      std::vector<SplitKvWorkItem> work(plan->work);
+      std::vector<SplitKvReduceItem> reduce(plan->reduce);
+      c.edit(work, reduce);
+      DeviceBuffer<SplitKvWorkItem> d_work = Upload(work);
+      DeviceBuffer<SplitKvReduceItem> d_reduce = Upload(reduce);
+      // A launch that records a violation may leave the counters nonzero (the launcher's
+      // contract): each case starts from zero.
+      ASSERT_EQ(hipMemset(counters.data(), 0, counters.size() * sizeof(uint32_t)), hipSuccess);
+      PagedDecodeArgs a;
+      a.dims = p.dims;
+      a.q = d.q.const_span();
+      a.k_pool = d.k.const_span();
+      a.v_pool = d.v.const_span();
+      a.kv = d.TokenLevel();
+      a.split = DecodeSplitKv{&*plan, d_work.const_span(), d_reduce.const_span(), partial_out.span(),
+                              partial_lse.span(), fused ? counters.span() : DeviceSpan<uint32_t>()};
+      a.out = out.span();
+      a.lse = lse.span();
+      ASSERT_TRUE(PagedDecodeAttention(a, word_->device(), nullptr).ok());
+      ExpectViolation(c.words);
+    }
   }
 }
 

@@ -215,12 +215,19 @@ absl::Status CheckSplit(const DecodeSplitKv& s, const DecodeAttentionDims& d, co
         s.partial_lse.size(), "; the plan's ", plan.num_partials, " partial slots need ", need_out,
         " and ", need_lse));
   }
+  const int64_t need_counters = static_cast<int64_t>(plan.reduce.size()) * d.num_q_heads;
+  if (!s.merge_counters.empty() && static_cast<int64_t>(s.merge_counters.size()) < need_counters) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "split-KV: merge_counters holds ", s.merge_counters.size(), " counters; the plan's ",
+        plan.reduce.size(), " reduce items x ", d.num_q_heads, " query heads need ", need_counters));
+  }
   if (!Aligned(s.partial_out.data(), kVectorBytes)) {
     return absl::InvalidArgumentError("split-KV: partial_out must be 16-byte aligned");
   }
   for (absl::Status st : {CheckNotNull("work", s.work), CheckNotNull("reduce", s.reduce),
                           CheckNotNull("partial_out", s.partial_out),
-                          CheckNotNull("partial_lse", s.partial_lse)}) {
+                          CheckNotNull("partial_lse", s.partial_lse),
+                          CheckNotNull("merge_counters", s.merge_counters)}) {
     if (!st.ok()) return st;
   }
   return absl::OkStatus();
@@ -266,6 +273,11 @@ absl::Status PagedDecodeAttention(const PagedDecodeArgs& a, kernels::DeviceViola
     p.partial_out = a.split->partial_out.data();
     p.partial_lse = a.split->partial_lse.data();
     p.partial_capacity = a.split->plan->num_partials;
+    if (!a.split->merge_counters.empty() && !a.split->reduce.empty()) {
+      p.reduce = reinterpret_cast<const kernels::DecodeReduceItem*>(a.split->reduce.data());
+      p.num_reduce = static_cast<int32_t>(a.split->reduce.size());
+      p.merge_counters = a.split->merge_counters.data();
+    }
   }
   p.out = a.out.data();
   p.lse = a.lse.data();
@@ -279,7 +291,7 @@ absl::Status PagedDecodeAttention(const PagedDecodeArgs& a, kernels::DeviceViola
   p.softmax_scale = a.dims.softmax_scale;
   p.violation = violation;
   if (absl::Status s = LaunchResult(kernels::LaunchPagedDecodeKernel(p, stream), "paged decode");
-      !s.ok() || !a.split.has_value() || a.split->reduce.empty()) {
+      !s.ok() || !a.split.has_value() || a.split->reduce.empty() || p.merge_counters != nullptr) {
     return s;
   }
   kernels::DecodeMergeParams m;

@@ -74,6 +74,12 @@ struct DecodeSplitKv {
   DeviceSpan<const SplitKvReduceItem> reduce;  // [plan->reduce.size()]
   DeviceSpan<float> partial_out;  // [>= plan->num_partials][num_q_heads][head_dim], 16-byte aligned
   DeviceSpan<float> partial_lse;  // [>= plan->num_partials][num_q_heads]
+  // Empty: the partials are merged by a second launch. Else [>= plan->reduce.size() *
+  // num_q_heads], all zero before the first launch: the block that completes a reduce item
+  // merges it in the attention launch (no merge launch), and each launch leaves the counters
+  // zero again, so that they can stay in a captured graph. A launch that recorded a violation
+  // (a device plan other than the one checked here) may leave them nonzero: zero them again.
+  DeviceSpan<uint32_t> merge_counters;
 };
 
 struct PagedDecodeArgs {
@@ -97,7 +103,8 @@ struct PagedDecodeArgs {
 // pointer with a nonzero size, a plan made for another layout, a plan whose items do not fit
 // the batch (a sequence outside it, query rows other than the sequence's one row, a KV range
 // that is negative or reversed, a sequence with no item, partial slots and reduce items that
-// do not match); ResourceExhausted for partial buffers smaller than the plan needs; OutOfRange
+// do not match); ResourceExhausted for partial buffers or merge counters smaller than the plan
+// needs; OutOfRange
 // for a pool, table or grid beyond the kernel's int32 arithmetic. Internal: a launch failed.
 absl::Status PagedDecodeAttention(const PagedDecodeArgs& args, kernels::DeviceViolation* violation,
                                   hipStream_t stream);
