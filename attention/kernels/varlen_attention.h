@@ -98,14 +98,18 @@ struct VarlenAttentionParams {
   // (else recorded; see above).
   const int32_t* qo_indptr;
   int32_t max_q_len;   // >= every q_len, >= 1; the grid covers q_tiles tiles of rows of it
-  int32_t q_tiles;     // ceil(max_q_len / rows per block)
+  // ceil(max_q_len / rows per block), rows per block = VarlenQueryVectors(head_dim,
+  // tiled_tensor_cores != 0) / heads_per_block: the tiled kernel that runs must be the one the
+  // grid was sized for.
+  int32_t q_tiles;
   // > 0: the short-query path on the tensor cores, one block per (sequence, KV head, chunk of
   // 16 query vectors: row (16c + v) / group, head (16c + v) % group of the KV head's group);
   // vector_chunks = ceil(max_q_len * group / 16), at most kVarlenMaxVectorChunks. 0: the tiled
   // path (q_tiles, heads_per_block).
   int32_t vector_chunks;
-  // With vector_chunks 0: 1 runs the tiled path on the tensor cores (MmaM16N8K16, hip_port.h),
-  // 0 on CUDA cores; the same grid and the same results.
+  // With vector_chunks 0: 1 runs the tiled path on the tensor cores (MmaM16N8K16, hip_port.h;
+  // 256-thread blocks at head dim <= 128), 0 on CUDA cores (128-thread blocks). The same
+  // results up to rounding (the tensor cores take the weights rounded to the element type).
   int32_t tiled_tensor_cores;
 
   const void* k_pool;  // [kv.pool_slots][num_kv_heads][head_dim] of dtype, 16-byte aligned

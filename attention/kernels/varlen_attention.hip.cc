@@ -8,7 +8,8 @@ namespace attnmeta {
 namespace kernels {
 namespace {
 
-constexpr int kThreads = 128;
+// Threads of a block of the tiled kernel on CUDA cores (VarlenAttentionKernel).
+constexpr int kCudaCoreThreads = 128;
 // Warps of a short-query block (VarlenMmaKernel): 2 at head dim 256, whose 16 vectors' states
 // of 4 warps would not fit the 48 KB of static shared memory.
 template <int kHeadDim>
@@ -26,7 +27,7 @@ __device__ inline uint4 Load16(const void* base, int64_t offset) {
   return __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + offset));
 }
 
-// The block's tiling at one head dim. A block of kThreads threads holds kM query vectors and
+// The block's tiling at one head dim. A block of kCudaCoreThreads threads holds kM query vectors and
 // stages kN KV positions per tile (K and V of a tile are 16 KB together at every head dim).
 //  - Scores: thread (tm, tn) = (tid / 8, tid % 8) computes query vectors tm + 16 i (i < kTM)
 //    against positions tn + 8 j (j < kTN), 8 dims at a time from 16-byte shared-memory words:
@@ -43,9 +44,9 @@ struct Tiling {
   static constexpr int kRowWords = kChunks + 1;             // padded row in shared memory
   static constexpr int kTM = kM / 16;
   static constexpr int kTN = kN / 8;
-  static constexpr int kRO = kM * kChunks / kThreads;
-  static constexpr int kKvLoads = kN * kChunks / kThreads;  // words of K (and of V) per thread
-  static constexpr int kQLoads = kM * kChunks / kThreads;
+  static constexpr int kRO = kM * kChunks / kCudaCoreThreads;
+  static constexpr int kKvLoads = kN * kChunks / kCudaCoreThreads;  // words of K (and of V) per thread
+  static constexpr int kQLoads = kM * kChunks / kCudaCoreThreads;
   static constexpr int kScoreStride = kM + 4;               // floats per row of the score tile
   static_assert(kM * kN == 16 * 8 * kTM * kTN && kRO % 4 == 0 && kKvLoads >= 1 && kQLoads >= 1,
                 "the thread tiles cover the block tile");
@@ -214,7 +215,7 @@ struct TileWords {
   bool valid[kLoads];
 };
 
-// Issues the loads of the tile of positions [base, base + kN): word e = tid + l * kThreads of
+// Issues the loads of the tile of positions [base, base + kN): word e = tid + l * kCudaCoreThreads of
 // the tile is word e % kChunks of position base + e / kChunks.
 template <int kHeadDim>
 __device__ __forceinline__ void FetchTile(const VarlenAttentionParams& p, int32_t seq,
@@ -224,7 +225,7 @@ __device__ __forceinline__ void FetchTile(const VarlenAttentionParams& p, int32_
   const int64_t row = int64_t{p.num_kv_heads} * kHeadDim;
 #pragma unroll
   for (int l = 0; l < T::kKvLoads; ++l) {
-    const int e = threadIdx.x + l * kThreads;
+    const int e = threadIdx.x + l * kCudaCoreThreads;
     const int32_t c = base + e / T::kChunks;
     const int chunk = e % T::kChunks;
     w.k[l] = w.v[l] = make_uint4(0, 0, 0, 0);
@@ -249,7 +250,7 @@ __device__ __forceinline__ void FetchTile(const VarlenAttentionParams& p, int32_
 // and sum (online softmax, fp32, log2 domain) and hands the weights and the rescale factor to
 // the value phase.
 template <typename Dtype, int kHeadDim>
-__global__ void ATTNMETA_LAUNCH_BOUNDS(kThreads, 1) VarlenAttentionKernel(VarlenAttentionParams p) {
+__global__ void ATTNMETA_LAUNCH_BOUNDS(kCudaCoreThreads, 1) VarlenAttentionKernel(VarlenAttentionParams p) {
   using T = Tiling<kHeadDim>;
   constexpr int kM = T::kM;
   constexpr int kN = T::kN;
@@ -275,7 +276,7 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kThreads, 1) VarlenAttentionKernel(Varlen
   // are zero and never written.
 #pragma unroll
   for (int l = 0; l < T::kQLoads; ++l) {
-    const int e = tid + l * kThreads;
+    const int e = tid + l * kCudaCoreThreads;
     const int m = e / T::kChunks;
     const int word = e % T::kChunks;
     const int32_t r = m / heads;
@@ -303,7 +304,7 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kThreads, 1) VarlenAttentionKernel(Varlen
   for (int32_t base = 0; base < kv_end; base += kN) {
 #pragma unroll
     for (int l = 0; l < T::kKvLoads; ++l) {
-      const int e = tid + l * kThreads;
+      const int e = tid + l * kCudaCoreThreads;
       k_s[e / T::kChunks][e % T::kChunks] = words.k[l];
       v_s[e / T::kChunks][e % T::kChunks] = words.v[l];
       if (e % T::kChunks == 0) valid_s[e / T::kChunks] = words.valid[l];
@@ -452,7 +453,9 @@ struct MmaTiling {
   static constexpr int kDimTiles = kHeadDim / 8;
   static constexpr int kKLoads = kN * kChunks / kThreads;         // K words per thread
   static constexpr int kVLoads = kN / 2 * (kChunks / 2) / kThreads;  // V (2 positions x 16 dims)
-  static_assert(kKLoads >= 1 && kVLoads >= 1 && kThreads >= kN, "the threads cover a tile");
+  static_assert(kKLoads >= 1 && kN * kChunks % kThreads == 0 && kVLoads >= 1 &&
+                    kN / 2 * (kChunks / 2) % kThreads == 0 && kThreads >= kN,
+                "the threads cover a tile exactly");
   static_assert(kVPitch % 16 == 8 && kKPitch % 32 == 16, "conflict-free fragment loads");
 };
 
@@ -519,7 +522,8 @@ __device__ __forceinline__ void StageMmaTile(const MmaTileLoads<kHeadDim>& w, ui
 #pragma unroll
   for (int l = 0; l < T::kKLoads; ++l) {
     const int e = tid + l * T::kThreads;
-    *reinterpret_cast<uint4*>(&k_s[KRow(e / T::kChunks) * T::kKPitch + 4 * (e % T::kChunks)]) = w.k[l];
+    *reinterpret_cast<uint4*>(&k_s[KRow(e / T::kChunks) * T::kKPitch + 4 * (e % T::kChunks)]) =
+        w.k[l];
   }
 #pragma unroll
   for (int l = 0; l < T::kVLoads; ++l) {
@@ -557,14 +561,16 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
   // The lane's vectors 16 w + g and 16 w + 8 + g: rows past the sequence are zero and never
   // written.
   int32_t row[2];
+  int64_t head_row[2];  // of q, out and lse; -1 past the sequence
   int64_t q_offset[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int32_t m = 16 * (tid / 32) + 8 * h + g;
     row[h] = m / heads;
-    q_offset[h] = row[h] < b.rows ? (int64_t{s.q_begin + b.row0 + row[h]} * p.num_q_heads +
-                                     b.q_head0 + m % heads) * kHeadDim
-                                  : -1;
+    head_row[h] = row[h] < b.rows
+                      ? int64_t{s.q_begin + b.row0 + row[h]} * p.num_q_heads + b.q_head0 + m % heads
+                      : -1;
+    q_offset[h] = head_row[h] >= 0 ? head_row[h] * kHeadDim : -1;
   }
   internal::QFragments<kHeadDim, 2> qf;
   internal::LoadQFragments<kHeadDim, 2>(p.q, q_offset, t, qf);
@@ -583,7 +589,9 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
   // block computes on tile i (slot_s[i % 2]: the slots of tile i, for the scores' checks).
   const int32_t row_elems = static_cast<int32_t>(pool_row);
   if (tid < kN) slot_s[0][tid] = TileSlot(p, b, tid);
-  bool holes_next = __syncthreads_or(tid < kN && slot_s[0][tid] < 0) != 0;
+  // Whether the tile to compute next has a position that is not read (past kv_end or outside
+  // the pool).
+  bool holes = __syncthreads_or(tid < kN && slot_s[0][tid] < 0) != 0;
   MmaTileLoads<kHeadDim> loads;
   if (b.kv_end > 0) LoadMmaTile<kHeadDim>(p, slot_s[0], row_elems, head, loads);
   int32_t next_slot = tid < kN ? TileSlot(p, b, kN + tid) : -1;
@@ -592,10 +600,10 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
     // Every position of the tile read, and seen by every row of the block (causal, the tile at
     // or before the block's first row's position): no score needs a check.
     const bool whole =
-        !holes_next && p.mask_layout == kVarlenCausal && base + kN - 1 <= prefix + b.row0;
+        !holes && p.mask_layout == kVarlenCausal && base + kN - 1 <= prefix + b.row0;
     StageMmaTile<kHeadDim>(loads, k_s, vt_s);
     if (tid < kN) slot_s[(i + 1) % 2][tid] = next_slot;
-    holes_next = __syncthreads_or(tid < kN && next_slot < 0) != 0;
+    holes = __syncthreads_or(tid < kN && next_slot < 0) != 0;
     if (base + kN < b.kv_end) {
       LoadMmaTile<kHeadDim>(p, slot_s[(i + 1) % 2], row_elems, head, loads);
       next_slot = tid < kN ? TileSlot(p, b, base + 2 * kN + tid) : -1;
@@ -699,7 +707,7 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
       *reinterpret_cast<uint32_t*>(dst + 8 * i) = Pack2<Dtype>(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
     }
     if (t == 0) {
-      p.lse[q_offset[h] / kHeadDim] = sum > 0.0f ? (run_max[h] + log2f(sum)) * kLn2 : NegInf();
+      p.lse[head_row[h]] = sum > 0.0f ? (run_max[h] + log2f(sum)) * kLn2 : NegInf();
     }
   }
 }
@@ -800,7 +808,7 @@ hipError_t Launch(const VarlenAttentionParams& p, hipStream_t stream) {
     VarlenTiledMmaKernel<Dtype, kHeadDim>
         <<<static_cast<uint32_t>(blocks), MmaTiling<kHeadDim>::kThreads, 0, stream>>>(p);
   } else {
-    VarlenAttentionKernel<Dtype, kHeadDim><<<static_cast<uint32_t>(blocks), kThreads, 0, stream>>>(p);
+    VarlenAttentionKernel<Dtype, kHeadDim><<<static_cast<uint32_t>(blocks), kCudaCoreThreads, 0, stream>>>(p);
   }
   return hipGetLastError();
 }

@@ -897,22 +897,36 @@ TEST_F(VarlenGpuTest, BadInputsAreRefusedBeforeLaunch) {
          a.out = DeviceSpan<uint8_t>(out.data(), q_rows * heads * 128 * 2);
          a.lse = DeviceSpan<float>(lse.data(), q_rows * heads);
          a.max_q_len = TokenCount(q_rows);
+         a.kernel = VarlenKernel::kTiledCudaCores;
        },
        absl::StatusCode::kOutOfRange, "is more than 16777216 blocks"},
       {"tensor cores for long query rows",
        [&](VarlenAttentionArgs& a) { a.kernel = VarlenKernel::kShortQueries; },
-       kInvalid, "the tensor-core path takes at most 64 query vectors"},
+       kInvalid, "the short-query path takes at most 64 query vectors"},
       {"grid past the block limit",
        [&](VarlenAttentionArgs& a) {
-         // Rows: 2^25 / 32 tiles (tensor cores; 2^25 / 16 on CUDA cores) x 3 x 8 blocks.
-         const int64_t many = int64_t{1} << 25;
+         const int64_t many = int64_t{1} << 25;  // rows: 2^25 / 16 tiles x 3 x 8 blocks
          a.q = DeviceSpan<const uint8_t>(d.q.data(), many * p.q_row() * 2);
          a.out = DeviceSpan<uint8_t>(out.data(), many * p.q_row() * 2);
          a.lse = DeviceSpan<float>(lse.data(), many * 32);
          a.max_q_len = TokenCount(many);
+         a.kernel = VarlenKernel::kTiledCudaCores;
        },
        absl::StatusCode::kOutOfRange,
        "is more than 16777216 blocks"},
+      {"grid past the block limit of 256-thread blocks",
+       [&](VarlenAttentionArgs& a) {
+         // Rows: 2^24 / 32 tiles x 3 x 8 blocks = 1.5 * 2^23: under the CUDA-core kernel's
+         // limit, over the tensor-core kernel's (2^32 threads on AMD).
+         const int64_t many = int64_t{1} << 24;
+         a.q = DeviceSpan<const uint8_t>(d.q.data(), many * p.q_row() * 2);
+         a.out = DeviceSpan<uint8_t>(out.data(), many * p.q_row() * 2);
+         a.lse = DeviceSpan<float>(lse.data(), many * 32);
+         a.max_q_len = TokenCount(many);
+         a.kernel = VarlenKernel::kTiledTensorCores;
+       },
+       absl::StatusCode::kOutOfRange,
+       "is more than 8388608 blocks"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
@@ -1089,6 +1103,48 @@ TEST_F(GuardVarlenGpuTest, SlotsOutsideThePoolAreSkippedAndRecorded) {
     for (float x : r.out) ASSERT_TRUE(std::isfinite(x));
     ExpectSequence(p, r, 0);
     ExpectSequence(p, r, 2);
+  }
+}
+
+// A slot or page outside the pool early in a long cached prefix: the tile holding it is the
+// only one of the prefix with a position that is not read, and the tensor-core tiled kernel,
+// which skips the per-score checks on whole tiles, must skip that position exactly as the
+// CUDA-core kernel does (the two agree on every row), at every head dim (tiles of 128, 64 and
+// 32 positions); the other sequence matches the reference.
+TEST_F(GuardVarlenGpuTest, PositionOutsideThePoolInALongPrefixIsSkippedByBothTiledKernels) {
+  uint64_t seed = 130;
+  for (const DecodeAttentionDims& dims : {Dims(16, 4, 64, KvElementType::kBf16),
+                                          Dims(32, 8, 128, KvElementType::kBf16),
+                                          Dims(8, 8, 256, KvElementType::kFp16)}) {
+    const Problem p = MakeExtend(dims, 16, /*cached=*/{700, 30}, /*new_tokens=*/{40, 9}, ++seed);
+    SCOPED_TRACE(p.what);
+    std::vector<TokenSlot> indices(p.metadata.kv_indices);
+    indices[5] = TokenSlot(1 << 30);  // position 5 of sequence 0
+    std::vector<PageId> table(p.metadata.page_table.span().entries().begin(),
+                              p.metadata.page_table.span().entries().end());
+    table[1] = PageId(-4);  // positions 16..31 of sequence 0
+    DeviceProblem e = ToDevice(p);
+    e.kv_indices = Upload(indices);
+    e.page_table = Upload(table);
+    for (const DecodeKv& kv : {e.TokenLevel(), e.PageLevel()}) {
+      SCOPED_TRACE(kv.index() == 0 ? "token-level" : "page table");
+      const Result cuda_cores = RunVarlen(p.dims, e, kv, word_->device(), VarlenKernel::kTiledCudaCores);
+      ASSERT_TRUE(cuda_cores.status.ok()) << cuda_cores.status;
+      ExpectViolation("outside the pool");
+      const Result tensor_cores =
+          RunVarlen(p.dims, e, kv, word_->device(), VarlenKernel::kTiledTensorCores);
+      ASSERT_TRUE(tensor_cores.status.ok()) << tensor_cores.status;
+      ExpectViolation("outside the pool");
+      ExpectSequence(p, tensor_cores, 1);
+      const bool bf16 = p.dims.dtype == KvElementType::kBf16;
+      for (size_t x = 0; x < cuda_cores.out.size(); ++x) {
+        ASSERT_TRUE(Near(tensor_cores.out[x], cuda_cores.out[x], bf16 ? 1e-2 : 2e-3, bf16 ? 1e-2 : 2e-3))
+            << "element " << x << ": " << tensor_cores.out[x] << " against " << cuda_cores.out[x];
+      }
+      for (size_t x = 0; x < cuda_cores.lse.size(); ++x) {
+        ASSERT_TRUE(Near(tensor_cores.lse[x], cuda_cores.lse[x], 1e-3, 1e-5)) << "lse " << x;
+      }
+    }
   }
 }
 

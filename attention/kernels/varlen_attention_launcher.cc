@@ -18,9 +18,10 @@ using internal::LaunchResult;
 
 namespace {
 
-// Blocks of one launch: within NVIDIA's grid x and, at 128 threads, HIP's 2^32 threads. (The
-// grid is one-dimensional: the query heads set no limit of their own, unlike decode's merge
-// kernel, whose grid y is the query head.)
+// Blocks of one launch: within NVIDIA's grid x and, at up to 128 threads, HIP's 2^32 threads;
+// half of it for the tensor-core tiled kernel's 256-thread blocks. (The grid is
+// one-dimensional: the query heads set no limit of their own, unlike decode's merge kernel,
+// whose grid y is the query head.)
 constexpr int64_t kMaxBlocks = int64_t{1} << 24;
 constexpr const char* kOp = "varlen attention";
 
@@ -146,31 +147,32 @@ absl::Status VarlenAttention(const VarlenAttentionArgs& a, kernels::DeviceViolat
   const bool short_queries = vector_chunks <= kernels::kVarlenMaxVectorChunks;
   if (a.kernel == VarlenKernel::kShortQueries && !short_queries) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "varlen attention: the tensor-core path takes at most ",
+        "varlen attention: the short-query path takes at most ",
         kernels::kVarlenChunkVectors * kernels::kVarlenMaxVectorChunks,
         " query vectors per sequence and KV head, max_q_len ", a.max_q_len.value(), " x group ",
         group, " is more"));
   }
-  const bool tensor_cores = a.kernel == VarlenKernel::kShortQueries ||
-                            (a.kernel == VarlenKernel::kAuto && short_queries);
+  const bool short_query_path = a.kernel == VarlenKernel::kShortQueries ||
+                                (a.kernel == VarlenKernel::kAuto && short_queries);
   const bool tiled_tensor_cores =
       a.kernel == VarlenKernel::kTiledTensorCores ||
       (a.kernel == VarlenKernel::kAuto && !short_queries && kNativeMmaM16N8K16);
+  const int64_t max_blocks = tiled_tensor_cores ? kMaxBlocks / 2 : kMaxBlocks;
   const int32_t rows_per_block =
       kernels::VarlenQueryVectors(a.dims.head_dim, tiled_tensor_cores) / heads_per_block;
   const int64_t q_tiles = (a.max_q_len.value() + rows_per_block - 1) / rows_per_block;
   // The grid: bs * row_groups * head_groups blocks: tiles of rows x query-head chunks (tiled),
-  // or vector chunks x KV heads (tensor cores).
-  const int64_t row_groups = tensor_cores ? vector_chunks : q_tiles;
+  // or vector chunks x KV heads (short-query path).
+  const int64_t row_groups = short_query_path ? vector_chunks : q_tiles;
   const int64_t head_groups =
-      tensor_cores ? a.dims.num_kv_heads : a.dims.num_q_heads / heads_per_block;
+      short_query_path ? a.dims.num_kv_heads : a.dims.num_q_heads / heads_per_block;
   // Each factor up to 2^31, checked by division before it is multiplied (the product of
   // claimed sizes would overflow int64).
   if (*bs > 0 && row_groups > 0 &&
-      (row_groups > kMaxBlocks / head_groups || *bs > kMaxBlocks / (row_groups * head_groups))) {
+      (row_groups > max_blocks / head_groups || *bs > max_blocks / (row_groups * head_groups))) {
     return absl::OutOfRangeError(absl::StrCat(
         "varlen attention: ", *bs, " sequences x ", row_groups, " groups of rows x ", head_groups,
-        " groups of heads is more than ", kMaxBlocks, " blocks (fewer sequences, rows or heads)"));
+        " groups of heads is more than ", max_blocks, " blocks (fewer sequences, rows or heads)"));
   }
   const int64_t blocks = *bs * row_groups * head_groups;
   if (blocks == 0) return absl::OkStatus();
@@ -180,7 +182,7 @@ absl::Status VarlenAttention(const VarlenAttentionArgs& a, kernels::DeviceViolat
   p.qo_indptr = reinterpret_cast<const int32_t*>(a.qo_indptr.data());
   p.max_q_len = static_cast<int32_t>(a.max_q_len.value());
   p.q_tiles = static_cast<int32_t>(q_tiles);
-  p.vector_chunks = tensor_cores ? static_cast<int32_t>(vector_chunks) : 0;
+  p.vector_chunks = short_query_path ? static_cast<int32_t>(vector_chunks) : 0;
   p.tiled_tensor_cores = tiled_tensor_cores ? 1 : 0;
   p.k_pool = a.k_pool.data();
   p.v_pool = a.v_pool.data();

@@ -107,9 +107,9 @@ struct VarlenAttentionArgs {
 //  OutOfRange (beyond the kernel's int32 arithmetic or the grid):
 //   - more than 2^31 - 1 query rows, more than 2^31 pool slots, a batch beyond int32;
 //   - kv_indices of more than 2^30 entries, a page table covering more than 2^30 tokens;
-//   - a grid of more than 2^24 blocks (bs * ceil(max_q_len / rows per block) * num_q_heads /
-//     heads per block, or bs * num_kv_heads * vector chunks on the tensor cores), checked
-//     without overflow for any claimed sizes.
+//   - a grid of more than 2^24 blocks, 2^23 for kTiledTensorCores (bs * ceil(max_q_len / rows
+//     per block) * num_q_heads / heads per block, or bs * num_kv_heads * vector chunks on the
+//     short-query path), checked without overflow for any claimed sizes.
 //  Internal: the launch failed.
 // What lives in device memory is not an error here: the kernel records it in `violation`
 // (may be null; varlen_attention.h lists the kinds).
