@@ -15,8 +15,8 @@
 // The slot of token t comes either from token-level indices (kv_indices[kv_indptr[i] + t]) or
 // from the page table (page_table[i][t / page_size] * page_size + t % page_size, with the length
 // from kv_lens[i]). A split-KV plan's items run over parts of a sequence and write fp32 partial
-// output and log-sum-exp; the merge kernel combines each reduce item's partials by
-// log-sum-exp into out and lse.
+// output and log-sum-exp; the merge kernel (or, with merge counters, the attention block that
+// completes a reduce item) combines each reduce item's partials by log-sum-exp into out and lse.
 //
 // What lives in device memory is bounds-checked by the kernels, which never read or write
 // outside a buffer: they clamp, skip a token whose slot is outside the pool, and record the

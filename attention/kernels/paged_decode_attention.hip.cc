@@ -148,9 +148,11 @@ __device__ __forceinline__ void MergeHead(const float* partial_out, const float*
 
 // Split-KV without a merge launch (merge_counters set): the block that completes a reduce item,
 // the last of the item's blocks for this KV head and query-head chunk (`head_group`) to count
-// itself, merges the item's partials for the chunk's query heads, a warp per head. A block's
-// partial stores are made visible before it counts itself (fence, barrier, one atomic add), and
-// the last block resets the counter, so that a launch leaves every counter it used at zero.
+// itself, merges the item's partials for the chunk's query heads, a warp per head. The block's
+// partial stores reach thread 0 through the barrier and are released at device scope by its
+// fence before it counts the block (one atomic increment that wraps to zero at the item's
+// count, so that a launch leaves every counter it used at zero); the merging block's fence
+// after its increment acquires the other blocks' partials.
 template <typename Dtype, int kHeadDim, int kHeads, int kWarps>
 __device__ __forceinline__ void MergeIfLast(const PagedDecodeParams& p, int32_t item, int32_t slot,
                                             int32_t head_group, int32_t head_groups, int32_t q_head0) {
@@ -169,7 +171,6 @@ __device__ __forceinline__ void MergeIfLast(const PagedDecodeParams& p, int32_t 
       if (hits != 0) found = r0 + __ffs(static_cast<int>(hits)) - 1;
     }
   }
-  __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
     merge_item = -1;
@@ -178,9 +179,10 @@ __device__ __forceinline__ void MergeIfLast(const PagedDecodeParams& p, int32_t 
     } else {
       const DecodeReduceItem it = p.reduce[found];
       if (ReduceItemFits(it, found, p.batch_size, p.partial_capacity, p.violation)) {
-        uint32_t* counter = p.merge_counters + int64_t{found} * head_groups + head_group;
-        if (atomicAdd(counter, 1u) + 1 == static_cast<uint32_t>(it.partial_end - it.partial_begin)) {
-          *counter = 0;
+        const uint32_t last = static_cast<uint32_t>(it.partial_end - it.partial_begin) - 1;
+        __threadfence();
+        if (atomicInc(p.merge_counters + int64_t{found} * head_groups + head_group, last) == last) {
+          __threadfence();
           merge_item = found;
         }
       }

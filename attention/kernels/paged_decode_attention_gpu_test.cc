@@ -479,6 +479,22 @@ TEST_F(DecodeGpuTest, SplitKvLongSequenceMatchesTheReference) {
   ExpectMatches(p, RunDecode(p, d, d.TokenLevel()));
 }
 
+// A plan with more than 32 reduce items (48 sequences, each split): merging in the attention
+// launch, a block finds its reduce item past the first 32 the search takes at a time.
+TEST_F(DecodeGpuTest, SplitKvWithManyReduceItemsMatchesTheReference) {
+  std::vector<int64_t> lens;
+  for (int i = 0; i < 48; ++i) lens.push_back(100 + 7 * i);
+  const Problem p = MakeProblem(Dims(32, 8, 128, KvElementType::kBf16), 16, lens, 47);
+  const DeviceProblem d = ToDevice(p);
+  std::vector<TokenOffset> qo;
+  for (int32_t i = 0; i <= 48; ++i) qo.push_back(TokenOffset(i));
+  auto plan = PlanSplitKv(qo, p.metadata.kv_indptr,
+                          SplitKvOptions{KvLayout::LinearPerToken(), 200, TokenCount(32)});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_GT(plan->reduce.size(), 40u);
+  ExpectMatches(p, RunDecode(p, d, d.TokenLevel(), &*plan));
+}
+
 // Plans that mix direct items (short sequences) and split ones, at page size 64: a linear-KV
 // plan (splits inside pages, which token-level indices serve) and a paged plan (whole pages).
 TEST_F(DecodeGpuTest, SplitKvMixedPlansAtPageSize64) {

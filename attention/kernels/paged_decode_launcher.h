@@ -7,8 +7,8 @@
 // The launcher checks what the host can see (dims, sizes that agree, 16-byte alignment of the
 // vector-loaded buffers, null pointers with nonzero sizes, the plan against the batch and the KV
 // layout, the partial buffers against the plan) and returns an error before launching anything;
-// then launches on `stream` (the attention kernel, then the merge kernel when the plan splits a
-// sequence) and returns Internal if a launch failed. What lives in device memory (indptr,
+// then launches on `stream` (the attention kernel, then, when the plan splits a sequence and
+// no merge counters are given, the merge kernel) and returns Internal if a launch failed. What lives in device memory (indptr,
 // lengths, slots, page ids, the device copy of the plan) is bounds-checked by the kernels: they
 // never read or write outside a buffer, skip a token whose slot is outside the pool, and record
 // the first violation in `violation` (DeviceViolationWord; may be null).
@@ -77,8 +77,10 @@ struct DecodeSplitKv {
   // Empty: the partials are merged by a second launch. Else [>= plan->reduce.size() *
   // num_q_heads], all zero before the first launch: the block that completes a reduce item
   // merges it in the attention launch (no merge launch), and each launch leaves the counters
-  // zero again, so that they can stay in a captured graph. A launch that recorded a violation
-  // (a device plan other than the one checked here) may leave them nonzero: zero them again.
+  // zero again, so that they can stay in a captured graph. One buffer per launch in flight
+  // (two launches running at once must not share it), in device memory from hipMalloc. A device
+  // plan other than the one checked here may leave them nonzero, and may merge wrongly without
+  // recording a violation (the REQUIRES above): zero them again after changing the plan.
   DeviceSpan<uint32_t> merge_counters;
 };
 
