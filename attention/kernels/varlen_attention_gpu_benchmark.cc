@@ -113,20 +113,6 @@ struct Batch {
   double pairs = 0;                       // visible (query row, key) pairs
 };
 
-const char* KernelName(VarlenKernel k) {
-  switch (k) {
-    case VarlenKernel::kShortQueries:
-      return "short_queries";
-    case VarlenKernel::kTiledTensorCores:
-      return "tiled_tensor_cores";
-    case VarlenKernel::kTiledCudaCores:
-      return "tiled_cuda_cores";
-    case VarlenKernel::kAuto:
-      break;
-  }
-  return "auto";
-}
-
 class Bench {
  public:
   Bench(int64_t max_tokens, std::mt19937_64& rng)
@@ -174,7 +160,7 @@ class Bench {
         for (MaskLayout layout : layouts) {
           for (bool page_table : {false, true}) {
             const double us = TimeConfig(w, b, ps, layout, page_table, kernel);
-            Report({w.name, KernelName(kernel),
+            Report({w.name, VarlenKernelName(kernel),
                     page_table ? "page_table" : "kv_indices",
                     layout == MaskLayout::kNone ? "causal" : std::string(MaskLayoutName(layout)),
                     w.bs, w.prefix, w.q_len, ps, flops, bytes, us, read_us, copy_us});

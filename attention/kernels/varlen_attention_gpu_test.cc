@@ -448,20 +448,6 @@ std::vector<VarlenKernel> KernelsFor(const Problem& p) {
   return {VarlenKernel::kTiledCudaCores, VarlenKernel::kTiledTensorCores};
 }
 
-const char* KernelName(VarlenKernel k) {
-  switch (k) {
-    case VarlenKernel::kTiledCudaCores:
-      return "tiled, CUDA cores";
-    case VarlenKernel::kTiledTensorCores:
-      return "tiled, tensor cores";
-    case VarlenKernel::kShortQueries:
-      return "short queries";
-    case VarlenKernel::kAuto:
-      break;
-  }
-  return "auto";
-}
-
 // Every pair of an element of `a` and one of `b`.
 template <typename A, size_t kA, typename B, size_t kB>
 std::vector<std::pair<A, B>> Cross(const A (&a)[kA], const B (&b)[kB]) {
@@ -479,7 +465,7 @@ constexpr VarlenKernel kTiledKernels[] = {VarlenKernel::kTiledCudaCores, VarlenK
 void ExpectBothSourcesMatch(const Problem& p) {
   const DeviceProblem d = ToDevice(p);
   for (VarlenKernel kernel : KernelsFor(p)) {
-    SCOPED_TRACE(KernelName(kernel));
+    SCOPED_TRACE(VarlenKernelName(kernel));
     {
       SCOPED_TRACE("token-level");
       ExpectMatches(p, RunVarlen(p.dims, d, d.TokenLevel(), nullptr, kernel));
@@ -650,7 +636,7 @@ TEST_F(VarlenGpuTest, RowThatSeesNothingWritesZeroAndMinusInfinity) {
                                    std::pair{VarlenKernel::kTiledTensorCores, d.PageLevel()},
                                    std::pair{VarlenKernel::kShortQueries, d.TokenLevel()},
                                    std::pair{VarlenKernel::kShortQueries, d.PageLevel()}}) {
-    SCOPED_TRACE(KernelName(kernel));
+    SCOPED_TRACE(VarlenKernelName(kernel));
     const Result r = RunVarlen(p.dims, d, kv, nullptr, kernel);
     ASSERT_TRUE(r.status.ok()) << r.status;
     for (int64_t row = 0; row < p.rows(); ++row) {
@@ -694,7 +680,7 @@ TEST_F(VarlenGpuTest, RaggedMaskedBatchesMatchTheReference) {
     const DeviceProblem d = ToDeviceWithEmptySequence(p, 2);
     for (VarlenKernel kernel : KernelsFor(p)) {
       for (const DecodeKv& kv : {d.TokenLevel(), d.PageLevel()}) {
-        SCOPED_TRACE(::testing::Message() << "with a q_len-0 sequence at 2, " << KernelName(kernel));
+        SCOPED_TRACE(::testing::Message() << "with a q_len-0 sequence at 2, " << VarlenKernelName(kernel));
         ExpectMatches(p, RunVarlen(p.dims, d, kv, nullptr, kernel));
         if (HasFatalFailure()) return;
       }
@@ -1001,7 +987,7 @@ TEST_F(GuardVarlenGpuTest, BrokenQoIndptrIsClampedAndRecorded) {
     DeviceProblem e = ToDevice(p);
     e.qo_indptr = Upload(qo);
     for (VarlenKernel kernel : kTiledKernels) {
-      SCOPED_TRACE(KernelName(kernel));
+      SCOPED_TRACE(VarlenKernelName(kernel));
       for (const DecodeKv& kv : {e.TokenLevel(), e.PageLevel()}) {
         const Result r = RunVarlen(p.dims, e, kv, word_->device(), kernel);
         ASSERT_TRUE(r.status.ok()) << r.status;
@@ -1034,7 +1020,7 @@ TEST_F(GuardVarlenGpuTest, LengthsPastTheirBuffersAreClampedAndRecorded) {
       {{-40, 50, 157, total}, "kv_indptr entry 0: -40 is negative", {0, 1, 2}},  // clamped to 0
   };
   for (const auto& [c, kernel] : Cross(indptr_cases, kTiledKernels)) {
-    SCOPED_TRACE(::testing::Message() << c.words << ", " << KernelName(kernel));
+    SCOPED_TRACE(::testing::Message() << c.words << ", " << VarlenKernelName(kernel));
     std::vector<TokenOffset> indptr;
     for (int32_t x : c.indptr) indptr.push_back(TokenOffset(x));
     DeviceBuffer<TokenOffset> d_indptr = Upload(indptr);
@@ -1055,7 +1041,7 @@ TEST_F(GuardVarlenGpuTest, LengthsPastTheirBuffersAreClampedAndRecorded) {
       {{50, 3, 50}, "7 query rows over 3 KV tokens"},
   };
   for (const auto& [c, kernel] : Cross(lens_cases, kTiledKernels)) {
-    SCOPED_TRACE(::testing::Message() << c.words << ", " << KernelName(kernel));
+    SCOPED_TRACE(::testing::Message() << c.words << ", " << VarlenKernelName(kernel));
     std::vector<TokenLength> lens;
     for (int32_t x : c.lens) lens.push_back(TokenLength(x));
     DeviceBuffer<TokenLength> d_lens = Upload(lens);
@@ -1077,7 +1063,7 @@ TEST_F(GuardVarlenGpuTest, SlotsOutsideThePoolAreSkippedAndRecorded) {
   const int64_t pool_slots = p.fixture->pool_slots().value();
   const int32_t bad_slots[] = {1 << 30, -7, static_cast<int32_t>(pool_slots)};
   for (const auto& [bad, kernel] : Cross(bad_slots, kTiledKernels)) {
-    SCOPED_TRACE(::testing::Message() << "slot " << bad << ", " << KernelName(kernel));
+    SCOPED_TRACE(::testing::Message() << "slot " << bad << ", " << VarlenKernelName(kernel));
     std::vector<TokenSlot> indices(p.metadata.kv_indices);
     indices[37] = TokenSlot(bad);  // position 37 of sequence 0
     DeviceProblem e = ToDevice(p);
@@ -1096,7 +1082,7 @@ TEST_F(GuardVarlenGpuTest, SlotsOutsideThePoolAreSkippedAndRecorded) {
   DeviceProblem e = ToDevice(p);
   e.page_table = Upload(table);
   for (VarlenKernel kernel : kTiledKernels) {
-    SCOPED_TRACE(KernelName(kernel));
+    SCOPED_TRACE(VarlenKernelName(kernel));
     const Result r = RunVarlen(p.dims, e, e.PageLevel(), word_->device(), kernel);
     ASSERT_TRUE(r.status.ok()) << r.status;
     ExpectViolation("outside the pool");
@@ -1162,7 +1148,7 @@ TEST_F(GuardVarlenGpuTest, MaskBlocksOutsideTheMaskAreRecorded) {
       DeviceProblem e = ToDevice(p);
       e.mask_indptr = Upload(indptr);
       for (VarlenKernel kernel : KernelsFor(p)) {
-        SCOPED_TRACE(KernelName(kernel));
+        SCOPED_TRACE(VarlenKernelName(kernel));
         const Result r = RunVarlen(p.dims, e, e.PageLevel(), word_->device(), kernel);
         ASSERT_TRUE(r.status.ok()) << r.status;
         ExpectViolation("does not fit in the mask");
@@ -1176,7 +1162,7 @@ TEST_F(GuardVarlenGpuTest, MaskBlocksOutsideTheMaskAreRecorded) {
     std::vector<uint8_t> short_mask(p.metadata.custom_mask.begin(), p.metadata.custom_mask.end() - 1);
     e.mask = Upload(short_mask);
     for (VarlenKernel kernel : KernelsFor(p)) {
-      SCOPED_TRACE(KernelName(kernel));
+      SCOPED_TRACE(VarlenKernelName(kernel));
       const Result r = RunVarlen(p.dims, e, e.TokenLevel(), word_->device(), kernel);
       ASSERT_TRUE(r.status.ok()) << r.status;
       ExpectViolation("does not fit in the mask");

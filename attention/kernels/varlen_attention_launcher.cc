@@ -126,6 +126,20 @@ absl::Status CheckMask(const VarlenAttentionArgs& a, int64_t bs, kernels::Varlen
 
 }  // namespace
 
+const char* VarlenKernelName(VarlenKernel kernel) {
+  switch (kernel) {
+    case VarlenKernel::kTiledCudaCores:
+      return "tiled_cuda_cores";
+    case VarlenKernel::kTiledTensorCores:
+      return "tiled_tensor_cores";
+    case VarlenKernel::kShortQueries:
+      return "short_queries";
+    case VarlenKernel::kAuto:
+      break;
+  }
+  return "auto";
+}
+
 absl::Status VarlenAttention(const VarlenAttentionArgs& a, kernels::DeviceViolation* violation,
                              hipStream_t stream) {
   if (absl::Status s = internal::CheckAttentionDims(kOp, a.dims); !s.ok()) return s;

@@ -51,6 +51,10 @@ enum class VarlenKernel {
   kShortQueries,      // the decode kernel's warp step on the tensor cores, for short q_len
 };
 
+// The kernel's name as logs and benchmark tables print it: "tiled_cuda_cores",
+// "tiled_tensor_cores", "short_queries" or "auto".
+const char* VarlenKernelName(VarlenKernel kernel);
+
 struct VarlenAttentionArgs {
   // Head counts (GQA: num_q_heads a multiple of num_kv_heads), head dim (64, 128, 256), the
   // element type of q, the pools and out (bf16, fp16) and the softmax scale (finite, > 0).
