@@ -207,8 +207,8 @@ __device__ __forceinline__ void MergeIfLast(const PagedDecodeParams& p, int32_t 
 // step's index entries; K and V loads of the whole step are issued before the first MMA.
 // (Measured slower on the H200: issuing the next step's K/V loads before computing on the
 // current one, which doubles the registers and halves the warps per multiprocessor, and
-// prefetching into L2 the rows of the step one or two ahead: docs/paged_decode_attention.md.) The warps' softmax states are combined through
-// shared memory at the end.
+// prefetching into L2 the rows of the step one or two ahead; docs/paged_decode_attention.md.)
+// The warps' softmax states are combined through shared memory at the end.
 template <typename Dtype, int kHeadDim, int kHeads, int kWarps, int kStep, bool kPortableMma>
 __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDecodeParams p) {
   constexpr int kThreads = kWarps * 32;
