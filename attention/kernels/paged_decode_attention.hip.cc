@@ -84,8 +84,8 @@ __device__ inline bool ReduceItemFits(const DecodeReduceItem& it, int32_t r, int
 // One warp: out and lse of query head h of reduce item `it` (checked) from its partials. The
 // lanes take the partials by turns for the max and the sum of the weights exp(lse_p - max)
 // (shuffle reductions), then each lane sums its kHeadDim / 32 dims over all the partials,
-// kMergeFloatsInFlight / (kHeadDim / 32) partials in flight. Plain loads: the partials may have been written by other
-// blocks of the same launch.
+// kMergeFloatsInFlight / (kHeadDim / 32) partials in flight. Plain loads: the partials may
+// have been written by other blocks of the same launch.
 template <typename Dtype, int kHeadDim>
 __device__ __forceinline__ void MergeHead(const float* partial_out, const float* partial_lse,
                                           int32_t num_q_heads, int32_t h, const DecodeReduceItem& it,

@@ -173,12 +173,20 @@ struct Result {
   std::vector<uint8_t> out_bytes;
 };
 
+// What the launcher of a plan held only on the device knows of `plan`.
+DeviceSplitKvPlan DevicePlanOf(const SplitKvPlan& plan) {
+  return DeviceSplitKvPlan{
+      plan.layout, SplitKvPlanCounts{plan.chunk, static_cast<int64_t>(plan.work.size()),
+                                     static_cast<int64_t>(plan.reduce.size()), plan.num_partials}};
+}
+
 // One call of the launcher on the problem's inputs through `kv` (split by `plan` when not
-// null, merged in the attention launch when `merge_counters` is not empty), into outputs and
-// partial buffers poisoned first.
+// null, given as a plan held only on the device when `device_plan`, merged in the attention
+// launch when `merge_counters` is not empty), into outputs and partial buffers poisoned first.
 Result RunDecodeOnce(const DecodeAttentionDims& dims, const DeviceProblem& d, int64_t bs,
                      const DecodeKv& kv, const SplitKvPlan* plan, int32_t variant,
-                     kernels::DeviceViolation* violation, DeviceSpan<uint32_t> merge_counters) {
+                     kernels::DeviceViolation* violation, DeviceSpan<uint32_t> merge_counters,
+                     bool device_plan = false) {
   const int64_t rows = bs * dims.num_q_heads;
   DeviceBuffer<uint8_t> out = *DeviceBuffer<uint8_t>::Create(rows * dims.head_dim * 2);
   DeviceBuffer<float> lse = *DeviceBuffer<float>::Create(rows);
@@ -196,6 +204,15 @@ Result RunDecodeOnce(const DecodeAttentionDims& dims, const DeviceProblem& d, in
     work = plan->work;
     reduce = plan->reduce;
   }
+  if (device_plan) {
+    // A device plan's buffers hold more than its counts (the graph's, at capacity): entries
+    // past the counts are garbage the kernels must not read.
+    for (int k = 0; k < 3; ++k) {
+      work.push_back(SplitKvWorkItem{-7, TokenOffset(5), TokenOffset(3), TokenPosition(-9),
+                                     TokenPosition(1 << 30), 1 << 30});
+      reduce.push_back(SplitKvReduceItem{1 << 30, TokenOffset(0), TokenOffset(1), -4, 1 << 30});
+    }
+  }
   DeviceBuffer<SplitKvWorkItem> d_work = Upload(work);
   DeviceBuffer<SplitKvReduceItem> d_reduce = Upload(reduce);
   PagedDecodeArgs a;
@@ -207,6 +224,7 @@ Result RunDecodeOnce(const DecodeAttentionDims& dims, const DeviceProblem& d, in
   if (plan != nullptr) {
     a.split = DecodeSplitKv{plan, d_work.const_span(), d_reduce.const_span(), partial_out.span(),
                             partial_lse.span(), merge_counters};
+    if (device_plan) a.split->plan = DevicePlanOf(*plan);
   }
   a.out = out.span();
   a.lse = lse.span();
@@ -633,8 +651,8 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
       {"NaN scale", [](PagedDecodeArgs& a) { a.dims.softmax_scale = std::nanf(""); }, kInvalid},
       {"zero scale", [](PagedDecodeArgs& a) { a.dims.softmax_scale = 0; }, kInvalid},
       {"variant -1", [](PagedDecodeArgs& a) { a.variant = -1; }, kInvalid},
-      {"variant past the table", [](PagedDecodeArgs& a) { a.variant = kernels::kNumDecodeVariants; },
-       kInvalid},
+      {"variant past the table",
+       [](PagedDecodeArgs& a) { a.variant = kernels::kNumDecodeVariants; }, kInvalid},
       {"variant not compiled for the shape",
        [](PagedDecodeArgs& a) {
          a.variant = 1;
@@ -645,20 +663,29 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
        [&](PagedDecodeArgs& a) { a.q = DeviceSpan<const uint8_t>(spare.data() + 2, q_bytes); },
        kInvalid},
       {"k_pool misaligned",
-       [&](PagedDecodeArgs& a) { a.k_pool = DeviceSpan<const uint8_t>(spare.data() + 8, pool_bytes); },
+       [&](PagedDecodeArgs& a) {
+         a.k_pool = DeviceSpan<const uint8_t>(spare.data() + 8, pool_bytes);
+       },
        kInvalid},
       {"v_pool misaligned",
-       [&](PagedDecodeArgs& a) { a.v_pool = DeviceSpan<const uint8_t>(spare.data() + 4, pool_bytes); },
+       [&](PagedDecodeArgs& a) {
+         a.v_pool = DeviceSpan<const uint8_t>(spare.data() + 4, pool_bytes);
+       },
        kInvalid},
       {"out misaligned",
        [&](PagedDecodeArgs& a) { a.out = DeviceSpan<uint8_t>(out.data() + 2, q_bytes); }, kInvalid},
       {"partial_out misaligned",
-       [&](PagedDecodeArgs& a) { a.split->partial_out = DeviceSpan<float>(partial_out.data() + 1, partial_floats); },
+       [&](PagedDecodeArgs& a) {
+         a.split->partial_out = DeviceSpan<float>(partial_out.data() + 1, partial_floats);
+       },
        kInvalid},
-      {"null q", [&](PagedDecodeArgs& a) { a.q = DeviceSpan<const uint8_t>(nullptr, q_bytes); }, kInvalid},
+      {"null q", [&](PagedDecodeArgs& a) { a.q = DeviceSpan<const uint8_t>(nullptr, q_bytes); },
+       kInvalid},
       {"null k_pool",
-       [&](PagedDecodeArgs& a) { a.k_pool = DeviceSpan<const uint8_t>(nullptr, pool_bytes); }, kInvalid},
-      {"null lse", [&](PagedDecodeArgs& a) { a.lse = DeviceSpan<float>(nullptr, bs * 32); }, kInvalid},
+       [&](PagedDecodeArgs& a) { a.k_pool = DeviceSpan<const uint8_t>(nullptr, pool_bytes); },
+       kInvalid},
+      {"null lse", [&](PagedDecodeArgs& a) { a.lse = DeviceSpan<float>(nullptr, bs * 32); },
+       kInvalid},
       {"null kv_indices",
        [&](PagedDecodeArgs& a) {
          a.kv = DecodeTokenLevelKv{d.kv_indptr.const_span(),
@@ -673,15 +700,22 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
        },
        kInvalid},
       {"no kv_indptr",
-       [&](PagedDecodeArgs& a) { a.kv = DecodeTokenLevelKv{{}, d.kv_indices.const_span()}; }, kInvalid},
+       [&](PagedDecodeArgs& a) {
+         a.kv = DecodeTokenLevelKv{{}, d.kv_indices.const_span()};
+       },
+       kInvalid},
       {"q of another batch",
-       [&](PagedDecodeArgs& a) { a.q = DeviceSpan<const uint8_t>(d.q.data(), q_bytes - 512); }, kInvalid},
+       [&](PagedDecodeArgs& a) { a.q = DeviceSpan<const uint8_t>(d.q.data(), q_bytes - 512); },
+       kInvalid},
       {"out of another batch",
-       [&](PagedDecodeArgs& a) { a.out = DeviceSpan<uint8_t>(out.data(), q_bytes - 512); }, kInvalid},
+       [&](PagedDecodeArgs& a) { a.out = DeviceSpan<uint8_t>(out.data(), q_bytes - 512); },
+       kInvalid},
       {"lse of another batch",
        [&](PagedDecodeArgs& a) { a.lse = DeviceSpan<float>(lse.data(), bs * 32 + 1); }, kInvalid},
       {"K and V pools of different sizes",
-       [&](PagedDecodeArgs& a) { a.v_pool = DeviceSpan<const uint8_t>(d.v.data(), pool_bytes - 2048); },
+       [&](PagedDecodeArgs& a) {
+         a.v_pool = DeviceSpan<const uint8_t>(d.v.data(), pool_bytes - 2048);
+       },
        kInvalid},
       {"pools that are not whole rows",
        [&](PagedDecodeArgs& a) {
@@ -704,7 +738,9 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
        },
        absl::StatusCode::kOutOfRange},
       {"partial_out too small",
-       [&](PagedDecodeArgs& a) { a.split->partial_out = DeviceSpan<float>(partial_out.data(), partial_floats - 1); },
+       [&](PagedDecodeArgs& a) {
+         a.split->partial_out = DeviceSpan<float>(partial_out.data(), partial_floats - 1);
+       },
        absl::StatusCode::kResourceExhausted},
       {"partial_lse too small",
        [&](PagedDecodeArgs& a) { a.split->partial_lse = DeviceSpan<float>(partial_lse.data(), 1); },
@@ -728,8 +764,8 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
                                  partial_out.span(), partial_lse.span()};
        },
        kInvalid},
-      {"plan with more partial slots than items", [&](PagedDecodeArgs& a) { a.split->plan = &many; },
-       kInvalid},
+      {"plan with more partial slots than items",
+       [&](PagedDecodeArgs& a) { a.split->plan = &many; }, kInvalid},
       {"plan whose items leave a gap", [&](PagedDecodeArgs& a) { a.split->plan = &gap; }, kInvalid},
       {"plan missing a sequence",
        [&](PagedDecodeArgs& a) {
@@ -737,6 +773,61 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
                                  partial_out.span(), partial_lse.span()};
        },
        kInvalid},
+      {"device plan for another layout",
+       [&](PagedDecodeArgs& a) {
+         DeviceSplitKvPlan dp = DevicePlanOf(*plan);
+         dp.layout = KvLayout::Paged(p.fixture->page_size());
+         a.split->plan = dp;
+       },
+       kInvalid},
+      {"device plan with more items than its buffers",
+       [&](PagedDecodeArgs& a) {
+         DeviceSplitKvPlan dp = DevicePlanOf(*plan);
+         ++dp.counts.work_items;
+         a.split->plan = dp;
+       },
+       kInvalid},
+      {"device plan with more reduce items than its buffer",
+       [&](PagedDecodeArgs& a) {
+         DeviceSplitKvPlan dp = DevicePlanOf(*plan);
+         dp.counts.reduce_items = static_cast<int64_t>(plan->reduce.size()) + 1;
+         a.split->plan = dp;
+       },
+       kInvalid},
+      {"device plan with more partial slots than items",
+       [&](PagedDecodeArgs& a) {
+         DeviceSplitKvPlan dp = DevicePlanOf(*plan);
+         dp.counts.num_partials = static_cast<int32_t>(dp.counts.work_items) + 1;
+         a.split->plan = dp;
+       },
+       kInvalid},
+      {"device plan with partial slots that nothing merges",
+       [&](PagedDecodeArgs& a) {
+         DeviceSplitKvPlan dp = DevicePlanOf(*plan);
+         dp.counts.reduce_items = 0;
+         a.split->plan = dp;
+       },
+       kInvalid},
+      {"device plan with negative counts",
+       [&](PagedDecodeArgs& a) {
+         DeviceSplitKvPlan dp = DevicePlanOf(*plan);
+         dp.counts.work_items = -1;
+         a.split->plan = dp;
+       },
+       kInvalid},
+      {"device plan with partial buffers too small",
+       [&](PagedDecodeArgs& a) {
+         a.split->plan = DevicePlanOf(*plan);
+         a.split->partial_lse = DeviceSpan<float>(partial_lse.data(), 1);
+       },
+       absl::StatusCode::kResourceExhausted},
+      {"device plan with merge counters too small",
+       [&](PagedDecodeArgs& a) {
+         a.split->plan = DevicePlanOf(*plan);
+         a.split->merge_counters =
+             DeviceSpan<uint32_t>(counters.data(), plan->reduce.size() * 32 - 1);
+       },
+       absl::StatusCode::kResourceExhausted},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
@@ -927,6 +1018,62 @@ TEST_F(GuardDecodeGpuTest, CorruptedDevicePlanIsRecorded) {
       ExpectViolation(c.words);
     }
   }
+}
+
+// A plan held only on the device (as a graph replay leaves it: items in buffers larger than
+// its counts, the host knowing only the counts) runs as its host copy does, bit for bit, merged
+// by a second launch and in the attention launch. A device plan whose last sequence has no
+// item (as a padded row of a graph bucket has none) leaves that row unwritten, the others right.
+TEST_F(GuardDecodeGpuTest, DevicePlanRunsAsItsHostCopy) {
+  // The last sequence is shorter than any split: one direct item, no partial slot.
+  const Problem p =
+      MakeProblem(Dims(32, 8, 128, KvElementType::kBf16), 16, {900, 1500, 260, 17}, 83);
+  const DeviceProblem d = ToDevice(p);
+  auto plan = PlanDecodeSplitKv(p.metadata.kv_indptr, KvLayout::LinearPerToken(),
+                                DecodeSplitOptions{16, 8, /*blocks_per_multiprocessor=*/8});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_GT(plan->num_partials, 0);
+  const std::vector<uint32_t> zeros(plan->reduce.size() * 32, 0);
+  DeviceBuffer<uint32_t> counters = Upload(zeros);
+  for (bool in_launch : {false, true}) {
+    SCOPED_TRACE(in_launch ? "merged in the attention launch" : "merge launch");
+    const DeviceSpan<uint32_t> c = in_launch ? counters.span() : DeviceSpan<uint32_t>();
+    const Result host = RunDecodeOnce(p.dims, d, p.bs(), d.TokenLevel(), &*plan, 0, nullptr, c);
+    const Result device = RunDecodeOnce(p.dims, d, p.bs(), d.TokenLevel(), &*plan, 0,
+                                        word_->device(), c, /*device_plan=*/true);
+    EXPECT_TRUE(word_->Check(nullptr).ok())
+        << "an item past the counts was read: " << word_->Check(nullptr);
+    ExpectMatches(p, device);
+    EXPECT_EQ(device.out_bytes, host.out_bytes);
+    EXPECT_EQ(device.lse, host.lse);
+    EXPECT_EQ(Download(counters), zeros) << "counters left nonzero";
+  }
+
+  SplitKvPlan missing = *plan;
+  const int32_t last = static_cast<int32_t>(p.bs()) - 1;
+  ASSERT_EQ(std::count_if(
+                plan->work.begin(), plan->work.end(),
+                [&](const SplitKvWorkItem& w) { return w.sequence == last && w.partial_slot < 0; }),
+            1);
+  missing.work.erase(std::remove_if(missing.work.begin(), missing.work.end(),
+                                    [&](const SplitKvWorkItem& w) { return w.sequence == last; }),
+                     missing.work.end());
+  missing.reduce.erase(
+      std::remove_if(missing.reduce.begin(), missing.reduce.end(),
+                     [&](const SplitKvReduceItem& r) { return r.sequence == last; }),
+      missing.reduce.end());
+  const Result r =
+      RunDecodeOnce(p.dims, d, p.bs(), d.TokenLevel(), &missing, 0, word_->device(), {},
+                    /*device_plan=*/true);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_TRUE(word_->Check(nullptr).ok()) << word_->Check(nullptr);
+  for (int64_t i = 0; i < last; ++i) ExpectRow(p, r, i, i);
+  const int64_t row_bytes = int64_t{32} * 128 * 2;
+  for (int64_t b = last * row_bytes; b < (last + 1) * row_bytes; ++b) {
+    ASSERT_EQ(r.out_bytes[b], 0xff) << "the row without an item written at byte " << b;
+  }
+  for (int64_t h = 0; h < 32; ++h)
+    ASSERT_TRUE(std::isnan(r.lse[last * 32 + h])) << "lse head " << h;
 }
 
 }  // namespace

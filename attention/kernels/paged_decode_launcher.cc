@@ -196,18 +196,62 @@ absl::Status CheckPlan(const SplitKvPlan& plan, const KvLayout& layout, int64_t 
   return absl::OkStatus();
 }
 
-absl::Status CheckSplit(const DecodeSplitKv& s, const DecodeAttentionDims& d, const KvLayout& layout,
-                        int64_t bs) {
-  if (s.plan == nullptr) return absl::InvalidArgumentError("split-KV: no plan");
-  const SplitKvPlan& plan = *s.plan;
-  if (absl::Status st = CheckPlan(plan, layout, bs); !st.ok()) return st;
-  if (s.work.size() != plan.work.size() || s.reduce.size() != plan.reduce.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "split-KV: the device copy holds ", s.work.size(), " work and ", s.reduce.size(),
-        " reduce items, the plan ", plan.work.size(), " and ", plan.reduce.size()));
+// The counts of a plan the launch runs: its work items (the grid), reduce items and partial
+// slots.
+struct SplitShape {
+  int64_t work_items = 0;
+  int64_t reduce_items = 0;
+  int64_t num_partials = 0;
+};
+
+// A host plan: checked item by item, and its device copy the same size. A device plan: its
+// layout, and counts that are consistent and fit the device buffers.
+absl::StatusOr<SplitShape> CheckPlanOf(const DecodeSplitKv& s, const KvLayout& layout, int64_t bs) {
+  if (const auto* host = std::get_if<const SplitKvPlan*>(&s.plan)) {
+    if (*host == nullptr) return absl::InvalidArgumentError("split-KV: no plan");
+    const SplitKvPlan& plan = **host;
+    if (absl::Status st = CheckPlan(plan, layout, bs); !st.ok()) return st;
+    if (s.work.size() != plan.work.size() || s.reduce.size() != plan.reduce.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "split-KV: the device copy holds ", s.work.size(), " work and ", s.reduce.size(),
+          " reduce items, the plan ", plan.work.size(), " and ", plan.reduce.size()));
+    }
+    return SplitShape{static_cast<int64_t>(plan.work.size()),
+                      static_cast<int64_t>(plan.reduce.size()), plan.num_partials};
   }
-  const int64_t need_out = int64_t{plan.num_partials} * d.num_q_heads * d.head_dim;
-  const int64_t need_lse = int64_t{plan.num_partials} * d.num_q_heads;
+  const DeviceSplitKvPlan& plan = std::get<DeviceSplitKvPlan>(s.plan);
+  if (!SameLayout(plan.layout, layout)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("split-KV device plan: made for layout ", LayoutName(plan.layout),
+                     ", but this decode reads ", LayoutName(layout),
+                     " (the graph's split-KV consumer layout must match the KV source)"));
+  }
+  const SplitKvPlanCounts& c = plan.counts;
+  // Every partial slot is one work item's, and partials exist exactly when something merges
+  // them.
+  if (c.work_items < 0 || c.reduce_items < 0 || c.num_partials < 0 ||
+      c.num_partials > c.work_items || (c.num_partials == 0) != (c.reduce_items == 0) ||
+      c.reduce_items > c.num_partials) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "split-KV device plan: counts of ", c.work_items, " work items, ", c.reduce_items,
+        " reduce items and ", c.num_partials, " partial slots are not a plan's"));
+  }
+  if (c.work_items > static_cast<int64_t>(s.work.size()) ||
+      c.reduce_items > static_cast<int64_t>(s.reduce.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "split-KV device plan: ", c.work_items, " work and ", c.reduce_items,
+        " reduce items, but the device buffers hold ", s.work.size(), " and ", s.reduce.size()));
+  }
+  return SplitShape{c.work_items, c.reduce_items, c.num_partials};
+}
+
+absl::StatusOr<SplitShape> CheckSplit(const DecodeSplitKv& s, const DecodeAttentionDims& d,
+                                      const KvLayout& layout, int64_t bs) {
+  absl::StatusOr<SplitShape> shape = CheckPlanOf(s, layout, bs);
+  if (!shape.ok()) return shape.status();
+  const SplitShape& plan = *shape;
+  const int64_t need_out = plan.num_partials * d.num_q_heads * d.head_dim;
+  const int64_t need_lse = plan.num_partials * d.num_q_heads;
   if (static_cast<int64_t>(s.partial_out.size()) < need_out ||
       static_cast<int64_t>(s.partial_lse.size()) < need_lse) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -215,11 +259,11 @@ absl::Status CheckSplit(const DecodeSplitKv& s, const DecodeAttentionDims& d, co
         s.partial_lse.size(), "; the plan's ", plan.num_partials, " partial slots need ", need_out,
         " and ", need_lse));
   }
-  const int64_t need_counters = static_cast<int64_t>(plan.reduce.size()) * d.num_q_heads;
+  const int64_t need_counters = plan.reduce_items * d.num_q_heads;
   if (!s.merge_counters.empty() && static_cast<int64_t>(s.merge_counters.size()) < need_counters) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "split-KV: merge_counters holds ", s.merge_counters.size(), " counters; the plan's ",
-        plan.reduce.size(), " reduce items x ", d.num_q_heads, " query heads need ", need_counters));
+        plan.reduce_items, " reduce items x ", d.num_q_heads, " query heads need ", need_counters));
   }
   if (!Aligned(s.partial_out.data(), kVectorBytes)) {
     return absl::InvalidArgumentError("split-KV: partial_out must be 16-byte aligned");
@@ -230,7 +274,7 @@ absl::Status CheckSplit(const DecodeSplitKv& s, const DecodeAttentionDims& d, co
                           CheckNotNull("merge_counters", s.merge_counters)}) {
     if (!st.ok()) return st;
   }
-  return absl::OkStatus();
+  return plan;
 }
 
 }  // namespace
@@ -252,10 +296,13 @@ absl::Status PagedDecodeAttention(const PagedDecodeArgs& a, kernels::DeviceViola
   }
   absl::StatusOr<int64_t> pool_slots = CheckBuffers(a, *bs);
   if (!pool_slots.ok()) return pool_slots.status();
+  SplitShape split;
   if (a.split.has_value()) {
-    if (absl::Status s = CheckSplit(*a.split, a.dims, DecodeKvLayout(a.kv), *bs); !s.ok()) return s;
+    absl::StatusOr<SplitShape> checked = CheckSplit(*a.split, a.dims, DecodeKvLayout(a.kv), *bs);
+    if (!checked.ok()) return checked.status();
+    split = *checked;
   }
-  const int64_t items = a.split.has_value() ? static_cast<int64_t>(a.split->plan->work.size()) : *bs;
+  const int64_t items = a.split.has_value() ? split.work_items : *bs;
   const int64_t blocks = items * a.dims.num_q_heads / *heads_per_block;
   if (blocks > kMaxBlocks) {
     return absl::OutOfRangeError(absl::StrCat("decode attention: ", blocks, " blocks, at most ",
@@ -272,10 +319,10 @@ absl::Status PagedDecodeAttention(const PagedDecodeArgs& a, kernels::DeviceViola
     p.work = reinterpret_cast<const kernels::DecodeWorkItem*>(a.split->work.data());
     p.partial_out = a.split->partial_out.data();
     p.partial_lse = a.split->partial_lse.data();
-    p.partial_capacity = a.split->plan->num_partials;
-    if (!a.split->merge_counters.empty() && !a.split->reduce.empty()) {
+    p.partial_capacity = static_cast<int32_t>(split.num_partials);
+    if (!a.split->merge_counters.empty() && split.reduce_items > 0) {
       p.reduce = reinterpret_cast<const kernels::DecodeReduceItem*>(a.split->reduce.data());
-      p.num_reduce = static_cast<int32_t>(a.split->reduce.size());
+      p.num_reduce = static_cast<int32_t>(split.reduce_items);
       p.merge_counters = a.split->merge_counters.data();
     }
   }
@@ -291,12 +338,12 @@ absl::Status PagedDecodeAttention(const PagedDecodeArgs& a, kernels::DeviceViola
   p.softmax_scale = a.dims.softmax_scale;
   p.violation = violation;
   if (absl::Status s = LaunchResult(kernels::LaunchPagedDecodeKernel(p, stream), "paged decode");
-      !s.ok() || !a.split.has_value() || a.split->reduce.empty() || p.merge_counters != nullptr) {
+      !s.ok() || !a.split.has_value() || split.reduce_items == 0 || p.merge_counters != nullptr) {
     return s;
   }
   kernels::DecodeMergeParams m;
   m.reduce = reinterpret_cast<const kernels::DecodeReduceItem*>(a.split->reduce.data());
-  m.num_reduce = static_cast<int32_t>(a.split->reduce.size());
+  m.num_reduce = static_cast<int32_t>(split.reduce_items);
   m.partial_out = p.partial_out;
   m.partial_lse = p.partial_lse;
   m.partial_capacity = p.partial_capacity;

@@ -6,12 +6,15 @@
 //
 // The launcher checks what the host can see (dims, sizes that agree, 16-byte alignment of the
 // vector-loaded buffers, null pointers with nonzero sizes, the plan against the batch and the KV
-// layout, the partial buffers against the plan) and returns an error before launching anything;
-// then launches on `stream` (the attention kernel, then, when the plan splits a sequence and
-// no merge counters are given, the merge kernel) and returns Internal if a launch failed. What lives in device memory (indptr,
+// layout, or the counts of a plan held only on the device, the partial buffers against the
+// plan) and returns an error before launching anything; then launches on `stream` (the
+// attention kernel, then, when the plan splits a sequence and no merge counters are given, the
+// merge kernel) and returns Internal if a launch failed. What lives in device memory (indptr,
 // lengths, slots, page ids, the device copy of the plan) is bounds-checked by the kernels: they
 // never read or write outside a buffer, skip a token whose slot is outside the pool, and record
-// the first violation in `violation` (DeviceViolationWord; may be null).
+// the first violation in `violation` (DeviceViolationWord; may be null). After a graph replay
+// (GraphState on the GPU), the replay's device metadata and split-KV plan are read as they
+// are: tests/decode_step_gpu_test.cc.
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_PAGED_DECODE_LAUNCHER_H_
 #define ATTNMETA_ATTENTION_KERNELS_PAGED_DECODE_LAUNCHER_H_
@@ -64,23 +67,41 @@ using DecodeKv = std::variant<DecodeTokenLevelKv, DecodePageTableKv>;
 // The layout a split plan for this KV source must be made for.
 KvLayout DecodeKvLayout(const DecodeKv& kv);
 
+// A split-KV plan that exists only on the device, as the graph layer's split-KV buffers hold
+// it after a replay (DeviceMetadataWriter writes it there, bit for bit the plan PlanSplitKv
+// makes from the replay's indptrs): the host knows its layout and counts
+// (GraphState::Replay's ReplayResult::split_kv), not its items.
+struct DeviceSplitKvPlan {
+  KvLayout layout;
+  SplitKvPlanCounts counts;
+};
+
 // A split-KV plan, its device copy and the partial buffers it writes.
-// REQUIRES: `work` and `reduce` hold plan->work and plan->reduce (the kernels bounds-check
-// what they read there, but cannot tell a stale copy), and the plan was made from the lengths
-// the device metadata holds (a work item past its sequence's length is clamped and recorded).
+// REQUIRES: `work` and `reduce` hold the plan's items (the kernels bounds-check what they read
+// there, but cannot tell a stale copy), and the plan was made from the lengths the device
+// metadata holds (a work item past its sequence's length is clamped and recorded).
 struct DecodeSplitKv {
-  const SplitKvPlan* plan = nullptr;           // made with qo_indptr = [0, 1, ..., bs]
-  DeviceSpan<const SplitKvWorkItem> work;      // [plan->work.size()]
-  DeviceSpan<const SplitKvReduceItem> reduce;  // [plan->reduce.size()]
-  DeviceSpan<float> partial_out;  // [>= plan->num_partials][num_q_heads][head_dim], 16-byte aligned
-  DeviceSpan<float> partial_lse;  // [>= plan->num_partials][num_q_heads]
-  // Empty: the partials are merged by a second launch. Else [>= plan->reduce.size() *
+  // The host copy of the plan, made with qo_indptr = [0, 1, ..., bs] and checked item by item
+  // against the batch before the launch; or a plan held only on the device, whose items only
+  // the kernels check (a sequence outside the batch, a partial slot or reduce item outside
+  // the buffers: recorded and skipped). A device plan's sequences without an item (the padded
+  // rows of a graph bucket: no query row) get no output.
+  std::variant<const SplitKvPlan*, DeviceSplitKvPlan> plan;
+  // A host plan: exactly plan->work and plan->reduce. A device plan: at least its counts'
+  // work_items and reduce_items (the graph's buffers, sized to their capacity).
+  DeviceSpan<const SplitKvWorkItem> work;
+  DeviceSpan<const SplitKvReduceItem> reduce;
+  DeviceSpan<float>
+      partial_out;  // [>= the plan's partials][num_q_heads][head_dim], 16-byte aligned
+  DeviceSpan<float> partial_lse;  // [>= the plan's partials][num_q_heads]
+  // Empty: the partials are merged by a second launch. Else [>= the plan's reduce items *
   // num_q_heads], all zero before the first launch: the block that completes a reduce item
   // merges it in the attention launch (no merge launch), and each launch leaves the counters
   // zero again, so that they can stay in a captured graph. One buffer per launch in flight
-  // (two launches running at once must not share it), in device memory from hipMalloc. A device
-  // plan other than the one checked here may leave them nonzero, and may merge wrongly without
-  // recording a violation (the REQUIRES above): zero them again after changing the plan.
+  // (two launches running at once must not share it), in device memory from hipMalloc. Items on
+  // the device that are not a consistent plan (a stale copy, a device plan no planner wrote)
+  // may leave them nonzero, and may merge wrongly without recording a violation (the REQUIRES
+  // above): zero them again after such a plan.
   DeviceSpan<uint32_t> merge_counters;
 };
 
@@ -102,12 +123,13 @@ struct PagedDecodeArgs {
 // Errors, before anything is launched: InvalidArgument for dims (head counts that do not
 // divide, a head dim other than 64/128/256, a scale that is not finite and positive, an
 // unknown variant), sizes that disagree with the batch, a pointer not 16-byte aligned, a null
-// pointer with a nonzero size, a plan made for another layout, a plan whose items do not fit
-// the batch (a sequence outside it, query rows other than the sequence's one row, a KV range
-// that is negative or reversed, a sequence with no item, partial slots and reduce items that
-// do not match); ResourceExhausted for partial buffers or merge counters smaller than the plan
-// needs; OutOfRange
-// for a pool, table or grid beyond the kernel's int32 arithmetic. Internal: a launch failed.
+// pointer with a nonzero size, a plan made for another layout, a host plan whose items do not
+// fit the batch (a sequence outside it, query rows other than the sequence's one row, a KV
+// range that is negative or reversed, a sequence with no item, partial slots and reduce items
+// that do not match), a device plan whose counts are not a plan's or exceed its buffers;
+// ResourceExhausted for partial buffers or merge counters smaller than the plan needs;
+// OutOfRange for a pool, table or grid beyond the kernel's int32 arithmetic. Internal: a launch
+// failed.
 absl::Status PagedDecodeAttention(const PagedDecodeArgs& args, kernels::DeviceViolation* violation,
                                   hipStream_t stream);
 

@@ -1,0 +1,337 @@
+// One decode step on the GPU, across the layers. The kvcache allocator lays out the sequences
+// (BatchFixture, shuffled pages); GraphState on the GPU (HipDeviceMemory, DeviceMetadataWriter:
+// the metadata kernels captured in a graph per bucket) replays random real batches into a
+// padded decode bucket; PagedDecodeAttention reads what the replay left in device memory:
+// kv_indptr and kv_indices, or the page table and kv_lens, unsplit or split by the plan the
+// replay wrote on the device (DeviceSplitKvPlan, merged by a second launch and in the attention
+// launch). Every real row must equal attention computed here in double precision over the
+// slots the allocator gave its sequence, with no metadata code in between; a launch over the
+// whole bucket (the fixed shape a captured graph runs) must give the real rows the same bytes
+// and the padded rows finite values. Page sizes 1, 7, 16 and 64. Needs a GPU.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "attention/graph/backend_config.h"
+#include "attention/graph/graph_state.h"
+#include "attention/graph/testing/graph_harness.h"
+#include "attention/kernels/device_metadata_writer.h"
+#include "attention/kernels/hip_device_memory.h"
+#include "attention/kernels/paged_decode_launcher.h"
+#include "attention/kernels/testing/attention_inputs.h"
+#include "attention/kernels/testing/device_buffer.h"
+#include "attention/kernels/testing/gpu_test.h"
+#include "attention/kernels/testing/upload.h"
+#include "attention/metadata/testing/batch_fixture.h"
+#include "gtest/gtest.h"
+
+namespace attnmeta {
+namespace {
+
+using testing::BatchFixture;
+using testing::DeviceBuffer;
+using testing::Download;
+using testing::Poison;
+using testing::Upload;
+
+constexpr int32_t kQHeads = 32;
+constexpr int32_t kKvHeads = 8;
+constexpr int32_t kHeadDim = 128;
+constexpr int32_t kBucket = 8;
+constexpr int64_t kMaxContext = 1024;
+constexpr int kSequences = 16;
+
+// How the attention reads the KV: token-level indices (the graph's split plan in tokens) or the
+// page table (the plan on whole pages).
+enum class Source { kTokenLevel, kPageTable };
+
+struct Outputs {
+  absl::Status status;
+  std::vector<uint8_t> out_bytes;  // [rows][kQHeads][kHeadDim] bf16
+  std::vector<float> lse;          // [rows][kQHeads]
+  float Out(int64_t e) const {
+    uint16_t bits;
+    std::memcpy(&bits, out_bytes.data() + 2 * e, 2);
+    return testing::FromBits(KvElementType::kBf16, bits);
+  }
+};
+
+class DecodeStepGpuTest : public testing::GpuTest,
+                          public ::testing::WithParamInterface<std::tuple<int64_t, Source>> {
+ protected:
+  void SetUp() override {
+    testing::GpuTest::SetUp();
+    if (HasFatalFailure()) return;
+    ASSERT_EQ(hipStreamCreate(&stream_), hipSuccess);
+  }
+  void TearDown() override {
+    io_.reset();
+    state_.reset();
+    writer_.reset();
+    memory_.reset();
+    if (stream_ != nullptr) (void)hipStreamDestroy(stream_);
+  }
+
+  // 32/8 heads of 128, bf16; page table on; split-KV over 16 units in 64-token steps, in the
+  // layout the source reads.
+  static BackendConfig Config(int64_t ps, Source source) {
+    BackendConfig c =
+        testing::MakeTestConfig(ps, {.max_batch_size = kBucket, .max_context_len = kMaxContext});
+    c.set_num_q_heads(kQHeads);
+    c.set_num_kv_heads(kKvHeads);
+    c.set_head_dim(kHeadDim);
+    SplitKvConsumer* split = c.mutable_consumers()->mutable_split_kv();
+    split->set_num_units(16);
+    split->set_kv_granularity(64);
+    split->set_layout(source == Source::kPageTable ? SPLIT_KV_LAYOUT_PAGED
+                                                   : SPLIT_KV_LAYOUT_LINEAR_PER_TOKEN);
+    EXPECT_TRUE(ValidateBackendConfig(c).ok()) << ValidateBackendConfig(c);
+    return c;
+  }
+
+  void MakeState(const BatchFixture& f, const BackendConfig& config) {
+    std::vector<TokenSlot> table(f.pool().table().begin(), f.pool().table().end());
+    table_ = std::make_unique<DeviceBuffer<TokenSlot>>(Upload(table));
+    memory_ = std::make_unique<HipDeviceMemory>(stream_, nullptr);
+    auto writer = DeviceMetadataWriter::Create(
+        DeviceReqToToken{table_->const_span(), f.pool().max_context_len()}, f.pool_slots(), stream_,
+        DeviceMetadataWriter::Options{});
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    writer_ = *std::move(writer);
+    auto state = GraphState::Create(config, &f.pool(), f.page_size(), memory_.get(), writer_.get());
+    ASSERT_TRUE(state.ok()) << state.status();
+    state_ = *std::move(state);
+  }
+
+  // One launch over `rows` rows into poisoned outputs.
+  Outputs Run(PagedDecodeArgs a, int64_t rows) {
+    const int64_t out_bytes = rows * kQHeads * kHeadDim * 2;
+    Poison(io_->out.data(), io_->out.size());
+    Poison(io_->lse.data(), io_->lse.size() * sizeof(float));
+    a.q = DeviceSpan<const uint8_t>(io_->q.data(), out_bytes);
+    a.k_pool = io_->k.const_span();
+    a.v_pool = io_->v.const_span();
+    a.out = DeviceSpan<uint8_t>(io_->out.data(), out_bytes);
+    a.lse = DeviceSpan<float>(io_->lse.data(), rows * kQHeads);
+    a.dims = DecodeAttentionDims{kQHeads, kKvHeads, kHeadDim, KvElementType::kBf16,
+                                 1.0f / std::sqrt(static_cast<float>(kHeadDim))};
+    Outputs o;
+    o.status = PagedDecodeAttention(a, word_->device(), stream_);
+    EXPECT_EQ(hipStreamSynchronize(stream_), hipSuccess);
+    EXPECT_TRUE(word_->Check(stream_).ok()) << word_->Check(stream_);
+    std::vector<uint8_t> out = Download(io_->out);
+    o.out_bytes.assign(out.begin(), out.begin() + out_bytes);
+    std::vector<float> lse = Download(io_->lse);
+    o.lse.assign(lse.begin(), lse.begin() + rows * kQHeads);
+    return o;
+  }
+
+  hipStream_t stream_ = nullptr;
+  std::unique_ptr<DeviceBuffer<TokenSlot>> table_;
+  std::unique_ptr<HipDeviceMemory> memory_;
+  std::unique_ptr<DeviceMetadataWriter> writer_;
+  std::unique_ptr<GraphState> state_;
+  std::unique_ptr<DeviceViolationWord> word_;
+  // The attention's inputs and outputs in device memory.
+  struct Io {
+    DeviceBuffer<uint8_t> q, k, v, out;
+    DeviceBuffer<float> lse;
+  };
+  std::unique_ptr<Io> io_;
+  std::vector<float> q_host_, k_host_, v_host_;
+};
+
+// Row j's attention over `slots` in double: out [kQHeads][kHeadDim] and lse [kQHeads].
+void Attention(const std::vector<float>& q, const std::vector<float>& k,
+               const std::vector<float>& v, int64_t row, const std::vector<TokenSlot>& slots,
+               std::vector<double>& out, std::vector<double>& lse) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(kHeadDim));
+  out.assign(kQHeads * kHeadDim, 0.0);
+  lse.assign(kQHeads, 0.0);
+  std::vector<double> s(slots.size());
+  for (int32_t h = 0; h < kQHeads; ++h) {
+    const int64_t kv_off = int64_t{h / (kQHeads / kKvHeads)} * kHeadDim;
+    const float* qh = q.data() + (row * kQHeads + h) * kHeadDim;
+    double m = -INFINITY;
+    for (size_t t = 0; t < slots.size(); ++t) {
+      const float* kt = k.data() + slots[t].value() * int64_t{kKvHeads * kHeadDim} + kv_off;
+      double dot = 0;
+      for (int32_t x = 0; x < kHeadDim; ++x) dot += double{qh[x]} * kt[x];
+      s[t] = dot * scale;
+      m = std::max(m, s[t]);
+    }
+    double sum = 0;
+    for (size_t t = 0; t < slots.size(); ++t) sum += std::exp(s[t] - m);
+    for (size_t t = 0; t < slots.size(); ++t) {
+      const double w = std::exp(s[t] - m) / sum;
+      const float* vt = v.data() + slots[t].value() * int64_t{kKvHeads * kHeadDim} + kv_off;
+      for (int32_t x = 0; x < kHeadDim; ++x) out[h * kHeadDim + x] += w * vt[x];
+    }
+    lse[h] = m + std::log(sum);
+  }
+}
+
+TEST_P(DecodeStepGpuTest, AttentionOverReplayedDeviceMetadataMatchesTheMath) {
+  const auto [ps, source] = GetParam();
+  const uint64_t seed = 1200 + ps + (source == Source::kPageTable ? 1 : 0);
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> lens;
+  int64_t pages = 16;
+  for (int i = 0; i < kSequences; ++i) {
+    lens.push_back(std::uniform_int_distribution<int64_t>(1, kMaxContext)(rng));
+    pages += lens.back() / ps + 2;
+  }
+  BatchFixture f(ps, seed, pages, kSequences + 2, kMaxContext + 8);
+  for (int64_t len : lens) f.AddSequence(len - 1, 1);
+  const BackendConfig config = Config(ps, source);
+  MakeState(f, config);
+  ASSERT_FALSE(HasFatalFailure());
+  auto word = DeviceViolationWord::Create();
+  ASSERT_TRUE(word.ok()) << word.status();
+  word_ = std::make_unique<DeviceViolationWord>(*std::move(word));
+
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> k_bits, v_bits, q_bits;
+  const int64_t pool_values = f.pool_slots().value() * kKvHeads * kHeadDim;
+  testing::FillNormal(KvElementType::kBf16, pool_values, rng, normal, k_bits, k_host_);
+  testing::FillNormal(KvElementType::kBf16, pool_values, rng, normal, v_bits, v_host_);
+  testing::FillNormal(KvElementType::kBf16, int64_t{kBucket} * kQHeads * kHeadDim, rng, normal,
+                      q_bits, q_host_);
+  io_ = std::make_unique<Io>(
+      Io{Upload(testing::Bytes(q_bits)), Upload(testing::Bytes(k_bits)),
+         Upload(testing::Bytes(v_bits)),
+         *DeviceBuffer<uint8_t>::Create(int64_t{kBucket} * kQHeads * kHeadDim * 2),
+         *DeviceBuffer<float>::Create(int64_t{kBucket} * kQHeads)});
+
+  auto handle = state_->Capture(kBucket, ForwardMode::kDecode);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  const GraphBuffers& buffers = state_->buffers();
+  // The partial buffers and merge counters, for the largest plan the buffers can hold.
+  const int64_t max_partials = static_cast<int64_t>(buffers.split_kv.work.size());
+  DeviceBuffer<float> partial_out = *DeviceBuffer<float>::Create(max_partials * kQHeads * kHeadDim);
+  DeviceBuffer<float> partial_lse = *DeviceBuffer<float>::Create(max_partials * kQHeads);
+  const std::vector<uint32_t> zeros(buffers.split_kv.reduce.size() * kQHeads, 0);
+  DeviceBuffer<uint32_t> counters = Upload(zeros);
+  const KvLayout layout = ConfigSplitKvOptions(config).layout;
+
+  int64_t split_replays = 0;
+  for (int iter = 0; iter < 6; ++iter) {
+    const int64_t bs = std::uniform_int_distribution<int64_t>(1, kBucket)(rng);
+    std::vector<int> pick(kSequences);
+    std::iota(pick.begin(), pick.end(), 0);
+    std::shuffle(pick.begin(), pick.end(), rng);
+    pick.resize(bs);
+    SCOPED_TRACE(::testing::Message()
+                 << "page_size " << ps << " seed " << seed << " iter " << iter << " bs " << bs);
+    std::vector<ReqPoolIndex> rows;
+    std::vector<TokenLength> kv;
+    for (int i : pick) {
+      rows.push_back(f.rows()[i]);
+      kv.push_back(f.kv_lens()[i]);
+    }
+    auto replay = state_->Replay(*handle, ReplayBatch{rows, kv, {}, {}});
+    ASSERT_TRUE(replay.ok()) << replay.status();
+    ASSERT_TRUE(writer_->CheckViolations().ok()) << writer_->CheckViolations();
+    const ForwardMetadataView& m = replay->metadata;
+
+    // The real rows, as an eager launch after the replay reads them.
+    PagedDecodeArgs real;
+    if (source == Source::kTokenLevel) {
+      real.kv =
+          DecodeTokenLevelKv{DeviceSpan<const TokenOffset>(m.kv_indptr.data(), m.kv_indptr.size()),
+                             DeviceSpan<const TokenSlot>(m.kv_indices.data(), m.kv_indices.size())};
+    } else {
+      real.kv = DecodePageTableKv{
+          DeviceSpan<const PageId>(m.page_table.entries().data(), m.page_table.entries().size()),
+          m.page_table.cols(), DeviceSpan<const TokenLength>(m.kv_lens.data(), m.kv_lens.size()),
+          f.page_size()};
+    }
+    // The whole bucket, padded rows included, as a captured graph would launch it.
+    PagedDecodeArgs bucket;
+    if (source == Source::kTokenLevel) {
+      bucket.kv = DecodeTokenLevelKv{
+          DeviceSpan<const TokenOffset>(buffers.kv_indptr.data(), kBucket + 1),
+          DeviceSpan<const TokenSlot>(buffers.kv_indices.data(), buffers.kv_indices.size())};
+    } else {
+      bucket.kv = DecodePageTableKv{DeviceSpan<const PageId>(buffers.page_table.entries().data(),
+                                                             kBucket * buffers.page_table.cols()),
+                                    buffers.page_table.cols(),
+                                    DeviceSpan<const TokenLength>(buffers.kv_lens.data(), kBucket),
+                                    f.page_size()};
+    }
+
+    const SplitKvPlanCounts& counts = replay->split_kv;
+    if (counts.reduce_items > 0) ++split_replays;
+    auto split = [&](bool in_launch) {
+      return DecodeSplitKv{DeviceSplitKvPlan{layout, counts},
+                           DeviceSpan<const SplitKvWorkItem>(buffers.split_kv.work.data(),
+                                                             buffers.split_kv.work.size()),
+                           DeviceSpan<const SplitKvReduceItem>(buffers.split_kv.reduce.data(),
+                                                               buffers.split_kv.reduce.size()),
+                           partial_out.span(),
+                           partial_lse.span(),
+                           in_launch ? counters.span() : DeviceSpan<uint32_t>()};
+    };
+
+    const Outputs unsplit = Run(real, bs);
+    PagedDecodeArgs split_merge_launch = real;
+    split_merge_launch.split = split(false);
+    PagedDecodeArgs split_in_launch = real;
+    split_in_launch.split = split(true);
+    const Outputs runs[] = {unsplit, Run(split_merge_launch, bs), Run(split_in_launch, bs)};
+    EXPECT_EQ(Download(counters), zeros) << "merge counters left nonzero";
+    const char* names[] = {"unsplit", "split, merge launch", "split, merged in the launch"};
+
+    std::vector<double> want_out, want_lse;
+    for (int64_t j = 0; j < bs; ++j) {
+      Attention(q_host_, k_host_, v_host_, j, f.SlotsOf(pick[j]), want_out, want_lse);
+      for (int r = 0; r < 3; ++r) {
+        ASSERT_TRUE(runs[r].status.ok()) << names[r] << ": " << runs[r].status;
+        for (int64_t e = 0; e < kQHeads * kHeadDim; ++e) {
+          const double got = runs[r].Out(j * kQHeads * kHeadDim + e);
+          const double want = want_out[e];
+          ASSERT_LE(std::fabs(got - want), 1e-2 + 1e-2 * std::fabs(want))
+              << names[r] << ": row " << j << " (sequence " << pick[j] << ") head " << e / kHeadDim
+              << " dim " << e % kHeadDim << ": got " << got << " want " << want;
+        }
+        for (int32_t h = 0; h < kQHeads; ++h) {
+          const double got = runs[r].lse[j * kQHeads + h];
+          ASSERT_LE(std::fabs(got - want_lse[h]), 1e-3 + 1e-5 * std::fabs(want_lse[h]))
+              << names[r] << ": lse row " << j << " head " << h;
+        }
+      }
+    }
+
+    const Outputs whole = Run(bucket, kBucket);
+    ASSERT_TRUE(whole.status.ok()) << whole.status;
+    const size_t real_bytes = unsplit.out_bytes.size();
+    EXPECT_TRUE(
+        std::equal(unsplit.out_bytes.begin(), unsplit.out_bytes.end(), whole.out_bytes.begin()))
+        << "the bucket launch gave the real rows other bytes";
+    for (int64_t e = static_cast<int64_t>(real_bytes / 2); e < kBucket * kQHeads * kHeadDim; ++e) {
+      ASSERT_TRUE(std::isfinite(whole.Out(e))) << "padded row element " << e;
+    }
+  }
+  EXPECT_GT(split_replays, 0) << "no replay split a sequence: the split path went untested";
+}
+
+INSTANTIATE_TEST_SUITE_P(PageSizesAndSources, DecodeStepGpuTest,
+                         ::testing::Combine(::testing::Values(1, 7, 16, 64),
+                                            ::testing::Values(Source::kTokenLevel,
+                                                              Source::kPageTable)),
+                         [](const ::testing::TestParamInfo<std::tuple<int64_t, Source>>& info) {
+                           return "ps" + std::to_string(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) == Source::kTokenLevel ? "_token_level"
+                                                                                  : "_page_table");
+                         });
+
+}  // namespace
+}  // namespace attnmeta
