@@ -14,7 +14,7 @@
 // never read or write outside a buffer, skip a token whose slot is outside the pool, and record
 // the first violation in `violation` (DeviceViolationWord; may be null). After a graph replay
 // (GraphState on the GPU), the replay's device metadata and split-KV plan are read as they
-// are: tests/decode_step_gpu_test.cc.
+// are: tests/forward_step_gpu_test.cc.
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_PAGED_DECODE_LAUNCHER_H_
 #define ATTNMETA_ATTENTION_KERNELS_PAGED_DECODE_LAUNCHER_H_

@@ -1,13 +1,18 @@
-// One decode step on the GPU, across the layers. The kvcache allocator lays out the sequences
-// (BatchFixture, shuffled pages); GraphState on the GPU (HipDeviceMemory, DeviceMetadataWriter:
-// the metadata kernels captured in a graph per bucket) replays random real batches into a
-// padded decode bucket; PagedDecodeAttention reads what the replay left in device memory:
-// kv_indptr and kv_indices, or the page table and kv_lens, unsplit or split by the plan the
-// replay wrote on the device (DeviceSplitKvPlan, merged by a second launch and in the attention
-// launch). Every real row must equal attention computed here in double precision over the
-// slots the allocator gave its sequence, with no metadata code in between; a launch over the
-// whole bucket (the fixed shape a captured graph runs) must give the real rows the same bytes
-// and the padded rows finite values. Page sizes 1, 7, 16 and 64. Needs a GPU.
+// One forward step on the GPU, across the layers. The kvcache allocator lays out the
+// sequences (BatchFixture, shuffled pages); GraphState on the GPU (HipDeviceMemory,
+// DeviceMetadataWriter: the metadata kernels captured in a graph per bucket) replays random real
+// batches into a padded bucket; the attention kernels read what the replay left in device
+// memory, and every real query row must equal attention computed here in double precision over
+// the slots the allocator gave its sequence, with no metadata code in between. Page sizes 1, 7,
+// 16 and 64, K/V read through token-level kv_indptr / kv_indices or through the page table.
+//  - Decode: PagedDecodeAttention unsplit, and split by the plan the replay wrote on the device
+//    (DeviceSplitKvPlan), merged by a second launch and in the attention launch; a launch over
+//    the whole bucket (the fixed shape a captured graph runs) gives the real rows the same bytes
+//    and the padded rows finite values.
+//  - Target-verify: VarlenAttention, with each of its kernels, reads the replay's qo_indptr and
+//    its FULL tree mask: draft token r of a request sees the committed prefix and the draft
+//    tokens its tree row marks.
+// Needs a GPU.
 
 #include <algorithm>
 #include <cmath>
@@ -26,11 +31,13 @@
 #include "attention/kernels/device_metadata_writer.h"
 #include "attention/kernels/hip_device_memory.h"
 #include "attention/kernels/paged_decode_launcher.h"
+#include "attention/kernels/varlen_attention_launcher.h"
 #include "attention/kernels/testing/attention_inputs.h"
 #include "attention/kernels/testing/device_buffer.h"
 #include "attention/kernels/testing/gpu_test.h"
 #include "attention/kernels/testing/upload.h"
 #include "attention/metadata/testing/batch_fixture.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace attnmeta {
@@ -48,6 +55,7 @@ constexpr int32_t kHeadDim = 128;
 constexpr int32_t kBucket = 8;
 constexpr int64_t kMaxContext = 1024;
 constexpr int kSequences = 16;
+constexpr int32_t kDraft = 4;  // target-verify: draft tokens per request
 
 // How the attention reads the KV: token-level indices (the graph's split plan in tokens) or the
 // page table (the plan on whole pages).
@@ -64,7 +72,7 @@ struct Outputs {
   }
 };
 
-class DecodeStepGpuTest : public testing::GpuTest,
+class ForwardStepGpuTest : public testing::GpuTest,
                           public ::testing::WithParamInterface<std::tuple<int64_t, Source>> {
  protected:
   void SetUp() override {
@@ -81,10 +89,10 @@ class DecodeStepGpuTest : public testing::GpuTest,
   }
 
   // 32/8 heads of 128, bf16; page table on; split-KV over 16 units in 64-token steps, in the
-  // layout the source reads.
+  // layout the source reads; kDraft draft tokens.
   static BackendConfig Config(int64_t ps, Source source) {
-    BackendConfig c =
-        testing::MakeTestConfig(ps, {.max_batch_size = kBucket, .max_context_len = kMaxContext});
+    BackendConfig c = testing::MakeTestConfig(
+        ps, {.max_batch_size = kBucket, .max_context_len = kMaxContext, .draft_tokens = kDraft});
     c.set_num_q_heads(kQHeads);
     c.set_num_kv_heads(kKvHeads);
     c.set_head_dim(kHeadDim);
@@ -111,28 +119,86 @@ class DecodeStepGpuTest : public testing::GpuTest,
     state_ = *std::move(state);
   }
 
-  // One launch over `rows` rows into poisoned outputs.
-  Outputs Run(PagedDecodeArgs a, int64_t rows) {
-    const int64_t out_bytes = rows * kQHeads * kHeadDim * 2;
+  // The fixture's GraphState and device inputs for sequences of `lens` KV tokens, the last
+  // `new_tokens` of each this step's, and `q_rows` query rows of random Q.
+  void Prepare(int64_t ps, Source source, uint64_t seed, const std::vector<int64_t>& lens,
+               int64_t new_tokens, int64_t q_rows, std::mt19937_64& rng) {
+    int64_t pages = 16;
+    for (int64_t len : lens) pages += len / ps + 2;
+    fixture_ = std::make_unique<BatchFixture>(ps, seed, pages, kSequences + 2, kMaxContext + 8);
+    for (int64_t len : lens) fixture_->AddSequence(len - new_tokens, new_tokens);
+    config_ = Config(ps, source);
+    MakeState(*fixture_, config_);
+    if (HasFatalFailure()) return;
+    auto word = DeviceViolationWord::Create();
+    ASSERT_TRUE(word.ok()) << word.status();
+    word_ = std::make_unique<DeviceViolationWord>(*std::move(word));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<uint16_t> k_bits, v_bits, q_bits;
+    const int64_t pool_values = fixture_->pool_slots().value() * kKvHeads * kHeadDim;
+    testing::FillNormal(KvElementType::kBf16, pool_values, rng, normal, k_bits, k_host_);
+    testing::FillNormal(KvElementType::kBf16, pool_values, rng, normal, v_bits, v_host_);
+    testing::FillNormal(KvElementType::kBf16, q_rows * kQHeads * kHeadDim, rng, normal, q_bits,
+                        q_host_);
+    io_ = std::make_unique<Io>(Io{Upload(testing::Bytes(q_bits)), Upload(testing::Bytes(k_bits)),
+                                  Upload(testing::Bytes(v_bits)),
+                                  *DeviceBuffer<uint8_t>::Create(q_rows * kQHeads * kHeadDim * 2),
+                                  *DeviceBuffer<float>::Create(q_rows * kQHeads)});
+  }
+
+  static DecodeAttentionDims Dims() {
+    return DecodeAttentionDims{kQHeads, kKvHeads, kHeadDim, KvElementType::kBf16,
+                               1.0f / std::sqrt(static_cast<float>(kHeadDim))};
+  }
+
+  // The KV source of the replay's real rows.
+  DecodeKv RealKv(const ForwardMetadataView& m, Source source) const {
+    if (source == Source::kTokenLevel) {
+      return DecodeTokenLevelKv{
+          DeviceSpan<const TokenOffset>(m.kv_indptr.data(), m.kv_indptr.size()),
+          DeviceSpan<const TokenSlot>(m.kv_indices.data(), m.kv_indices.size())};
+    }
+    return DecodePageTableKv{
+        DeviceSpan<const PageId>(m.page_table.entries().data(), m.page_table.entries().size()),
+        m.page_table.cols(), DeviceSpan<const TokenLength>(m.kv_lens.data(), m.kv_lens.size()),
+        fixture_->page_size()};
+  }
+
+  // Poisons the outputs of `rows` query rows and points `out` and `lse` at them.
+  void PoisonOutputs(int64_t rows, DeviceSpan<uint8_t>& out, DeviceSpan<float>& lse) {
     Poison(io_->out.data(), io_->out.size());
     Poison(io_->lse.data(), io_->lse.size() * sizeof(float));
-    a.q = DeviceSpan<const uint8_t>(io_->q.data(), out_bytes);
-    a.k_pool = io_->k.const_span();
-    a.v_pool = io_->v.const_span();
-    a.out = DeviceSpan<uint8_t>(io_->out.data(), out_bytes);
-    a.lse = DeviceSpan<float>(io_->lse.data(), rows * kQHeads);
-    a.dims = DecodeAttentionDims{kQHeads, kKvHeads, kHeadDim, KvElementType::kBf16,
-                                 1.0f / std::sqrt(static_cast<float>(kHeadDim))};
+    out = DeviceSpan<uint8_t>(io_->out.data(), rows * kQHeads * kHeadDim * 2);
+    lse = DeviceSpan<float>(io_->lse.data(), rows * kQHeads);
+  }
+
+  // After a launch that returned `status`: the outputs of `rows` rows, the violation word
+  // checked clean.
+  Outputs Finish(absl::Status status, int64_t rows) {
     Outputs o;
-    o.status = PagedDecodeAttention(a, word_->device(), stream_);
+    o.status = status;
     EXPECT_EQ(hipStreamSynchronize(stream_), hipSuccess);
     EXPECT_TRUE(word_->Check(stream_).ok()) << word_->Check(stream_);
     std::vector<uint8_t> out = Download(io_->out);
-    o.out_bytes.assign(out.begin(), out.begin() + out_bytes);
+    o.out_bytes.assign(out.begin(), out.begin() + rows * kQHeads * kHeadDim * 2);
     std::vector<float> lse = Download(io_->lse);
     o.lse.assign(lse.begin(), lse.begin() + rows * kQHeads);
     return o;
   }
+
+  // One decode launch over `rows` rows into poisoned outputs.
+  Outputs Run(PagedDecodeArgs a, int64_t rows) {
+    PoisonOutputs(rows, a.out, a.lse);
+    a.q = DeviceSpan<const uint8_t>(io_->q.data(), rows * kQHeads * kHeadDim * 2);
+    a.k_pool = io_->k.const_span();
+    a.v_pool = io_->v.const_span();
+    a.dims = Dims();
+    return Finish(PagedDecodeAttention(a, word_->device(), stream_), rows);
+  }
+
+  // Query row `row` of a run against attention over `slots` (Attention below).
+  void ExpectRow(const Outputs& o, int64_t row, const std::vector<TokenSlot>& slots,
+                 const std::string& what);
 
   hipStream_t stream_ = nullptr;
   std::unique_ptr<DeviceBuffer<TokenSlot>> table_;
@@ -147,6 +213,8 @@ class DecodeStepGpuTest : public testing::GpuTest,
   };
   std::unique_ptr<Io> io_;
   std::vector<float> q_host_, k_host_, v_host_;
+  std::unique_ptr<BatchFixture> fixture_;
+  BackendConfig config_;
 };
 
 // Row j's attention over `slots` in double: out [kQHeads][kHeadDim] and lse [kQHeads].
@@ -179,37 +247,46 @@ void Attention(const std::vector<float>& q, const std::vector<float>& k,
   }
 }
 
-TEST_P(DecodeStepGpuTest, AttentionOverReplayedDeviceMetadataMatchesTheMath) {
+void ForwardStepGpuTest::ExpectRow(const Outputs& o, int64_t row,
+                                   const std::vector<TokenSlot>& slots, const std::string& what) {
+  ASSERT_TRUE(o.status.ok()) << what << ": " << o.status;
+  std::vector<double> want_out, want_lse;
+  Attention(q_host_, k_host_, v_host_, row, slots, want_out, want_lse);
+  for (int64_t e = 0; e < kQHeads * kHeadDim; ++e) {
+    const double got = o.Out(row * kQHeads * kHeadDim + e);
+    const double want = want_out[e];
+    ASSERT_LE(std::fabs(got - want), 1e-2 + 1e-2 * std::fabs(want))
+        << what << ": row " << row << " head " << e / kHeadDim << " dim " << e % kHeadDim
+        << ": got " << got << " want " << want;
+  }
+  for (int32_t h = 0; h < kQHeads; ++h) {
+    const double got = o.lse[row * kQHeads + h];
+    ASSERT_LE(std::fabs(got - want_lse[h]), 1e-3 + 1e-5 * std::fabs(want_lse[h]))
+        << what << ": lse row " << row << " head " << h << ": got " << got << " want "
+        << want_lse[h];
+  }
+}
+
+// `bs` distinct sequences of the fixture's kSequences, in random order.
+std::vector<int> Pick(int64_t bs, std::mt19937_64& rng) {
+  std::vector<int> pick(kSequences);
+  std::iota(pick.begin(), pick.end(), 0);
+  std::shuffle(pick.begin(), pick.end(), rng);
+  pick.resize(bs);
+  return pick;
+}
+
+TEST_P(ForwardStepGpuTest, DecodeOverReplayedDeviceMetadataMatchesTheMath) {
   const auto [ps, source] = GetParam();
   const uint64_t seed = 1200 + ps + (source == Source::kPageTable ? 1 : 0);
   std::mt19937_64 rng(seed);
   std::vector<int64_t> lens;
-  int64_t pages = 16;
   for (int i = 0; i < kSequences; ++i) {
     lens.push_back(std::uniform_int_distribution<int64_t>(1, kMaxContext)(rng));
-    pages += lens.back() / ps + 2;
   }
-  BatchFixture f(ps, seed, pages, kSequences + 2, kMaxContext + 8);
-  for (int64_t len : lens) f.AddSequence(len - 1, 1);
-  const BackendConfig config = Config(ps, source);
-  MakeState(f, config);
+  Prepare(ps, source, seed, lens, /*new_tokens=*/1, kBucket, rng);
   ASSERT_FALSE(HasFatalFailure());
-  auto word = DeviceViolationWord::Create();
-  ASSERT_TRUE(word.ok()) << word.status();
-  word_ = std::make_unique<DeviceViolationWord>(*std::move(word));
-
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<uint16_t> k_bits, v_bits, q_bits;
-  const int64_t pool_values = f.pool_slots().value() * kKvHeads * kHeadDim;
-  testing::FillNormal(KvElementType::kBf16, pool_values, rng, normal, k_bits, k_host_);
-  testing::FillNormal(KvElementType::kBf16, pool_values, rng, normal, v_bits, v_host_);
-  testing::FillNormal(KvElementType::kBf16, int64_t{kBucket} * kQHeads * kHeadDim, rng, normal,
-                      q_bits, q_host_);
-  io_ = std::make_unique<Io>(
-      Io{Upload(testing::Bytes(q_bits)), Upload(testing::Bytes(k_bits)),
-         Upload(testing::Bytes(v_bits)),
-         *DeviceBuffer<uint8_t>::Create(int64_t{kBucket} * kQHeads * kHeadDim * 2),
-         *DeviceBuffer<float>::Create(int64_t{kBucket} * kQHeads)});
+  const BatchFixture& f = *fixture_;
 
   auto handle = state_->Capture(kBucket, ForwardMode::kDecode);
   ASSERT_TRUE(handle.ok()) << handle.status();
@@ -220,15 +297,12 @@ TEST_P(DecodeStepGpuTest, AttentionOverReplayedDeviceMetadataMatchesTheMath) {
   DeviceBuffer<float> partial_lse = *DeviceBuffer<float>::Create(max_partials * kQHeads);
   const std::vector<uint32_t> zeros(buffers.split_kv.reduce.size() * kQHeads, 0);
   DeviceBuffer<uint32_t> counters = Upload(zeros);
-  const KvLayout layout = ConfigSplitKvOptions(config).layout;
+  const KvLayout layout = ConfigSplitKvOptions(config_).layout;
 
   int64_t split_replays = 0;
   for (int iter = 0; iter < 6; ++iter) {
     const int64_t bs = std::uniform_int_distribution<int64_t>(1, kBucket)(rng);
-    std::vector<int> pick(kSequences);
-    std::iota(pick.begin(), pick.end(), 0);
-    std::shuffle(pick.begin(), pick.end(), rng);
-    pick.resize(bs);
+    const std::vector<int> pick = Pick(bs, rng);
     SCOPED_TRACE(::testing::Message()
                  << "page_size " << ps << " seed " << seed << " iter " << iter << " bs " << bs);
     std::vector<ReqPoolIndex> rows;
@@ -240,20 +314,10 @@ TEST_P(DecodeStepGpuTest, AttentionOverReplayedDeviceMetadataMatchesTheMath) {
     auto replay = state_->Replay(*handle, ReplayBatch{rows, kv, {}, {}});
     ASSERT_TRUE(replay.ok()) << replay.status();
     ASSERT_TRUE(writer_->CheckViolations().ok()) << writer_->CheckViolations();
-    const ForwardMetadataView& m = replay->metadata;
 
     // The real rows, as an eager launch after the replay reads them.
     PagedDecodeArgs real;
-    if (source == Source::kTokenLevel) {
-      real.kv =
-          DecodeTokenLevelKv{DeviceSpan<const TokenOffset>(m.kv_indptr.data(), m.kv_indptr.size()),
-                             DeviceSpan<const TokenSlot>(m.kv_indices.data(), m.kv_indices.size())};
-    } else {
-      real.kv = DecodePageTableKv{
-          DeviceSpan<const PageId>(m.page_table.entries().data(), m.page_table.entries().size()),
-          m.page_table.cols(), DeviceSpan<const TokenLength>(m.kv_lens.data(), m.kv_lens.size()),
-          f.page_size()};
-    }
+    real.kv = RealKv(replay->metadata, source);
     // The whole bucket, padded rows included, as a captured graph would launch it.
     PagedDecodeArgs bucket;
     if (source == Source::kTokenLevel) {
@@ -289,24 +353,11 @@ TEST_P(DecodeStepGpuTest, AttentionOverReplayedDeviceMetadataMatchesTheMath) {
     const Outputs runs[] = {unsplit, Run(split_merge_launch, bs), Run(split_in_launch, bs)};
     EXPECT_EQ(Download(counters), zeros) << "merge counters left nonzero";
     const char* names[] = {"unsplit", "split, merge launch", "split, merged in the launch"};
-
-    std::vector<double> want_out, want_lse;
     for (int64_t j = 0; j < bs; ++j) {
-      Attention(q_host_, k_host_, v_host_, j, f.SlotsOf(pick[j]), want_out, want_lse);
       for (int r = 0; r < 3; ++r) {
-        ASSERT_TRUE(runs[r].status.ok()) << names[r] << ": " << runs[r].status;
-        for (int64_t e = 0; e < kQHeads * kHeadDim; ++e) {
-          const double got = runs[r].Out(j * kQHeads * kHeadDim + e);
-          const double want = want_out[e];
-          ASSERT_LE(std::fabs(got - want), 1e-2 + 1e-2 * std::fabs(want))
-              << names[r] << ": row " << j << " (sequence " << pick[j] << ") head " << e / kHeadDim
-              << " dim " << e % kHeadDim << ": got " << got << " want " << want;
-        }
-        for (int32_t h = 0; h < kQHeads; ++h) {
-          const double got = runs[r].lse[j * kQHeads + h];
-          ASSERT_LE(std::fabs(got - want_lse[h]), 1e-3 + 1e-5 * std::fabs(want_lse[h]))
-              << names[r] << ": lse row " << j << " head " << h;
-        }
+        ExpectRow(runs[r], j, f.SlotsOf(pick[j]),
+                  absl::StrCat(names[r], ", sequence ", pick[j]));
+        ASSERT_FALSE(HasFatalFailure());
       }
     }
 
@@ -323,7 +374,77 @@ TEST_P(DecodeStepGpuTest, AttentionOverReplayedDeviceMetadataMatchesTheMath) {
   EXPECT_GT(split_replays, 0) << "no replay split a sequence: the split path went untested";
 }
 
-INSTANTIATE_TEST_SUITE_P(PageSizesAndSources, DecodeStepGpuTest,
+TEST_P(ForwardStepGpuTest, VerifyOverReplayedDeviceMetadataMatchesTheMath) {
+  const auto [ps, source] = GetParam();
+  const uint64_t seed = 1300 + ps + (source == Source::kPageTable ? 1 : 0);
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> lens;  // committed prefix + kDraft draft tokens
+  for (int i = 0; i < kSequences; ++i) {
+    lens.push_back(std::uniform_int_distribution<int64_t>(kDraft + 1, kMaxContext)(rng));
+  }
+  Prepare(ps, source, seed, lens, /*new_tokens=*/kDraft, int64_t{kBucket} * kDraft, rng);
+  ASSERT_FALSE(HasFatalFailure());
+  const BatchFixture& f = *fixture_;
+  auto handle = state_->Capture(kBucket, ForwardMode::kTargetVerify);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+
+  for (int iter = 0; iter < 4; ++iter) {
+    const int64_t bs = std::uniform_int_distribution<int64_t>(1, kBucket)(rng);
+    const std::vector<int> pick = Pick(bs, rng);
+    SCOPED_TRACE(::testing::Message()
+                 << "page_size " << ps << " seed " << seed << " iter " << iter << " bs " << bs);
+    std::vector<ReqPoolIndex> rows;
+    std::vector<TokenLength> kv;
+    std::vector<uint8_t> tree;  // [bs][kDraft][kDraft]: a tree row sees its root and itself
+    for (int i : pick) {
+      rows.push_back(f.rows()[i]);
+      kv.push_back(f.kv_lens()[i]);
+      for (int r = 0; r < kDraft; ++r) {
+        for (int c = 0; c < kDraft; ++c) tree.push_back(c == 0 || c == r || (c < r && rng() % 2));
+      }
+    }
+    auto replay = state_->Replay(*handle, ReplayBatch{rows, kv, {}, tree});
+    ASSERT_TRUE(replay.ok()) << replay.status();
+    ASSERT_TRUE(writer_->CheckViolations().ok()) << writer_->CheckViolations();
+    const ForwardMetadataView& m = replay->metadata;
+    const int64_t q_rows = bs * kDraft;
+
+    for (VarlenKernel kernel : {VarlenKernel::kAuto, VarlenKernel::kShortQueries,
+                                VarlenKernel::kTiledTensorCores, VarlenKernel::kTiledCudaCores}) {
+      VarlenAttentionArgs a;
+      a.dims = Dims();
+      a.q = DeviceSpan<const uint8_t>(io_->q.data(), q_rows * kQHeads * kHeadDim * 2);
+      a.qo_indptr = DeviceSpan<const TokenOffset>(m.qo_indptr.data(), m.qo_indptr.size());
+      a.max_q_len = m.max_q_len;
+      a.k_pool = io_->k.const_span();
+      a.v_pool = io_->v.const_span();
+      a.kv = RealKv(m, source);
+      a.mask = VarlenMask{
+          m.custom_mask.layout,
+          DeviceSpan<const uint8_t>(m.custom_mask.mask.data(), m.custom_mask.mask.size()),
+          DeviceSpan<const int64_t>(m.custom_mask.mask_indptr.data(),
+                                    m.custom_mask.mask_indptr.size())};
+      a.kernel = kernel;
+      PoisonOutputs(q_rows, a.out, a.lse);
+      const Outputs o = Finish(VarlenAttention(a, word_->device(), stream_), q_rows);
+      for (int64_t j = 0; j < bs; ++j) {
+        const std::vector<TokenSlot> all = f.SlotsOf(pick[j]);
+        const int64_t prefix = static_cast<int64_t>(all.size()) - kDraft;
+        for (int r = 0; r < kDraft; ++r) {
+          std::vector<TokenSlot> seen(all.begin(), all.begin() + prefix);
+          for (int c = 0; c < kDraft; ++c) {
+            if (tree[(j * kDraft + r) * kDraft + c]) seen.push_back(all[prefix + c]);
+          }
+          ExpectRow(o, j * kDraft + r, seen,
+                    absl::StrCat(VarlenKernelName(kernel), ", sequence ", pick[j], " draft ", r));
+          ASSERT_FALSE(HasFatalFailure());
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(PageSizesAndSources, ForwardStepGpuTest,
                          ::testing::Combine(::testing::Values(1, 7, 16, 64),
                                             ::testing::Values(Source::kTokenLevel,
                                                               Source::kPageTable)),
