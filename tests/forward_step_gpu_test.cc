@@ -12,6 +12,7 @@
 //  - Target-verify: VarlenAttention, with each of its kernels, reads the replay's qo_indptr and
 //    its FULL tree mask: draft token r of a request sees the committed prefix and the draft
 //    tokens its tree row marks.
+//  - Extend and draft-extend: 1 to 4 query rows per request, causal over the cached prefix.
 // Needs a GPU.
 
 #include <algorithm>
@@ -438,6 +439,74 @@ TEST_P(ForwardStepGpuTest, VerifyOverReplayedDeviceMetadataMatchesTheMath) {
           ExpectRow(o, j * kDraft + r, seen,
                     absl::StrCat(VarlenKernelName(kernel), ", sequence ", pick[j], " draft ", r));
           ASSERT_FALSE(HasFatalFailure());
+        }
+      }
+    }
+  }
+}
+
+// Extend and draft-extend: each request's last q_len tokens (1 to 4, drawn per replay) attend
+// causally to everything before them. VarlenAttention, with each of its kernels, reads the
+// replay's qo_indptr (the query rows of a variable-row batch) and KV source.
+TEST_P(ForwardStepGpuTest, ExtendAndDraftExtendOverReplayedDeviceMetadataMatchTheMath) {
+  const auto [ps, source] = GetParam();
+  const uint64_t seed = 1400 + ps + (source == Source::kPageTable ? 1 : 0);
+  std::mt19937_64 rng(seed);
+  constexpr int32_t kRows = 4;  // the captured query rows per request
+  std::vector<int64_t> lens;
+  for (int i = 0; i < kSequences; ++i) {
+    lens.push_back(std::uniform_int_distribution<int64_t>(kRows + 1, kMaxContext)(rng));
+  }
+  Prepare(ps, source, seed, lens, /*new_tokens=*/kRows, int64_t{kBucket} * kRows, rng);
+  ASSERT_FALSE(HasFatalFailure());
+  const BatchFixture& f = *fixture_;
+
+  for (ForwardMode mode : {ForwardMode::kExtend, ForwardMode::kDraftExtend}) {
+    auto handle = state_->Capture(kBucket, mode, TokenLength(kRows));
+    ASSERT_TRUE(handle.ok()) << handle.status();
+    for (int iter = 0; iter < 3; ++iter) {
+      const int64_t bs = std::uniform_int_distribution<int64_t>(1, kBucket)(rng);
+      const std::vector<int> pick = Pick(bs, rng);
+      SCOPED_TRACE(::testing::Message() << ForwardModeName(mode) << " page_size " << ps << " seed "
+                                        << seed << " iter " << iter << " bs " << bs);
+      std::vector<ReqPoolIndex> rows;
+      std::vector<TokenLength> kv, q_lens;
+      std::vector<int64_t> q_begin = {0};  // the host's qo_indptr, for the reference
+      for (int i : pick) {
+        rows.push_back(f.rows()[i]);
+        kv.push_back(f.kv_lens()[i]);
+        q_lens.push_back(TokenLength(std::uniform_int_distribution<int32_t>(1, kRows)(rng)));
+        q_begin.push_back(q_begin.back() + q_lens.back().value());
+      }
+      auto replay = state_->Replay(*handle, ReplayBatch{rows, kv, q_lens, {}});
+      ASSERT_TRUE(replay.ok()) << replay.status();
+      ASSERT_TRUE(writer_->CheckViolations().ok()) << writer_->CheckViolations();
+      const ForwardMetadataView& m = replay->metadata;
+      const int64_t q_rows = q_begin.back();
+
+      for (VarlenKernel kernel : {VarlenKernel::kAuto, VarlenKernel::kShortQueries,
+                                  VarlenKernel::kTiledTensorCores, VarlenKernel::kTiledCudaCores}) {
+        VarlenAttentionArgs a;
+        a.dims = Dims();
+        a.q = DeviceSpan<const uint8_t>(io_->q.data(), q_rows * kQHeads * kHeadDim * 2);
+        a.qo_indptr = DeviceSpan<const TokenOffset>(m.qo_indptr.data(), m.qo_indptr.size());
+        a.max_q_len = m.max_q_len;
+        a.k_pool = io_->k.const_span();
+        a.v_pool = io_->v.const_span();
+        a.kv = RealKv(m, source);
+        a.kernel = kernel;
+        PoisonOutputs(q_rows, a.out, a.lse);
+        const Outputs o = Finish(VarlenAttention(a, word_->device(), stream_), q_rows);
+        for (int64_t j = 0; j < bs; ++j) {
+          const std::vector<TokenSlot> all = f.SlotsOf(pick[j]);
+          const int64_t q_len = q_lens[j].value();
+          for (int64_t r = 0; r < q_len; ++r) {
+            const int64_t position = static_cast<int64_t>(all.size()) - q_len + r;
+            ExpectRow(o, q_begin[j] + r,
+                      std::vector<TokenSlot>(all.begin(), all.begin() + position + 1),
+                      absl::StrCat(VarlenKernelName(kernel), ", sequence ", pick[j], " row ", r));
+            ASSERT_FALSE(HasFatalFailure());
+          }
         }
       }
     }
