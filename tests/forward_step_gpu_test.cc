@@ -165,6 +165,22 @@ class ForwardStepGpuTest : public testing::GpuTest,
         fixture_->page_size()};
   }
 
+  // Varlen attention over the replay's real rows: `q_rows` query rows of Q, the replay's
+  // qo_indptr, max_q_len and KV source, no mask; outputs not set.
+  VarlenAttentionArgs VarlenArgs(const ForwardMetadataView& m, Source source, int64_t q_rows,
+                                 VarlenKernel kernel) const {
+    VarlenAttentionArgs a;
+    a.dims = Dims();
+    a.q = DeviceSpan<const uint8_t>(io_->q.data(), q_rows * kQHeads * kHeadDim * 2);
+    a.qo_indptr = DeviceSpan<const TokenOffset>(m.qo_indptr.data(), m.qo_indptr.size());
+    a.max_q_len = m.max_q_len;
+    a.k_pool = io_->k.const_span();
+    a.v_pool = io_->v.const_span();
+    a.kv = RealKv(m, source);
+    a.kernel = kernel;
+    return a;
+  }
+
   // Poisons the outputs of `rows` query rows and points `out` and `lse` at them.
   void PoisonOutputs(int64_t rows, DeviceSpan<uint8_t>& out, DeviceSpan<float>& lse) {
     Poison(io_->out.data(), io_->out.size());
@@ -412,20 +428,12 @@ TEST_P(ForwardStepGpuTest, VerifyOverReplayedDeviceMetadataMatchesTheMath) {
 
     for (VarlenKernel kernel : {VarlenKernel::kAuto, VarlenKernel::kShortQueries,
                                 VarlenKernel::kTiledTensorCores, VarlenKernel::kTiledCudaCores}) {
-      VarlenAttentionArgs a;
-      a.dims = Dims();
-      a.q = DeviceSpan<const uint8_t>(io_->q.data(), q_rows * kQHeads * kHeadDim * 2);
-      a.qo_indptr = DeviceSpan<const TokenOffset>(m.qo_indptr.data(), m.qo_indptr.size());
-      a.max_q_len = m.max_q_len;
-      a.k_pool = io_->k.const_span();
-      a.v_pool = io_->v.const_span();
-      a.kv = RealKv(m, source);
+      VarlenAttentionArgs a = VarlenArgs(m, source, q_rows, kernel);
       a.mask = VarlenMask{
           m.custom_mask.layout,
           DeviceSpan<const uint8_t>(m.custom_mask.mask.data(), m.custom_mask.mask.size()),
           DeviceSpan<const int64_t>(m.custom_mask.mask_indptr.data(),
                                     m.custom_mask.mask_indptr.size())};
-      a.kernel = kernel;
       PoisonOutputs(q_rows, a.out, a.lse);
       const Outputs o = Finish(VarlenAttention(a, word_->device(), stream_), q_rows);
       for (int64_t j = 0; j < bs; ++j) {
@@ -486,15 +494,7 @@ TEST_P(ForwardStepGpuTest, ExtendAndDraftExtendOverReplayedDeviceMetadataMatchTh
 
       for (VarlenKernel kernel : {VarlenKernel::kAuto, VarlenKernel::kShortQueries,
                                   VarlenKernel::kTiledTensorCores, VarlenKernel::kTiledCudaCores}) {
-        VarlenAttentionArgs a;
-        a.dims = Dims();
-        a.q = DeviceSpan<const uint8_t>(io_->q.data(), q_rows * kQHeads * kHeadDim * 2);
-        a.qo_indptr = DeviceSpan<const TokenOffset>(m.qo_indptr.data(), m.qo_indptr.size());
-        a.max_q_len = m.max_q_len;
-        a.k_pool = io_->k.const_span();
-        a.v_pool = io_->v.const_span();
-        a.kv = RealKv(m, source);
-        a.kernel = kernel;
+        VarlenAttentionArgs a = VarlenArgs(m, source, q_rows, kernel);
         PoisonOutputs(q_rows, a.out, a.lse);
         const Outputs o = Finish(VarlenAttention(a, word_->device(), stream_), q_rows);
         for (int64_t j = 0; j < bs; ++j) {
