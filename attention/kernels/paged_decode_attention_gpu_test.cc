@@ -808,6 +808,32 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
          a.split->plan = dp;
        },
        kInvalid},
+      {"device plan with no work item for the batch",
+       [&](PagedDecodeArgs& a) {
+         a.split->plan = DeviceSplitKvPlan{KvLayout::LinearPerToken(), SplitKvPlanCounts{}};
+       },
+       kInvalid},
+      {"device plan with more reduce items than partial slots",
+       [&](PagedDecodeArgs& a) {
+         DeviceSplitKvPlan dp = DevicePlanOf(*plan);
+         dp.counts.reduce_items = dp.counts.num_partials + 1;
+         a.split->plan = dp;
+       },
+       kInvalid},
+      {"device plan with reduce items and no partial slot",
+       [&](PagedDecodeArgs& a) {
+         DeviceSplitKvPlan dp = DevicePlanOf(*plan);
+         dp.counts.num_partials = 0;
+         a.split->plan = dp;
+       },
+       kInvalid},
+      {"device plan beyond the grid",
+       [&](PagedDecodeArgs& a) {
+         DeviceSplitKvPlan dp = DevicePlanOf(*plan);
+         dp.counts.work_items = (int64_t{1} << 23) + 1;
+         a.split->plan = dp;
+       },
+       absl::StatusCode::kOutOfRange},
       {"device plan with negative counts",
        [&](PagedDecodeArgs& a) {
          DeviceSplitKvPlan dp = DevicePlanOf(*plan);

@@ -236,6 +236,15 @@ absl::StatusOr<SplitShape> CheckPlanOf(const DecodeSplitKv& s, const KvLayout& l
         "split-KV device plan: counts of ", c.work_items, " work items, ", c.reduce_items,
         " reduce items and ", c.num_partials, " partial slots are not a plan's"));
   }
+  // A decode plan gives every sequence of the batch an item; none when there is no batch.
+  if ((bs > 0) != (c.work_items > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("split-KV device plan: ", c.work_items,
+                                                   " work items for a batch of ", bs));
+  }
+  if (c.work_items > kMaxBlocks) {
+    return absl::OutOfRangeError(absl::StrCat("split-KV device plan: ", c.work_items,
+                                              " work items, at most ", kMaxBlocks));
+  }
   if (c.work_items > static_cast<int64_t>(s.work.size()) ||
       c.reduce_items > static_cast<int64_t>(s.reduce.size())) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -85,7 +85,9 @@ struct DecodeSplitKv {
   // against the batch before the launch; or a plan held only on the device, whose items only
   // the kernels check (a sequence outside the batch, a partial slot or reduce item outside
   // the buffers: recorded and skipped). A device plan's sequences without an item (the padded
-  // rows of a graph bucket: no query row) get no output.
+  // rows of a graph bucket: no query row) get no output. REQUIRES for a device plan: a decode
+  // plan, one query row per sequence (a decode replay's); the kernels do not read an item's
+  // query rows, so the plan of a replay with more rows per request gives wrong rows unrecorded.
   std::variant<const SplitKvPlan*, DeviceSplitKvPlan> plan;
   // A host plan: exactly plan->work and plan->reduce. A device plan: at least its counts'
   // work_items and reduce_items (the graph's buffers, sized to their capacity).
