@@ -196,17 +196,10 @@ absl::Status CheckPlan(const SplitKvPlan& plan, const KvLayout& layout, int64_t 
   return absl::OkStatus();
 }
 
-// The counts of a plan the launch runs: its work items (the grid), reduce items and partial
-// slots.
-struct SplitShape {
-  int64_t work_items = 0;
-  int64_t reduce_items = 0;
-  int64_t num_partials = 0;
-};
-
-// A host plan: checked item by item, and its device copy the same size. A device plan: its
-// layout, and counts that are consistent and fit the device buffers.
-absl::StatusOr<SplitShape> CheckPlanOf(const DecodeSplitKv& s, const KvLayout& layout, int64_t bs) {
+// The counts of the plan the launch runs (work items: the grid). A host plan: checked item by
+// item, and its device copy the same size. A device plan: its layout, and counts that are
+// consistent and fit the device buffers.
+absl::StatusOr<SplitKvPlanCounts> CheckPlanOf(const DecodeSplitKv& s, const KvLayout& layout, int64_t bs) {
   if (const auto* host = std::get_if<const SplitKvPlan*>(&s.plan)) {
     if (*host == nullptr) return absl::InvalidArgumentError("split-KV: no plan");
     const SplitKvPlan& plan = **host;
@@ -216,8 +209,8 @@ absl::StatusOr<SplitShape> CheckPlanOf(const DecodeSplitKv& s, const KvLayout& l
           "split-KV: the device copy holds ", s.work.size(), " work and ", s.reduce.size(),
           " reduce items, the plan ", plan.work.size(), " and ", plan.reduce.size()));
     }
-    return SplitShape{static_cast<int64_t>(plan.work.size()),
-                      static_cast<int64_t>(plan.reduce.size()), plan.num_partials};
+    return SplitKvPlanCounts{plan.chunk, static_cast<int64_t>(plan.work.size()),
+                             static_cast<int64_t>(plan.reduce.size()), plan.num_partials};
   }
   const DeviceSplitKvPlan& plan = std::get<DeviceSplitKvPlan>(s.plan);
   if (!SameLayout(plan.layout, layout)) {
@@ -251,16 +244,16 @@ absl::StatusOr<SplitShape> CheckPlanOf(const DecodeSplitKv& s, const KvLayout& l
         "split-KV device plan: ", c.work_items, " work and ", c.reduce_items,
         " reduce items, but the device buffers hold ", s.work.size(), " and ", s.reduce.size()));
   }
-  return SplitShape{c.work_items, c.reduce_items, c.num_partials};
+  return c;
 }
 
-absl::StatusOr<SplitShape> CheckSplit(const DecodeSplitKv& s, const DecodeAttentionDims& d,
+absl::StatusOr<SplitKvPlanCounts> CheckSplit(const DecodeSplitKv& s, const DecodeAttentionDims& d,
                                       const KvLayout& layout, int64_t bs) {
-  absl::StatusOr<SplitShape> shape = CheckPlanOf(s, layout, bs);
-  if (!shape.ok()) return shape.status();
-  const SplitShape& plan = *shape;
-  const int64_t need_out = plan.num_partials * d.num_q_heads * d.head_dim;
-  const int64_t need_lse = plan.num_partials * d.num_q_heads;
+  absl::StatusOr<SplitKvPlanCounts> counts = CheckPlanOf(s, layout, bs);
+  if (!counts.ok()) return counts.status();
+  const SplitKvPlanCounts& plan = *counts;
+  const int64_t need_out = int64_t{plan.num_partials} * d.num_q_heads * d.head_dim;
+  const int64_t need_lse = int64_t{plan.num_partials} * d.num_q_heads;
   if (static_cast<int64_t>(s.partial_out.size()) < need_out ||
       static_cast<int64_t>(s.partial_lse.size()) < need_lse) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -305,9 +298,9 @@ absl::Status PagedDecodeAttention(const PagedDecodeArgs& a, kernels::DeviceViola
   }
   absl::StatusOr<int64_t> pool_slots = CheckBuffers(a, *bs);
   if (!pool_slots.ok()) return pool_slots.status();
-  SplitShape split;
+  SplitKvPlanCounts split;
   if (a.split.has_value()) {
-    absl::StatusOr<SplitShape> checked = CheckSplit(*a.split, a.dims, DecodeKvLayout(a.kv), *bs);
+    absl::StatusOr<SplitKvPlanCounts> checked = CheckSplit(*a.split, a.dims, DecodeKvLayout(a.kv), *bs);
     if (!checked.ok()) return checked.status();
     split = *checked;
   }
@@ -328,7 +321,7 @@ absl::Status PagedDecodeAttention(const PagedDecodeArgs& a, kernels::DeviceViola
     p.work = reinterpret_cast<const kernels::DecodeWorkItem*>(a.split->work.data());
     p.partial_out = a.split->partial_out.data();
     p.partial_lse = a.split->partial_lse.data();
-    p.partial_capacity = static_cast<int32_t>(split.num_partials);
+    p.partial_capacity = split.num_partials;
     if (!a.split->merge_counters.empty() && split.reduce_items > 0) {
       p.reduce = reinterpret_cast<const kernels::DecodeReduceItem*>(a.split->reduce.data());
       p.num_reduce = static_cast<int32_t>(split.reduce_items);
