@@ -290,6 +290,23 @@ __device__ inline uint32_t PackBf16x2(float lo, float hi) {
 #endif
 }
 
+// *counter = (*counter >= limit) ? 0 : *counter + 1, returning the old value, as one atomic at
+// device scope with acquire-release order: it releases what the calling thread has seen
+// (the block's stores, after a barrier) and acquires what earlier counters released. Cheaper
+// than a full fence on each side of a relaxed atomicInc.
+__device__ inline uint32_t AtomicIncAcqRelDevice(uint32_t* counter, uint32_t limit) {
+#if defined(ATTNMETA_GPU_CUDA)
+  uint32_t old;
+  asm volatile("atom.acq_rel.gpu.global.inc.u32 %0, [%1], %2;\n"
+               : "=r"(old)
+               : "l"(counter), "r"(limit)
+               : "memory");
+  return old;
+#else
+  return __builtin_amdgcn_atomic_inc32(counter, limit, __ATOMIC_ACQ_REL, "agent");
+#endif
+}
+
 }  // namespace attnmeta
 #endif  // defined(__CUDACC__) || defined(__HIPCC__)
 

@@ -456,6 +456,8 @@ int main(int argc, char** argv) {
       RunShape(s.bs, s.ctx, ps, rng, word);
     }
   }
+  // Odd context lengths: rows start at every alignment in the table and in kv_indices.
+  for (Shape s : {Shape{1024, 4095}, Shape{1024, 32767}}) RunShape(s.bs, s.ctx, 16, rng, word);
   RunGather(65536, 8, 128, rng, word);
   RunGather(65536, 1, 256, rng, word);
   RunHostBookkeeping();

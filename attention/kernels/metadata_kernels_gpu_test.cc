@@ -37,7 +37,7 @@ using testing::Download;
 using testing::Upload;
 
 class GpuTest : public testing::ViolationWordGpuTest {
- protected:
+ public:
   kernels::DeviceViolation* violation() { return word_->device(); }
   // The recorded violation, then clears the word for the next launch.
   absl::Status Violations() {
@@ -115,19 +115,23 @@ TEST_P(PageSizeGpuTest, PageTableEqualsTheHostBuilderAndKeepsRowsPastTheBatch) {
 
 // The fused launch against the host writer over the same padded batch (real rows, then
 // padded rows staged as kPaddedRow with the fill length and no query rows).
-TEST_P(PageSizeGpuTest, FusedDecodeMetadataEqualsTheHostWriter) {
-  for (int64_t q : {1, 3}) {
-    SCOPED_TRACE(::testing::Message() << "q " << q << " page_size " << GetParam());
-    const BatchFixture f = MakeBatch(GetParam(), 12, 900, q, 20 + GetParam() + q);
-    const int64_t padded = 16;
+// The fused launch over `real` random sequences (cached lengths up to max_cached, q new tokens
+// each) padded to `padded` rows equals the host writer, every output poisoned first.
+void ExpectFusedEqualsTheHostWriter(GpuTest& test, int64_t ps, int real, int64_t padded,
+                                    int64_t max_cached, int64_t q, uint64_t seed) {
+  SCOPED_TRACE(::testing::Message() << "q " << q << " page_size " << ps << " rows " << real
+                                    << " seed " << seed);
+  {
+    const BatchFixture f = MakeBatch(ps, real, max_cached, q, seed);
     std::vector<ReqPoolIndex> rows(f.rows());
     std::vector<TokenLength> kv(f.kv_lens());
-    std::vector<TokenLength> qs(12, TokenLength(static_cast<int32_t>(q)));
+    std::vector<TokenLength> qs(real, TokenLength(static_cast<int32_t>(q)));
     rows.resize(padded, ReqPoolIndex(kernels::kPaddedRow));
     kv.resize(padded, TokenLength(1));
     qs.resize(padded, TokenLength(0));
-    const int64_t cols = (1000 + GetParam() - 1) / GetParam() + 2;
-    const int64_t capacity = padded * 1000;
+    const int64_t row_tokens = max_cached + 100;
+    const int64_t cols = (row_tokens + ps - 1) / ps + 2;
+    const int64_t capacity = padded * row_tokens;
     // The host writer's result.
     std::vector<TokenOffset> h_kv_indptr(padded + 1), h_qo_indptr(padded + 1);
     std::vector<TokenLength> h_last(padded);
@@ -144,7 +148,7 @@ TEST_P(PageSizeGpuTest, FusedDecodeMetadataEqualsTheHostWriter) {
     hb.page_table = *PageTableSpan<PageId>::Create(absl::MakeSpan(h_table), padded, cols);
     MetadataWriteRequest req;
     req.mode = q == 1 ? ForwardMode::kDecode : ForwardMode::kExtend;
-    req.real_batch_size = 12;
+    req.real_batch_size = real;
     req.padded_batch_size = padded;
     req.padded_kv_len = TokenLength(1);
     req.page_size = f.page_size();
@@ -176,14 +180,26 @@ TEST_P(PageSizeGpuTest, FusedDecodeMetadataEqualsTheHostWriter) {
     a.page_table = d_table.span();
     a.page_table_cols = cols;
     a.max_kv_len = f.pool().max_context_len();
-    ASSERT_TRUE(BuildDecodeMetadataOnDevice(a, violation(), nullptr).ok());
+    ASSERT_TRUE(BuildDecodeMetadataOnDevice(a, test.violation(), nullptr).ok());
     EXPECT_EQ(Download(d_kv_indptr), h_kv_indptr);
     EXPECT_EQ(Download(d_qo_indptr), h_qo_indptr);
     EXPECT_EQ(Download(d_last), h_last);
     EXPECT_EQ(Download(d_indices), h_indices) << "the tail past kv_indptr[B] stays poisoned too";
     EXPECT_EQ(Download(d_table), h_table);
-    EXPECT_TRUE(Violations().ok()) << Violations();
+    EXPECT_TRUE(test.Violations().ok()) << test.Violations();
   }
+}
+
+TEST_P(PageSizeGpuTest, FusedDecodeMetadataEqualsTheHostWriter) {
+  for (int64_t q : {1, 3}) {
+    ExpectFusedEqualsTheHostWriter(*this, GetParam(), 12, 16, 900, q, 20 + GetParam() + q);
+  }
+}
+
+// 200 rows of up to 20,000 tokens: more passes per row than the launch gives a row blocks,
+// so blocks loop over passes; rows start at every alignment.
+TEST_P(PageSizeGpuTest, FusedDecodeMetadataLoopsOverPassesOfLongRows) {
+  ExpectFusedEqualsTheHostWriter(*this, GetParam(), 200, 205, 20000, 1, 70 + GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(PageSizes, PageSizeGpuTest, ::testing::Values(1, 7, 16, 64));

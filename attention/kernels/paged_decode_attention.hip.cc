@@ -171,10 +171,10 @@ __device__ __forceinline__ void MergeHead(const float* partial_out, const float*
 // Split-KV without a merge launch (merge_counters set): the block that completes a reduce item,
 // the last of the item's blocks for this KV head and query-head chunk (`head_group`) to count
 // itself, merges the item's partials for the chunk's query heads, a warp per head. The block's
-// partial stores reach thread 0 through the barrier and are released at device scope by its
-// fence before it counts the block (one atomic increment that wraps to zero at the item's
-// count, so that a launch leaves every counter it used at zero); the merging block's fence
-// after its increment acquires the other blocks' partials.
+// partial stores reach thread 0 through the barrier; thread 0 counts the block with one
+// acquire-release increment at device scope (it wraps to zero at the item's count, so that a
+// launch leaves every counter it used at zero), which releases them and, in the merging
+// block, acquires the other blocks' partials; the second barrier passes them on to its warps.
 template <typename Dtype, int kHeadDim, int kHeads, int kWarps>
 __device__ __forceinline__ void MergeIfLast(const PagedDecodeParams& p, int32_t item, int32_t slot,
                                             int32_t head_group, int32_t head_groups, int32_t q_head0) {
@@ -202,9 +202,8 @@ __device__ __forceinline__ void MergeIfLast(const PagedDecodeParams& p, int32_t 
       const DecodeReduceItem it = p.reduce[found];
       if (ReduceItemFits(it, found, p.batch_size, p.partial_capacity, p.violation)) {
         const uint32_t last = static_cast<uint32_t>(it.partial_end - it.partial_begin) - 1;
-        __threadfence();
-        if (atomicInc(p.merge_counters + int64_t{found} * head_groups + head_group, last) == last) {
-          __threadfence();
+        if (AtomicIncAcqRelDevice(p.merge_counters + int64_t{found} * head_groups + head_group,
+                                  last) == last) {
           merge_item = found;
         }
       }
@@ -212,7 +211,6 @@ __device__ __forceinline__ void MergeIfLast(const PagedDecodeParams& p, int32_t 
   }
   __syncthreads();
   if (merge_item < 0) return;  // the same for every thread of the block
-  __threadfence();
   const DecodeReduceItem it = p.reduce[merge_item];
   for (int h = warp; h < kHeads; h += kWarps) {
     MergeHead<Dtype, kHeadDim>(p.partial_out, p.partial_lse, p.num_q_heads, q_head0 + h, it, p.out,
