@@ -113,6 +113,13 @@ constexpr hipDeviceAttribute_t hipDeviceAttributeMultiprocessorCount = cudaDevAt
 inline hipError_t hipDeviceGetAttribute(int* value, hipDeviceAttribute_t attr, int device) {
   return cudaDeviceGetAttribute(value, attr, device);
 }
+template <typename Kernel>
+inline hipError_t hipOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Kernel kernel,
+                                                               int block_threads,
+                                                               size_t dynamic_shared_bytes) {
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, block_threads,
+                                                       dynamic_shared_bytes);
+}
 inline hipError_t hipDeviceSynchronize() { return cudaDeviceSynchronize(); }
 inline hipError_t hipMalloc(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
 template <typename T>

@@ -19,10 +19,14 @@ namespace kernels {
 // padding page (slot t % page_size), its page-table row all padding page (0).
 inline constexpr int32_t kPaddedRow = -1;
 
-// Threads per block of the token-parallel kernels and the tokens one block handles per pass
-// (threads * unroll).
+// Threads per block of the token-parallel kernels, and the tokens one block copies per pass
+// in each, in groups of 4 (one 16-byte load): kv_indices 8 per thread (on the H200 as fast
+// as 4 or faster at every large shape), the fused kernel 4 (with 8 its block sum kept more
+// registers live: it spilled, ran 5 blocks per multiprocessor instead of 6 and lost 5-8% at
+// 64 x 128k).
 inline constexpr int32_t kMetadataThreads = 256;
-inline constexpr int32_t kMetadataTokensPerPass = kMetadataThreads * 4;
+inline constexpr int32_t kTokenKvIndicesTokensPerPass = kMetadataThreads * 8;
+inline constexpr int32_t kFusedMetadataTokensPerPass = kMetadataThreads * 4;
 
 // The KV pool and the request-to-token table, as every kernel that reads slots sees them.
 struct SlotSource {
@@ -106,6 +110,9 @@ struct FusedMetadataParams {
 };
 hipError_t LaunchFusedMetadataKernel(const FusedMetadataParams& p, int32_t passes,
                                      hipStream_t stream);
+// The fused kernel's blocks that the current device runs at once (one wave): its occupancy
+// per multiprocessor, times the multiprocessors.
+hipError_t FusedMetadataWaveBlocks(int32_t* blocks);
 
 // Step `step` of draft-decode (iters = step + 1; draft_decode_layout.h) over the padded
 // batch's branches z = s * topk + k: for a real request s (rows[s] != kPaddedRow), branch z is

@@ -65,7 +65,7 @@ absl::Status BuildTokenKvIndicesOnDevice(const TokenKvIndicesDeviceInputs& in,
   params.violation = violation;
   return internal::LaunchResult(
       kernels::LaunchTokenKvIndicesKernel(
-          params, internal::Passes(in.max_kv_len.value(), kernels::kMetadataTokensPerPass), stream),
+          params, internal::Passes(in.max_kv_len.value(), kernels::kTokenKvIndicesTokensPerPass), stream),
       "token kv_indices");
 }
 
