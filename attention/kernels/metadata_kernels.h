@@ -110,9 +110,8 @@ struct FusedMetadataParams {
 };
 hipError_t LaunchFusedMetadataKernel(const FusedMetadataParams& p, int32_t passes,
                                      hipStream_t stream);
-// The fused kernel's blocks that the current device runs at once (one wave): its occupancy
-// per multiprocessor, times the multiprocessors.
-hipError_t FusedMetadataWaveBlocks(int32_t* blocks);
+// The fused kernel's blocks that one multiprocessor of the current device runs at once.
+hipError_t FusedMetadataBlocksPerMultiprocessor(int32_t* blocks);
 
 // Step `step` of draft-decode (iters = step + 1; draft_decode_layout.h) over the padded
 // batch's branches z = s * topk + k: for a real request s (rows[s] != kPaddedRow), branch z is

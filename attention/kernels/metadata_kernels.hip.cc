@@ -748,19 +748,11 @@ hipError_t LaunchFusedMetadataKernel(const FusedMetadataParams& p, int32_t passe
   return hipGetLastError();
 }
 
-hipError_t FusedMetadataWaveBlocks(int32_t* blocks) {
-  int device = 0, multiprocessors = 0, per_multiprocessor = 0;
-  hipError_t err = hipGetDevice(&device);
-  if (err == hipSuccess) {
-    err = hipDeviceGetAttribute(&multiprocessors, hipDeviceAttributeMultiprocessorCount, device);
-  }
-  if (err == hipSuccess) {
-    err = hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, FusedMetadataKernel,
-                                                       kThreads, 0);
-  }
-  if (err == hipSuccess) {
-    *blocks = multiprocessors * (per_multiprocessor > 0 ? per_multiprocessor : 1);
-  }
+hipError_t FusedMetadataBlocksPerMultiprocessor(int32_t* blocks) {
+  int n = 0;
+  const hipError_t err =
+      hipOccupancyMaxActiveBlocksPerMultiprocessor(&n, FusedMetadataKernel, kThreads, 0);
+  if (err == hipSuccess) *blocks = n;
   return err;
 }
 

@@ -88,6 +88,21 @@ absl::Status BuildPageTableOnDevice(const DeviceReqToToken& req_to_token, TokenC
       "page table");
 }
 
+absl::StatusOr<int32_t> DeviceMultiprocessorCount() {
+  int device = 0;
+  if (absl::Status s = internal::RuntimeStatus(hipGetDevice(&device), "hipGetDevice"); !s.ok()) {
+    return s;
+  }
+  int count = 0;
+  if (absl::Status s = internal::RuntimeStatus(
+          hipDeviceGetAttribute(&count, hipDeviceAttributeMultiprocessorCount, device),
+          "hipDeviceGetAttribute(multiprocessor count)");
+      !s.ok()) {
+    return s;
+  }
+  return static_cast<int32_t>(count);
+}
+
 absl::Status BuildDecodeMetadataOnDevice(const DecodeMetadataDeviceArgs& a,
                                          kernels::DeviceViolation* violation, hipStream_t stream) {
   absl::StatusOr<kernels::SlotSource> src = Source(a.req_to_token, a.pool_slots, a.page_size);
@@ -139,12 +154,16 @@ absl::Status BuildDecodeMetadataOnDevice(const DecodeMetadataDeviceArgs& a,
   // Every block sums the lengths before its row, so a block covers several passes when the
   // batch alone fills the GPU: at most one wave of blocks (a second, partial wave cost up
   // to 20% at 64 x 128k on the H200).
-  int32_t wave_blocks = 0;
-  if (absl::Status s = internal::RuntimeStatus(kernels::FusedMetadataWaveBlocks(&wave_blocks),
-                                               "decode metadata occupancy");
+  absl::StatusOr<int32_t> multiprocessors = DeviceMultiprocessorCount();
+  if (!multiprocessors.ok()) return multiprocessors.status();
+  int32_t per_multiprocessor = 0;
+  if (absl::Status s = internal::RuntimeStatus(
+          kernels::FusedMetadataBlocksPerMultiprocessor(&per_multiprocessor),
+          "decode metadata occupancy");
       !s.ok()) {
     return s;
   }
+  const int32_t wave_blocks = *multiprocessors * std::max<int32_t>(1, per_multiprocessor);
   const int32_t needed =
       std::max(Passes(a.max_kv_len.value(), kernels::kFusedMetadataTokensPerPass),
                Passes(a.page_table_cols, kernels::kFusedMetadataTokensPerPass));

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "attention/kernels/device_span.h"
 #include "attention/kernels/device_violation.h"
 #include "attention/kernels/hip_port.h"
@@ -47,6 +48,9 @@ absl::Status BuildPageTableOnDevice(const DeviceReqToToken& req_to_token, TokenC
                                     DeviceSpan<const TokenLength> kv_lens, PageSize page_size,
                                     DeviceSpan<PageId> page_table, int64_t cols,
                                     kernels::DeviceViolation* violation, hipStream_t stream);
+
+// The multiprocessor count of the current device. Internal when the runtime fails.
+absl::StatusOr<int32_t> DeviceMultiprocessorCount();
 
 // Every array of a decode (or fixed-row extend) replay from the staged inputs of a padded
 // batch of B rows, in one kernel launch (kernels/metadata_kernels.h, FusedMetadataParams).

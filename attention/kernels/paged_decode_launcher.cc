@@ -18,7 +18,6 @@ using internal::Aligned;
 using internal::CheckNotNull;
 using internal::kVectorBytes;
 using internal::LaunchResult;
-using internal::RuntimeStatus;
 
 // The plan's items are uploaded as they are and read through the kernels' plain structs.
 static_assert(sizeof(SplitKvWorkItem) == sizeof(kernels::DecodeWorkItem) &&
@@ -199,7 +198,8 @@ absl::Status CheckPlan(const SplitKvPlan& plan, const KvLayout& layout, int64_t 
 // The counts of the plan the launch runs (work items: the grid). A host plan: checked item by
 // item, and its device copy the same size. A device plan: its layout, and counts that are
 // consistent and fit the device buffers.
-absl::StatusOr<SplitKvPlanCounts> CheckPlanOf(const DecodeSplitKv& s, const KvLayout& layout, int64_t bs) {
+absl::StatusOr<SplitKvPlanCounts> CheckPlanOf(const DecodeSplitKv& s, const KvLayout& layout,
+                                              int64_t bs) {
   if (const auto* host = std::get_if<const SplitKvPlan*>(&s.plan)) {
     if (*host == nullptr) return absl::InvalidArgumentError("split-KV: no plan");
     const SplitKvPlan& plan = **host;
@@ -248,7 +248,7 @@ absl::StatusOr<SplitKvPlanCounts> CheckPlanOf(const DecodeSplitKv& s, const KvLa
 }
 
 absl::StatusOr<SplitKvPlanCounts> CheckSplit(const DecodeSplitKv& s, const DecodeAttentionDims& d,
-                                      const KvLayout& layout, int64_t bs) {
+                                             const KvLayout& layout, int64_t bs) {
   absl::StatusOr<SplitKvPlanCounts> counts = CheckPlanOf(s, layout, bs);
   if (!counts.ok()) return counts.status();
   const SplitKvPlanCounts& plan = *counts;
@@ -300,7 +300,8 @@ absl::Status PagedDecodeAttention(const PagedDecodeArgs& a, kernels::DeviceViola
   if (!pool_slots.ok()) return pool_slots.status();
   SplitKvPlanCounts split;
   if (a.split.has_value()) {
-    absl::StatusOr<SplitKvPlanCounts> checked = CheckSplit(*a.split, a.dims, DecodeKvLayout(a.kv), *bs);
+    absl::StatusOr<SplitKvPlanCounts> checked =
+        CheckSplit(*a.split, a.dims, DecodeKvLayout(a.kv), *bs);
     if (!checked.ok()) return checked.status();
     split = *checked;
   }
@@ -357,19 +358,6 @@ absl::Status PagedDecodeAttention(const PagedDecodeArgs& a, kernels::DeviceViola
   m.dtype = p.dtype;
   m.violation = violation;
   return LaunchResult(kernels::LaunchDecodeMergeKernel(m, stream), "decode merge");
-}
-
-absl::StatusOr<int32_t> DeviceMultiprocessorCount() {
-  int device = 0;
-  if (absl::Status s = RuntimeStatus(hipGetDevice(&device), "hipGetDevice"); !s.ok()) return s;
-  int count = 0;
-  if (absl::Status s = RuntimeStatus(
-          hipDeviceGetAttribute(&count, hipDeviceAttributeMultiprocessorCount, device),
-          "hipDeviceGetAttribute(multiprocessor count)");
-      !s.ok()) {
-    return s;
-  }
-  return static_cast<int32_t>(count);
 }
 
 }  // namespace attnmeta

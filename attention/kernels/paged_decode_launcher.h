@@ -135,9 +135,6 @@ struct PagedDecodeArgs {
 absl::Status PagedDecodeAttention(const PagedDecodeArgs& args, kernels::DeviceViolation* violation,
                                   hipStream_t stream);
 
-// The multiprocessor count of the current device. Internal when the runtime fails.
-absl::StatusOr<int32_t> DeviceMultiprocessorCount();
-
 }  // namespace attnmeta
 
 #endif  // ATTNMETA_ATTENTION_KERNELS_PAGED_DECODE_LAUNCHER_H_
