@@ -53,6 +53,16 @@ inline constexpr int kWaveSize = 64;
 // multiprocessor: the register hint is NVIDIA's only.
 #define ATTNMETA_LAUNCH_BOUNDS(threads, min_blocks) __launch_bounds__(threads)
 
+namespace attnmeta {
+// NVIDIA's hint for the bytes DRAM fetches per L2 miss (cudaLimitMaxL2FetchGranularity); AMD
+// has none.
+inline hipError_t GetL2FetchGranularity(size_t* bytes) {
+  *bytes = 0;
+  return hipErrorNotSupported;
+}
+inline hipError_t SetL2FetchGranularity(size_t) { return hipErrorNotSupported; }
+}  // namespace attnmeta
+
 #if defined(__HIPCC__)
 #include <hip/hip_fp16.h>
 
@@ -121,6 +131,16 @@ inline hipError_t hipOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Kern
                                                        dynamic_shared_bytes);
 }
 inline hipError_t hipDeviceSynchronize() { return cudaDeviceSynchronize(); }
+namespace attnmeta {
+// NVIDIA's hint for the bytes DRAM fetches per L2 miss (cudaLimitMaxL2FetchGranularity); AMD
+// has none.
+inline hipError_t GetL2FetchGranularity(size_t* bytes) {
+  return cudaDeviceGetLimit(bytes, cudaLimitMaxL2FetchGranularity);
+}
+inline hipError_t SetL2FetchGranularity(size_t bytes) {
+  return cudaDeviceSetLimit(cudaLimitMaxL2FetchGranularity, bytes);
+}
+}  // namespace attnmeta
 inline hipError_t hipMalloc(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
 template <typename T>
 inline hipError_t hipMalloc(T** p, size_t bytes) {

@@ -17,6 +17,7 @@ static_assert(kGroupUnroll<kTokenKvIndicesTokensPerPass> >= 1 &&
               "a pass gives every thread whole groups of 4 tokens");
 // Page-table columns per thread and pass in the fused kernel.
 constexpr int kFusedPageTableUnroll = 4;
+constexpr int32_t kFusedPageTableColumnsPerPass = kMetadataThreads * kFusedPageTableUnroll;
 constexpr int64_t kInt32Max = 2147483647;
 constexpr int kIndptrThreads = 1024;
 constexpr int kGatherThreads = 128;
@@ -217,17 +218,33 @@ __device__ inline void StorePass(const SlotSource& s, bool real_row, Pass<kUnrol
 }
 
 // dst[t] = slot of token t of src for t < n (<= f.n), this block's share of a grid-stride loop
-// over gridDim.y blocks, starting at its pass `first_pass`; page-table entries from the same
-// loads below pages_below (see StorePass).
-template <int kUnroll>
+// over gridDim.y blocks from pass k, whose loads `pass` holds (BeginPass, LoadPass);
+// page-table entries from the same loads below pages_below (see StorePass). kLoadAhead issues
+// the next pass's loads before this one's stores, two loads in flight per thread for a
+// kernel whose blocks loop over many passes (the fused kernel), at the cost of the registers
+// that hold them.
+template <int kUnroll, bool kLoadAhead>
 __device__ inline void CopySlots(const SlotSource& s, const int32_t* src, const RowFrame& f,
-                                 int32_t* dst, int32_t n, int32_t* pages, int32_t pages_below,
-                                 int32_t first_pass, int64_t request, DeviceViolation* v) {
-  for (int32_t k = static_cast<int32_t>(blockIdx.y) + first_pass * static_cast<int32_t>(gridDim.y);
-       k * kUnroll * kThreads < f.groups || k == 0; k += static_cast<int32_t>(gridDim.y)) {
-    Pass<kUnroll> pass = BeginPass<kUnroll>(f, k);
-    LoadPass(s, src, f, pass);
+                                 Pass<kUnroll> pass, int32_t k, int32_t* dst, int32_t n,
+                                 int32_t* pages, int32_t pages_below, int64_t request,
+                                 DeviceViolation* v) {
+  for (;;) {
+    const int32_t next = k + static_cast<int32_t>(gridDim.y);
+    const bool more = next * kUnroll * kThreads < f.groups;
+    Pass<kUnroll> ahead;
+    if (kLoadAhead && more) {
+      ahead = BeginPass<kUnroll>(f, next);
+      LoadPass(s, src, f, ahead);
+    }
     StorePass(s, src != nullptr, pass, f, n, dst, pages, pages_below, request, v);
+    if (!more) return;
+    if (kLoadAhead) {
+      pass = ahead;
+    } else {
+      pass = BeginPass<kUnroll>(f, next);
+      LoadPass(s, src, f, pass);
+    }
+    k = next;
   }
 }
 
@@ -351,8 +368,14 @@ __global__ void __launch_bounds__(kThreads) TokenKvIndicesKernel(TokenKvIndicesP
   const int32_t* row = RowSlots(p.src, p.rows[i], i, p.violation, /*padded_allowed=*/false);
   const int32_t* src = row == nullptr ? nullptr : row + start;
   const RowFrame f = FrameOf(src, static_cast<int32_t>(len));
-  CopySlots<kGroupUnroll<kTokenKvIndicesTokensPerPass>>(p.src, src, f, p.kv_indices + begin, f.n,
-                                                        nullptr, 0, 0, i, p.violation);
+  // One pass per block when the grid covers max_kv_len: no load ahead (its registers would
+  // cost the kernel occupancy for nothing).
+  constexpr int kUnroll = kGroupUnroll<kTokenKvIndicesTokensPerPass>;
+  const int32_t k = static_cast<int32_t>(blockIdx.y);
+  Pass<kUnroll> pass = BeginPass<kUnroll>(f, k);
+  LoadPass(p.src, src, f, pass);
+  CopySlots<kUnroll, /*kLoadAhead=*/false>(p.src, src, f, pass, k, p.kv_indices + begin, f.n,
+                                           nullptr, 0, i, p.violation);
 }
 
 __global__ void __launch_bounds__(kThreads) FusedMetadataKernel(FusedMetadataParams p) {
@@ -366,7 +389,14 @@ __global__ void __launch_bounds__(kThreads) FusedMetadataKernel(FusedMetadataPar
   // before the block sums the lengths before its row, and wait in registers.
   const RowFrame f = FrameOf(row, static_cast<int32_t>(len));
   constexpr int kUnroll = kGroupUnroll<kFusedMetadataTokensPerPass>;
-  Pass<kUnroll> pass = BeginPass<kUnroll>(f, static_cast<int32_t>(blockIdx.y));
+  const int32_t k = static_cast<int32_t>(blockIdx.y);
+  // A block past the row's tokens and the table's columns (a wide table, a short row) has
+  // nothing to write: it skips the sum below.
+  if (!first_pass && k * kUnroll * kThreads >= f.groups &&
+      (p.page_table == nullptr || k * kFusedPageTableColumnsPerPass >= p.page_table_cols)) {
+    return;
+  }
+  Pass<kUnroll> pass = BeginPass<kUnroll>(f, k);
   LoadPass(p.src, row, f, pass);
 
   // Where this row starts: the clamped lengths of the rows before it (every block computes it,
@@ -374,9 +404,9 @@ __global__ void __launch_bounds__(kThreads) FusedMetadataKernel(FusedMetadataPar
   int64_t kv_before = 0, q_before = 0;
   internal::BlockSum2Once<kThreads>(
       i,
-      [&](int32_t k, int64_t* kv, int64_t* q) {
-        *kv = Clamp(p.kv_lens[k], 0, p.src.stride);
-        *q = first_pass ? Clamp(p.q_lens[k], 0, *kv) : 0;
+      [&](int32_t r, int64_t* kv, int64_t* q) {
+        *kv = Clamp(p.kv_lens[r], 0, p.src.stride);
+        *q = first_pass ? Clamp(p.q_lens[r], 0, *kv) : 0;
       },
       kv_before, q_before, scratch);
 
@@ -411,10 +441,9 @@ __global__ void __launch_bounds__(kThreads) FusedMetadataKernel(FusedMetadataPar
                              ? (writable < table_tokens ? writable : table_tokens)
                              : 0;
   int32_t* dst = p.kv_indices + kv_before;
-  StorePass(p.src, row != nullptr, pass, f, static_cast<int32_t>(writable), dst, pt_row,
-            static_cast<int32_t>(shared), i, v);
-  CopySlots<kUnroll>(p.src, row, f, dst, static_cast<int32_t>(writable), pt_row,
-                     static_cast<int32_t>(shared), /*first_pass=*/1, i, v);
+  CopySlots<kUnroll, /*kLoadAhead=*/true>(p.src, row, f, pass, k, dst,
+                                          static_cast<int32_t>(writable), pt_row,
+                                          static_cast<int32_t>(shared), i, v);
   if (pt_row != nullptr) {
     WritePageTableRow<kFusedPageTableUnroll>(p.src, row, static_cast<int32_t>(len), pt_row,
                                              PagesCeil(static_cast<int32_t>(shared), p.src),

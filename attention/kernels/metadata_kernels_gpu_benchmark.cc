@@ -9,11 +9,15 @@
 // from memory: an int32 read and an int32 write per token for kv_indices; per page for the
 // page table, the int32 written and the 32-byte sector its slot is read from (min(page_size,
 // 8) int32 of req_to_token: DRAM is read in sectors, so a strided read of one slot per page
-// costs a sector); both for the fused launch; K and V rows read and written for the gather.
-// The copy reference moves the same number of bytes (half read, half written).
+// costs a sector); a length read and the indptr and last-page length written per row; for the
+// fused launch, which reads each slot once, the slots read, kv_indices and the page-table
+// entries written and its per-row arrays; K and V rows read and written for the gather. The
+// copy reference moves the same number of bytes (half read, half written).
 //
-// Usage: metadata_kernels_gpu_benchmark [OUT_DIR]   (writes OUT_DIR/metadata_kernels.csv and
-// .md besides stdout). Needs a GPU; exits non-zero on any error or mismatch.
+// Usage: metadata_kernels_gpu_benchmark [--l2-fetch-granularity=BYTES] [--shape=BS,CTX,PS |
+// OUT_DIR]   (OUT_DIR gets metadata_kernels.csv and .md besides stdout). The granularity, an
+// NVIDIA hint for the bytes DRAM fetches per L2 miss, is set for the whole run (the page
+// table's strided reads depend on it). Needs a GPU; exits non-zero on any error or mismatch.
 
 #include <algorithm>
 #include <chrono>
@@ -210,6 +214,11 @@ void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceV
   BENCH_CHECK(word.Reset(nullptr));
   const double token_bytes = 8.0 * tokens;
   const double page_bytes = (4.0 * std::min<int64_t>(ps, 8) + 4.0) * bs * cols;
+  const double indptr_bytes = 12.0 * bs;  // lengths read, indptr and last-page lengths written
+  // The fused launch reads each slot once for kv_indices and the page table: its page-table
+  // bytes are the entries written; per row it reads the row, both lengths and writes both
+  // indptrs and the last-page length.
+  const double fused_bytes = token_bytes + 4.0 * bs * cols + 24.0 * bs;
 
   poison();
   const double kv_us = TimeUs(sets, kv_indices);
@@ -224,7 +233,7 @@ void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceV
   poison();
   const double ip_us = TimeUs(sets, indptr);
   check(false, false, true, "indptr");
-  Report({"indptr+last_page_len", bs, ctx, ps, 12.0 * bs, ip_us, copy_us(bs * 6)});
+  Report({"indptr+last_page_len", bs, ctx, ps, indptr_bytes, ip_us, copy_us(bs * 6)});
 
   poison();
   const double sep_us = TimeUs(sets, [&](int k) {
@@ -233,16 +242,17 @@ void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceV
     page_table(k);
   });
   check(true, true, true, "separate");
-  Report({"separate (3 launches)", bs, ctx, ps, token_bytes + page_bytes, sep_us,
-          copy_us(static_cast<int64_t>((token_bytes + page_bytes) / 2))});
+  const double separate_bytes = token_bytes + page_bytes + indptr_bytes;
+  Report({"separate (3 launches)", bs, ctx, ps, separate_bytes, sep_us,
+          copy_us(static_cast<int64_t>(separate_bytes / 2))});
 
   poison();
   // The fused launch rewrites kv_indptr from the lengths: the kernels above read it, so it is
   // timed last.
   const double fused_us = TimeUs(sets, fused);
   check(true, true, true, "fused");
-  Report({"fused (1 launch)", bs, ctx, ps, token_bytes + page_bytes, fused_us,
-          copy_us(static_cast<int64_t>((token_bytes + page_bytes) / 2))});
+  Report({"fused (1 launch)", bs, ctx, ps, fused_bytes, fused_us,
+          copy_us(static_cast<int64_t>(fused_bytes / 2))});
   std::printf("    fused / kv_indices alone = %.3f, fused / separate = %.3f\n", fused_us / kv_us,
               fused_us / sep_us);
 }
@@ -443,10 +453,19 @@ int main(int argc, char** argv) {
   struct Shape {
     int64_t bs, ctx;
   };
+  int arg = 1;
+  if (arg < argc && std::string(argv[arg]).rfind("--l2-fetch-granularity=", 0) == 0) {
+    const size_t bytes = std::strtoul(argv[arg] + 23, nullptr, 10);
+    BENCH_CHECK(GpuStatus(SetL2FetchGranularity(bytes), "set the L2 fetch granularity"));
+    ++arg;
+  }
+  if (size_t granularity = 0; GetL2FetchGranularity(&granularity) == hipSuccess) {
+    std::printf("L2 fetch granularity: %zu bytes\n", granularity);
+  }
   // --shape=BS,CTX,PS runs that one shape (for a profiler).
-  if (argc > 1 && std::string(argv[1]).rfind("--shape=", 0) == 0) {
+  if (arg < argc && std::string(argv[arg]).rfind("--shape=", 0) == 0) {
     long long bs = 0, ctx = 0, ps = 0;
-    if (std::sscanf(argv[1] + 8, "%lld,%lld,%lld", &bs, &ctx, &ps) != 3) return 2;
+    if (std::sscanf(argv[arg] + 8, "%lld,%lld,%lld", &bs, &ctx, &ps) != 3) return 2;
     RunShape(bs, ctx, ps, rng, word);
     return 0;
   }
@@ -463,6 +482,6 @@ int main(int argc, char** argv) {
   RunHostBookkeeping();
   RunReplayStep(/*staged=*/false);
   RunReplayStep(/*staged=*/true);
-  Write(argc > 1 ? argv[1] : "");
+  Write(arg < argc ? argv[arg] : "");
   return 0;
 }

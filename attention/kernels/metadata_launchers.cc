@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "attention/kernels/fused_metadata_grid.h"
 #include "attention/kernels/internal/launch_checks.h"
 #include "attention/kernels/metadata_kernels.h"
 
@@ -151,9 +152,8 @@ absl::Status BuildDecodeMetadataOnDevice(const DecodeMetadataDeviceArgs& a,
   p.page_table_cols = static_cast<int32_t>(a.page_table_cols);
   p.padded_batch = static_cast<int32_t>(b);
   p.violation = violation;
-  // Every block sums the lengths before its row, so a block covers several passes when the
-  // batch alone fills the GPU: at most one wave of blocks (a second, partial wave cost up
-  // to 20% at 64 x 128k on the H200).
+  // Every block sums the lengths before its row, then covers its share of the row's passes
+  // (FusedMetadataRowBlocks: whole waves of blocks).
   absl::StatusOr<int32_t> multiprocessors = DeviceMultiprocessorCount();
   if (!multiprocessors.ok()) return multiprocessors.status();
   int32_t per_multiprocessor = 0;
@@ -167,9 +167,8 @@ absl::Status BuildDecodeMetadataOnDevice(const DecodeMetadataDeviceArgs& a,
   const int32_t needed =
       std::max(Passes(a.max_kv_len.value(), kernels::kFusedMetadataTokensPerPass),
                Passes(a.page_table_cols, kernels::kFusedMetadataTokensPerPass));
-  const int32_t row_blocks = std::max<int32_t>(1, wave_blocks / static_cast<int32_t>(b));
-  const int32_t passes = std::min(needed, row_blocks);
-  return LaunchResult(kernels::LaunchFusedMetadataKernel(p, passes, stream), "decode metadata");
+  const int32_t row_blocks = FusedMetadataRowBlocks(static_cast<int64_t>(b), needed, wave_blocks);
+  return LaunchResult(kernels::LaunchFusedMetadataKernel(p, row_blocks, stream), "decode metadata");
 }
 
 absl::Status BuildTreeMaskOnDevice(const TreeMaskDeviceArgs& a, kernels::DeviceViolation* violation,

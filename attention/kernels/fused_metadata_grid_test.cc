@@ -1,0 +1,53 @@
+#include "attention/kernels/fused_metadata_grid.h"
+
+#include <cstdint>
+
+#include "gtest/gtest.h"
+
+namespace attnmeta {
+namespace {
+
+// The cost FusedMetadataRowBlocks minimizes, written out for the brute-force check below.
+int64_t Cost(int64_t rows, int32_t passes, int32_t wave, int32_t y) {
+  const int64_t waves = (rows * y + wave - 1) / wave;
+  return waves * (512 * ((passes + y - 1) / y + 1) + rows);
+}
+
+TEST(FusedMetadataRowBlocksTest, OneBlockPerPassWhenTheWholeGridFitsOneWave) {
+  EXPECT_EQ(FusedMetadataRowBlocks(8, 4, 792), 4);
+  EXPECT_EQ(FusedMetadataRowBlocks(1, 128, 792), 128);
+  EXPECT_EQ(FusedMetadataRowBlocks(198, 4, 792), 4);
+}
+
+TEST(FusedMetadataRowBlocksTest, SplitsRowsWhenWholeRowsLeaveAPartialWave) {
+  // bs 1024 x 32k tokens (32 passes) on the H200's wave of 132 x 6 blocks: one block per row
+  // is 1.3 waves of 32-pass blocks; three per row are 3.9 waves of 11.
+  EXPECT_EQ(FusedMetadataRowBlocks(1024, 32, 792), 3);
+  // bs 1024 x 4k (4 passes): the second block of a row would pay another sum over the rows
+  // before it for two passes.
+  EXPECT_EQ(FusedMetadataRowBlocks(1024, 4, 792), 1);
+  // bs 64 x 128k: 12 blocks per row fill one wave.
+  EXPECT_EQ(FusedMetadataRowBlocks(64, 128, 792), 12);
+  // More rows than one wave holds, one pass each: nothing to split.
+  EXPECT_EQ(FusedMetadataRowBlocks(5000, 1, 792), 1);
+}
+
+TEST(FusedMetadataRowBlocksTest, IsTheSmallestMinimumOfTheCostOverEveryCandidate) {
+  for (int64_t rows : {1, 2, 7, 64, 255, 256, 257, 1000, 1024, 4096}) {
+    for (int32_t passes : {1, 2, 3, 4, 5, 31, 32, 33, 100, 128, 1000}) {
+      for (int32_t wave : {1, 132, 528, 792, 1056}) {
+        const int32_t got = FusedMetadataRowBlocks(rows, passes, wave);
+        ASSERT_GE(got, 1);
+        ASSERT_LE(got, passes);
+        int32_t want = 1;
+        for (int32_t y = 2; y <= passes; ++y) {
+          if (Cost(rows, passes, wave, y) < Cost(rows, passes, wave, want)) want = y;
+        }
+        ASSERT_EQ(got, want) << "rows " << rows << " passes " << passes << " wave " << wave;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace attnmeta
