@@ -14,10 +14,12 @@ namespace attnmeta {
 // own. Blocks run in waves of `wave_blocks` (multiprocessors times the blocks that fit on
 // one). Returns the row_blocks in [1, passes] that minimizes
 // waves * (passes per block + 1 + rows / 512), the smallest on a tie. The last two terms are
-// a block's start, its sum of the lengths before its row; both were fitted to same-run A/Bs
-// on the H200 (docs/gpu_metadata_kernels.md): at bs 1024 x 32k (32 passes; a wave of 792)
-// one block per row, 1.3 waves of 32-pass blocks, took 89 us and three per row 80 us; at bs
-// 1024 x 4k (4 passes) one block per row took 15.7 us and two per row 16.4 us.
+// a block's start, its sum of the lengths before its row, fitted to same-run A/Bs on the H200
+// with 256-thread blocks (docs/gpu_metadata_kernels.md): at bs 1024 x 32k (32 passes, a wave
+// of 792 blocks) one block per row, 1.3 waves of 32-pass blocks, took 89 us and three per row
+// 80 us; at bs 1024 x 4k (4 passes) one block per row took 15.7 us and two per row 16.4 us.
+// With 128-thread blocks (twice the passes and the wave) a block's start measured the same
+// with rows / 256 as with rows / 512.
 // REQUIRES: rows >= 1, passes >= 1, wave_blocks >= 1.
 int32_t FusedMetadataRowBlocks(int64_t rows, int32_t passes, int32_t wave_blocks);
 

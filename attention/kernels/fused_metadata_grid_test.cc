@@ -14,28 +14,30 @@ int64_t Cost(int64_t rows, int32_t passes, int32_t wave, int32_t y) {
 }
 
 TEST(FusedMetadataRowBlocksTest, OneBlockPerPassWhenTheWholeGridFitsOneWave) {
-  EXPECT_EQ(FusedMetadataRowBlocks(8, 4, 792), 4);
-  EXPECT_EQ(FusedMetadataRowBlocks(1, 128, 792), 128);
-  EXPECT_EQ(FusedMetadataRowBlocks(198, 4, 792), 4);
+  EXPECT_EQ(FusedMetadataRowBlocks(8, 8, 1584), 8);
+  EXPECT_EQ(FusedMetadataRowBlocks(1, 256, 1584), 256);
+  EXPECT_EQ(FusedMetadataRowBlocks(198, 8, 1584), 8);
 }
 
+// The H200's wave of the fused kernel: 132 multiprocessors x 12 blocks of 128 threads, passes
+// of 512 tokens.
 TEST(FusedMetadataRowBlocksTest, SplitsRowsWhenWholeRowsLeaveAPartialWave) {
-  // bs 1024 x 32k tokens (32 passes) on the H200's wave of 132 x 6 blocks: one block per row
-  // is 1.3 waves of 32-pass blocks; three per row are 3.9 waves of 11.
-  EXPECT_EQ(FusedMetadataRowBlocks(1024, 32, 792), 3);
-  // bs 1024 x 4k (4 passes): the second block of a row would pay another sum over the rows
-  // before it for two passes.
-  EXPECT_EQ(FusedMetadataRowBlocks(1024, 4, 792), 1);
-  // bs 64 x 128k: 12 blocks per row fill one wave.
-  EXPECT_EQ(FusedMetadataRowBlocks(64, 128, 792), 12);
+  // bs 1024 x 32k tokens (64 passes): one block per row is a wave of 64-pass blocks with a
+  // third of the multiprocessors' blocks idle; three per row are two waves of 22.
+  EXPECT_EQ(FusedMetadataRowBlocks(1024, 64, 1584), 3);
+  // bs 1024 x 4k (8 passes): a second block per row would pay another sum over the rows
+  // before it and a second wave.
+  EXPECT_EQ(FusedMetadataRowBlocks(1024, 8, 1584), 1);
+  // bs 64 x 128k: 24 blocks per row fill one wave.
+  EXPECT_EQ(FusedMetadataRowBlocks(64, 256, 1584), 24);
   // More rows than one wave holds, one pass each: nothing to split.
-  EXPECT_EQ(FusedMetadataRowBlocks(5000, 1, 792), 1);
+  EXPECT_EQ(FusedMetadataRowBlocks(5000, 1, 1584), 1);
 }
 
 TEST(FusedMetadataRowBlocksTest, IsTheSmallestMinimumOfTheCostOverEveryCandidate) {
   for (int64_t rows : {1, 2, 7, 64, 255, 256, 257, 1000, 1024, 4096}) {
     for (int32_t passes : {1, 2, 3, 4, 5, 31, 32, 33, 100, 128, 1000}) {
-      for (int32_t wave : {1, 132, 528, 792, 1056}) {
+      for (int32_t wave : {1, 132, 528, 792, 1056, 1584}) {
         const int32_t got = FusedMetadataRowBlocks(rows, passes, wave);
         ASSERT_GE(got, 1);
         ASSERT_LE(got, passes);

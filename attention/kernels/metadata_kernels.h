@@ -23,10 +23,13 @@ inline constexpr int32_t kPaddedRow = -1;
 // in each, in groups of 4 (one 16-byte load): kv_indices 8 per thread (on the H200 as fast
 // as 4 or faster at every large shape), the fused kernel 4 (with 8 its block sum kept more
 // registers live: it spilled, ran 5 blocks per multiprocessor instead of 6 and lost 5-8% at
-// 64 x 128k).
+// 64 x 128k). The fused kernel's blocks are half as large, so that its grid quantizes into
+// waves more finely (bs 1024 x 1k: 8.6 against 9.8-10.0 us with 256 threads on the H200,
+// 1024 x 4k 15.2-15.4 against 15.8-15.9; the same or better at the other large shapes).
 inline constexpr int32_t kMetadataThreads = 256;
 inline constexpr int32_t kTokenKvIndicesTokensPerPass = kMetadataThreads * 8;
-inline constexpr int32_t kFusedMetadataTokensPerPass = kMetadataThreads * 4;
+inline constexpr int32_t kFusedMetadataThreads = 128;
+inline constexpr int32_t kFusedMetadataTokensPerPass = kFusedMetadataThreads * 4;
 
 // The KV pool and the request-to-token table, as every kernel that reads slots sees them.
 struct SlotSource {

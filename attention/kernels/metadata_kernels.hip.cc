@@ -9,15 +9,16 @@ namespace kernels {
 namespace {
 
 constexpr int kThreads = kMetadataThreads;
-// A pass of a kernel with kTokensPerPass: kGroupUnroll groups of 4 tokens per thread.
-template <int32_t kTokensPerPass>
-constexpr int kGroupUnroll = kTokensPerPass / (4 * kMetadataThreads);
-static_assert(kGroupUnroll<kTokenKvIndicesTokensPerPass> >= 1 &&
-                  kGroupUnroll<kFusedMetadataTokensPerPass> >= 1,
+// A pass of a kernel with kTokensPerPass and blocks of kBlock threads: kGroupUnroll groups
+// of 4 tokens per thread.
+template <int32_t kTokensPerPass, int kBlock>
+constexpr int kGroupUnroll = kTokensPerPass / (4 * kBlock);
+static_assert(kGroupUnroll<kTokenKvIndicesTokensPerPass, kThreads> >= 1 &&
+                  kGroupUnroll<kFusedMetadataTokensPerPass, kFusedMetadataThreads> >= 1,
               "a pass gives every thread whole groups of 4 tokens");
 // Page-table columns per thread and pass in the fused kernel.
 constexpr int kFusedPageTableUnroll = 4;
-constexpr int32_t kFusedPageTableColumnsPerPass = kMetadataThreads * kFusedPageTableUnroll;
+constexpr int32_t kFusedPageTableColumnsPerPass = kFusedMetadataThreads * kFusedPageTableUnroll;
 constexpr int64_t kInt32Max = 2147483647;
 constexpr int kIndptrThreads = 1024;
 constexpr int kGatherThreads = 128;
@@ -85,9 +86,9 @@ __device__ inline RowFrame FrameOf(const int32_t* src, int32_t n) {
 }
 
 // One pass of a row's groups, loaded before any is checked or stored: thread x of pass k
-// takes groups (k * kUnroll + u) * kThreads + x, u < kUnroll, and in pass 0 also one
+// takes groups (k * kUnroll + u) * kBlock + x, u < kUnroll, and in pass 0 also one
 // head or tail token. 32-bit indices: a row holds fewer than 2^31 slots.
-template <int kUnroll>
+template <int kUnroll, int kBlock>
 struct Pass {
   int32_t g0;      // the thread's first group
   int32_t edge_t;  // its head or tail token, or -1
@@ -95,10 +96,10 @@ struct Pass {
   int32_t edge_slot;
 };
 
-template <int kUnroll>
-__device__ inline Pass<kUnroll> BeginPass(const RowFrame& f, int32_t pass_index) {
-  Pass<kUnroll> pass;
-  pass.g0 = pass_index * kUnroll * kThreads + static_cast<int32_t>(threadIdx.x);
+template <int kUnroll, int kBlock>
+__device__ inline Pass<kUnroll, kBlock> BeginPass(const RowFrame& f, int32_t pass_index) {
+  Pass<kUnroll, kBlock> pass;
+  pass.g0 = pass_index * kUnroll * kBlock + static_cast<int32_t>(threadIdx.x);
   pass.edge_t = -1;
   if (pass_index == 0) {
     const int32_t x = static_cast<int32_t>(threadIdx.x);
@@ -113,12 +114,12 @@ __device__ inline Pass<kUnroll> BeginPass(const RowFrame& f, int32_t pass_index)
 }
 
 // Loads the pass's slots (the row's, or the padding page's for a null row).
-template <int kUnroll>
+template <int kUnroll, int kBlock>
 __device__ inline void LoadPass(const SlotSource& s, const int32_t* src, const RowFrame& f,
-                                Pass<kUnroll>& pass) {
+                                Pass<kUnroll, kBlock>& pass) {
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
-    const int32_t g = pass.g0 + u * kThreads;
+    const int32_t g = pass.g0 + u * kBlock;
     if (g >= f.groups) continue;
     const int32_t t0 = f.head + 4 * g;
     if (src != nullptr) {
@@ -173,13 +174,13 @@ __device__ inline void StorePageOf(const SlotSource& s, bool real_row, int32_t s
 // entries of the tokens below pages_below (StorePageOf); with page size 1 a group's entries
 // are its slots, stored as one group (scattered 4-byte stores ran the fused kernel at 60% of
 // the copy instead of 93% on the H200).
-template <int kUnroll>
-__device__ inline void StorePass(const SlotSource& s, bool real_row, Pass<kUnroll>& pass,
+template <int kUnroll, int kBlock>
+__device__ inline void StorePass(const SlotSource& s, bool real_row, Pass<kUnroll, kBlock>& pass,
                                  const RowFrame& f, int32_t n, int32_t* dst, int32_t* pages,
                                  int32_t pages_below, int64_t request, DeviceViolation* v) {
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
-    const int32_t g = pass.g0 + u * kThreads;
+    const int32_t g = pass.g0 + u * kBlock;
     if (g >= f.groups) continue;
     const int32_t t0 = f.head + 4 * g;
     if (t0 >= n) continue;
@@ -223,17 +224,17 @@ __device__ inline void StorePass(const SlotSource& s, bool real_row, Pass<kUnrol
 // the next pass's loads before this one's stores, two loads in flight per thread for a
 // kernel whose blocks loop over many passes (the fused kernel), at the cost of the registers
 // that hold them.
-template <int kUnroll, bool kLoadAhead>
+template <int kUnroll, int kBlock, bool kLoadAhead>
 __device__ inline void CopySlots(const SlotSource& s, const int32_t* src, const RowFrame& f,
-                                 Pass<kUnroll> pass, int32_t k, int32_t* dst, int32_t n,
+                                 Pass<kUnroll, kBlock> pass, int32_t k, int32_t* dst, int32_t n,
                                  int32_t* pages, int32_t pages_below, int64_t request,
                                  DeviceViolation* v) {
   for (;;) {
     const int32_t next = k + static_cast<int32_t>(gridDim.y);
-    const bool more = next * kUnroll * kThreads < f.groups;
-    Pass<kUnroll> ahead;
+    const bool more = next * kUnroll * kBlock < f.groups;
+    Pass<kUnroll, kBlock> ahead;
     if (kLoadAhead && more) {
-      ahead = BeginPass<kUnroll>(f, next);
+      ahead = BeginPass<kUnroll, kBlock>(f, next);
       LoadPass(s, src, f, ahead);
     }
     StorePass(s, src != nullptr, pass, f, n, dst, pages, pages_below, request, v);
@@ -241,7 +242,7 @@ __device__ inline void CopySlots(const SlotSource& s, const int32_t* src, const 
     if (kLoadAhead) {
       pass = ahead;
     } else {
-      pass = BeginPass<kUnroll>(f, next);
+      pass = BeginPass<kUnroll, kBlock>(f, next);
       LoadPass(s, src, f, pass);
     }
     k = next;
@@ -262,14 +263,14 @@ __device__ inline int32_t LastPageLen(int32_t len, const SlotSource& s) {
 
 // Columns [first, cols) of row i of the page table: the page of token j * page_size for the
 // first ceil(len / page_size) columns, the padding page after them; this block's share over
-// gridDim.y blocks (passes of kThreads * Unroll columns), loads first as in CopySlots. Each
+// gridDim.y blocks (passes of kBlock * Unroll columns), loads first as in CopySlots. Each
 // load is a sector of its own (one slot per page), so the standalone kernel keeps more in
 // flight than the token copy does.
-template <int Unroll>
+template <int Unroll, int kBlock>
 __device__ inline void WritePageTableRow(const SlotSource& s, const int32_t* row, int32_t len,
-                                         int32_t* out, int32_t first, int32_t cols,
-                                         int64_t request, DeviceViolation* v) {
-  constexpr int32_t kPerPass = kThreads * Unroll;
+                                         int32_t* out, int32_t first, int32_t cols, int64_t request,
+                                         DeviceViolation* v) {
+  constexpr int32_t kPerPass = kBlock * Unroll;
   int32_t pages = PagesCeil(len, s);
   if (pages > cols) {
     if (blockIdx.y == 0 && threadIdx.x == 0) RecordViolation(v, kPagesPastTable, request, pages, cols);
@@ -281,12 +282,12 @@ __device__ inline void WritePageTableRow(const SlotSource& s, const int32_t* row
     int32_t slot[Unroll];
 #pragma unroll
     for (int u = 0; u < Unroll; ++u) {
-      const int32_t j = j0 + u * kThreads;
+      const int32_t j = j0 + u * kBlock;
       slot[u] = (row != nullptr && j < pages) ? row[static_cast<int64_t>(j) * s.page_size] : -1;
     }
 #pragma unroll
     for (int u = 0; u < Unroll; ++u) {
-      const int32_t j = j0 + u * kThreads;
+      const int32_t j = j0 + u * kBlock;
       if (j >= cols) continue;
       int32_t page = 0;
       if (row != nullptr && j < pages) {
@@ -300,7 +301,6 @@ __device__ inline void WritePageTableRow(const SlotSource& s, const int32_t* row
     }
   }
 }
-
 
 __global__ void __launch_bounds__(kIndptrThreads) IndptrKernel(IndptrParams p) {
   __shared__ internal::BlockScratch<kIndptrThreads> scratch;
@@ -333,8 +333,9 @@ __global__ void __launch_bounds__(kThreads) PageTableKernel(PageTableParams p) {
   const int32_t i = blockIdx.x;
   const int32_t* row = RowSlots(p.src, p.rows[i], i, p.violation);
   const int64_t len = CheckedLength(p.kv_lens[i], p.src.stride, i, p.violation);
-  WritePageTableRow<kPageTableUnroll>(p.src, row, static_cast<int32_t>(len),
-                                      p.page_table + int64_t{i} * p.cols, 0, p.cols, i, p.violation);
+  WritePageTableRow<kPageTableUnroll, kThreads>(p.src, row, static_cast<int32_t>(len),
+                                                p.page_table + int64_t{i} * p.cols, 0, p.cols, i,
+                                                p.violation);
 }
 
 __global__ void __launch_bounds__(kThreads) TokenKvIndicesKernel(TokenKvIndicesParams p) {
@@ -370,16 +371,18 @@ __global__ void __launch_bounds__(kThreads) TokenKvIndicesKernel(TokenKvIndicesP
   const RowFrame f = FrameOf(src, static_cast<int32_t>(len));
   // One pass per block when the grid covers max_kv_len: no load ahead (its registers would
   // cost the kernel occupancy for nothing).
-  constexpr int kUnroll = kGroupUnroll<kTokenKvIndicesTokensPerPass>;
+  constexpr int kUnroll = kGroupUnroll<kTokenKvIndicesTokensPerPass, kThreads>;
   const int32_t k = static_cast<int32_t>(blockIdx.y);
-  Pass<kUnroll> pass = BeginPass<kUnroll>(f, k);
+  Pass<kUnroll, kThreads> pass = BeginPass<kUnroll, kThreads>(f, k);
   LoadPass(p.src, src, f, pass);
-  CopySlots<kUnroll, /*kLoadAhead=*/false>(p.src, src, f, pass, k, p.kv_indices + begin, f.n,
-                                           nullptr, 0, i, p.violation);
+  CopySlots<kUnroll, kThreads, /*kLoadAhead=*/false>(p.src, src, f, pass, k, p.kv_indices + begin,
+                                                     f.n, nullptr, 0, i, p.violation);
 }
 
-__global__ void __launch_bounds__(kThreads) FusedMetadataKernel(FusedMetadataParams p) {
-  __shared__ internal::BlockScratch<kThreads> scratch;
+__global__ void __launch_bounds__(kFusedMetadataThreads)
+    FusedMetadataKernel(FusedMetadataParams p) {
+  constexpr int kBlock = kFusedMetadataThreads;
+  __shared__ internal::BlockScratch<kBlock> scratch;
   const int32_t i = blockIdx.x;
   const bool first_pass = blockIdx.y == 0;
   DeviceViolation* v = p.violation;
@@ -388,21 +391,21 @@ __global__ void __launch_bounds__(kThreads) FusedMetadataKernel(FusedMetadataPar
   // The first pass's loads do not depend on where the row lands in kv_indices: they are issued
   // before the block sums the lengths before its row, and wait in registers.
   const RowFrame f = FrameOf(row, static_cast<int32_t>(len));
-  constexpr int kUnroll = kGroupUnroll<kFusedMetadataTokensPerPass>;
+  constexpr int kUnroll = kGroupUnroll<kFusedMetadataTokensPerPass, kBlock>;
   const int32_t k = static_cast<int32_t>(blockIdx.y);
   // A block past the row's tokens and the table's columns (a wide table, a short row) has
   // nothing to write: it skips the sum below.
-  if (!first_pass && k * kUnroll * kThreads >= f.groups &&
+  if (!first_pass && k * kUnroll * kBlock >= f.groups &&
       (p.page_table == nullptr || k * kFusedPageTableColumnsPerPass >= p.page_table_cols)) {
     return;
   }
-  Pass<kUnroll> pass = BeginPass<kUnroll>(f, k);
+  Pass<kUnroll, kBlock> pass = BeginPass<kUnroll, kBlock>(f, k);
   LoadPass(p.src, row, f, pass);
 
   // Where this row starts: the clamped lengths of the rows before it (every block computes it,
   // so that one launch suffices).
   int64_t kv_before = 0, q_before = 0;
-  internal::BlockSum2Once<kThreads>(
+  internal::BlockSum2Once<kBlock>(
       i,
       [&](int32_t r, int64_t* kv, int64_t* q) {
         *kv = Clamp(p.kv_lens[r], 0, p.src.stride);
@@ -441,13 +444,13 @@ __global__ void __launch_bounds__(kThreads) FusedMetadataKernel(FusedMetadataPar
                              ? (writable < table_tokens ? writable : table_tokens)
                              : 0;
   int32_t* dst = p.kv_indices + kv_before;
-  CopySlots<kUnroll, /*kLoadAhead=*/true>(p.src, row, f, pass, k, dst,
-                                          static_cast<int32_t>(writable), pt_row,
-                                          static_cast<int32_t>(shared), i, v);
+  CopySlots<kUnroll, kBlock, /*kLoadAhead=*/true>(p.src, row, f, pass, k, dst,
+                                                  static_cast<int32_t>(writable), pt_row,
+                                                  static_cast<int32_t>(shared), i, v);
   if (pt_row != nullptr) {
-    WritePageTableRow<kFusedPageTableUnroll>(p.src, row, static_cast<int32_t>(len), pt_row,
-                                             PagesCeil(static_cast<int32_t>(shared), p.src),
-                                             p.page_table_cols, i, v);
+    WritePageTableRow<kFusedPageTableUnroll, kBlock>(p.src, row, static_cast<int32_t>(len), pt_row,
+                                                     PagesCeil(static_cast<int32_t>(shared), p.src),
+                                                     p.page_table_cols, i, v);
   }
 }
 
@@ -773,14 +776,14 @@ hipError_t LaunchTokenKvIndicesKernel(const TokenKvIndicesParams& p, int32_t pas
 
 hipError_t LaunchFusedMetadataKernel(const FusedMetadataParams& p, int32_t passes,
                                      hipStream_t stream) {
-  FusedMetadataKernel<<<dim3(p.padded_batch, passes), kThreads, 0, stream>>>(p);
+  FusedMetadataKernel<<<dim3(p.padded_batch, passes), kFusedMetadataThreads, 0, stream>>>(p);
   return hipGetLastError();
 }
 
 hipError_t FusedMetadataBlocksPerMultiprocessor(int32_t* blocks) {
   int n = 0;
-  const hipError_t err =
-      hipOccupancyMaxActiveBlocksPerMultiprocessor(&n, FusedMetadataKernel, kThreads, 0);
+  const hipError_t err = hipOccupancyMaxActiveBlocksPerMultiprocessor(&n, FusedMetadataKernel,
+                                                                      kFusedMetadataThreads, 0);
   if (err == hipSuccess) *blocks = n;
   return err;
 }
