@@ -23,11 +23,15 @@ inline constexpr int32_t kPaddedRow = -1;
 // in each, in groups of 4 (one 16-byte load): kv_indices 8 per thread (on the H200 as fast
 // as 4 or faster at every large shape), the fused kernel 4 (with 8 its block sum kept more
 // registers live: it spilled, ran 5 blocks per multiprocessor instead of 6 and lost 5-8% at
-// 64 x 128k). The fused kernel's blocks are half as large, so that its grid quantizes into
-// waves more finely (bs 1024 x 1k: 8.6 against 9.8-10.0 us with 256 threads on the H200,
-// 1024 x 4k 15.2-15.4 against 15.8-15.9; the same or better at the other large shapes).
+// 64 x 128k). kv_indices, the page table and the fused kernel run blocks of 128 threads,
+// whose grids quantize into waves more finely than 256-thread blocks (same-run A/Bs on the
+// H200, us, 128 against 256 threads: kv_indices 1024 x 1k 6.1-6.3 against 7.0-7.2, the page
+// table 1024 x 4k at page size 64 5.5 against 6.6-6.7, the fused kernel 1024 x 1k 8.6
+// against 9.8-10.0; the same or better at every other large shape). kMetadataThreads: the
+// tree-mask and draft-step kernels.
 inline constexpr int32_t kMetadataThreads = 256;
-inline constexpr int32_t kTokenKvIndicesTokensPerPass = kMetadataThreads * 8;
+inline constexpr int32_t kTokenKvIndicesThreads = 128;
+inline constexpr int32_t kTokenKvIndicesTokensPerPass = kTokenKvIndicesThreads * 8;
 inline constexpr int32_t kFusedMetadataThreads = 128;
 inline constexpr int32_t kFusedMetadataTokensPerPass = kFusedMetadataThreads * 4;
 
@@ -69,7 +73,8 @@ struct PageTableParams {
   DeviceViolation* violation;
 };
 // Columns one block pass of the page-table kernel covers.
-inline constexpr int32_t kPageTableColumnsPerPass = kMetadataThreads * 8;
+inline constexpr int32_t kPageTableThreads = 128;
+inline constexpr int32_t kPageTableColumnsPerPass = kPageTableThreads * 8;
 hipError_t LaunchPageTableKernel(const PageTableParams& p, int32_t passes, hipStream_t stream);
 
 // kv_indices[kv_indptr[i] + t] = req_to_token[rows[i]][start[i] + t], t < kv_indptr[i + 1] -

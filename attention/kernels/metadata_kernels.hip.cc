@@ -13,7 +13,7 @@ constexpr int kThreads = kMetadataThreads;
 // of 4 tokens per thread.
 template <int32_t kTokensPerPass, int kBlock>
 constexpr int kGroupUnroll = kTokensPerPass / (4 * kBlock);
-static_assert(kGroupUnroll<kTokenKvIndicesTokensPerPass, kThreads> >= 1 &&
+static_assert(kGroupUnroll<kTokenKvIndicesTokensPerPass, kTokenKvIndicesThreads> >= 1 &&
                   kGroupUnroll<kFusedMetadataTokensPerPass, kFusedMetadataThreads> >= 1,
               "a pass gives every thread whole groups of 4 tokens");
 // Page-table columns per thread and pass in the fused kernel.
@@ -22,7 +22,7 @@ constexpr int32_t kFusedPageTableColumnsPerPass = kFusedMetadataThreads * kFused
 constexpr int64_t kInt32Max = 2147483647;
 constexpr int kIndptrThreads = 1024;
 constexpr int kGatherThreads = 128;
-constexpr int kPageTableUnroll = kPageTableColumnsPerPass / kMetadataThreads;
+constexpr int kPageTableUnroll = kPageTableColumnsPerPass / kPageTableThreads;
 
 __device__ inline int64_t Clamp(int64_t v, int64_t lo, int64_t hi) {
   return v < lo ? lo : (v > hi ? hi : v);
@@ -329,16 +329,17 @@ __global__ void __launch_bounds__(kIndptrThreads) IndptrKernel(IndptrParams p) {
   }
 }
 
-__global__ void __launch_bounds__(kThreads) PageTableKernel(PageTableParams p) {
+__global__ void __launch_bounds__(kPageTableThreads) PageTableKernel(PageTableParams p) {
   const int32_t i = blockIdx.x;
   const int32_t* row = RowSlots(p.src, p.rows[i], i, p.violation);
   const int64_t len = CheckedLength(p.kv_lens[i], p.src.stride, i, p.violation);
-  WritePageTableRow<kPageTableUnroll, kThreads>(p.src, row, static_cast<int32_t>(len),
-                                                p.page_table + int64_t{i} * p.cols, 0, p.cols, i,
-                                                p.violation);
+  WritePageTableRow<kPageTableUnroll, kPageTableThreads>(p.src, row, static_cast<int32_t>(len),
+                                                         p.page_table + int64_t{i} * p.cols, 0,
+                                                         p.cols, i, p.violation);
 }
 
-__global__ void __launch_bounds__(kThreads) TokenKvIndicesKernel(TokenKvIndicesParams p) {
+__global__ void __launch_bounds__(kTokenKvIndicesThreads)
+    TokenKvIndicesKernel(TokenKvIndicesParams p) {
   const int32_t i = blockIdx.x;
   const int64_t begin = p.kv_indptr[i];
   const int64_t end = p.kv_indptr[i + 1];
@@ -371,12 +372,13 @@ __global__ void __launch_bounds__(kThreads) TokenKvIndicesKernel(TokenKvIndicesP
   const RowFrame f = FrameOf(src, static_cast<int32_t>(len));
   // One pass per block when the grid covers max_kv_len: no load ahead (its registers would
   // cost the kernel occupancy for nothing).
-  constexpr int kUnroll = kGroupUnroll<kTokenKvIndicesTokensPerPass, kThreads>;
+  constexpr int kBlock = kTokenKvIndicesThreads;
+  constexpr int kUnroll = kGroupUnroll<kTokenKvIndicesTokensPerPass, kBlock>;
   const int32_t k = static_cast<int32_t>(blockIdx.y);
-  Pass<kUnroll, kThreads> pass = BeginPass<kUnroll, kThreads>(f, k);
+  Pass<kUnroll, kBlock> pass = BeginPass<kUnroll, kBlock>(f, k);
   LoadPass(p.src, src, f, pass);
-  CopySlots<kUnroll, kThreads, /*kLoadAhead=*/false>(p.src, src, f, pass, k, p.kv_indices + begin,
-                                                     f.n, nullptr, 0, i, p.violation);
+  CopySlots<kUnroll, kBlock, /*kLoadAhead=*/false>(p.src, src, f, pass, k, p.kv_indices + begin,
+                                                   f.n, nullptr, 0, i, p.violation);
 }
 
 __global__ void __launch_bounds__(kFusedMetadataThreads)
@@ -764,13 +766,13 @@ hipError_t LaunchIndptrKernel(const IndptrParams& p, hipStream_t stream) {
 }
 
 hipError_t LaunchPageTableKernel(const PageTableParams& p, int32_t passes, hipStream_t stream) {
-  PageTableKernel<<<dim3(p.batch_size, passes), kThreads, 0, stream>>>(p);
+  PageTableKernel<<<dim3(p.batch_size, passes), kPageTableThreads, 0, stream>>>(p);
   return hipGetLastError();
 }
 
 hipError_t LaunchTokenKvIndicesKernel(const TokenKvIndicesParams& p, int32_t passes,
                                       hipStream_t stream) {
-  TokenKvIndicesKernel<<<dim3(p.batch_size, passes), kThreads, 0, stream>>>(p);
+  TokenKvIndicesKernel<<<dim3(p.batch_size, passes), kTokenKvIndicesThreads, 0, stream>>>(p);
   return hipGetLastError();
 }
 
