@@ -1,8 +1,9 @@
 // Bandwidth of paged decode attention (paged_decode_launcher.h): bf16, 32 query / 8 KV heads,
 // head dim 128, batch sizes 1-256 and contexts 1k-32k, in KV bytes read per second, next to a
 // read-only streaming kernel over the same number of bytes (the ceiling of a kernel that only
-// reads), a device-to-device copy, and the same kernel on a contiguous layout, all measured in
-// the same run.
+// reads), the kernel's reads alone (a read-only kernel with its grid and its loads of K and V
+// rows, over a contiguous layout: what the layout and the grid leave), a device-to-device copy,
+// and the same kernel on a contiguous layout, all measured in the same run.
 //
 // Per shape: the kernel reading shuffled pools of page size 1, 16 and 64 through token-level
 // kv_indices, through the page table at 16 and 64, and a contiguous layout (slots = identity,
@@ -56,6 +57,7 @@
 #include "attention/kernels/testing/device_buffer.h"
 #include "attention/kernels/testing/half_bits.h"
 #include "attention/kernels/testing/kv_bench.h"
+#include "attention/kernels/testing/stream_read.h"
 #include "attention/metadata/split_kv_planner.h"
 
 namespace attnmeta {
@@ -105,6 +107,7 @@ struct Row {
   int64_t bs, ctx, ps;
   int64_t items;  // work items of the plan (bs when not split)
   double bytes, us, copy_us, contiguous_us, read_us;
+  double pattern_us;  // the attention kernel's reads alone (LaunchHeadRowsRead)
 };
 std::vector<Row> rows;
 
@@ -113,11 +116,15 @@ void Report(const Row& r) {
   const double tbs = r.bytes / (r.us * 1e-6) / 1e12;
   const double copy_tbs = 2 * r.bytes / (r.copy_us * 1e-6) / 1e12;
   const double read_tbs = r.bytes / (r.read_us * 1e-6) / 1e12;
-  std::printf("%-20s v%d bs=%4lld ctx=%6lld ps=%2lld items=%5lld %10.2f us %6.3f TB/s | read %6.3f TB/s"
-              " | %5.1f%% of read | copy %6.3f TB/s | %5.1f%% of contiguous\n",
-              r.op.c_str(), r.variant, static_cast<long long>(r.bs), static_cast<long long>(r.ctx),
-              static_cast<long long>(r.ps), static_cast<long long>(r.items), r.us, tbs, read_tbs,
-              100.0 * tbs / read_tbs, copy_tbs, 100.0 * r.contiguous_us / r.us);
+  const double pattern_tbs = r.bytes / (r.pattern_us * 1e-6) / 1e12;
+  std::printf(
+      "%-20s v%d bs=%4lld ctx=%6lld ps=%2lld items=%5lld %10.2f us %6.3f TB/s | read %6.3f TB/s"
+      " | %5.1f%% of read | its reads alone %6.3f TB/s | %5.1f%% of them | copy %6.3f TB/s"
+      " | %5.1f%% of contiguous\n",
+      r.op.c_str(), r.variant, static_cast<long long>(r.bs), static_cast<long long>(r.ctx),
+      static_cast<long long>(r.ps), static_cast<long long>(r.items), r.us, tbs, read_tbs,
+      100.0 * tbs / read_tbs, pattern_tbs, 100.0 * tbs / pattern_tbs, copy_tbs,
+      100.0 * r.contiguous_us / r.us);
 }
 
 // Median microseconds of one launch: `launches` calls launch(0), launch(1), ... captured into a
@@ -208,8 +215,20 @@ class Bench {
 
     Layout contiguous = MakeLayout("contiguous", s, sets, 1, false, /*shuffled=*/false);
     const double contiguous_us = TimeLayout(s, sets, launches, contiguous, variant, Split::kInLaunch);
-    Report({contiguous.name, variant, s.bs, s.ctx, 1, last_items_, bytes, contiguous_us,
-            copy_us_scaled, contiguous_us, read_us_scaled});
+    // The kernel's reads alone over the contiguous layout's slots (set k's token (i, t) is slot
+    // 1 + k * tokens + i * ctx + t), the plan's items per sequence as equal chunks, as many
+    // blocks resident per multiprocessor as the plan is sized for.
+    static_assert(kHeadDim * 2 == 256, "LaunchHeadRowsRead reads 256-byte rows");
+    const int32_t chunks = static_cast<int32_t>((last_items_ + s.bs - 1) / s.bs);
+    const double pattern_us = TimeUs(stream_, launches, [&](int i) {
+      BENCH_CHECK(GpuStatus(testing::LaunchHeadRowsRead(
+                                pool_.k().data(), pool_.v().data(), 1 + (i % sets) * s.bs * s.ctx,
+                                static_cast<int32_t>(s.bs), s.ctx, chunks, kKvHeads,
+                                sms_ * blocks_per_sm_, pattern_sink_.data(), stream_),
+                            "LaunchHeadRowsRead"));
+    });
+    const Refs refs{copy_us_scaled, contiguous_us, read_us_scaled, pattern_us};
+    Report(RowOf(contiguous.name, variant, s, 1, bytes, contiguous_us, refs));
     struct Config {
       int64_t ps;
       bool page_table;
@@ -220,20 +239,30 @@ class Bench {
       Layout l = MakeLayout(absl::StrFormat("%s ps%d", c.page_table ? "page_table" : "kv_indices", c.ps),
                             s, sets, c.ps, c.page_table, true);
       const double us = TimeLayout(s, sets, launches, l, variant, Split::kInLaunch);
-      Report({l.name, variant, s.bs, s.ctx, c.ps, last_items_, bytes, us, copy_us_scaled, contiguous_us, read_us_scaled});
+      Report(RowOf(l.name, variant, s, c.ps, bytes, us, refs));
       if (last_items_ != s.bs && c.ps == 16 && !c.page_table) {
         const int64_t items = last_items_;
         const double launch_us = TimeLayout(s, sets, launches, l, variant, Split::kMergeLaunch);
-        Report({l.name + " merge launch", variant, s.bs, s.ctx, c.ps, items, bytes, launch_us,
-                copy_us_scaled, contiguous_us, read_us_scaled});
+        Report(RowOf(l.name + " merge launch", variant, s, c.ps, bytes, launch_us, refs, items));
         const double nosplit_us = TimeLayout(s, sets, launches, l, variant, Split::kNone);
-        Report({l.name + " nosplit", variant, s.bs, s.ctx, c.ps, s.bs, bytes, nosplit_us,
-                copy_us_scaled, contiguous_us, read_us_scaled});
+        Report(RowOf(l.name + " nosplit", variant, s, c.ps, bytes, nosplit_us, refs, s.bs));
       }
     }
   }
 
  private:
+  // A shape's references, measured once per shape.
+  struct Refs {
+    double copy_us, contiguous_us, read_us, pattern_us;
+  };
+  // The row of one timing; `items` defaults to the last plan's work items.
+  Row RowOf(const std::string& op, int32_t variant, const Shape& s, int64_t ps, double bytes,
+            double us, const Refs& r, int64_t items = -1) const {
+    return Row{
+        op,    variant, s.bs,      s.ctx,           ps,        items < 0 ? last_items_ : items,
+        bytes, us,      r.copy_us, r.contiguous_us, r.read_us, r.pattern_us};
+  }
+
   // Token t of sequence i of set k: slot k * tokens + i * ctx + t + ps (contiguous, past the
   // padding page), or slot page * ps + t % ps with the pages of all sets shuffled.
   Layout MakeLayout(const std::string& name, const Shape& s, int sets, int64_t ps, bool page_table,
@@ -407,6 +436,7 @@ class Bench {
   DeviceBuffer<TokenOffset> kv_indptr_ = Unwrap(DeviceBuffer<TokenOffset>::Create(0));
   DeviceBuffer<TokenLength> kv_lens_ = Unwrap(DeviceBuffer<TokenLength>::Create(0));
   std::optional<DeviceViolationWord> word_;
+  DeviceBuffer<uint32_t> pattern_sink_ = Unwrap(DeviceBuffer<uint32_t>::Create(1));
   int64_t last_items_ = 0;
 };
 
@@ -414,20 +444,27 @@ void Write(const std::string& dir) {
   if (dir.empty()) return;
   std::ofstream csv(dir + "/paged_decode_attention.csv");
   std::ofstream md(dir + "/paged_decode_attention.md");
-  csv << "op,variant,bs,ctx,page_size,work_items,kv_bytes,us,tb_per_s,read_tb_per_s,fraction_of_read,"
-         "copy_tb_per_s,contiguous_us,fraction_of_contiguous\n";
-  md << "| op | variant | bs | ctx | page size | items | us | KV TB/s | read TB/s | % of read | copy TB/s | % of contiguous |\n"
-     << "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+  csv << "op,variant,bs,ctx,page_size,work_items,kv_bytes,us,tb_per_s,read_tb_per_s,fraction_of_"
+         "read,"
+         "copy_tb_per_s,contiguous_us,fraction_of_contiguous,reads_alone_tb_per_s,fraction_of_"
+         "reads_alone\n";
+  md << "| op | variant | bs | ctx | page size | items | us | KV TB/s | read TB/s | % of read | "
+        "copy TB/s | % of contiguous | its reads alone TB/s | % of them |\n"
+     << "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: |\n";
   for (const Row& r : rows) {
     const double tbs = r.bytes / (r.us * 1e-6) / 1e12;
     const double ctbs = 2 * r.bytes / (r.copy_us * 1e-6) / 1e12;
     const double rtbs = r.bytes / (r.read_us * 1e-6) / 1e12;
-    csv << absl::StrFormat("%s,%d,%d,%d,%d,%d,%.0f,%.3f,%.4f,%.4f,%.4f,%.4f,%.3f,%.4f\n", r.op, r.variant,
-                           r.bs, r.ctx, r.ps, r.items, r.bytes, r.us, tbs, rtbs, tbs / rtbs, ctbs,
-                           r.contiguous_us, r.contiguous_us / r.us);
-    md << absl::StrFormat("| %s | %d | %d | %d | %d | %d | %.2f | %.3f | %.3f | %.1f | %.3f | %.1f |\n", r.op,
-                          r.variant, r.bs, r.ctx, r.ps, r.items, r.us, tbs, rtbs, 100 * tbs / rtbs, ctbs,
-                          100 * r.contiguous_us / r.us);
+    const double ptbs = r.bytes / (r.pattern_us * 1e-6) / 1e12;
+    csv << absl::StrFormat("%s,%d,%d,%d,%d,%d,%.0f,%.3f,%.4f,%.4f,%.4f,%.4f,%.3f,%.4f,%.4f,%.4f\n",
+                           r.op, r.variant, r.bs, r.ctx, r.ps, r.items, r.bytes, r.us, tbs, rtbs,
+                           tbs / rtbs, ctbs, r.contiguous_us, r.contiguous_us / r.us, ptbs,
+                           tbs / ptbs);
+    md << absl::StrFormat(
+        "| %s | %d | %d | %d | %d | %d | %.2f | %.3f | %.3f | %.1f | %.3f | %.1f | %.3f | %.1f |\n",
+        r.op, r.variant, r.bs, r.ctx, r.ps, r.items, r.us, tbs, rtbs, 100 * tbs / rtbs, ctbs,
+        100 * r.contiguous_us / r.us, ptbs, 100 * tbs / ptbs);
   }
 }
 

@@ -1,6 +1,7 @@
-// A read-only streaming kernel: every 16-byte word of a buffer read once, eight loads in flight
-// per thread. The ceiling a memory-bound kernel that only reads is compared with in the same
-// run (a copy also writes, and a copy captured in a graph may run on a copy engine).
+// Read-only kernels, the ceilings a memory-bound kernel that only reads is compared with in the
+// same run (a copy also writes, and a copy captured in a graph may run on a copy engine): a
+// stream over a buffer, every 16-byte word read once with eight loads in flight per thread;
+// and the reads of the decode attention kernel alone.
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_TESTING_STREAM_READ_H_
 #define ATTNMETA_ATTENTION_KERNELS_TESTING_STREAM_READ_H_
@@ -17,6 +18,17 @@ namespace testing {
 // that the loads cannot be dropped.
 hipError_t LaunchStreamRead(const void* data, int64_t bytes, uint32_t* sink, int32_t blocks,
                             hipStream_t stream);
+
+// Reads K and V rows the way the paged decode attention kernel's blocks do, with nothing else:
+// the ceiling of a kernel with that grid and those reads. Pools laid out [slot][kv_heads][128
+// bf16] (256-byte rows); token t of sequence i is slot first_slot + i * ctx + t. One block of
+// 4 warps per (sequence, chunk, KV head), `seqs` sequences of `ctx` tokens each cut into
+// `chunks` equal chunks; at most `max_blocks` blocks, each looping over units blockIdx.x,
+// blockIdx.x + gridDim.x, ... (the attention kernel's waves); each warp reads 32 tokens' K and
+// V rows of its KV head per step, every load of the step in flight (16 KB a warp).
+hipError_t LaunchHeadRowsRead(const void* k_pool, const void* v_pool, int64_t first_slot,
+                              int32_t seqs, int64_t ctx, int32_t chunks, int32_t kv_heads,
+                              int32_t max_blocks, uint32_t* sink, hipStream_t stream);
 
 }  // namespace testing
 }  // namespace attnmeta

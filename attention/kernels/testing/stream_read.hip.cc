@@ -26,7 +26,60 @@ __global__ void __launch_bounds__(kThreads) StreamReadKernel(const uint4* data, 
   if (acc == 0x9e3779b9u) *sink = acc;
 }
 
+constexpr int kRowWords = 16;    // a 256-byte K or V row of one KV head, in 16-byte words
+constexpr int kStepTokens = 32;  // tokens a warp reads per step
+constexpr int kRowWarps = 4;
+
+__global__ void __launch_bounds__(kRowWarps * 32)
+    HeadRowsReadKernel(const uint4* k, const uint4* v, int64_t first_slot, int32_t seqs,
+                       int64_t ctx, int32_t chunks, int32_t kv_heads, uint32_t* sink) {
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  // Lanes 0-15 read a token's K row, lanes 16-31 its V row.
+  const uint4* pool = lane < kRowWords ? k : v;
+  const int64_t units = int64_t{seqs} * chunks * kv_heads;
+  const int64_t chunk_len = (ctx + chunks - 1) / chunks;
+  uint32_t acc = 0;
+  for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+    const int64_t h = u % kv_heads;
+    const int64_t c = u / kv_heads % chunks;
+    const int64_t i = u / kv_heads / chunks;
+    const int64_t lo = c * chunk_len;
+    const int64_t hi = lo + chunk_len < ctx ? lo + chunk_len : ctx;
+    for (int64_t t0 = lo + kStepTokens * warp; t0 < hi; t0 += kStepTokens * kRowWarps) {
+      const uint4* row =
+          pool + ((first_slot + i * ctx + t0) * kv_heads + h) * kRowWords + lane % kRowWords;
+      const int64_t token_words = int64_t{kv_heads} * kRowWords;
+      uint4 x[kStepTokens];
+      if (t0 + kStepTokens <= hi) {  // a whole step: every load unpredicated, all in flight
+#pragma unroll
+        for (int j = 0; j < kStepTokens; ++j) x[j] = row[j * token_words];
+      } else {
+#pragma unroll
+        for (int j = 0; j < kStepTokens; ++j) {
+          x[j] = t0 + j < hi ? row[j * token_words] : make_uint4(0, 0, 0, 0);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kStepTokens; ++j) acc ^= x[j].x ^ x[j].y ^ x[j].z ^ x[j].w;
+    }
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
 }  // namespace
+
+hipError_t LaunchHeadRowsRead(const void* k_pool, const void* v_pool, int64_t first_slot,
+                              int32_t seqs, int64_t ctx, int32_t chunks, int32_t kv_heads,
+                              int32_t max_blocks, uint32_t* sink, hipStream_t stream) {
+  const int64_t units = int64_t{seqs} * chunks * kv_heads;
+  const int64_t blocks = units < max_blocks ? units : max_blocks;
+  if (blocks < 1) return hipErrorInvalidValue;
+  HeadRowsReadKernel<<<static_cast<uint32_t>(blocks), kRowWarps * 32, 0, stream>>>(
+      static_cast<const uint4*>(k_pool), static_cast<const uint4*>(v_pool), first_slot, seqs, ctx,
+      chunks, kv_heads, sink);
+  return hipGetLastError();
+}
 
 hipError_t LaunchStreamRead(const void* data, int64_t bytes, uint32_t* sink, int32_t blocks,
                             hipStream_t stream) {
