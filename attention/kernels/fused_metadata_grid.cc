@@ -15,12 +15,15 @@ int32_t FusedMetadataRowBlocks(int64_t rows, int32_t passes, int32_t wave_blocks
   CHECK_GE(wave_blocks, 1);
   // Only the smallest row_blocks of each passes-per-block count can be best (fewer blocks,
   // fewer waves): O(sqrt(passes)) candidates.
+  // Costs in double: waves * (...) overflows int64 for absurd inputs (a wave of one block and
+  // billions of rows), and only their order matters.
   int32_t best = 1;
-  int64_t best_cost = -1;
+  double best_cost = -1;
   for (int64_t y = 1; y <= passes;) {
     const int64_t per_block = (passes + y - 1) / y;
     const int64_t waves = (rows * y + wave_blocks - 1) / wave_blocks;
-    const int64_t cost = waves * (kRowsPerPass * (per_block + 1) + rows);
+    const double cost =
+        static_cast<double>(waves) * static_cast<double>(kRowsPerPass * (per_block + 1) + rows);
     if (best_cost < 0 || cost < best_cost) {
       best = static_cast<int32_t>(y);
       best_cost = cost;

@@ -10,8 +10,8 @@
 namespace attnmeta {
 
 // The launch is a grid of [rows][row_blocks] blocks; the row_blocks blocks of a row share its
-// `passes` passes (grid-stride), and each block first sums the lengths of the rows before its
-// own. Blocks run in waves of `wave_blocks` (multiprocessors times the blocks that fit on
+// `passes` passes (contiguous shares), and each block first sums the lengths of the rows before
+// its own. Blocks run in waves of `wave_blocks` (multiprocessors times the blocks that fit on
 // one). Returns the row_blocks in [1, passes] that minimizes
 // waves * (passes per block + 1 + rows / 512), the smallest on a tie. The last two terms are
 // a block's start, its sum of the lengths before its row, fitted to same-run A/Bs on the H200

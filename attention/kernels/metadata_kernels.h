@@ -34,6 +34,7 @@ inline constexpr int32_t kTokenKvIndicesThreads = 128;
 inline constexpr int32_t kTokenKvIndicesTokensPerPass = kTokenKvIndicesThreads * 8;
 inline constexpr int32_t kFusedMetadataThreads = 128;
 inline constexpr int32_t kFusedMetadataTokensPerPass = kFusedMetadataThreads * 4;
+inline constexpr int32_t kFusedMetadataPageTableColumnsPerPass = kFusedMetadataThreads * 4;
 
 // The KV pool and the request-to-token table, as every kernel that reads slots sees them.
 struct SlotSource {
@@ -98,8 +99,11 @@ hipError_t LaunchTokenKvIndicesKernel(const TokenKvIndicesParams& p, int32_t pas
 // rows and lengths of a padded batch: kv_indptr, qo_indptr, kv_last_page_len, kv_indices
 // (padded rows: slots of the padding page) and, when page_table is not null, the page table
 // (padded rows: all padding). Each block derives its row's offsets from the lengths before
-// it, so no second launch is needed. Grid (padded_batch, passes); the grid depends only on the
-// padded batch and the buffers, so a captured graph replays any real batch.
+// it, so no second launch is needed. Grid (padded_batch, row_blocks), any row_blocks >= 1: the
+// row_blocks blocks of a row take contiguous shares of its passes (of
+// kFusedMetadataTokensPerPass tokens) and the page-table columns past them in passes of
+// kFusedMetadataPageTableColumnsPerPass; the grid depends only on the padded batch and the
+// buffers, so a captured graph replays any real batch.
 // Violations: those of the kernels above, and q_len > kv_len (q clamped).
 struct FusedMetadataParams {
   SlotSource src;
@@ -116,7 +120,7 @@ struct FusedMetadataParams {
   int32_t padded_batch;
   DeviceViolation* violation;
 };
-hipError_t LaunchFusedMetadataKernel(const FusedMetadataParams& p, int32_t passes,
+hipError_t LaunchFusedMetadataKernel(const FusedMetadataParams& p, int32_t row_blocks,
                                      hipStream_t stream);
 // The fused kernel's blocks that one multiprocessor of the current device runs at once.
 hipError_t FusedMetadataBlocksPerMultiprocessor(int32_t* blocks);

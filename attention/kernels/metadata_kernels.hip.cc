@@ -17,8 +17,7 @@ static_assert(kGroupUnroll<kTokenKvIndicesTokensPerPass, kTokenKvIndicesThreads>
                   kGroupUnroll<kFusedMetadataTokensPerPass, kFusedMetadataThreads> >= 1,
               "a pass gives every thread whole groups of 4 tokens");
 // Page-table columns per thread and pass in the fused kernel.
-constexpr int kFusedPageTableUnroll = 4;
-constexpr int32_t kFusedPageTableColumnsPerPass = kFusedMetadataThreads * kFusedPageTableUnroll;
+constexpr int kFusedPageTableUnroll = kFusedMetadataPageTableColumnsPerPass / kFusedMetadataThreads;
 constexpr int64_t kInt32Max = 2147483647;
 constexpr int kIndptrThreads = 1024;
 constexpr int kGatherThreads = 128;
@@ -417,9 +416,10 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kFusedMetadataThreads, 12)
   const int32_t k = static_cast<int32_t>(blockIdx.y) * share;
   // A block past the row's tokens and the table's columns (a wide table, a short row) has
   // nothing to write: it skips the sum below.
-  if (!first_pass && k * kUnroll * kBlock >= f.groups &&
+  if (!first_pass && k >= row_passes &&
       (p.page_table == nullptr ||
-       static_cast<int32_t>(blockIdx.y) * kFusedPageTableColumnsPerPass >= p.page_table_cols)) {
+       static_cast<int32_t>(blockIdx.y) * kFusedMetadataPageTableColumnsPerPass >=
+           p.page_table_cols)) {
     return;
   }
   Pass<kUnroll, kBlock> pass = BeginPass<kUnroll, kBlock>(f, k);
@@ -798,9 +798,9 @@ hipError_t LaunchTokenKvIndicesKernel(const TokenKvIndicesParams& p, int32_t pas
   return hipGetLastError();
 }
 
-hipError_t LaunchFusedMetadataKernel(const FusedMetadataParams& p, int32_t passes,
+hipError_t LaunchFusedMetadataKernel(const FusedMetadataParams& p, int32_t row_blocks,
                                      hipStream_t stream) {
-  FusedMetadataKernel<<<dim3(p.padded_batch, passes), kFusedMetadataThreads, 0, stream>>>(p);
+  FusedMetadataKernel<<<dim3(p.padded_batch, row_blocks), kFusedMetadataThreads, 0, stream>>>(p);
   return hipGetLastError();
 }
 

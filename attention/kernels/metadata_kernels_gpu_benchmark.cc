@@ -215,10 +215,13 @@ void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceV
   const double token_bytes = 8.0 * tokens;
   const double page_bytes = (4.0 * std::min<int64_t>(ps, 8) + 4.0) * bs * cols;
   const double indptr_bytes = 12.0 * bs;  // lengths read, indptr and last-page lengths written
-  // The fused launch reads each slot once for kv_indices and the page table: its page-table
-  // bytes are the entries written; per row it reads the row, both lengths and writes both
-  // indptrs and the last-page length.
-  const double fused_bytes = token_bytes + 4.0 * bs * cols + 24.0 * bs;
+  // With a power-of-two page size the fused launch takes the page-table entries from the slots
+  // it reads for kv_indices: its page-table bytes are the entries written (other page sizes
+  // read the page's slot again, as the page-table kernel does); per row it reads the row, both
+  // lengths and writes both indptrs and the last-page length.
+  const bool shared_loads = (ps & (ps - 1)) == 0;
+  const double fused_bytes =
+      token_bytes + (shared_loads ? 4.0 * bs * cols : page_bytes) + 24.0 * bs;
 
   poison();
   const double kv_us = TimeUs(sets, kv_indices);
@@ -455,8 +458,14 @@ int main(int argc, char** argv) {
   };
   int arg = 1;
   if (arg < argc && std::string(argv[arg]).rfind("--l2-fetch-granularity=", 0) == 0) {
-    const size_t bytes = std::strtoul(argv[arg] + 23, nullptr, 10);
-    BENCH_CHECK(GpuStatus(SetL2FetchGranularity(bytes), "set the L2 fetch granularity"));
+    const std::string value = argv[arg] + 23;
+    if (value != "0" && value != "32" && value != "64" && value != "128") {
+      std::fprintf(stderr, "--l2-fetch-granularity takes 0, 32, 64 or 128 (bytes), not %s\n",
+                   value.c_str());
+      return 2;
+    }
+    BENCH_CHECK(
+        GpuStatus(SetL2FetchGranularity(std::stoul(value)), "set the L2 fetch granularity"));
     ++arg;
   }
   if (size_t granularity = 0; GetL2FetchGranularity(&granularity) == hipSuccess) {

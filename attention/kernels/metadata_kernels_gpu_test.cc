@@ -117,10 +117,13 @@ TEST_P(PageSizeGpuTest, PageTableEqualsTheHostBuilderAndKeepsRowsPastTheBatch) {
 // padded rows staged as kPaddedRow with the fill length and no query rows).
 // The fused launch over `real` random sequences (cached lengths up to max_cached, q new tokens
 // each) padded to `padded` rows equals the host writer, every output poisoned first.
+// row_blocks 0: through BuildDecodeMetadataOnDevice (its grid); else the kernel launched
+// directly with that many blocks per row.
 void ExpectFusedEqualsTheHostWriter(GpuTest& test, int64_t ps, int real, int64_t padded,
-                                    int64_t max_cached, int64_t q, uint64_t seed) {
+                                    int64_t max_cached, int64_t q, uint64_t seed,
+                                    int32_t row_blocks = 0) {
   SCOPED_TRACE(::testing::Message() << "q " << q << " page_size " << ps << " rows " << real
-                                    << " seed " << seed);
+                                    << " seed " << seed << " row_blocks " << row_blocks);
   {
     const BatchFixture f = MakeBatch(ps, real, max_cached, q, seed);
     std::vector<ReqPoolIndex> rows(f.rows());
@@ -180,7 +183,31 @@ void ExpectFusedEqualsTheHostWriter(GpuTest& test, int64_t ps, int real, int64_t
     a.page_table = d_table.span();
     a.page_table_cols = cols;
     a.max_kv_len = f.pool().max_context_len();
-    ASSERT_TRUE(BuildDecodeMetadataOnDevice(a, test.violation(), nullptr).ok());
+    if (row_blocks == 0) {
+      ASSERT_TRUE(BuildDecodeMetadataOnDevice(a, test.violation(), nullptr).ok());
+    } else {
+      kernels::FusedMetadataParams p;
+      const int64_t stride = f.pool().max_context_len().value();
+      p.src.req_to_token = reinterpret_cast<const int32_t*>(table.data());
+      p.src.stride = stride;
+      p.src.max_reqs = static_cast<int32_t>(static_cast<int64_t>(table.size()) / stride);
+      p.src.pool_slots = f.pool_slots().value();
+      p.src.page_size = static_cast<int32_t>(ps);
+      p.src.page_size_log2 = f.page_size().log2();
+      p.rows = reinterpret_cast<const int32_t*>(d_rows.data());
+      p.kv_lens = reinterpret_cast<const int32_t*>(d_kv.data());
+      p.q_lens = reinterpret_cast<const int32_t*>(d_q.data());
+      p.kv_indptr = reinterpret_cast<int32_t*>(d_kv_indptr.data());
+      p.qo_indptr = reinterpret_cast<int32_t*>(d_qo_indptr.data());
+      p.kv_last_page_len = reinterpret_cast<int32_t*>(d_last.data());
+      p.kv_indices = reinterpret_cast<int32_t*>(d_indices.data());
+      p.kv_indices_capacity = capacity;
+      p.page_table = reinterpret_cast<int32_t*>(d_table.data());
+      p.page_table_cols = static_cast<int32_t>(cols);
+      p.padded_batch = static_cast<int32_t>(padded);
+      p.violation = test.violation();
+      ASSERT_EQ(kernels::LaunchFusedMetadataKernel(p, row_blocks, nullptr), hipSuccess);
+    }
     EXPECT_EQ(Download(d_kv_indptr), h_kv_indptr);
     EXPECT_EQ(Download(d_qo_indptr), h_qo_indptr);
     EXPECT_EQ(Download(d_last), h_last);
@@ -200,6 +227,15 @@ TEST_P(PageSizeGpuTest, FusedDecodeMetadataEqualsTheHostWriter) {
 // so blocks loop over passes; rows start at every alignment.
 TEST_P(PageSizeGpuTest, FusedDecodeMetadataLoopsOverPassesOfLongRows) {
   ExpectFusedEqualsTheHostWriter(*this, GetParam(), 200, 205, 20000, 1, 70 + GetParam());
+}
+
+// The kernel's contract holds for any grid, not only the one its launcher picks (which depends
+// on the GPU's occupancy): every pass and page-table column written once, with 1 to more than
+// the rows' passes blocks per row.
+TEST_P(PageSizeGpuTest, FusedKernelCoversEveryPassForAnyRowBlocks) {
+  for (int32_t row_blocks : {1, 2, 3, 5, 11, 40}) {
+    ExpectFusedEqualsTheHostWriter(*this, GetParam(), 30, 33, 9000, 1, 90 + GetParam(), row_blocks);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(PageSizes, PageSizeGpuTest, ::testing::Values(1, 7, 16, 64));

@@ -166,7 +166,9 @@ absl::Status BuildDecodeMetadataOnDevice(const DecodeMetadataDeviceArgs& a,
   const int32_t wave_blocks = *multiprocessors * std::max<int32_t>(1, per_multiprocessor);
   const int32_t needed =
       std::max(Passes(a.max_kv_len.value(), kernels::kFusedMetadataTokensPerPass),
-               Passes(a.page_table_cols, kernels::kFusedMetadataTokensPerPass));
+               a.page_table.empty()
+                   ? 1
+                   : Passes(a.page_table_cols, kernels::kFusedMetadataPageTableColumnsPerPass));
   const int32_t row_blocks = FusedMetadataRowBlocks(static_cast<int64_t>(b), needed, wave_blocks);
   return LaunchResult(kernels::LaunchFusedMetadataKernel(p, row_blocks, stream), "decode metadata");
 }
