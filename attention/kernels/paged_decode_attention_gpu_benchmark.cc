@@ -224,7 +224,7 @@ class Bench {
       BENCH_CHECK(GpuStatus(testing::LaunchHeadRowsRead(
                                 pool_.k().data(), pool_.v().data(), 1 + (i % sets) * s.bs * s.ctx,
                                 static_cast<int32_t>(s.bs), s.ctx, chunks, kKvHeads,
-                                sms_ * blocks_per_sm_, pattern_sink_.data(), stream_),
+                                sms_, blocks_per_sm_, pattern_sink_.data(), stream_),
                             "LaunchHeadRowsRead"));
     });
     const Refs refs{copy_us_scaled, contiguous_us, read_us_scaled, pattern_us};
@@ -444,14 +444,13 @@ void Write(const std::string& dir) {
   if (dir.empty()) return;
   std::ofstream csv(dir + "/paged_decode_attention.csv");
   std::ofstream md(dir + "/paged_decode_attention.md");
-  csv << "op,variant,bs,ctx,page_size,work_items,kv_bytes,us,tb_per_s,read_tb_per_s,fraction_of_"
-         "read,"
-         "copy_tb_per_s,contiguous_us,fraction_of_contiguous,reads_alone_tb_per_s,fraction_of_"
-         "reads_alone\n";
+  csv << "op,variant,bs,ctx,page_size,work_items,kv_bytes,us,tb_per_s,read_tb_per_s,"
+         "fraction_of_read,copy_tb_per_s,contiguous_us,fraction_of_contiguous,"
+         "reads_alone_tb_per_s,fraction_of_reads_alone\n";
   md << "| op | variant | bs | ctx | page size | items | us | KV TB/s | read TB/s | % of read | "
         "copy TB/s | % of contiguous | its reads alone TB/s | % of them |\n"
-     << "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| ---: |\n";
+     << "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: | ---: |\n";
   for (const Row& r : rows) {
     const double tbs = r.bytes / (r.us * 1e-6) / 1e12;
     const double ctbs = 2 * r.bytes / (r.copy_us * 1e-6) / 1e12;

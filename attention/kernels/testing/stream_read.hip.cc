@@ -73,19 +73,18 @@ __global__ void __launch_bounds__(kRowWarps * 32)
 
 hipError_t LaunchHeadRowsRead(const void* k_pool, const void* v_pool, int64_t first_slot,
                               int32_t seqs, int64_t ctx, int32_t chunks, int32_t kv_heads,
-                              int32_t max_blocks, uint32_t* sink, hipStream_t stream) {
+                              int32_t multiprocessors, int32_t blocks_per_multiprocessor,
+                              uint32_t* sink, hipStream_t stream) {
   // At most the blocks that are resident at once: more would run as a second wave.
-  int device = 0, multiprocessors = 0, per_multiprocessor = 0;
-  for (hipError_t e :
-       {hipGetDevice(&device),
-        hipDeviceGetAttribute(&multiprocessors, hipDeviceAttributeMultiprocessorCount, device),
-        hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, HeadRowsReadKernel,
-                                                     kRowWarps * 32, 0)}) {
-    if (e != hipSuccess) return e;
+  int resident = 0;
+  if (const hipError_t e = hipOccupancyMaxActiveBlocksPerMultiprocessor(
+          &resident, HeadRowsReadKernel, kRowWarps * 32, 0);
+      e != hipSuccess) {
+    return e;
   }
   const int64_t units = int64_t{seqs} * chunks * kv_heads;
-  const int64_t blocks =
-      std::min<int64_t>({units, max_blocks, int64_t{multiprocessors} * per_multiprocessor});
+  const int64_t blocks = std::min<int64_t>(
+      units, int64_t{multiprocessors} * std::min<int64_t>(blocks_per_multiprocessor, resident));
   if (blocks < 1) return hipErrorInvalidValue;
   HeadRowsReadKernel<<<static_cast<uint32_t>(blocks), kRowWarps * 32, 0, stream>>>(
       static_cast<const uint4*>(k_pool), static_cast<const uint4*>(v_pool), first_slot, seqs, ctx,
