@@ -179,7 +179,9 @@ __device__ inline void StorePageOf(const SlotSource& s, bool real_row, int32_t s
 // Stores the pass's tokens below n (<= f.n): dst[t] = the checked slot, and the page-table
 // entries of the tokens below pages_below (StorePageOf); with page size 1 a group's entries
 // are its slots, stored as one group (scattered 4-byte stores ran the fused kernel at 60% of
-// the copy instead of 93% on the H200).
+// the copy instead of 93% on the H200). A whole group of slots inside the pool, the common
+// case, is checked with one compare (the largest slot, unsigned), and with page sizes of 4 or
+// more at most one of its tokens starts a page; the per-token path is for the rest.
 template <int kUnroll, int kBlock>
 __device__ inline void StorePass(const SlotSource& s, bool real_row, Pass<kUnroll, kBlock>& pass,
                                  const RowFrame& f, int32_t n, int32_t* dst, int32_t* pages,
@@ -190,31 +192,47 @@ __device__ inline void StorePass(const SlotSource& s, bool real_row, Pass<kUnrol
     if (g >= f.groups) continue;
     const int32_t t0 = f.head + 4 * g;
     if (t0 >= n) continue;
+    int32_t(&x)[4] = pass.slot[u];
+    const bool whole = t0 + 4 <= n;
+    // Unsigned compares catch negative slots too (pool_slots <= 2^31).
+    const uint32_t pool = static_cast<uint32_t>(s.pool_slots);
+    const bool in_pool =
+        !real_row || s.pool_slots == 0 ||
+        (static_cast<uint32_t>(x[0]) < pool && static_cast<uint32_t>(x[1]) < pool &&
+         static_cast<uint32_t>(x[2]) < pool && static_cast<uint32_t>(x[3]) < pool);
+    if (!whole || !in_pool) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if (t0 + j < n) {
-        pass.slot[u][j] = CheckedToken(s, real_row, pass.slot[u][j], t0 + j, request, v);
+      for (int j = 0; j < 4; ++j) {
+        if (t0 + j < n) x[j] = CheckedToken(s, real_row, x[j], t0 + j, request, v);
       }
     }
-    if (t0 + 4 <= n) {
-      StoreGroup(dst + t0, pass.slot[u]);
+    if (whole) {
+      StoreGroup(dst + t0, x);
     } else {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        if (t0 + j < n) dst[t0 + j] = pass.slot[u][j];
+        if (t0 + j < n) dst[t0 + j] = x[j];
       }
     }
+    if (t0 >= pages_below) continue;
     if (s.page_size == 1 && t0 + 4 <= pages_below) {
       if (real_row) {
-        StoreGroup(pages + t0, pass.slot[u]);
+        StoreGroup(pages + t0, x);
       } else {
         StoreGroup(pages + t0, {0, 0, 0, 0});
       }
+    } else if (s.page_size >= 4) {
+      // The group's first token at a page start (pages_below > 0 only for power-of-two page
+      // sizes), if it has one.
+      const int32_t t = (t0 + s.page_size - 1) & -s.page_size;
+      if (t < t0 + 4 && t < pages_below) {
+        const int32_t j = t - t0;
+        const int32_t slot = j == 0 ? x[0] : (j == 1 ? x[1] : (j == 2 ? x[2] : x[3]));
+        pages[t >> s.page_size_log2] = real_row ? slot >> s.page_size_log2 : 0;
+      }
     } else {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        StorePageOf(s, real_row, pass.slot[u][j], t0 + j, pages, pages_below);
-      }
+      for (int j = 0; j < 4; ++j) StorePageOf(s, real_row, x[j], t0 + j, pages, pages_below);
     }
   }
   if (pass.edge_t >= 0 && pass.edge_t < n) {

@@ -494,16 +494,20 @@ TEST_F(GuardGpuTest, FusedLaunchClampsAndNamesBadRowsLengthsSlotsAndCapacity) {
     int32_t row;
     int corrupt_len;           // entry whose length is replaced, or -1
     int32_t len;
-    bool bad_slot;             // a req_to_token entry outside the pool
+    int bad_slot_at;           // token of row 1 whose req_to_token entry is outside the pool, or -1
     int64_t capacity;          // kv_indices capacity
     const char* words;
   } cases[] = {
-      {"row outside the table", 2, 999, -1, 0, false, 4096, "row 999 outside"},
-      {"negative row", 1, -7, -1, 0, false, 4096, "row -7 outside"},
-      {"length past the row", -1, 0, 3, 100000, false, 4096, "past the row"},
-      {"negative length", -1, 0, 0, -3, false, 4096, "is negative"},
-      {"slot outside the pool", -1, 0, -1, 0, true, 4096, "outside the pool"},
-      {"kv_indices too small", -1, 0, -1, 0, false, 100, "the buffer holds 100"},
+      {"row outside the table", 2, 999, -1, 0, -1, 4096, "row 999 outside"},
+      {"negative row", 1, -7, -1, 0, -1, 4096, "row -7 outside"},
+      {"length past the row", -1, 0, 3, 100000, -1, 4096, "past the row"},
+      {"negative length", -1, 0, 0, -3, -1, 4096, "is negative"},
+      // Tokens 4 to 7: every position in a group of 4 slots, whatever the row's alignment.
+      {"slot outside the pool at token 4", -1, 0, -1, 0, 4, 4096, "outside the pool"},
+      {"slot outside the pool at token 5", -1, 0, -1, 0, 5, 4096, "outside the pool"},
+      {"slot outside the pool at token 6", -1, 0, -1, 0, 6, 4096, "outside the pool"},
+      {"slot outside the pool at token 7", -1, 0, -1, 0, 7, 4096, "outside the pool"},
+      {"kv_indices too small", -1, 0, -1, 0, -1, 100, "the buffer holds 100"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
@@ -513,7 +517,10 @@ TEST_F(GuardGpuTest, FusedLaunchClampsAndNamesBadRowsLengthsSlotsAndCapacity) {
     if (c.corrupt_row >= 0) rows[c.corrupt_row] = ReqPoolIndex(c.row);
     if (c.corrupt_len >= 0) kv[c.corrupt_len] = TokenLength(c.len);
     std::vector<TokenSlot> table(f.pool().table().begin(), f.pool().table().end());
-    if (c.bad_slot) table[f.rows()[1].value() * f.pool().max_context_len().value() + 5] = TokenSlot(1 << 30);
+    if (c.bad_slot_at >= 0) {
+      table[f.rows()[1].value() * f.pool().max_context_len().value() + c.bad_slot_at] =
+          TokenSlot(1 << 30);
+    }
     DeviceBuffer<TokenSlot> d_table = Upload(table);
     DeviceBuffer<ReqPoolIndex> d_rows = Upload(rows);
     DeviceBuffer<TokenLength> d_kv = Upload(kv), d_q = Upload(q);
