@@ -445,12 +445,17 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kFusedMetadataThreads, 12)
 
   // Where this row starts: the clamped lengths of the rows before it (every block computes it,
   // so that one launch suffices).
+  // The clamps in 32 bits (the lengths are int32): with thousands of rows this sum's
+  // instructions, repeated by every block, are most of the launch's.
+  const int32_t len_limit =
+      static_cast<int32_t>(p.src.stride < kInt32Max ? p.src.stride : kInt32Max);
   int64_t kv_before = 0, q_before = 0;
   internal::BlockSum2Once<kBlock>(
       i,
       [&](int32_t r, int64_t* kv, int64_t* q) {
-        *kv = Clamp(p.kv_lens[r], 0, p.src.stride);
-        *q = first_pass ? Clamp(p.q_lens[r], 0, *kv) : 0;
+        const int32_t k = min(max(p.kv_lens[r], 0), len_limit);
+        *kv = k;
+        *q = first_pass ? min(max(p.q_lens[r], 0), k) : 0;
       },
       kv_before, q_before, scratch);
 

@@ -5,6 +5,7 @@
 // out of bounds (the bundle also runs this binary under compute-sanitizer memcheck).
 // Needs a GPU: fails when none is visible.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -547,6 +548,15 @@ TEST_F(GuardGpuTest, FusedLaunchClampsAndNamesBadRowsLengthsSlotsAndCapacity) {
     a.max_kv_len = f.pool().max_context_len();
     ASSERT_TRUE(BuildDecodeMetadataOnDevice(a, violation(), nullptr).ok());
     ExpectViolation(c.words);
+    // The offsets are those of the lengths clamped to [0, max_context_len], whatever the
+    // capacity.
+    const std::vector<TokenOffset> indptr = Download(d_kv_indptr);
+    int64_t run = 0;
+    ASSERT_EQ(indptr[0], TokenOffset(0));
+    for (int r = 0; r < 4; ++r) {
+      run += std::clamp<int64_t>(kv[r].value(), 0, f.pool().max_context_len().value());
+      EXPECT_EQ(indptr[r + 1], TokenOffset(static_cast<int32_t>(run))) << "row " << r;
+    }
     const std::vector<TokenSlot> got = Download(d_indices);
     for (int64_t k = c.capacity; k < c.capacity + 64; ++k) {
       ASSERT_EQ(got[k], TokenSlot(-9)) << "written past the capacity at " << k;
