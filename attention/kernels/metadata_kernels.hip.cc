@@ -180,8 +180,9 @@ __device__ inline void StorePageOf(const SlotSource& s, bool real_row, int32_t s
 // entries of the tokens below pages_below (StorePageOf); with page size 1 a group's entries
 // are its slots, stored as one group (scattered 4-byte stores ran the fused kernel at 60% of
 // the copy instead of 93% on the H200). A whole group of slots inside the pool, the common
-// case, is checked with one compare (the largest slot, unsigned), and with page sizes of 4 or
-// more at most one of its tokens starts a page; the per-token path is for the rest.
+// case, takes one branch (four unsigned compares; their maximum instead cost the fused kernel
+// a spill), and with page sizes of 4 or more at most one of its tokens starts a page; the
+// per-token path is for the rest.
 template <int kUnroll, int kBlock>
 __device__ inline void StorePass(const SlotSource& s, bool real_row, Pass<kUnroll, kBlock>& pass,
                                  const RowFrame& f, int32_t n, int32_t* dst, int32_t* pages,
@@ -444,9 +445,8 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kFusedMetadataThreads, 12)
   LoadPass(p.src, row, f, pass);
 
   // Where this row starts: the clamped lengths of the rows before it (every block computes it,
-  // so that one launch suffices).
-  // The clamps in 32 bits (the lengths are int32): with thousands of rows this sum's
-  // instructions, repeated by every block, are most of the launch's.
+  // so that one launch suffices). The clamps are 32-bit (the lengths are int32): with thousands
+  // of rows this sum's instructions, repeated by every block, are most of the launch's.
   const int32_t len_limit =
       static_cast<int32_t>(p.src.stride < kInt32Max ? p.src.stride : kInt32Max);
   int64_t kv_before = 0, q_before = 0;
