@@ -18,12 +18,13 @@ constexpr int64_t kMaxTokens = int64_t{1} << 30;
 
 absl::StatusOr<SplitKvPlan> PlanDecodeSplitKv(absl::Span<const TokenOffset> kv_indptr,
                                               KvLayout layout, const DecodeSplitOptions& o) {
-  if (o.multiprocessor_count < 1 || o.num_kv_heads < 1 || o.blocks_per_multiprocessor < 1 ||
+  if (o.multiprocessor_count < 1 || o.blocks_per_item < 1 || o.blocks_per_multiprocessor < 1 ||
       o.min_chunk.value() < 1 || o.min_chunk.value() > kMaxTokens) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "decode split: need multiprocessor_count, num_kv_heads, blocks_per_multiprocessor >= 1 and "
-        "min_chunk in [1, ", kMaxTokens, "], got ", o.multiprocessor_count, ", ", o.num_kv_heads,
-        ", ", o.blocks_per_multiprocessor, ", ", o.min_chunk.value()));
+        "decode split: need multiprocessor_count, blocks_per_item, blocks_per_multiprocessor >= 1 "
+        "and min_chunk in [1, ",
+        kMaxTokens, "], got ", o.multiprocessor_count, ", ", o.blocks_per_item, ", ",
+        o.blocks_per_multiprocessor, ", ", o.min_chunk.value()));
   }
   if (kv_indptr.empty()) return absl::InvalidArgumentError("decode split: kv_indptr is empty");
   const int64_t bs = static_cast<int64_t>(kv_indptr.size()) - 1;
@@ -33,12 +34,15 @@ absl::StatusOr<SplitKvPlan> PlanDecodeSplitKv(absl::Span<const TokenOffset> kv_i
   options.layout = layout;
   options.q_tile = TokenCount(1);
   const int64_t target_blocks = int64_t{o.multiprocessor_count} * o.blocks_per_multiprocessor;
-  if (2 * bs * o.num_kv_heads >= target_blocks) {
+  if (2 * bs * o.blocks_per_item >= target_blocks) {
     // One unit takes every chunk: one item per sequence, nothing split.
     options.num_units = 1;
     return PlanSplitKv(qo_indptr, kv_indptr, options);
   }
-  const int64_t target_items = (target_blocks + o.num_kv_heads - 1) / o.num_kv_heads;
+  // Rounded down, so that items * blocks_per_item stays within the wave (rounded up, 132
+  // multiprocessors at one block each made 17 items of 8 blocks: 4 of the 136 blocks ran as a
+  // second wave). At least 2 here: the batch gives fewer than target / 2 blocks.
+  const int64_t target_items = target_blocks / o.blocks_per_item;
   // Chunks are whole multiples of 16 tokens and of the layout's block, so that the planner
   // keeps them as they are.
   const int64_t quantum = std::lcm<int64_t>(16, layout.block().tokens());

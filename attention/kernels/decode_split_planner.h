@@ -17,7 +17,10 @@ namespace attnmeta {
 // How PlanDecodeSplitKv sizes the work to the GPU.
 struct DecodeSplitOptions {
   int32_t multiprocessor_count = 1;  // of the GPU that runs the kernel, >= 1
-  int32_t num_kv_heads = 1;          // blocks per work item (one per KV head), >= 1
+  // The attention launch's blocks per work item, >= 1: DecodeBlocksPerWorkItem
+  // (paged_decode_launcher.h), which is the number of KV heads only when a block takes a whole
+  // GQA group (a group of 16 runs as two blocks of 8 query heads, a group of 3 as three of 1).
+  int32_t blocks_per_item = 1;
   // Blocks to aim for per multiprocessor: one wave of the default decode variant, which fits
   // 2 blocks per multiprocessor (bf16, head dim 128, 4 query heads per block on sm_90: 248
   // registers per thread). Measured on the H200: at bs 1 x 16k and bs 8 x 4k one wave beats
@@ -32,9 +35,9 @@ struct DecodeSplitOptions {
 //    split then costs more than the idle half gains (bs 32 x 4k at 256 blocks ran 4.0 TB/s
 //    unsplit, 3.4 split into 64 items);
 //  - otherwise the shortest chunk (at least min_chunk, a multiple of 16 and of the blocks of
-//    `layout`) that cuts the sequences into at most target / num_kv_heads items, one item per
-//    chunk: items are of equal size except each sequence's last, and none spills into a second
-//    wave.
+//    `layout`) that cuts the sequences into at most floor(target / blocks_per_item) items, one
+//    item per chunk: items are of equal size except each sequence's last, and none spills into
+//    a second wave.
 // `kv_indptr` is the host copy of the batch's token-level indptr. Errors: PlanSplitKv's
 // (InvalidArgument for an empty sequence: a decode row needs kv_len >= 1; run batches with
 // empty sequences without a plan) and InvalidArgument for options out of range.

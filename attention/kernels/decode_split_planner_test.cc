@@ -44,7 +44,7 @@ int64_t ExpectTiles(const SplitKvPlan& plan, const std::vector<int32_t>& lens) {
   return static_cast<int64_t>(plan.work.size());
 }
 
-constexpr DecodeSplitOptions kH200{/*multiprocessor_count=*/132, /*num_kv_heads=*/8};
+constexpr DecodeSplitOptions kH200{/*multiprocessor_count=*/132, /*blocks_per_item=*/8};
 
 // The decode benchmark's shapes on the H200: a batch of half a wave of blocks or more runs
 // unsplit (bs 17 x 8 heads = 136 >= 264 / 2).
@@ -80,44 +80,66 @@ TEST(DecodeSplitPlannerTest, RoundingDoesNotSpillIntoASecondWave) {
   EXPECT_EQ(plan->chunk.value(), 1024);
 }
 
-// Unequal lengths and odd page sizes: the items never exceed the wave, fill more than half of
-// it, and every chunk is a whole number of 16-token steps and of the layout's pages.
+// Unequal lengths and odd page sizes, on GPUs whose wave is not a multiple of the blocks per
+// item (110 multiprocessors, one or three blocks each; groups run as 3 or 16 blocks): the items
+// never exceed the wave, and every chunk is a whole number of 16-token steps and of the
+// layout's pages, the shortest that fits.
 TEST(DecodeSplitPlannerTest, ItemsFitTheWaveAtEveryLayout) {
   const std::vector<std::vector<int32_t>> batches = {
       {16384}, {1, 30000}, {5000, 77, 1024, 9999}, {100, 100, 100}, {32768, 32768, 16, 4096, 4096}};
-  for (int32_t mp : {16, 80, 132}) {
-    for (int64_t ps : {1, 7, 16, 64}) {
-      for (const auto& lens : batches) {
-        const KvLayout layout =
-            ps == 1 ? KvLayout::LinearPerToken() : KvLayout::Paged(*PageSize::Create(ps));
-        const DecodeSplitOptions options{mp, 8};
-        SCOPED_TRACE(::testing::Message() << mp << " multiprocessors, page size " << ps
-                                          << ", bs " << lens.size() << ", first " << lens[0]);
-        auto plan = PlanDecodeSplitKv(Indptr(lens), layout, options);
-        ASSERT_TRUE(plan.ok()) << plan.status();
-        const int64_t items = ExpectTiles(*plan, lens);
-        const int64_t target = int64_t{mp} * options.blocks_per_multiprocessor;
-        const int64_t bs = static_cast<int64_t>(lens.size());
-        if (2 * bs * 8 >= target) {
-          EXPECT_EQ(items, bs) << "half a wave or more: not split";
-          continue;
-        }
-        EXPECT_LE(items * 8, target) << "one wave";
-        EXPECT_EQ(plan->chunk.value() % 16, 0);
-        EXPECT_EQ(plan->chunk.value() % ps, 0);
-        EXPECT_GE(plan->chunk.value(), options.min_chunk.value());
-        // A chunk one quantum shorter would need more items than the wave holds.
-        const int64_t quantum = ps == 7 ? 112 : std::max<int64_t>(16, ps);
-        if (plan->chunk.value() > quantum &&
-            plan->chunk.value() - quantum >= options.min_chunk.value()) {
-          int64_t shorter = 0;
-          const int64_t chunk = plan->chunk.value() - quantum;
-          for (int32_t len : lens) shorter += (len + chunk - 1) / chunk;
-          EXPECT_GT(shorter * 8, target) << "the shortest chunk that fits";
+  for (int32_t mp : {16, 80, 110, 132}) {
+    for (int32_t per_mp : {1, 2, 3}) {
+      for (int32_t per_item : {3, 8, 16}) {
+        for (int64_t ps : {1, 7, 16, 64}) {
+          for (const auto& lens : batches) {
+            const KvLayout layout =
+                ps == 1 ? KvLayout::LinearPerToken() : KvLayout::Paged(*PageSize::Create(ps));
+            const DecodeSplitOptions options{mp, per_item, per_mp};
+            SCOPED_TRACE(::testing::Message()
+                         << mp << " multiprocessors x " << per_mp << " blocks, " << per_item
+                         << " blocks per item, page size " << ps << ", bs " << lens.size()
+                         << ", first " << lens[0]);
+            auto plan = PlanDecodeSplitKv(Indptr(lens), layout, options);
+            ASSERT_TRUE(plan.ok()) << plan.status();
+            const int64_t items = ExpectTiles(*plan, lens);
+            const int64_t target = int64_t{mp} * per_mp;
+            const int64_t bs = static_cast<int64_t>(lens.size());
+            if (2 * bs * per_item >= target) {
+              EXPECT_EQ(items, bs) << "half a wave or more: not split";
+              continue;
+            }
+            EXPECT_LE(items * per_item, target) << "one wave";
+            EXPECT_EQ(plan->chunk.value() % 16, 0);
+            EXPECT_EQ(plan->chunk.value() % ps, 0);
+            EXPECT_GE(plan->chunk.value(), options.min_chunk.value());
+            // A chunk one quantum shorter would need more items than the wave holds.
+            const int64_t quantum = ps == 7 ? 112 : std::max<int64_t>(16, ps);
+            if (plan->chunk.value() > quantum &&
+                plan->chunk.value() - quantum >= options.min_chunk.value()) {
+              int64_t shorter = 0;
+              const int64_t chunk = plan->chunk.value() - quantum;
+              for (int32_t len : lens) shorter += (len + chunk - 1) / chunk;
+              EXPECT_GT(shorter * per_item, target) << "the shortest chunk that fits";
+            }
+          }
         }
       }
     }
   }
+}
+
+// Field case (the decode benchmark, 2026-12-01): 132 multiprocessors at one block each and 8
+// blocks per item made 17 items of bs 1 x 16k, 136 blocks, 4 of them a second wave. 16 items
+// of 1,024 tokens fit.
+TEST(DecodeSplitPlannerTest, ItemsRoundDownToTheWave) {
+  const std::vector<int32_t> lens = {16384};
+  auto plan = PlanDecodeSplitKv(Indptr(lens), KvLayout::LinearPerToken(),
+                                DecodeSplitOptions{/*multiprocessor_count=*/132,
+                                                   /*blocks_per_item=*/8,
+                                                   /*blocks_per_multiprocessor=*/1});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(ExpectTiles(*plan, lens), 16);
+  EXPECT_EQ(plan->chunk.value(), 1024);
 }
 
 TEST(DecodeSplitPlannerTest, MinChunkBoundsTheSplit) {

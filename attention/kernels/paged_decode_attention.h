@@ -132,6 +132,11 @@ struct PagedDecodeParams {
 // REQUIRES: the launcher's checks passed (shapes, alignment, the grid fits).
 hipError_t LaunchPagedDecodeKernel(const PagedDecodeParams& p, hipStream_t stream);
 
+// The blocks of the kernel LaunchPagedDecodeKernel would run for p's dtype, head_dim,
+// heads_per_block and variant (no other field is read) that fit on one multiprocessor of the
+// current device, into *blocks; hipErrorInvalidValue for a shape that is not compiled.
+hipError_t PagedDecodeBlocksPerMultiprocessor(const PagedDecodeParams& p, int32_t* blocks);
+
 struct DecodeMergeParams {
   const DecodeReduceItem* reduce;  // [num_reduce]
   int32_t num_reduce;

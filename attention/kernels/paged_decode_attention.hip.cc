@@ -298,63 +298,104 @@ __global__ void __launch_bounds__(kMergeWarps * 32) DecodeMergeKernel(DecodeMerg
   MergeHead<Dtype, kHeadDim>(p.partial_out, p.partial_lse, p.num_q_heads, h, it, p.out, p.lse);
 }
 
+// The attention kernel of one compiled shape, for what the dispatch below does with it.
 template <typename Dtype, int kHeadDim, int kHeads, int kVariant>
-hipError_t Launch(const PagedDecodeParams& p, hipStream_t stream) {
-  constexpr DecodeVariant kV = kDecodeVariants[kVariant];
+struct DecodeKernelOf {
+  static constexpr DecodeVariant kV = kDecodeVariants[kVariant];
   // Head dim 256 holds twice the registers per token: half the step keeps it from spilling.
-  constexpr int kStep = kHeadDim > 128 && kV.step_tokens > 16 ? kV.step_tokens / 2 : kV.step_tokens;
-  const int32_t blocks = p.num_work * p.num_kv_heads * (p.num_q_heads / p.num_kv_heads / kHeads);
-  PagedDecodeKernel<Dtype, kHeadDim, kHeads, kV.warps, kStep, kV.portable_mma != 0>
-      <<<blocks, kV.warps * 32, 0, stream>>>(p);
-  return hipGetLastError();
-}
+  static constexpr int kStep =
+      kHeadDim > 128 && kV.step_tokens > 16 ? kV.step_tokens / 2 : kV.step_tokens;
+  static constexpr int kThreads = kV.warps * 32;
+  static constexpr int kHeadsPerBlock = kHeads;
+  static constexpr auto kKernel =
+      PagedDecodeKernel<Dtype, kHeadDim, kHeads, kV.warps, kStep, kV.portable_mma != 0>;
+};
 
-template <typename Dtype, int kHeadDim, int kHeads>
-hipError_t ByVariant(const PagedDecodeParams& p, hipStream_t stream) {
+// Launches the kernel over the params' work items.
+struct LaunchOnStream {
+  hipStream_t stream;
+  template <typename K>
+  hipError_t Run(const PagedDecodeParams& p) const {
+    const int32_t blocks =
+        p.num_work * p.num_kv_heads * (p.num_q_heads / p.num_kv_heads / K::kHeadsPerBlock);
+    K::kKernel<<<blocks, K::kThreads, 0, stream>>>(p);
+    return hipGetLastError();
+  }
+};
+
+// The kernel's blocks that fit on one multiprocessor of the current device, into *blocks.
+struct CountBlocksPerMultiprocessor {
+  int32_t* blocks;
+  template <typename K>
+  hipError_t Run(const PagedDecodeParams&) const {
+    int n = 0;
+    const hipError_t err =
+        hipOccupancyMaxActiveBlocksPerMultiprocessor(&n, K::kKernel, K::kThreads, 0);
+    if (err == hipSuccess) *blocks = n;
+    return err;
+  }
+};
+
+// Op::Run<DecodeKernelOf<...>>(p) for the kernel of p's dtype, head dim, query heads per
+// block and variant; hipErrorInvalidValue for a shape that is not compiled.
+template <typename Dtype, int kHeadDim, int kHeads, typename Op>
+hipError_t ByVariant(const PagedDecodeParams& p, const Op& op) {
   if constexpr (kHeadDim == kVariantHeadDim && kHeads == kVariantQueryHeads) {
     static_assert(kNumDecodeVariants == 5, "one case per variant");
     switch (p.variant) {
       case 0:
-        return Launch<Dtype, kHeadDim, kHeads, 0>(p, stream);
+        return op.template Run<DecodeKernelOf<Dtype, kHeadDim, kHeads, 0>>(p);
       case 1:
-        return Launch<Dtype, kHeadDim, kHeads, 1>(p, stream);
+        return op.template Run<DecodeKernelOf<Dtype, kHeadDim, kHeads, 1>>(p);
       case 2:
-        return Launch<Dtype, kHeadDim, kHeads, 2>(p, stream);
+        return op.template Run<DecodeKernelOf<Dtype, kHeadDim, kHeads, 2>>(p);
       case 3:
-        return Launch<Dtype, kHeadDim, kHeads, 3>(p, stream);
+        return op.template Run<DecodeKernelOf<Dtype, kHeadDim, kHeads, 3>>(p);
       case 4:
-        return Launch<Dtype, kHeadDim, kHeads, 4>(p, stream);
+        return op.template Run<DecodeKernelOf<Dtype, kHeadDim, kHeads, 4>>(p);
     }
     return hipErrorInvalidValue;
   } else {
-    return p.variant == 0 ? Launch<Dtype, kHeadDim, kHeads, 0>(p, stream) : hipErrorInvalidValue;
+    return p.variant == 0 ? op.template Run<DecodeKernelOf<Dtype, kHeadDim, kHeads, 0>>(p)
+                          : hipErrorInvalidValue;
   }
 }
 
-template <typename Dtype, int kHeadDim>
-hipError_t ByHeads(const PagedDecodeParams& p, hipStream_t stream) {
+template <typename Dtype, int kHeadDim, typename Op>
+hipError_t ByHeads(const PagedDecodeParams& p, const Op& op) {
   switch (p.heads_per_block) {
     case 1:
-      return ByVariant<Dtype, kHeadDim, 1>(p, stream);
+      return ByVariant<Dtype, kHeadDim, 1>(p, op);
     case 2:
-      return ByVariant<Dtype, kHeadDim, 2>(p, stream);
+      return ByVariant<Dtype, kHeadDim, 2>(p, op);
     case 4:
-      return ByVariant<Dtype, kHeadDim, 4>(p, stream);
+      return ByVariant<Dtype, kHeadDim, 4>(p, op);
     case 8:
-      return ByVariant<Dtype, kHeadDim, 8>(p, stream);
+      return ByVariant<Dtype, kHeadDim, 8>(p, op);
   }
   return hipErrorInvalidValue;
 }
 
-template <typename Dtype>
-hipError_t ByHeadDim(const PagedDecodeParams& p, hipStream_t stream) {
+template <typename Dtype, typename Op>
+hipError_t ByHeadDim(const PagedDecodeParams& p, const Op& op) {
   switch (p.head_dim) {
     case 64:
-      return ByHeads<Dtype, 64>(p, stream);
+      return ByHeads<Dtype, 64>(p, op);
     case 128:
-      return ByHeads<Dtype, 128>(p, stream);
+      return ByHeads<Dtype, 128>(p, op);
     case 256:
-      return ByHeads<Dtype, 256>(p, stream);
+      return ByHeads<Dtype, 256>(p, op);
+  }
+  return hipErrorInvalidValue;
+}
+
+template <typename Op>
+hipError_t ByDtype(const PagedDecodeParams& p, const Op& op) {
+  switch (p.dtype) {
+    case kElementBf16:
+      return ByHeadDim<Bf16>(p, op);
+    case kElementFp16:
+      return ByHeadDim<Fp16>(p, op);
   }
   return hipErrorInvalidValue;
 }
@@ -362,13 +403,11 @@ hipError_t ByHeadDim(const PagedDecodeParams& p, hipStream_t stream) {
 }  // namespace
 
 hipError_t LaunchPagedDecodeKernel(const PagedDecodeParams& p, hipStream_t stream) {
-  switch (p.dtype) {
-    case kElementBf16:
-      return ByHeadDim<Bf16>(p, stream);
-    case kElementFp16:
-      return ByHeadDim<Fp16>(p, stream);
-  }
-  return hipErrorInvalidValue;
+  return ByDtype(p, LaunchOnStream{stream});
+}
+
+hipError_t PagedDecodeBlocksPerMultiprocessor(const PagedDecodeParams& p, int32_t* blocks) {
+  return ByDtype(p, CountBlocksPerMultiprocessor{blocks});
 }
 
 template <typename Dtype>

@@ -10,8 +10,8 @@
 // token-level); each with the plan PlanDecodeSplitKv makes for this GPU (a split for bs 1 and 8,
 // and wherever the batch alone does not fill the GPU), the partials merged in the attention
 // launch (merge counters), plus, at page size 16 where the plan splits, the same plan merged by
-// a second launch and the same kernel without a split. Then every compiled variant of the kernel shape at a few
-// shapes (the sweep), so that the best can be made the default.
+// a second launch and the same kernel without a split. Then every compiled variant of the kernel
+// shape at a few shapes (the sweep), so that the best can be made the default.
 //
 // Method (METHOD.md): every launch's status checked; outputs poisoned (0xFF bytes, NaN) and
 // checked written in full after one run of each configuration, two sequences against a CPU
@@ -31,7 +31,8 @@
 // Usage: paged_decode_attention_gpu_benchmark [OUT_DIR] [--variant=N|all] [--shape=BS,CTX]
 //        [--blocks-per-sm=N] [--no-sweep]
 // --variant: the table with that variant (or each), no sweep; --shape: that shape only;
-// --blocks-per-sm: DecodeSplitOptions::blocks_per_multiprocessor of the split plans.
+// --blocks-per-sm: DecodeSplitOptions::blocks_per_multiprocessor of the split plans (default:
+// DecodeSplitOptionsForDevice's, the kernel's occupancy on this GPU).
 // Writes OUT_DIR/paged_decode_attention.csv and .md besides stdout. Needs a GPU; exits non-zero
 // on any error or mismatch.
 
@@ -74,6 +75,8 @@ constexpr int32_t kHeadDim = 128;
 constexpr int64_t kRowElements = int64_t{kKvHeads} * kHeadDim;  // one slot of K (or of V)
 constexpr int64_t kRowBytes = kRowElements * 2;
 constexpr int64_t kQRowElements = int64_t{kQHeads} * kHeadDim;
+const DecodeAttentionDims kDims{kQHeads, kKvHeads, kHeadDim, KvElementType::kBf16,
+                                1.0f / std::sqrt(static_cast<float>(kHeadDim))};
 constexpr int64_t kRotationBytes = int64_t{256} << 20;  // 5x the L2
 constexpr int kMaxSets = 64;
 constexpr double kMaxKvBytes = 40e9;
@@ -223,8 +226,8 @@ class Bench {
     const double pattern_us = TimeUs(stream_, launches, [&](int i) {
       BENCH_CHECK(GpuStatus(testing::LaunchHeadRowsRead(
                                 pool_.k().data(), pool_.v().data(), 1 + (i % sets) * s.bs * s.ctx,
-                                static_cast<int32_t>(s.bs), s.ctx, chunks, kKvHeads,
-                                sms_, blocks_per_sm_, pattern_sink_.data(), stream_),
+                                static_cast<int32_t>(s.bs), s.ctx, chunks, kKvHeads, sms_,
+                                last_blocks_per_sm_, pattern_sink_.data(), stream_),
                             "LaunchHeadRowsRead"));
     });
     const Refs refs{copy_us_scaled, contiguous_us, read_us_scaled, pattern_us};
@@ -314,8 +317,10 @@ class Bench {
   // last_items_ is the plan's work items.
   double TimeLayout(const Shape& s, int sets, int launches, const Layout& l, int32_t variant, Split split) {
     const DecodeKv kv0 = KvOf(s, l, 0);
-    SplitKvPlan plan = Unwrap(PlanDecodeSplitKv(indptr_host_, DecodeKvLayout(kv0),
-                                                DecodeSplitOptions{sms_, kKvHeads, blocks_per_sm_}));
+    DecodeSplitOptions options = Unwrap(DecodeSplitOptionsForDevice(kDims, variant));
+    if (blocks_per_sm_ > 0) options.blocks_per_multiprocessor = blocks_per_sm_;
+    last_blocks_per_sm_ = options.blocks_per_multiprocessor;
+    SplitKvPlan plan = Unwrap(PlanDecodeSplitKv(indptr_host_, DecodeKvLayout(kv0), options));
     const bool use_plan = split != Split::kNone && !plan.reduce.empty();
     last_items_ = use_plan ? static_cast<int64_t>(plan.work.size()) : s.bs;
     DeviceBuffer<SplitKvWorkItem> work = Unwrap(DeviceBuffer<SplitKvWorkItem>::FromHost(plan.work));
@@ -328,8 +333,7 @@ class Bench {
         std::vector<uint32_t>(plan.reduce.size() * kQHeads, 0)));
     auto launch = [&](int i) {
       PagedDecodeArgs a;
-      a.dims = DecodeAttentionDims{kQHeads, kKvHeads, kHeadDim, KvElementType::kBf16,
-                                   1.0f / std::sqrt(static_cast<float>(kHeadDim))};
+      a.dims = kDims;
       a.q = DeviceSpan<const uint8_t>(reinterpret_cast<const uint8_t*>(q_.data()), q_.size() * 2);
       a.k_pool = pool_.k().const_span();
       a.v_pool = pool_.v().const_span();
@@ -422,7 +426,8 @@ class Bench {
   }
 
   std::mt19937_64& rng_;
-  int32_t blocks_per_sm_;
+  int32_t blocks_per_sm_;           // 0: DecodeSplitOptionsForDevice's
+  int32_t last_blocks_per_sm_ = 1;  // of the last plan (TimeLayout)
   int64_t pool_slots_;
   int32_t sms_;
   testing::RandomKvPool pool_;
@@ -477,7 +482,7 @@ int main(int argc, char** argv) {
   std::vector<int32_t> variants = {0};
   std::optional<Shape> only;
   bool sweep = true;
-  int32_t blocks_per_sm = DecodeSplitOptions{}.blocks_per_multiprocessor;
+  int32_t blocks_per_sm = 0;
   for (int k = 1; k < argc; ++k) {
     const std::string arg = argv[k];
     if (arg.rfind("--variant=", 0) == 0) {
@@ -530,8 +535,13 @@ int main(int argc, char** argv) {
   Bench bench(max_tokens, blocks_per_sm, rng);
   for (int32_t v : variants) {
     const kernels::DecodeVariant& d = kernels::kDecodeVariants[v];
-    std::printf("== variant %d: %d warps, steps of %d tokens, %s MMA\n", v, d.warps, d.step_tokens,
-                d.portable_mma ? "portable" : "native");
+    const DecodeSplitOptions o = Unwrap(DecodeSplitOptionsForDevice(kDims, v));
+    std::printf(
+        "== variant %d: %d warps, steps of %d tokens, %s MMA; split plans: %d blocks per "
+        "multiprocessor%s, %d per item\n",
+        v, d.warps, d.step_tokens, d.portable_mma ? "portable" : "native",
+        blocks_per_sm > 0 ? blocks_per_sm : o.blocks_per_multiprocessor,
+        blocks_per_sm > 0 ? " (--blocks-per-sm)" : "", o.blocks_per_item);
     for (const Shape& s : shapes) bench.RunShape(s, v, /*all_configs=*/true);
   }
   if (sweep && !only.has_value()) {

@@ -344,7 +344,7 @@ TEST_P(PageSizeDecodeGpuTest, TokenLevelAndPageTableMatchTheReference) {
     SCOPED_TRACE("page table");
     ExpectMatches(p, RunDecode(p, d, d.PageLevel()));
   }
-  const DecodeSplitOptions wide_gpu{/*multiprocessor_count=*/32, /*num_kv_heads=*/8,
+  const DecodeSplitOptions wide_gpu{/*multiprocessor_count=*/32, /*blocks_per_item=*/8,
                                     /*blocks_per_multiprocessor=*/8};
   for (const DecodeKv& kv : {d.TokenLevel(), d.PageLevel()}) {
     auto plan = PlanDecodeSplitKv(p.metadata.kv_indptr, DecodeKvLayout(kv), wide_gpu);
@@ -495,6 +495,50 @@ TEST_F(DecodeGpuTest, SplitKvLongSequenceMatchesTheReference) {
     }
   }
   ExpectMatches(p, RunDecode(p, d, d.TokenLevel()));
+}
+
+// The split options for this GPU: its multiprocessors, the kernel's occupancy, and the launch's
+// blocks per item for groups a block takes whole (32/8), as two chunks of 8 query heads (128/8:
+// 16 blocks per item, not 8) and as three of 1 (12/4). A bs 1 x 16k plan made with them fills
+// more than half of one wave of the launch and no more, and gives the reference's result.
+// Dims and variants the launch refuses are refused here too.
+TEST_F(DecodeGpuTest, SplitOptionsForThisDeviceFillOneWave) {
+  auto sms = DeviceMultiprocessorCount();
+  ASSERT_TRUE(sms.ok()) << sms.status();
+  struct Case {
+    int32_t q_heads, kv_heads, head_dim, blocks_per_item;
+  };
+  for (const Case& c :
+       {Case{32, 8, 128, 8}, Case{128, 8, 128, 16}, Case{12, 4, 64, 12}, Case{16, 16, 256, 16}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << c.q_heads << "/" << c.kv_heads << " heads, head dim " << c.head_dim);
+    const DecodeAttentionDims dims = Dims(c.q_heads, c.kv_heads, c.head_dim, KvElementType::kBf16);
+    absl::StatusOr<int32_t> per_item = DecodeBlocksPerWorkItem(dims, /*variant=*/0);
+    ASSERT_TRUE(per_item.ok()) << per_item.status();
+    EXPECT_EQ(*per_item, c.blocks_per_item);
+    absl::StatusOr<DecodeSplitOptions> o = DecodeSplitOptionsForDevice(dims, /*variant=*/0);
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_EQ(o->multiprocessor_count, *sms);
+    EXPECT_EQ(o->blocks_per_item, c.blocks_per_item);
+    EXPECT_GE(o->blocks_per_multiprocessor, 1);
+    const Problem p = MakeProblem(dims, 16, {16384}, 43);
+    auto plan = PlanDecodeSplitKv(p.metadata.kv_indptr, KvLayout::LinearPerToken(), *o);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const int64_t blocks = static_cast<int64_t>(plan->work.size()) * c.blocks_per_item;
+    const int64_t wave = int64_t{*sms} * o->blocks_per_multiprocessor;
+    EXPECT_LE(blocks, wave);
+    EXPECT_GT(2 * blocks, wave);
+    const DeviceProblem d = ToDevice(p);
+    ExpectMatches(p, RunDecode(p, d, d.TokenLevel(), &*plan));
+  }
+  const DecodeAttentionDims bad = Dims(30, 8, 128, KvElementType::kBf16);
+  EXPECT_EQ(DecodeBlocksPerWorkItem(bad, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeSplitOptionsForDevice(bad, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const DecodeAttentionDims head_dim_64 = Dims(32, 8, 64, KvElementType::kBf16);
+  EXPECT_EQ(DecodeSplitOptionsForDevice(head_dim_64, /*variant=*/2).status().code(),
+            absl::StatusCode::kInvalidArgument)
+      << "variants other than 0 are compiled for head dim 128 only";
 }
 
 // A plan with more than 32 reduce items (48 sequences, each split): merging in the attention

@@ -70,6 +70,12 @@ absl::StatusOr<int32_t> CheckDims(const DecodeAttentionDims& d, int32_t variant)
   return internal::HeadsPerBlock(group);
 }
 
+// The grid's blocks per work item: one per KV head and chunk of heads_per_block query heads
+// (what DecodeBlocksPerWorkItem reports and the kernel's grid is made of).
+int32_t BlocksPerItem(const DecodeAttentionDims& d, int32_t heads_per_block) {
+  return d.num_q_heads / heads_per_block;
+}
+
 // The batch size the KV source describes, its shapes checked, and its part of the kernel's
 // arguments.
 absl::StatusOr<int64_t> CheckKv(const DecodeKv& kv, kernels::PagedDecodeParams& p) {
@@ -306,7 +312,7 @@ absl::Status PagedDecodeAttention(const PagedDecodeArgs& a, kernels::DeviceViola
     split = *checked;
   }
   const int64_t items = a.split.has_value() ? split.work_items : *bs;
-  const int64_t blocks = items * a.dims.num_q_heads / *heads_per_block;
+  const int64_t blocks = items * BlocksPerItem(a.dims, *heads_per_block);
   if (blocks > kMaxBlocks) {
     return absl::OutOfRangeError(absl::StrCat("decode attention: ", blocks, " blocks, at most ",
                                               kMaxBlocks, " (fewer work items or heads)"));
@@ -358,6 +364,41 @@ absl::Status PagedDecodeAttention(const PagedDecodeArgs& a, kernels::DeviceViola
   m.dtype = p.dtype;
   m.violation = violation;
   return LaunchResult(kernels::LaunchDecodeMergeKernel(m, stream), "decode merge");
+}
+
+absl::StatusOr<int32_t> DecodeBlocksPerWorkItem(const DecodeAttentionDims& dims, int32_t variant) {
+  absl::StatusOr<int32_t> heads_per_block = CheckDims(dims, variant);
+  if (!heads_per_block.ok()) return heads_per_block.status();
+  return BlocksPerItem(dims, *heads_per_block);
+}
+
+absl::StatusOr<DecodeSplitOptions> DecodeSplitOptionsForDevice(const DecodeAttentionDims& dims,
+                                                               int32_t variant) {
+  absl::StatusOr<int32_t> heads_per_block = CheckDims(dims, variant);
+  if (!heads_per_block.ok()) return heads_per_block.status();
+  absl::StatusOr<int32_t> multiprocessors = DeviceMultiprocessorCount();
+  if (!multiprocessors.ok()) return multiprocessors.status();
+  kernels::PagedDecodeParams p{};
+  p.dtype = internal::ElementDtypeOf(dims.dtype);
+  p.head_dim = dims.head_dim;
+  p.heads_per_block = *heads_per_block;
+  p.variant = variant;
+  int32_t per_multiprocessor = 0;
+  if (absl::Status s = internal::RuntimeStatus(
+          kernels::PagedDecodeBlocksPerMultiprocessor(p, &per_multiprocessor),
+          "decode attention occupancy");
+      !s.ok()) {
+    return s;
+  }
+  if (per_multiprocessor < 1) {
+    return absl::FailedPreconditionError(
+        "decode attention: no block of the kernel fits on a multiprocessor of this device");
+  }
+  DecodeSplitOptions o;
+  o.multiprocessor_count = *multiprocessors;
+  o.blocks_per_item = BlocksPerItem(dims, *heads_per_block);
+  o.blocks_per_multiprocessor = per_multiprocessor;
+  return o;
 }
 
 }  // namespace attnmeta

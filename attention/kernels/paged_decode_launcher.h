@@ -135,6 +135,20 @@ struct PagedDecodeArgs {
 absl::Status PagedDecodeAttention(const PagedDecodeArgs& args, kernels::DeviceViolation* violation,
                                   hipStream_t stream);
 
+// The blocks PagedDecodeAttention launches per work item (its grid is work items times this):
+// one per KV head and chunk of query heads a block takes (a group of up to 8 is one chunk when
+// the kernel for it is compiled, a group of 16 two chunks of 8, a group of 3 three of 1).
+// Errors: InvalidArgument for dims or a variant that PagedDecodeAttention refuses.
+absl::StatusOr<int32_t> DecodeBlocksPerWorkItem(const DecodeAttentionDims& dims, int32_t variant);
+
+// PlanDecodeSplitKv's options for the current device and these dims: its multiprocessors, the
+// decode kernel's blocks that fit on one of them (the occupancy the runtime reports for the
+// kernel of these dims and variant), DecodeBlocksPerWorkItem, and the default min_chunk. A plan
+// made with them fills at most one wave of the launch. Errors: DecodeBlocksPerWorkItem's;
+// Internal when the runtime cannot tell, FailedPrecondition when no block fits.
+absl::StatusOr<DecodeSplitOptions> DecodeSplitOptionsForDevice(const DecodeAttentionDims& dims,
+                                                               int32_t variant);
+
 }  // namespace attnmeta
 
 #endif  // ATTNMETA_ATTENTION_KERNELS_PAGED_DECODE_LAUNCHER_H_
