@@ -168,33 +168,38 @@ __device__ __forceinline__ void MergeHead(const float* partial_out, const float*
   if (lane == 0) lse[head_row] = sum > 0.0f ? mx + __logf(sum) : NegInf();
 }
 
+// The reduce item whose partial slots hold `slot`, searched by one warp 32 items a step (every
+// lane gets it); -1 when none does.
+__device__ inline int32_t FindReduceItem(const PagedDecodeParams& p, int32_t slot) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  int32_t found = -1;
+  for (int32_t r0 = 0; r0 < p.num_reduce && found < 0; r0 += 32) {
+    const int32_t r = r0 + lane;
+    bool hit = false;
+    if (r < p.num_reduce) hit = p.reduce[r].partial_begin <= slot && slot < p.reduce[r].partial_end;
+    const uint32_t hits = ATTNMETA_BALLOT32(hit);
+    if (hits != 0) found = r0 + __ffs(static_cast<int>(hits)) - 1;
+  }
+  return found;
+}
+
 // Split-KV without a merge launch (merge_counters set): the block that completes a reduce item,
 // the last of the item's blocks for this KV head and query-head chunk (`head_group`) to count
-// itself, merges the item's partials for the chunk's query heads, a warp per head. The block's
-// partial stores reach thread 0 through the barrier; thread 0 counts the block with one
-// acquire-release increment at device scope (it wraps to zero at the item's count, so that a
-// launch leaves every counter it used at zero), which releases them and, in the merging
-// block, acquires the other blocks' partials; the second barrier passes them on to its warps.
+// itself, merges the item's partials for the chunk's query heads, a warp per head. `found`
+// (FindReduceItem's, valid in the block's last warp) is the reduce item of the block's partial
+// slot. The block's partial stores reach the last warp's lane 0 through the barrier; it counts
+// the block with one acquire-release increment at device scope (it wraps to zero at the item's
+// count, so that a launch leaves every counter it used at zero), which releases them and, in
+// the merging block, acquires the other blocks' partials; the second barrier passes them on to
+// its warps.
 template <typename Dtype, int kHeadDim, int kHeads, int kWarps>
 __device__ __forceinline__ void MergeIfLast(const PagedDecodeParams& p, int32_t item, int32_t slot,
-                                            int32_t head_group, int32_t head_groups, int32_t q_head0) {
+                                            int32_t found, int32_t head_group, int32_t head_groups,
+                                            int32_t q_head0) {
   __shared__ int32_t merge_item;  // the reduce item this block merges, or -1
-  const int lane = static_cast<int>(threadIdx.x) % 32;
   const int warp = static_cast<int>(threadIdx.x) / 32;
-  // The reduce item that merges the slot, 32 items a step (found before the barrier, so that
-  // its loads overlap the other warps' stores).
-  int32_t found = -1;
-  if (warp == 0) {
-    for (int32_t r0 = 0; r0 < p.num_reduce && found < 0; r0 += 32) {
-      const int32_t r = r0 + lane;
-      bool hit = false;
-      if (r < p.num_reduce) hit = p.reduce[r].partial_begin <= slot && slot < p.reduce[r].partial_end;
-      const uint32_t hits = ATTNMETA_BALLOT32(hit);
-      if (hits != 0) found = r0 + __ffs(static_cast<int>(hits)) - 1;
-    }
-  }
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == (kWarps - 1) * 32) {
     merge_item = -1;
     if (found < 0) {
       RecordViolation(p.violation, kTotalPastCapacity, item, int64_t{slot} + 1, p.num_reduce);
@@ -259,6 +264,10 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDe
 
   internal::StoreWarpState(states, warp, lv.g, lv.t, sm);
   __syncthreads();
+  // The reduce item of the block's partial, found by the last warp while the first ones combine
+  // the warps' states (CombineWarpStates takes head_dim / 8 threads per query head).
+  const bool merges = p.merge_counters != nullptr && w.partial_slot >= 0;
+  const int32_t found = merges && warp == kWarps - 1 ? FindReduceItem(p, w.partial_slot) : -1;
   internal::CombineWarpStates<kWarps, kHeads, kHeadDim, kThreads>(
       states, [&](int h, int d0, const float (&out)[8], float lse) {
         const int64_t head_row =
@@ -276,10 +285,10 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDe
           if (d0 == 0) p.partial_lse[head_row] = lse;
         }
       });
-  if (p.merge_counters != nullptr && w.partial_slot >= 0) {
-    MergeIfLast<Dtype, kHeadDim, kHeads, kWarps>(p, item, w.partial_slot,
-                                                 static_cast<int32_t>(blockIdx.x) % per_item, per_item,
-                                                 q_head0);
+  if (merges) {
+    MergeIfLast<Dtype, kHeadDim, kHeads, kWarps>(p, item, w.partial_slot, found,
+                                                 static_cast<int32_t>(blockIdx.x) % per_item,
+                                                 per_item, q_head0);
   }
 }
 
