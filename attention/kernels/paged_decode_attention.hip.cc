@@ -196,11 +196,13 @@ template <typename Dtype, int kHeadDim, int kHeads, int kWarps>
 __device__ __forceinline__ void MergeIfLast(const PagedDecodeParams& p, int32_t item, int32_t slot,
                                             int32_t found, int32_t head_group, int32_t head_groups,
                                             int32_t q_head0) {
-  __shared__ int32_t merge_item;  // the reduce item this block merges, or -1
+  // The reduce item this block merges (sequence -1: none), as the counting thread read it: a
+  // load after the acquiring count would miss L1 and wait on L2 once more.
+  __shared__ DecodeReduceItem merge_item;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   __syncthreads();
   if (threadIdx.x == (kWarps - 1) * 32) {
-    merge_item = -1;
+    merge_item.sequence = -1;
     if (found < 0) {
       RecordViolation(p.violation, kTotalPastCapacity, item, int64_t{slot} + 1, p.num_reduce);
     } else {
@@ -209,14 +211,14 @@ __device__ __forceinline__ void MergeIfLast(const PagedDecodeParams& p, int32_t 
         const uint32_t last = static_cast<uint32_t>(it.partial_end - it.partial_begin) - 1;
         if (AtomicIncAcqRelDevice(p.merge_counters + int64_t{found} * head_groups + head_group,
                                   last) == last) {
-          merge_item = found;
+          merge_item = it;
         }
       }
     }
   }
   __syncthreads();
-  if (merge_item < 0) return;  // the same for every thread of the block
-  const DecodeReduceItem it = p.reduce[merge_item];
+  const DecodeReduceItem it = merge_item;
+  if (it.sequence < 0) return;  // the same for every thread of the block
   for (int h = warp; h < kHeads; h += kWarps) {
     MergeHead<Dtype, kHeadDim>(p.partial_out, p.partial_lse, p.num_q_heads, q_head0 + h, it, p.out,
                                p.lse);
