@@ -80,10 +80,10 @@ TEST(DecodeSplitPlannerTest, RoundingDoesNotSpillIntoASecondWave) {
   EXPECT_EQ(plan->chunk.value(), 1024);
 }
 
-// Unequal lengths and odd page sizes, on GPUs whose wave is not a multiple of the blocks per
-// item (110 multiprocessors, one or three blocks each; groups run as 3 or 16 blocks): the items
-// never exceed the wave, and every chunk is a whole number of 16-token steps and of the
-// layout's pages, the shortest that fits.
+// Unequal lengths and odd page sizes, on GPUs of 16 to 132 multiprocessors at 1 to 3 blocks
+// each, with 3, 8 or 16 blocks per item, so that many waves are not a multiple of the blocks per
+// item: the items never exceed the wave, and every chunk is a whole number of 16-token steps and
+// of the layout's pages, the shortest that fits.
 TEST(DecodeSplitPlannerTest, ItemsFitTheWaveAtEveryLayout) {
   const std::vector<std::vector<int32_t>> batches = {
       {16384}, {1, 30000}, {5000, 77, 1024, 9999}, {100, 100, 100}, {32768, 32768, 16, 4096, 4096}};

@@ -127,8 +127,14 @@ struct PagedDecodeParams {
   DeviceViolation* violation;
 };
 
-// Launches num_work * num_kv_heads * (group / heads_per_block) blocks; hipErrorInvalidValue
-// for a shape that is not compiled.
+// The blocks of one work item: one per KV head and chunk of heads_per_block query heads of its
+// group. The launch's grid is num_work times this; the host launcher sizes split plans by it.
+inline constexpr int64_t DecodeBlocksPerItem(int32_t num_q_heads, int32_t heads_per_block) {
+  return num_q_heads / heads_per_block;
+}
+
+// Launches num_work * DecodeBlocksPerItem(num_q_heads, heads_per_block) blocks;
+// hipErrorInvalidValue for a shape that is not compiled.
 // REQUIRES: the launcher's checks passed (shapes, alignment, the grid fits).
 hipError_t LaunchPagedDecodeKernel(const PagedDecodeParams& p, hipStream_t stream);
 

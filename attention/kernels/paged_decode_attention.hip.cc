@@ -266,8 +266,10 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDe
 
   internal::StoreWarpState(states, warp, lv.g, lv.t, sm);
   __syncthreads();
-  // The reduce item of the block's partial, found by the last warp while the first ones combine
-  // the warps' states (CombineWarpStates takes head_dim / 8 threads per query head).
+  // The reduce item of the block's partial, found by the last warp. CombineWarpStates takes
+  // head_dim / 8 threads per query head, so with 4 query heads of head dim up to 128 in 4 or more
+  // warps the last warp has no share of it and the search overlaps it; otherwise the search
+  // comes before that warp's share.
   const bool merges = p.merge_counters != nullptr && w.partial_slot >= 0;
   const int32_t found = merges && warp == kWarps - 1 ? FindReduceItem(p, w.partial_slot) : -1;
   internal::CombineWarpStates<kWarps, kHeads, kHeadDim, kThreads>(
@@ -327,9 +329,8 @@ struct LaunchOnStream {
   hipStream_t stream;
   template <typename K>
   hipError_t Run(const PagedDecodeParams& p) const {
-    const int32_t blocks =
-        p.num_work * p.num_kv_heads * (p.num_q_heads / p.num_kv_heads / K::kHeadsPerBlock);
-    K::kKernel<<<blocks, K::kThreads, 0, stream>>>(p);
+    const int64_t blocks = p.num_work * DecodeBlocksPerItem(p.num_q_heads, K::kHeadsPerBlock);
+    K::kKernel<<<static_cast<uint32_t>(blocks), K::kThreads, 0, stream>>>(p);
     return hipGetLastError();
   }
 };

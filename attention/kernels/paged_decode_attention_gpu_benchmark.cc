@@ -506,6 +506,10 @@ int main(int argc, char** argv) {
       only = Shape{bs, ctx};
     } else if (arg.rfind("--blocks-per-sm=", 0) == 0) {
       blocks_per_sm = std::atoi(arg.c_str() + 16);
+      if (blocks_per_sm < 1) {
+        std::fprintf(stderr, "--blocks-per-sm=N needs N >= 1\n");
+        return 2;
+      }
     } else if (arg == "--no-sweep") {
       sweep = false;
     } else if (arg.rfind("--", 0) == 0) {

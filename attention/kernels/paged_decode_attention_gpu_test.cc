@@ -384,7 +384,7 @@ TEST_F(DecodeGpuTest, HeadsHeadDimsAndDtypesMatchTheReference) {
     ExpectMatches(p, RunDecode(p, d, d.TokenLevel()));
     ExpectMatches(p, RunDecode(p, d, d.PageLevel()));
     // At most 64 items: chunks of 32 tokens, 38 partials for the 1200-token sequence.
-    const DecodeSplitOptions many_partials{/*multiprocessor_count=*/8 * s.kv_heads, s.kv_heads,
+    const DecodeSplitOptions many_partials{/*multiprocessor_count=*/8, /*blocks_per_item=*/1,
                                            /*blocks_per_multiprocessor=*/8, TokenCount(16)};
     for (const DecodeKv& kv : {d.TokenLevel(), d.PageLevel()}) {
       SCOPED_TRACE(kv.index() == 0 ? "token-level, split" : "page table, split");
@@ -498,10 +498,11 @@ TEST_F(DecodeGpuTest, SplitKvLongSequenceMatchesTheReference) {
 }
 
 // The split options for this GPU: its multiprocessors, the kernel's occupancy, and the launch's
-// blocks per item for groups a block takes whole (32/8), as two chunks of 8 query heads (128/8:
-// 16 blocks per item, not 8) and as three of 1 (12/4). A bs 1 x 16k plan made with them fills
-// more than half of one wave of the launch and no more, and gives the reference's result.
-// Dims and variants the launch refuses are refused here too.
+// blocks per item for groups a block takes whole (32/8, and 16/16 at head dim 256), as two
+// chunks of 8 query heads (128/8: 16 blocks per item, not 8) and as three of 1 (12/4). A bs 1 x
+// 16k plan made with them fills more than half of one wave of the launch and no more, and gives
+// the reference's result. The occupancy is the variant's own kernel's. Dims and variants the
+// launch refuses are refused here too.
 TEST_F(DecodeGpuTest, SplitOptionsForThisDeviceFillOneWave) {
   auto sms = DeviceMultiprocessorCount();
   ASSERT_TRUE(sms.ok()) << sms.status();
@@ -531,6 +532,17 @@ TEST_F(DecodeGpuTest, SplitOptionsForThisDeviceFillOneWave) {
     const DeviceProblem d = ToDevice(p);
     ExpectMatches(p, RunDecode(p, d, d.TokenLevel(), &*plan));
   }
+  // Variants 0, 1 and 2 hold the same registers per thread (250 on sm_90) in blocks of 4, 2 and
+  // 8 warps, so a multiprocessor fits more blocks of 2 warps than of 4, and fewer of 8.
+  const DecodeAttentionDims gqa = Dims(32, 8, 128, KvElementType::kBf16);
+  absl::StatusOr<DecodeSplitOptions> four_warps = DecodeSplitOptionsForDevice(gqa, 0);
+  absl::StatusOr<DecodeSplitOptions> two_warps = DecodeSplitOptionsForDevice(gqa, 1);
+  absl::StatusOr<DecodeSplitOptions> eight_warps = DecodeSplitOptionsForDevice(gqa, 2);
+  ASSERT_TRUE(four_warps.ok() && two_warps.ok() && eight_warps.ok());
+  EXPECT_GT(two_warps->blocks_per_multiprocessor, four_warps->blocks_per_multiprocessor);
+  EXPECT_GT(four_warps->blocks_per_multiprocessor, eight_warps->blocks_per_multiprocessor);
+  EXPECT_GE(eight_warps->blocks_per_multiprocessor, 1);
+  EXPECT_EQ(two_warps->blocks_per_item, 8) << "variants other than 0 run 4 query heads per block";
   const DecodeAttentionDims bad = Dims(30, 8, 128, KvElementType::kBf16);
   EXPECT_EQ(DecodeBlocksPerWorkItem(bad, 0).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(DecodeSplitOptionsForDevice(bad, 0).status().code(),

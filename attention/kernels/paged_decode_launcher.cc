@@ -70,10 +70,10 @@ absl::StatusOr<int32_t> CheckDims(const DecodeAttentionDims& d, int32_t variant)
   return internal::HeadsPerBlock(group);
 }
 
-// The grid's blocks per work item: one per KV head and chunk of heads_per_block query heads
-// (what DecodeBlocksPerWorkItem reports and the kernel's grid is made of).
+// The launch's blocks per work item (kernels::DecodeBlocksPerItem, which the kernel's grid
+// uses): what DecodeBlocksPerWorkItem reports and the grid check below counts.
 int32_t BlocksPerItem(const DecodeAttentionDims& d, int32_t heads_per_block) {
-  return d.num_q_heads / heads_per_block;
+  return static_cast<int32_t>(kernels::DecodeBlocksPerItem(d.num_q_heads, heads_per_block));
 }
 
 // The batch size the KV source describes, its shapes checked, and its part of the kernel's
