@@ -182,6 +182,14 @@ class Bench {
   }
   ~Bench() { (void)hipStreamDestroy(stream_); }
 
+  // The split options the plans of `variant` are made with: DecodeSplitOptionsForDevice's, with
+  // the blocks per multiprocessor of --blocks-per-sm when it is given.
+  DecodeSplitOptions SplitOptions(int32_t variant) const {
+    DecodeSplitOptions o = Unwrap(DecodeSplitOptionsForDevice(kDims, variant));
+    if (blocks_per_sm_ > 0) o.blocks_per_multiprocessor = blocks_per_sm_;
+    return o;
+  }
+
   // Every configuration of one shape with `variant`, or, when `all_configs` is false, the
   // contiguous and page size 16 token-level ones only (the sweep).
   void RunShape(const Shape& s, int32_t variant, bool all_configs) {
@@ -223,11 +231,12 @@ class Bench {
     // blocks resident per multiprocessor as the plan is sized for.
     static_assert(kHeadDim * 2 == 256, "LaunchHeadRowsRead reads 256-byte rows");
     const int32_t chunks = static_cast<int32_t>((last_items_ + s.bs - 1) / s.bs);
+    const int32_t resident = SplitOptions(variant).blocks_per_multiprocessor;
     const double pattern_us = TimeUs(stream_, launches, [&](int i) {
       BENCH_CHECK(GpuStatus(testing::LaunchHeadRowsRead(
                                 pool_.k().data(), pool_.v().data(), 1 + (i % sets) * s.bs * s.ctx,
-                                static_cast<int32_t>(s.bs), s.ctx, chunks, kKvHeads, sms_,
-                                last_blocks_per_sm_, pattern_sink_.data(), stream_),
+                                static_cast<int32_t>(s.bs), s.ctx, chunks, kKvHeads, sms_, resident,
+                                pattern_sink_.data(), stream_),
                             "LaunchHeadRowsRead"));
     });
     const Refs refs{copy_us_scaled, contiguous_us, read_us_scaled, pattern_us};
@@ -317,10 +326,8 @@ class Bench {
   // last_items_ is the plan's work items.
   double TimeLayout(const Shape& s, int sets, int launches, const Layout& l, int32_t variant, Split split) {
     const DecodeKv kv0 = KvOf(s, l, 0);
-    DecodeSplitOptions options = Unwrap(DecodeSplitOptionsForDevice(kDims, variant));
-    if (blocks_per_sm_ > 0) options.blocks_per_multiprocessor = blocks_per_sm_;
-    last_blocks_per_sm_ = options.blocks_per_multiprocessor;
-    SplitKvPlan plan = Unwrap(PlanDecodeSplitKv(indptr_host_, DecodeKvLayout(kv0), options));
+    SplitKvPlan plan =
+        Unwrap(PlanDecodeSplitKv(indptr_host_, DecodeKvLayout(kv0), SplitOptions(variant)));
     const bool use_plan = split != Split::kNone && !plan.reduce.empty();
     last_items_ = use_plan ? static_cast<int64_t>(plan.work.size()) : s.bs;
     DeviceBuffer<SplitKvWorkItem> work = Unwrap(DeviceBuffer<SplitKvWorkItem>::FromHost(plan.work));
@@ -426,8 +433,7 @@ class Bench {
   }
 
   std::mt19937_64& rng_;
-  int32_t blocks_per_sm_;           // 0: DecodeSplitOptionsForDevice's
-  int32_t last_blocks_per_sm_ = 1;  // of the last plan (TimeLayout)
+  int32_t blocks_per_sm_;  // 0: DecodeSplitOptionsForDevice's
   int64_t pool_slots_;
   int32_t sms_;
   testing::RandomKvPool pool_;
@@ -539,13 +545,13 @@ int main(int argc, char** argv) {
   Bench bench(max_tokens, blocks_per_sm, rng);
   for (int32_t v : variants) {
     const kernels::DecodeVariant& d = kernels::kDecodeVariants[v];
-    const DecodeSplitOptions o = Unwrap(DecodeSplitOptionsForDevice(kDims, v));
+    const DecodeSplitOptions o = bench.SplitOptions(v);
     std::printf(
         "== variant %d: %d warps, steps of %d tokens, %s MMA; split plans: %d blocks per "
         "multiprocessor%s, %d per item\n",
         v, d.warps, d.step_tokens, d.portable_mma ? "portable" : "native",
-        blocks_per_sm > 0 ? blocks_per_sm : o.blocks_per_multiprocessor,
-        blocks_per_sm > 0 ? " (--blocks-per-sm)" : "", o.blocks_per_item);
+        o.blocks_per_multiprocessor, blocks_per_sm > 0 ? " (--blocks-per-sm)" : "",
+        o.blocks_per_item);
     for (const Shape& s : shapes) bench.RunShape(s, v, /*all_configs=*/true);
   }
   if (sweep && !only.has_value()) {
