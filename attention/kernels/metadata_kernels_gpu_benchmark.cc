@@ -14,10 +14,12 @@
 // entries written and its per-row arrays; K and V rows read and written for the gather. The
 // copy reference moves the same number of bytes (half read, half written).
 //
-// Usage: metadata_kernels_gpu_benchmark [--l2-fetch-granularity=BYTES] [--shape=BS,CTX,PS |
-// OUT_DIR]   (OUT_DIR gets metadata_kernels.csv and .md besides stdout). The granularity, an
-// NVIDIA hint for the bytes DRAM fetches per L2 miss, is set for the whole run (the page
-// table's strided reads depend on it). Needs a GPU; exits non-zero on any error or mismatch.
+// Usage: metadata_kernels_gpu_benchmark [--l2-fetch-granularity=BYTES]
+//                                       [--shape=BS,CTX,PS | --host-times | OUT_DIR]
+// (OUT_DIR gets metadata_kernels.csv and .md besides stdout; --host-times runs only the host-time
+// measurements). The granularity, an NVIDIA hint for the bytes DRAM fetches per L2 miss, is set
+// for the whole run (the page table's strided reads depend on it). Needs a GPU; exits non-zero
+// on any error or mismatch.
 
 #include <algorithm>
 #include <chrono>
@@ -390,6 +392,60 @@ void RunReplayStep(bool staged) {
   BENCH_CHECK(GpuStatus(hipStreamDestroy(stream), "stream"));
 }
 
+// The host time of one eager BuildDecodeMetadataOnDevice call (no graph: the launcher's checks,
+// its grid and the kernel launch), as a step that runs without a captured graph pays it.
+void RunEagerLaunchHostTime(DeviceViolationWord& word) {
+  const int64_t bs = 256, ctx = 4096, ps = 16;
+  const int64_t cols = ctx / ps;
+  std::vector<TokenSlot> table(bs * ctx);
+  for (int64_t t = 0; t < bs * ctx; ++t) table[t] = TokenSlot(static_cast<int32_t>(t));
+  std::vector<ReqPoolIndex> req_rows(bs);
+  for (int64_t i = 0; i < bs; ++i) req_rows[i] = ReqPoolIndex(static_cast<int32_t>(i));
+  auto d_table = Unwrap(DeviceBuffer<TokenSlot>::FromHost(table));
+  auto rows_d = Unwrap(DeviceBuffer<ReqPoolIndex>::FromHost(req_rows));
+  auto kv = Unwrap(DeviceBuffer<TokenLength>::FromHost(
+      std::vector<TokenLength>(bs, TokenLength(static_cast<int32_t>(ctx)))));
+  auto q =
+      Unwrap(DeviceBuffer<TokenLength>::FromHost(std::vector<TokenLength>(bs, TokenLength(1))));
+  auto kv_indptr = Unwrap(DeviceBuffer<TokenOffset>::Create(bs + 1));
+  auto qo_indptr = Unwrap(DeviceBuffer<TokenOffset>::Create(bs + 1));
+  auto last = Unwrap(DeviceBuffer<TokenLength>::Create(bs));
+  auto indices = Unwrap(DeviceBuffer<TokenSlot>::Create(bs * ctx));
+  auto pages = Unwrap(DeviceBuffer<PageId>::Create(bs * cols));
+  DecodeMetadataDeviceArgs a;
+  a.req_to_token = DeviceReqToToken{d_table.const_span(), TokenCount(ctx)};
+  a.pool_slots = TokenCount(bs * ctx);
+  a.page_size = *PageSize::Create(ps);
+  a.rows = rows_d.const_span();
+  a.kv_lens = kv.const_span();
+  a.q_lens = q.const_span();
+  a.kv_indptr = kv_indptr.span();
+  a.qo_indptr = qo_indptr.span();
+  a.kv_last_page_len = last.span();
+  a.kv_indices = indices.span();
+  a.page_table = pages.span();
+  a.page_table_cols = cols;
+  a.max_kv_len = TokenCount(ctx);
+  BENCH_CHECK(word.Reset(nullptr));
+  std::vector<double> us;
+  for (int step = 0; step < 1020; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    BENCH_CHECK(BuildDecodeMetadataOnDevice(a, word.device(), nullptr));
+    const auto t1 = std::chrono::steady_clock::now();
+    if (step >= 20) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    // Keep the launch queue short: a full queue blocks the launch call.
+    if (step % 16 == 15) BENCH_CHECK(GpuStatus(hipStreamSynchronize(nullptr), "sync"));
+  }
+  BENCH_CHECK(GpuStatus(hipDeviceSynchronize(), "sync"));
+  BENCH_CHECK(word.Check(nullptr));
+  std::sort(us.begin(), us.end());
+  std::printf(
+      "eager BuildDecodeMetadataOnDevice bs=%lld ctx=%lld ps=%lld: host %.2f us median "
+      "(p90 %.2f) per call\n",
+      (long long)bs, (long long)ctx, (long long)ps, us[us.size() / 2], us[us.size() * 9 / 10]);
+  Report({"eager fused launcher call (host us)", bs, ctx, ps, 0, us[us.size() / 2], 0});
+}
+
 // GraphState's own host work per replay on this machine: the same batch through a writer
 // that writes nothing, into host memory.
 class NoWriter : public MetadataWriter {
@@ -471,6 +527,14 @@ int main(int argc, char** argv) {
   if (size_t granularity = 0; GetL2FetchGranularity(&granularity) == hipSuccess) {
     std::printf("L2 fetch granularity: %zu bytes\n", granularity);
   }
+  // --host-times runs only the host-time measurements.
+  if (arg < argc && std::string(argv[arg]) == "--host-times") {
+    RunHostBookkeeping();
+    RunEagerLaunchHostTime(word);
+    RunReplayStep(/*staged=*/false);
+    RunReplayStep(/*staged=*/true);
+    return 0;
+  }
   // --shape=BS,CTX,PS runs that one shape (for a profiler).
   if (arg < argc && std::string(argv[arg]).rfind("--shape=", 0) == 0) {
     long long bs = 0, ctx = 0, ps = 0;
@@ -489,6 +553,7 @@ int main(int argc, char** argv) {
   RunGather(65536, 8, 128, rng, word);
   RunGather(65536, 1, 256, rng, word);
   RunHostBookkeeping();
+  RunEagerLaunchHostTime(word);
   RunReplayStep(/*staged=*/false);
   RunReplayStep(/*staged=*/true);
   Write(arg < argc ? argv[arg] : "");

@@ -37,6 +37,7 @@
 // on any error or mismatch.
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -543,6 +544,19 @@ int main(int argc, char** argv) {
   for (const Shape& s : shapes) max_tokens = std::max<int64_t>(max_tokens, s.bs * s.ctx * SetsFor(s));
   std::mt19937_64 rng(42);
   Bench bench(max_tokens, blocks_per_sm, rng);
+  {  // A caller that plans every step asks for the options every step.
+    std::vector<double> us;
+    for (int k = 0; k < 1020; ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      Unwrap(DecodeSplitOptionsForDevice(kDims, variants[0]));
+      const auto t1 = std::chrono::steady_clock::now();
+      if (k >= 20) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    }
+    std::sort(us.begin(), us.end());
+    std::printf(
+        "DecodeSplitOptionsForDevice (variant %d): host %.3f us median (p90 %.3f) per call\n",
+        variants[0], us[us.size() / 2], us[us.size() * 9 / 10]);
+  }
   for (int32_t v : variants) {
     const kernels::DecodeVariant& d = kernels::kDecodeVariants[v];
     const DecodeSplitOptions o = bench.SplitOptions(v);
