@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "attention/kernels/fused_metadata_grid.h"
+#include "attention/kernels/internal/device_value_cache.h"
 #include "attention/kernels/internal/launch_checks.h"
 #include "attention/kernels/metadata_kernels.h"
 
@@ -51,6 +52,23 @@ absl::StatusOr<kernels::SlotSource> Source(const DeviceReqToToken& r, TokenCount
   return internal::CheckedSlotSource(r.table, r.max_context_len, pool_slots, page_size);
 }
 
+// The fused kernel's blocks that fit on one multiprocessor of the current device, asked of the
+// runtime once per device.
+absl::StatusOr<int32_t> FusedMetadataOccupancy() {
+  absl::StatusOr<int> device = internal::CurrentDevice();
+  if (!device.ok()) return device.status();
+  static internal::DeviceValueCache* const cache = new internal::DeviceValueCache();
+  return cache->Get(*device, 0, []() -> absl::StatusOr<int32_t> {
+    int32_t blocks = 0;
+    if (absl::Status s = internal::RuntimeStatus(
+            kernels::FusedMetadataBlocksPerMultiprocessor(&blocks), "decode metadata occupancy");
+        !s.ok()) {
+      return s;
+    }
+    return blocks;
+  });
+}
+
 }  // namespace
 
 absl::Status BuildPageTableOnDevice(const DeviceReqToToken& req_to_token, TokenCount pool_slots,
@@ -90,18 +108,19 @@ absl::Status BuildPageTableOnDevice(const DeviceReqToToken& req_to_token, TokenC
 }
 
 absl::StatusOr<int32_t> DeviceMultiprocessorCount() {
-  int device = 0;
-  if (absl::Status s = internal::RuntimeStatus(hipGetDevice(&device), "hipGetDevice"); !s.ok()) {
-    return s;
-  }
-  int count = 0;
-  if (absl::Status s = internal::RuntimeStatus(
-          hipDeviceGetAttribute(&count, hipDeviceAttributeMultiprocessorCount, device),
-          "hipDeviceGetAttribute(multiprocessor count)");
-      !s.ok()) {
-    return s;
-  }
-  return static_cast<int32_t>(count);
+  absl::StatusOr<int> device = internal::CurrentDevice();
+  if (!device.ok()) return device.status();
+  static internal::DeviceValueCache* const cache = new internal::DeviceValueCache();
+  return cache->Get(*device, 0, [&]() -> absl::StatusOr<int32_t> {
+    int count = 0;
+    if (absl::Status s = internal::RuntimeStatus(
+            hipDeviceGetAttribute(&count, hipDeviceAttributeMultiprocessorCount, *device),
+            "hipDeviceGetAttribute(multiprocessor count)");
+        !s.ok()) {
+      return s;
+    }
+    return static_cast<int32_t>(count);
+  });
 }
 
 absl::Status BuildDecodeMetadataOnDevice(const DecodeMetadataDeviceArgs& a,
@@ -156,14 +175,9 @@ absl::Status BuildDecodeMetadataOnDevice(const DecodeMetadataDeviceArgs& a,
   // (FusedMetadataRowBlocks: whole waves of blocks).
   absl::StatusOr<int32_t> multiprocessors = DeviceMultiprocessorCount();
   if (!multiprocessors.ok()) return multiprocessors.status();
-  int32_t per_multiprocessor = 0;
-  if (absl::Status s = internal::RuntimeStatus(
-          kernels::FusedMetadataBlocksPerMultiprocessor(&per_multiprocessor),
-          "decode metadata occupancy");
-      !s.ok()) {
-    return s;
-  }
-  const int32_t wave_blocks = *multiprocessors * std::max<int32_t>(1, per_multiprocessor);
+  absl::StatusOr<int32_t> per_multiprocessor = FusedMetadataOccupancy();
+  if (!per_multiprocessor.ok()) return per_multiprocessor.status();
+  const int32_t wave_blocks = *multiprocessors * std::max<int32_t>(1, *per_multiprocessor);
   const int32_t needed =
       std::max(Passes(a.max_kv_len.value(), kernels::kFusedMetadataTokensPerPass),
                a.page_table.empty()

@@ -49,7 +49,8 @@ absl::Status BuildPageTableOnDevice(const DeviceReqToToken& req_to_token, TokenC
                                     DeviceSpan<PageId> page_table, int64_t cols,
                                     kernels::DeviceViolation* violation, hipStream_t stream);
 
-// The multiprocessor count of the current device. Internal when the runtime fails.
+// The multiprocessor count of the current device, asked of the runtime once per device (a
+// launcher sizes its grid by it on every call). Internal when the runtime fails.
 absl::StatusOr<int32_t> DeviceMultiprocessorCount();
 
 // Every array of a decode (or fixed-row extend) replay from the staged inputs of a padded

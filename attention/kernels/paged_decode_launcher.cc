@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "attention/kernels/internal/device_value_cache.h"
 #include "attention/kernels/internal/launch_checks.h"
 #include "attention/kernels/paged_decode_attention.h"
 
@@ -378,26 +379,37 @@ absl::StatusOr<DecodeSplitOptions> DecodeSplitOptionsForDevice(const DecodeAtten
   if (!heads_per_block.ok()) return heads_per_block.status();
   absl::StatusOr<int32_t> multiprocessors = DeviceMultiprocessorCount();
   if (!multiprocessors.ok()) return multiprocessors.status();
+  absl::StatusOr<int> device = internal::CurrentDevice();
+  if (!device.ok()) return device.status();
   kernels::PagedDecodeParams p{};
   p.dtype = internal::ElementDtypeOf(dims.dtype);
   p.head_dim = dims.head_dim;
   p.heads_per_block = *heads_per_block;
   p.variant = variant;
-  int32_t per_multiprocessor = 0;
-  if (absl::Status s = internal::RuntimeStatus(
-          kernels::PagedDecodeBlocksPerMultiprocessor(p, &per_multiprocessor),
-          "decode attention occupancy");
-      !s.ok()) {
-    return s;
-  }
-  if (per_multiprocessor < 1) {
+  // One kernel per (dtype, head dim, heads per block, variant); CheckDims bounds each field.
+  const int64_t kernel =
+      ((int64_t{p.dtype} * 1024 + p.head_dim) * 64 + p.heads_per_block) * 64 + p.variant;
+  static internal::DeviceValueCache* const occupancy = new internal::DeviceValueCache();
+  absl::StatusOr<int32_t> per_multiprocessor =
+      occupancy->Get(*device, kernel, [&]() -> absl::StatusOr<int32_t> {
+        int32_t blocks = 0;
+        if (absl::Status s =
+                internal::RuntimeStatus(kernels::PagedDecodeBlocksPerMultiprocessor(p, &blocks),
+                                        "decode attention occupancy");
+            !s.ok()) {
+          return s;
+        }
+        return blocks;
+      });
+  if (!per_multiprocessor.ok()) return per_multiprocessor.status();
+  if (*per_multiprocessor < 1) {
     return absl::FailedPreconditionError(
         "decode attention: no block of the kernel fits on a multiprocessor of this device");
   }
   DecodeSplitOptions o;
   o.multiprocessor_count = *multiprocessors;
   o.blocks_per_item = BlocksPerItem(dims, *heads_per_block);
-  o.blocks_per_multiprocessor = per_multiprocessor;
+  o.blocks_per_multiprocessor = *per_multiprocessor;
   return o;
 }
 

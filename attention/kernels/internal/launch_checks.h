@@ -41,6 +41,13 @@ inline absl::Status RuntimeStatus(hipError_t err, absl::string_view what) {
   return absl::InternalError(absl::StrCat(what, ": ", hipGetErrorString(err)));
 }
 
+// The current device's ordinal; Internal when the runtime fails.
+inline absl::StatusOr<int> CurrentDevice() {
+  int device = 0;
+  if (absl::Status s = RuntimeStatus(hipGetDevice(&device), "hipGetDevice"); !s.ok()) return s;
+  return device;
+}
+
 // Internal naming the kernel when its launch failed.
 inline absl::Status LaunchResult(hipError_t err, absl::string_view kernel) {
   if (err == hipSuccess) return absl::OkStatus();
