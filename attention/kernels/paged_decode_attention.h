@@ -128,8 +128,11 @@ struct PagedDecodeParams {
 };
 
 // The blocks of one work item: one per KV head and chunk of heads_per_block query heads of its
-// group. The launch's grid is num_work times this; the host launcher sizes split plans by it.
-inline constexpr int64_t DecodeBlocksPerItem(int32_t num_q_heads, int32_t heads_per_block) {
+// group; block x of the item takes query heads [x * heads_per_block, + heads_per_block), all of
+// one KV head. The launch's grid is num_work times this; the kernel splits its block index by
+// it and the host launcher sizes split plans by it.
+__host__ __device__ inline constexpr int64_t DecodeBlocksPerItem(int32_t num_q_heads,
+                                                                 int32_t heads_per_block) {
   return num_q_heads / heads_per_block;
 }
 

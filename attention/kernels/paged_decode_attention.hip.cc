@@ -240,12 +240,11 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDe
   static_assert(kHeads <= 8, "one n-tile of query heads");
   __shared__ internal::WarpStates<kWarps, kHeads, kHeadDim> states;
 
-  const int32_t group = p.num_q_heads / p.num_kv_heads;
-  const int32_t chunks = group / kHeads;
-  const int32_t per_item = p.num_kv_heads * chunks;
+  const int32_t per_item = static_cast<int32_t>(DecodeBlocksPerItem(p.num_q_heads, kHeads));
   const int32_t item = static_cast<int32_t>(blockIdx.x) / per_item;
-  const int32_t kv_head = static_cast<int32_t>(blockIdx.x) % per_item / chunks;
-  const int32_t q_head0 = kv_head * group + static_cast<int32_t>(blockIdx.x) % chunks * kHeads;
+  const int32_t head_group = static_cast<int32_t>(blockIdx.x) % per_item;
+  const int32_t q_head0 = head_group * kHeads;
+  const int32_t kv_head = q_head0 / (p.num_q_heads / p.num_kv_heads);
   BlockWork w;
   if (!ResolveWork(p, item, w)) return;  // the same for every thread of the block
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -290,8 +289,7 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDe
         }
       });
   if (merges) {
-    MergeIfLast<Dtype, kHeadDim, kHeads, kWarps>(p, item, w.partial_slot, found,
-                                                 static_cast<int32_t>(blockIdx.x) % per_item,
+    MergeIfLast<Dtype, kHeadDim, kHeads, kWarps>(p, item, w.partial_slot, found, head_group,
                                                  per_item, q_head0);
   }
 }
