@@ -93,6 +93,27 @@ struct Set {
   DeviceBuffer<uint8_t> copy_src, copy_dst;
 };
 
+// The fused launch's arguments over a set's buffers (rows of ctx tokens, cols page-table
+// columns).
+DecodeMetadataDeviceArgs FusedArgs(Set& x, int64_t ctx, int64_t cols, TokenCount pool_slots,
+                                   PageSize page_size) {
+  DecodeMetadataDeviceArgs a;
+  a.req_to_token = DeviceReqToToken{x.table.const_span(), TokenCount(ctx)};
+  a.pool_slots = pool_slots;
+  a.page_size = page_size;
+  a.rows = x.rows.const_span();
+  a.kv_lens = x.kv_lens.const_span();
+  a.q_lens = x.q_lens.const_span();
+  a.kv_indptr = x.kv_indptr.span();
+  a.qo_indptr = x.qo_indptr.span();
+  a.kv_last_page_len = x.last.span();
+  a.kv_indices = x.indices.span();
+  a.page_table = x.pages.span();
+  a.page_table_cols = cols;
+  a.max_kv_len = TokenCount(ctx);
+  return a;
+}
+
 void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceViolationWord& word) {
   const PageSize page_size = *PageSize::Create(ps);
   const int64_t tokens = bs * ctx;
@@ -197,21 +218,8 @@ void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceV
                                     s[k].last.span(), page_size, word.device(), nullptr));
   };
   auto fused = [&](int k) {
-    DecodeMetadataDeviceArgs a;
-    a.req_to_token = table_of(k);
-    a.pool_slots = pool_slots;
-    a.page_size = page_size;
-    a.rows = s[k].rows.const_span();
-    a.kv_lens = s[k].kv_lens.const_span();
-    a.q_lens = s[k].q_lens.const_span();
-    a.kv_indptr = s[k].kv_indptr.span();
-    a.qo_indptr = s[k].qo_indptr.span();
-    a.kv_last_page_len = s[k].last.span();
-    a.kv_indices = s[k].indices.span();
-    a.page_table = s[k].pages.span();
-    a.page_table_cols = cols;
-    a.max_kv_len = TokenCount(ctx);
-    BENCH_CHECK(BuildDecodeMetadataOnDevice(a, word.device(), nullptr));
+    BENCH_CHECK(BuildDecodeMetadataOnDevice(FusedArgs(s[k], ctx, cols, pool_slots, page_size),
+                                            word.device(), nullptr));
   };
   BENCH_CHECK(word.Reset(nullptr));
   const double token_bytes = 8.0 * tokens;
@@ -401,31 +409,20 @@ void RunEagerLaunchHostTime(DeviceViolationWord& word) {
   for (int64_t t = 0; t < bs * ctx; ++t) table[t] = TokenSlot(static_cast<int32_t>(t));
   std::vector<ReqPoolIndex> req_rows(bs);
   for (int64_t i = 0; i < bs; ++i) req_rows[i] = ReqPoolIndex(static_cast<int32_t>(i));
-  auto d_table = Unwrap(DeviceBuffer<TokenSlot>::FromHost(table));
-  auto rows_d = Unwrap(DeviceBuffer<ReqPoolIndex>::FromHost(req_rows));
-  auto kv = Unwrap(DeviceBuffer<TokenLength>::FromHost(
-      std::vector<TokenLength>(bs, TokenLength(static_cast<int32_t>(ctx)))));
-  auto q =
-      Unwrap(DeviceBuffer<TokenLength>::FromHost(std::vector<TokenLength>(bs, TokenLength(1))));
-  auto kv_indptr = Unwrap(DeviceBuffer<TokenOffset>::Create(bs + 1));
-  auto qo_indptr = Unwrap(DeviceBuffer<TokenOffset>::Create(bs + 1));
-  auto last = Unwrap(DeviceBuffer<TokenLength>::Create(bs));
-  auto indices = Unwrap(DeviceBuffer<TokenSlot>::Create(bs * ctx));
-  auto pages = Unwrap(DeviceBuffer<PageId>::Create(bs * cols));
-  DecodeMetadataDeviceArgs a;
-  a.req_to_token = DeviceReqToToken{d_table.const_span(), TokenCount(ctx)};
-  a.pool_slots = TokenCount(bs * ctx);
-  a.page_size = *PageSize::Create(ps);
-  a.rows = rows_d.const_span();
-  a.kv_lens = kv.const_span();
-  a.q_lens = q.const_span();
-  a.kv_indptr = kv_indptr.span();
-  a.qo_indptr = qo_indptr.span();
-  a.kv_last_page_len = last.span();
-  a.kv_indices = indices.span();
-  a.page_table = pages.span();
-  a.page_table_cols = cols;
-  a.max_kv_len = TokenCount(ctx);
+  Set x{Unwrap(DeviceBuffer<TokenSlot>::FromHost(table)),
+        Unwrap(DeviceBuffer<ReqPoolIndex>::FromHost(req_rows)),
+        Unwrap(DeviceBuffer<TokenLength>::FromHost(
+            std::vector<TokenLength>(bs, TokenLength(static_cast<int32_t>(ctx))))),
+        Unwrap(DeviceBuffer<TokenLength>::FromHost(std::vector<TokenLength>(bs, TokenLength(1)))),
+        Unwrap(DeviceBuffer<TokenOffset>::Create(bs + 1)),
+        Unwrap(DeviceBuffer<TokenOffset>::Create(bs + 1)),
+        Unwrap(DeviceBuffer<TokenLength>::Create(bs)),
+        Unwrap(DeviceBuffer<TokenSlot>::Create(bs * ctx)),
+        Unwrap(DeviceBuffer<PageId>::Create(bs * cols)),
+        Unwrap(DeviceBuffer<uint8_t>::Create(1)),
+        Unwrap(DeviceBuffer<uint8_t>::Create(1))};
+  const DecodeMetadataDeviceArgs a =
+      FusedArgs(x, ctx, cols, TokenCount(bs * ctx), *PageSize::Create(ps));
   BENCH_CHECK(word.Reset(nullptr));
   std::vector<double> us;
   for (int step = 0; step < 1020; ++step) {
