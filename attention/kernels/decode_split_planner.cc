@@ -19,12 +19,12 @@ constexpr int64_t kMaxTokens = int64_t{1} << 30;
 absl::StatusOr<SplitKvPlan> PlanDecodeSplitKv(absl::Span<const TokenOffset> kv_indptr,
                                               KvLayout layout, const DecodeSplitOptions& o) {
   if (o.multiprocessor_count < 1 || o.blocks_per_item < 1 || o.blocks_per_multiprocessor < 1 ||
-      o.min_chunk.value() < 1 || o.min_chunk.value() > kMaxTokens) {
+      o.max_items_per_sequence < 1 || o.min_chunk.value() < 1 || o.min_chunk.value() > kMaxTokens) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "decode split: need multiprocessor_count, blocks_per_item, blocks_per_multiprocessor >= 1 "
-        "and min_chunk in [1, ",
+        "decode split: need multiprocessor_count, blocks_per_item, blocks_per_multiprocessor, "
+        "max_items_per_sequence >= 1 and min_chunk in [1, ",
         kMaxTokens, "], got ", o.multiprocessor_count, ", ", o.blocks_per_item, ", ",
-        o.blocks_per_multiprocessor, ", ", o.min_chunk.value()));
+        o.blocks_per_multiprocessor, ", ", o.max_items_per_sequence, ", ", o.min_chunk.value()));
   }
   if (kv_indptr.empty()) return absl::InvalidArgumentError("decode split: kv_indptr is empty");
   const int64_t bs = static_cast<int64_t>(kv_indptr.size()) - 1;
@@ -61,7 +61,10 @@ absl::StatusOr<SplitKvPlan> PlanDecodeSplitKv(absl::Span<const TokenOffset> kv_i
   // chunks must not spill a few items into a second wave (bs 8 x 4k: chunks of 1,008 tokens
   // gave 5 items a sequence, 40 in all for a target of 33; 1,024 gives 32). A chunk as long
   // as the longest sequence gives bs items, which fit (the batch is under half the target).
-  int64_t lo = std::max<int64_t>(1, (o.min_chunk.value() + quantum - 1) / quantum);
+  // No sequence in more than max_items_per_sequence chunks (its merge).
+  const int64_t shortest = std::max<int64_t>(
+      o.min_chunk.value(), (longest + o.max_items_per_sequence - 1) / o.max_items_per_sequence);
+  int64_t lo = std::max<int64_t>(1, (shortest + quantum - 1) / quantum);
   int64_t hi = std::max<int64_t>(lo, (std::min(longest, kMaxTokens) + quantum - 1) / quantum);
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo) / 2;

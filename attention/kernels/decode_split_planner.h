@@ -26,7 +26,16 @@ struct DecodeSplitOptions {
   // registers per thread). Measured on the H200: at bs 1 x 16k and bs 8 x 4k one wave beats
   // 2 to 8 waves of smaller items (each item pays its index and length loads and its merge).
   int32_t blocks_per_multiprocessor = 2;
-  TokenCount min_chunk = TokenCount(64);  // no split is shorter than this, >= 1
+  // No split is shorter than this, >= 1: a step of 32 tokens for each of the default variant's
+  // 4 warps. (64 cut bs 1 x 1k into 16 items, half of each block's warps idle: 8.35-8.42 us on
+  // the H200 against 8.18-8.20 with 8 items of 128.)
+  TokenCount min_chunk = TokenCount(128);
+  // At most this many items (partials) of one sequence, >= 1. The block that completes a
+  // sequence's reduce item merges its partials, a warp per query head, 32 partials per round
+  // trip to L2: with hundreds of them that merge is the launch. 8 query heads on 1 KV head (one
+  // block per item) on the H200: bs 1 x 16k in 256 items of 64 tokens took 26.8 us, in 64 items
+  // 16.6 us, in 32 items 18.0 us; bs 1 x 32k 29.1 (256 items), 21.1 (64), 26.6 (32).
+  int32_t max_items_per_sequence = 64;
 };
 
 // A decode plan that fills the GPU. With target = multiprocessor_count *
@@ -35,9 +44,9 @@ struct DecodeSplitOptions {
 //    split then costs more than the idle half gains (bs 32 x 4k at 256 blocks ran 4.0 TB/s
 //    unsplit, 3.4 split into 64 items);
 //  - otherwise the shortest chunk (at least min_chunk, a multiple of 16 and of the blocks of
-//    `layout`) that cuts the sequences into at most floor(target / blocks_per_item) items, one
-//    item per chunk: items are of equal size except each sequence's last, and none spills into
-//    a second wave.
+//    `layout`) that cuts the sequences into at most floor(target / blocks_per_item) items and
+//    no sequence into more than max_items_per_sequence, one item per chunk: items are of equal
+//    size except each sequence's last, and none spills into a second wave.
 // `kv_indptr` is the host copy of the batch's token-level indptr. Errors: PlanSplitKv's
 // (InvalidArgument for an empty sequence: a decode row needs kv_len >= 1; run batches with
 // empty sequences without a plan) and InvalidArgument for options out of range.

@@ -112,14 +112,25 @@ TEST(DecodeSplitPlannerTest, ItemsFitTheWaveAtEveryLayout) {
             EXPECT_EQ(plan->chunk.value() % 16, 0);
             EXPECT_EQ(plan->chunk.value() % ps, 0);
             EXPECT_GE(plan->chunk.value(), options.min_chunk.value());
-            // A chunk one quantum shorter would need more items than the wave holds.
+            int64_t most = 0;  // items of one sequence
+            for (int32_t len : lens) {
+              most = std::max<int64_t>(most, (len + plan->chunk.value() - 1) / plan->chunk.value());
+            }
+            EXPECT_LE(most, options.max_items_per_sequence);
+            // A chunk one quantum shorter would need more items than the wave holds, or cut a
+            // sequence into more than max_items_per_sequence.
             const int64_t quantum = ps == 7 ? 112 : std::max<int64_t>(16, ps);
             if (plan->chunk.value() > quantum &&
                 plan->chunk.value() - quantum >= options.min_chunk.value()) {
-              int64_t shorter = 0;
+              int64_t shorter = 0, shorter_most = 0;
               const int64_t chunk = plan->chunk.value() - quantum;
-              for (int32_t len : lens) shorter += (len + chunk - 1) / chunk;
-              EXPECT_GT(shorter * per_item, target) << "the shortest chunk that fits";
+              for (int32_t len : lens) {
+                shorter += (len + chunk - 1) / chunk;
+                shorter_most = std::max<int64_t>(shorter_most, (len + chunk - 1) / chunk);
+              }
+              EXPECT_TRUE(shorter * per_item > target ||
+                          shorter_most > options.max_items_per_sequence)
+                  << "the shortest chunk that fits";
             }
           }
         }
@@ -142,6 +153,40 @@ TEST(DecodeSplitPlannerTest, ItemsRoundDownToTheWave) {
   EXPECT_EQ(plan->chunk.value(), 1024);
 }
 
+// Field case (the decode benchmark with 8 query heads on 1 KV head, 2026-12-01): one block per
+// item made 256 items of 64 tokens at bs 1 x 16k, and the block that completed the reduce item
+// merged 256 partials (26.8 us; 16.6 with 64 items). At most max_items_per_sequence items of a
+// sequence, 64 by default.
+TEST(DecodeSplitPlannerTest, ItemsOfASequenceAreCapped) {
+  const std::vector<int32_t> lens = {16384, 100};
+  DecodeSplitOptions options{/*multiprocessor_count=*/132, /*blocks_per_item=*/1};
+  auto plan = PlanDecodeSplitKv(Indptr(lens), KvLayout::LinearPerToken(), options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->chunk.value(), 256);
+  EXPECT_EQ(ExpectTiles(*plan, lens), 64 + 1);
+  options.max_items_per_sequence = 32;
+  plan = PlanDecodeSplitKv(Indptr(lens), KvLayout::LinearPerToken(), options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->chunk.value(), 512);
+  EXPECT_EQ(ExpectTiles(*plan, lens), 32 + 1);
+  // The wave (264 items at most) and min_chunk alone: 128 items of 128 tokens.
+  options.max_items_per_sequence = 1 << 20;
+  plan = PlanDecodeSplitKv(Indptr(lens), KvLayout::LinearPerToken(), options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->chunk.value(), 128);
+  EXPECT_EQ(ExpectTiles(*plan, lens), 128 + 1);
+}
+
+// bs 1 x 1k with 8 blocks per item: 8 items of 128 tokens, one 32-token step for each of a
+// block's 4 warps (16 items of 64 left two warps of each block idle).
+TEST(DecodeSplitPlannerTest, ChunksGiveEveryWarpAStep) {
+  const std::vector<int32_t> lens = {1024};
+  auto plan = PlanDecodeSplitKv(Indptr(lens), KvLayout::LinearPerToken(), kH200);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->chunk.value(), 128);
+  EXPECT_EQ(ExpectTiles(*plan, lens), 8);
+}
+
 TEST(DecodeSplitPlannerTest, MinChunkBoundsTheSplit) {
   const std::vector<int32_t> lens = {1000};
   DecodeSplitOptions options = kH200;
@@ -154,9 +199,11 @@ TEST(DecodeSplitPlannerTest, MinChunkBoundsTheSplit) {
 
 TEST(DecodeSplitPlannerTest, BadOptionsAndBatchesAreRefused) {
   const std::vector<TokenOffset> indptr = Indptr({100, 200});
-  for (DecodeSplitOptions o : {DecodeSplitOptions{0, 8}, DecodeSplitOptions{132, 0},
-                               DecodeSplitOptions{132, 8, 0}, DecodeSplitOptions{132, 8, 2, TokenCount(0)},
-                               DecodeSplitOptions{132, 8, 2, TokenCount(int64_t{1} << 31)}}) {
+  for (DecodeSplitOptions o :
+       {DecodeSplitOptions{0, 8}, DecodeSplitOptions{132, 0}, DecodeSplitOptions{132, 8, 0},
+        DecodeSplitOptions{132, 8, 2, TokenCount(0)},
+        DecodeSplitOptions{132, 8, 2, TokenCount(int64_t{1} << 31)},
+        DecodeSplitOptions{132, 8, 2, TokenCount(64), 0}}) {
     EXPECT_EQ(PlanDecodeSplitKv(indptr, KvLayout::LinearPerToken(), o).status().code(),
               absl::StatusCode::kInvalidArgument);
   }

@@ -29,10 +29,15 @@
 // contiguous" is the contiguous layout's time over the kernel's.
 //
 // Usage: paged_decode_attention_gpu_benchmark [OUT_DIR] [--variant=N|all] [--shape=BS,CTX]
-//        [--blocks-per-sm=N] [--no-sweep]
+//        [--blocks-per-sm=N] [--max-items-per-sequence=N] [--min-chunk=N] [--no-sweep]
+//        [--dims=Q,KV,D]
 // --variant: the table with that variant (or each), no sweep; --shape: that shape only;
+// --dims: query heads, KV heads and head dim (default 32,8,128; others run variant 0 only,
+// without the variant sweep and the reads-alone reference, which reads 256-byte rows);
 // --blocks-per-sm: DecodeSplitOptions::blocks_per_multiprocessor of the split plans (default:
-// DecodeSplitOptionsForDevice's, the kernel's occupancy on this GPU).
+// DecodeSplitOptionsForDevice's, the kernel's occupancy on this GPU); --max-items-per-sequence:
+// DecodeSplitOptions::max_items_per_sequence, --min-chunk: its min_chunk (defaults: the
+// planner's).
 // Writes OUT_DIR/paged_decode_attention.csv and .md besides stdout. Needs a GPU; exits non-zero
 // on any error or mismatch.
 
@@ -70,14 +75,24 @@ using testing::GpuStatus;
 using testing::MedianEventUs;
 using testing::Unwrap;
 
-constexpr int32_t kQHeads = 32;
-constexpr int32_t kKvHeads = 8;
-constexpr int32_t kHeadDim = 128;
-constexpr int64_t kRowElements = int64_t{kKvHeads} * kHeadDim;  // one slot of K (or of V)
-constexpr int64_t kRowBytes = kRowElements * 2;
-constexpr int64_t kQRowElements = int64_t{kQHeads} * kHeadDim;
-const DecodeAttentionDims kDims{kQHeads, kKvHeads, kHeadDim, KvElementType::kBf16,
-                                1.0f / std::sqrt(static_cast<float>(kHeadDim))};
+// The attention shape the benchmark runs: --dims=Q,KV,D, the issue's 32/8 heads at head dim 128
+// by default. Set by main before any shape runs.
+struct BenchDims {
+  int32_t q_heads = 32;
+  int32_t kv_heads = 8;
+  int32_t head_dim = 128;
+
+  int64_t RowElements() const { return int64_t{kv_heads} * head_dim; }  // a slot of K (or V)
+  int64_t RowBytes() const { return RowElements() * 2; }
+  int64_t QRowElements() const { return int64_t{q_heads} * head_dim; }
+  int32_t Group() const { return q_heads / kv_heads; }
+  bool IsDefault() const { return q_heads == 32 && kv_heads == 8 && head_dim == 128; }
+  DecodeAttentionDims Attention() const {
+    return {q_heads, kv_heads, head_dim, KvElementType::kBf16,
+            1.0f / std::sqrt(static_cast<float>(head_dim))};
+  }
+};
+BenchDims dims;
 constexpr int64_t kRotationBytes = int64_t{256} << 20;  // 5x the L2
 constexpr int kMaxSets = 64;
 constexpr double kMaxKvBytes = 40e9;
@@ -97,7 +112,7 @@ constexpr Shape kShapes[] = {
 constexpr Shape kSweepShapes[] = {{1, 16384}, {8, 4096}, {32, 4096}, {64, 4096}, {256, 4096},
                                   {128, 32768}};
 
-double KvBytes(const Shape& s) { return 2.0 * s.bs * s.ctx * kRowBytes; }
+double KvBytes(const Shape& s) { return 2.0 * s.bs * s.ctx * dims.RowBytes(); }
 
 // How many disjoint copies of a shape's KV the launches rotate over.
 int SetsFor(const Shape& s) {
@@ -115,6 +130,11 @@ struct Row {
 };
 std::vector<Row> rows;
 
+// x with `decimals` decimals, or "-" when it was not measured (NaN).
+std::string Figure(int decimals, double x) {
+  return std::isnan(x) ? "-" : absl::StrFormat("%.*f", decimals, x);
+}
+
 void Report(const Row& r) {
   rows.push_back(r);
   const double tbs = r.bytes / (r.us * 1e-6) / 1e12;
@@ -123,12 +143,12 @@ void Report(const Row& r) {
   const double pattern_tbs = r.bytes / (r.pattern_us * 1e-6) / 1e12;
   std::printf(
       "%-20s v%d bs=%4lld ctx=%6lld ps=%2lld items=%5lld %10.2f us %6.3f TB/s | read %6.3f TB/s"
-      " | %5.1f%% of read | its reads alone %6.3f TB/s | %5.1f%% of them | copy %6.3f TB/s"
+      " | %5.1f%% of read | its reads alone %6s TB/s | %5s%% of them | copy %6.3f TB/s"
       " | %5.1f%% of contiguous\n",
       r.op.c_str(), r.variant, static_cast<long long>(r.bs), static_cast<long long>(r.ctx),
       static_cast<long long>(r.ps), static_cast<long long>(r.items), r.us, tbs, read_tbs,
-      100.0 * tbs / read_tbs, pattern_tbs, 100.0 * tbs / pattern_tbs, copy_tbs,
-      100.0 * r.contiguous_us / r.us);
+      100.0 * tbs / read_tbs, Figure(3, pattern_tbs).c_str(),
+      Figure(1, 100.0 * tbs / pattern_tbs).c_str(), copy_tbs, 100.0 * r.contiguous_us / r.us);
 }
 
 // Median microseconds of one launch: `launches` calls launch(0), launch(1), ... captured into a
@@ -169,25 +189,31 @@ struct Layout {
 
 class Bench {
  public:
-  Bench(int64_t max_tokens, int32_t blocks_per_sm, std::mt19937_64& rng)
+  Bench(int64_t max_tokens, int32_t blocks_per_sm, int32_t max_items_per_sequence,
+        int32_t min_chunk, std::mt19937_64& rng)
       : rng_(rng),
         blocks_per_sm_(blocks_per_sm),
+        max_items_per_sequence_(max_items_per_sequence),
+        min_chunk_(min_chunk),
         pool_slots_(max_tokens + kMaxPageSize),
         sms_(Unwrap(DeviceMultiprocessorCount())),
-        pool_(pool_slots_ * kRowBytes, rng_),
+        pool_(pool_slots_ * dims.RowBytes(), rng_),
         references_(pool_, kMaxCopyBytes, sms_ * 4) {
     BENCH_CHECK(GpuStatus(hipStreamCreate(&stream_), "stream"));
     word_.emplace(Unwrap(DeviceViolationWord::Create()));
     std::printf("pool of %lld slots (%.1f GB of K and V), %d multiprocessors\n",
-                static_cast<long long>(pool_slots_), 2.0 * pool_slots_ * kRowBytes / 1e9, sms_);
+                static_cast<long long>(pool_slots_), 2.0 * pool_slots_ * dims.RowBytes() / 1e9,
+                sms_);
   }
   ~Bench() { (void)hipStreamDestroy(stream_); }
 
   // The split options the plans of `variant` are made with: DecodeSplitOptionsForDevice's, with
   // the blocks per multiprocessor of --blocks-per-sm when it is given.
   DecodeSplitOptions SplitOptions(int32_t variant) const {
-    DecodeSplitOptions o = Unwrap(DecodeSplitOptionsForDevice(kDims, variant));
+    DecodeSplitOptions o = Unwrap(DecodeSplitOptionsForDevice(dims.Attention(), variant));
     if (blocks_per_sm_ > 0) o.blocks_per_multiprocessor = blocks_per_sm_;
+    if (max_items_per_sequence_ > 0) o.max_items_per_sequence = max_items_per_sequence_;
+    if (min_chunk_ > 0) o.min_chunk = TokenCount(min_chunk_);
     return o;
   }
 
@@ -195,13 +221,13 @@ class Bench {
   // contiguous and page size 16 token-level ones only (the sweep).
   void RunShape(const Shape& s, int32_t variant, bool all_configs) {
     const int sets = SetsFor(s);
-    std::vector<uint16_t> q(s.bs * kQRowElements);
+    std::vector<uint16_t> q(s.bs * dims.QRowElements());
     std::normal_distribution<float> normal(0.0f, 1.0f);
     for (uint16_t& x : q) x = testing::FloatToBf16(normal(rng_));
     q_host_ = q;
     q_ = Unwrap(DeviceBuffer<uint16_t>::FromHost(q));
-    out_ = Unwrap(DeviceBuffer<uint8_t>::Create(s.bs * kQRowElements * 2));
-    lse_ = Unwrap(DeviceBuffer<float>::Create(s.bs * kQHeads));
+    out_ = Unwrap(DeviceBuffer<uint8_t>::Create(s.bs * dims.QRowElements() * 2));
+    lse_ = Unwrap(DeviceBuffer<float>::Create(s.bs * dims.q_heads));
     std::vector<TokenOffset> indptr(s.bs + 1);
     for (int64_t i = 0; i <= s.bs; ++i) indptr[i] = TokenOffset(static_cast<int32_t>(i * s.ctx));
     indptr_host_ = indptr;
@@ -229,17 +255,20 @@ class Bench {
     const double contiguous_us = TimeLayout(s, sets, launches, contiguous, variant, Split::kInLaunch);
     // The kernel's reads alone over the contiguous layout's slots (set k's token (i, t) is slot
     // 1 + k * tokens + i * ctx + t), the plan's items per sequence as equal chunks, as many
-    // blocks resident per multiprocessor as the plan is sized for.
-    static_assert(kHeadDim * 2 == 256, "LaunchHeadRowsRead reads 256-byte rows");
-    const int32_t chunks = static_cast<int32_t>((last_items_ + s.bs - 1) / s.bs);
-    const int32_t resident = SplitOptions(variant).blocks_per_multiprocessor;
-    const double pattern_us = TimeUs(stream_, launches, [&](int i) {
-      BENCH_CHECK(GpuStatus(testing::LaunchHeadRowsRead(
-                                pool_.k().data(), pool_.v().data(), 1 + (i % sets) * s.bs * s.ctx,
-                                static_cast<int32_t>(s.bs), s.ctx, chunks, kKvHeads, sms_, resident,
-                                pattern_sink_.data(), stream_),
-                            "LaunchHeadRowsRead"));
-    });
+    // blocks resident per multiprocessor as the plan is sized for. LaunchHeadRowsRead reads
+    // 256-byte rows: head dim 128 only (NaN, printed as -, otherwise).
+    double pattern_us = std::numeric_limits<double>::quiet_NaN();
+    if (dims.head_dim == 128) {
+      const int32_t chunks = static_cast<int32_t>((last_items_ + s.bs - 1) / s.bs);
+      const int32_t resident = SplitOptions(variant).blocks_per_multiprocessor;
+      pattern_us = TimeUs(stream_, launches, [&](int i) {
+        BENCH_CHECK(GpuStatus(testing::LaunchHeadRowsRead(
+                                  pool_.k().data(), pool_.v().data(), 1 + (i % sets) * s.bs * s.ctx,
+                                  static_cast<int32_t>(s.bs), s.ctx, chunks, dims.kv_heads, sms_,
+                                  resident, pattern_sink_.data(), stream_),
+                              "LaunchHeadRowsRead"));
+      });
+    }
     const Refs refs{copy_us_scaled, contiguous_us, read_us_scaled, pattern_us};
     Report(RowOf(contiguous.name, variant, s, 1, bytes, contiguous_us, refs));
     struct Config {
@@ -334,14 +363,14 @@ class Bench {
     DeviceBuffer<SplitKvWorkItem> work = Unwrap(DeviceBuffer<SplitKvWorkItem>::FromHost(plan.work));
     DeviceBuffer<SplitKvReduceItem> reduce = Unwrap(DeviceBuffer<SplitKvReduceItem>::FromHost(plan.reduce));
     DeviceBuffer<float> partial_out =
-        Unwrap(DeviceBuffer<float>::Create(int64_t{plan.num_partials} * kQRowElements));
+        Unwrap(DeviceBuffer<float>::Create(int64_t{plan.num_partials} * dims.QRowElements()));
     DeviceBuffer<float> partial_lse =
-        Unwrap(DeviceBuffer<float>::Create(int64_t{plan.num_partials} * kQHeads));
+        Unwrap(DeviceBuffer<float>::Create(int64_t{plan.num_partials} * dims.q_heads));
     DeviceBuffer<uint32_t> counters = Unwrap(DeviceBuffer<uint32_t>::FromHost(
-        std::vector<uint32_t>(plan.reduce.size() * kQHeads, 0)));
+        std::vector<uint32_t>(plan.reduce.size() * dims.q_heads, 0)));
     auto launch = [&](int i) {
       PagedDecodeArgs a;
-      a.dims = kDims;
+      a.dims = dims.Attention();
       a.q = DeviceSpan<const uint8_t>(reinterpret_cast<const uint8_t*>(q_.data()), q_.size() * 2);
       a.k_pool = pool_.k().const_span();
       a.v_pool = pool_.v().const_span();
@@ -368,8 +397,8 @@ class Bench {
     return us;
   }
 
-  // Every output written; sequences 0 and bs - 1, KV heads 0 and 7 (their 4 query heads each)
-  // against a double-precision reference over set 0's slots.
+  // Every output written; sequences 0 and bs - 1, the first and the last KV head (every query
+  // head of their groups) against a double-precision reference over set 0's slots.
   void Check(const Shape& s, const Layout& l, int32_t variant) {
     const std::vector<uint8_t> out = Unwrap(out_.ToHost());
     const std::vector<float> lse = Unwrap(lse_.ToHost());
@@ -383,29 +412,30 @@ class Bench {
                    static_cast<long long>(s.bs), static_cast<long long>(s.ctx), what.c_str());
       std::exit(1);
     };
-    for (int64_t e = 0; e < s.bs * kQRowElements; ++e) {
+    for (int64_t e = 0; e < s.bs * dims.QRowElements(); ++e) {
       if (!std::isfinite(out_at(e))) fail(absl::StrFormat("out element %d not written", e));
     }
-    for (int64_t e = 0; e < s.bs * kQHeads; ++e) {
+    for (int64_t e = 0; e < s.bs * dims.q_heads; ++e) {
       if (!std::isfinite(lse[e])) fail(absl::StrFormat("lse %d not written", e));
     }
-    const double scale = 1.0 / std::sqrt(static_cast<double>(kHeadDim));
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dims.head_dim));
     auto k_at = [&](int64_t slot, int64_t h, int64_t x) {
-      return pool_.K(slot * kRowElements + h * kHeadDim + x);
+      return pool_.K(slot * dims.RowElements() + h * dims.head_dim + x);
     };
     auto v_at = [&](int64_t slot, int64_t h, int64_t x) {
-      return pool_.V(slot * kRowElements + h * kHeadDim + x);
+      return pool_.V(slot * dims.RowElements() + h * dims.head_dim + x);
     };
-    std::vector<double> score(s.ctx), acc(kHeadDim);
+    std::vector<double> score(s.ctx), acc(dims.head_dim);
     for (int64_t i : {int64_t{0}, s.bs - 1}) {
       const int32_t* slots = l.slots0.data() + i * s.ctx;
-      for (int64_t kvh : {0, kKvHeads - 1}) {
-        for (int64_t qh = kvh * 4; qh < kvh * 4 + 4; ++qh) {
-          const uint16_t* q = q_host_.data() + (i * kQHeads + qh) * kHeadDim;
+      for (int64_t kvh : {0, dims.kv_heads - 1}) {
+        for (int64_t qh = kvh * dims.Group(); qh < (kvh + 1) * dims.Group(); ++qh) {
+          const uint16_t* q = q_host_.data() + (i * dims.q_heads + qh) * dims.head_dim;
           double m = -std::numeric_limits<double>::infinity();
           for (int64_t t = 0; t < s.ctx; ++t) {
             double dot = 0;
-            for (int64_t x = 0; x < kHeadDim; ++x) dot += double{testing::Bf16ToFloat(q[x])} * k_at(slots[t], kvh, x);
+            for (int64_t x = 0; x < dims.head_dim; ++x)
+              dot += double{testing::Bf16ToFloat(q[x])} * k_at(slots[t], kvh, x);
             score[t] = dot * scale;
             m = std::max(m, score[t]);
           }
@@ -414,19 +444,20 @@ class Bench {
           for (int64_t t = 0; t < s.ctx; ++t) {
             const double p = std::exp(score[t] - m);
             sum += p;
-            for (int64_t x = 0; x < kHeadDim; ++x) acc[x] += p * v_at(slots[t], kvh, x);
+            for (int64_t x = 0; x < dims.head_dim; ++x) acc[x] += p * v_at(slots[t], kvh, x);
           }
-          for (int64_t x = 0; x < kHeadDim; ++x) {
+          for (int64_t x = 0; x < dims.head_dim; ++x) {
             const double want = acc[x] / sum;
-            const double got = out_at((i * kQHeads + qh) * kHeadDim + x);
+            const double got = out_at((i * dims.q_heads + qh) * dims.head_dim + x);
             if (std::fabs(got - want) > 1e-2 + 1e-2 * std::fabs(want)) {
               fail(absl::StrFormat("sequence %d head %d dim %d: %g, want %g", i, qh, x, got, want));
             }
           }
           const double want_lse = m + std::log(sum);
-          if (std::fabs(lse[i * kQHeads + qh] - want_lse) > 1e-3 + 1e-5 * std::fabs(want_lse)) {
-            fail(absl::StrFormat("lse of sequence %d head %d: %g, want %g", i, qh, lse[i * kQHeads + qh],
-                                 want_lse));
+          if (std::fabs(lse[i * dims.q_heads + qh] - want_lse) >
+              1e-3 + 1e-5 * std::fabs(want_lse)) {
+            fail(absl::StrFormat("lse of sequence %d head %d: %g, want %g", i, qh,
+                                 lse[i * dims.q_heads + qh], want_lse));
           }
         }
       }
@@ -434,7 +465,9 @@ class Bench {
   }
 
   std::mt19937_64& rng_;
-  int32_t blocks_per_sm_;  // 0: DecodeSplitOptionsForDevice's
+  int32_t blocks_per_sm_;           // 0: DecodeSplitOptionsForDevice's
+  int32_t max_items_per_sequence_;  // 0: DecodeSplitOptionsForDevice's
+  int32_t min_chunk_;               // 0: DecodeSplitOptionsForDevice's
   int64_t pool_slots_;
   int32_t sms_;
   testing::RandomKvPool pool_;
@@ -473,9 +506,9 @@ void Write(const std::string& dir) {
                            tbs / rtbs, ctbs, r.contiguous_us, r.contiguous_us / r.us, ptbs,
                            tbs / ptbs);
     md << absl::StrFormat(
-        "| %s | %d | %d | %d | %d | %d | %.2f | %.3f | %.3f | %.1f | %.3f | %.1f | %.3f | %.1f |\n",
+        "| %s | %d | %d | %d | %d | %d | %.2f | %.3f | %.3f | %.1f | %.3f | %.1f | %s | %s |\n",
         r.op, r.variant, r.bs, r.ctx, r.ps, r.items, r.us, tbs, rtbs, 100 * tbs / rtbs, ctbs,
-        100 * r.contiguous_us / r.us, ptbs, 100 * tbs / ptbs);
+        100 * r.contiguous_us / r.us, Figure(3, ptbs), Figure(1, 100 * tbs / ptbs));
   }
 }
 
@@ -490,6 +523,8 @@ int main(int argc, char** argv) {
   std::optional<Shape> only;
   bool sweep = true;
   int32_t blocks_per_sm = 0;
+  int32_t max_items_per_sequence = 0;
+  int32_t min_chunk = 0;
   for (int k = 1; k < argc; ++k) {
     const std::string arg = argv[k];
     if (arg.rfind("--variant=", 0) == 0) {
@@ -517,8 +552,27 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "--blocks-per-sm=N needs N >= 1\n");
         return 2;
       }
+    } else if (arg.rfind("--max-items-per-sequence=", 0) == 0) {
+      max_items_per_sequence = std::atoi(arg.c_str() + 25);
+      if (max_items_per_sequence < 1) {
+        std::fprintf(stderr, "--max-items-per-sequence=N needs N >= 1\n");
+        return 2;
+      }
+    } else if (arg.rfind("--min-chunk=", 0) == 0) {
+      min_chunk = std::atoi(arg.c_str() + 12);
+      if (min_chunk < 1) {
+        std::fprintf(stderr, "--min-chunk=N needs N >= 1\n");
+        return 2;
+      }
     } else if (arg == "--no-sweep") {
       sweep = false;
+    } else if (arg.rfind("--dims=", 0) == 0) {
+      if (std::sscanf(arg.c_str() + 7, "%d,%d,%d", &dims.q_heads, &dims.kv_heads, &dims.head_dim) !=
+              3 ||
+          dims.kv_heads < 1 || dims.q_heads < dims.kv_heads) {
+        std::fprintf(stderr, "--dims=Q,KV,D needs Q >= KV >= 1\n");
+        return 2;
+      }
     } else if (arg.rfind("--", 0) == 0) {
       std::fprintf(stderr, "unknown flag %s\n", arg.c_str());
       return 2;
@@ -543,12 +597,12 @@ int main(int argc, char** argv) {
   int64_t max_tokens = 0;
   for (const Shape& s : shapes) max_tokens = std::max<int64_t>(max_tokens, s.bs * s.ctx * SetsFor(s));
   std::mt19937_64 rng(42);
-  Bench bench(max_tokens, blocks_per_sm, rng);
+  Bench bench(max_tokens, blocks_per_sm, max_items_per_sequence, min_chunk, rng);
   {  // A caller that plans every step asks for the options every step.
     std::vector<double> us;
     for (int k = 0; k < 1020; ++k) {
       const auto t0 = std::chrono::steady_clock::now();
-      Unwrap(DecodeSplitOptionsForDevice(kDims, variants[0]));
+      Unwrap(DecodeSplitOptionsForDevice(dims.Attention(), variants[0]));
       const auto t1 = std::chrono::steady_clock::now();
       if (k >= 20) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
     }
@@ -561,14 +615,14 @@ int main(int argc, char** argv) {
     const kernels::DecodeVariant& d = kernels::kDecodeVariants[v];
     const DecodeSplitOptions o = bench.SplitOptions(v);
     std::printf(
-        "== variant %d: %d warps, steps of %d tokens, %s MMA; split plans: %d blocks per "
-        "multiprocessor%s, %d per item\n",
-        v, d.warps, d.step_tokens, d.portable_mma ? "portable" : "native",
-        o.blocks_per_multiprocessor, blocks_per_sm > 0 ? " (--blocks-per-sm)" : "",
-        o.blocks_per_item);
+        "== variant %d: %d warps, steps of %d tokens, %s MMA; %d/%d heads, head dim %d; split "
+        "plans: %d blocks per multiprocessor%s, %d per item\n",
+        v, d.warps, d.step_tokens, d.portable_mma ? "portable" : "native", dims.q_heads,
+        dims.kv_heads, dims.head_dim, o.blocks_per_multiprocessor,
+        blocks_per_sm > 0 ? " (--blocks-per-sm)" : "", o.blocks_per_item);
     for (const Shape& s : shapes) bench.RunShape(s, v, /*all_configs=*/true);
   }
-  if (sweep && !only.has_value()) {
+  if (sweep && !only.has_value() && dims.IsDefault()) {
     std::printf("== variant sweep\n");
     for (const Shape& s : kSweepShapes) {
       for (int32_t v = 0; v < kernels::kNumDecodeVariants; ++v) {

@@ -383,9 +383,11 @@ TEST_F(DecodeGpuTest, HeadsHeadDimsAndDtypesMatchTheReference) {
     const DeviceProblem d = ToDevice(p);
     ExpectMatches(p, RunDecode(p, d, d.TokenLevel()));
     ExpectMatches(p, RunDecode(p, d, d.PageLevel()));
-    // At most 64 items: chunks of 32 tokens, 38 partials for the 1200-token sequence.
+    // At most 64 items: chunks of 32 tokens, 38 partials for the 1200-token sequence (more
+    // than the planner's default max_items_per_sequence allows).
     const DecodeSplitOptions many_partials{/*multiprocessor_count=*/8, /*blocks_per_item=*/1,
-                                           /*blocks_per_multiprocessor=*/8, TokenCount(16)};
+                                           /*blocks_per_multiprocessor=*/8, TokenCount(16),
+                                           /*max_items_per_sequence=*/64};
     for (const DecodeKv& kv : {d.TokenLevel(), d.PageLevel()}) {
       SCOPED_TRACE(kv.index() == 0 ? "token-level, split" : "page table, split");
       auto plan = PlanDecodeSplitKv(p.metadata.kv_indptr, DecodeKvLayout(kv), many_partials);
