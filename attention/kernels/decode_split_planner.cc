@@ -61,7 +61,8 @@ absl::StatusOr<SplitKvPlan> PlanDecodeSplitKv(absl::Span<const TokenOffset> kv_i
   // chunks must not spill a few items into a second wave (bs 8 x 4k: chunks of 1,008 tokens
   // gave 5 items a sequence, 40 in all for a target of 33; 1,024 gives 32). A chunk as long
   // as the longest sequence gives bs items, which fit (the batch is under half the target).
-  // No sequence in more than max_items_per_sequence chunks (its merge).
+  // No sequence in more than max_items_per_sequence chunks: the block that completes its
+  // reduce item merges every partial of it, 32 per round trip.
   const int64_t shortest = std::max<int64_t>(
       o.min_chunk.value(), (longest + o.max_items_per_sequence - 1) / o.max_items_per_sequence);
   int64_t lo = std::max<int64_t>(1, (shortest + quantum - 1) / quantum);

@@ -27,8 +27,9 @@ struct DecodeSplitOptions {
   // 2 to 8 waves of smaller items (each item pays its index and length loads and its merge).
   int32_t blocks_per_multiprocessor = 2;
   // No split is shorter than this, >= 1: a step of 32 tokens for each of the default variant's
-  // 4 warps. (64 cut bs 1 x 1k into 16 items, half of each block's warps idle: 8.35-8.42 us on
-  // the H200 against 8.18-8.20 with 8 items of 128.)
+  // 4 warps at head dim 64 or 128 (two 16-token steps at 256). (64 cut bs 1 x 1k into 16 items,
+  // half of each block's warps idle: 8.35-8.42 us on the H200 against 8.18-8.20 with 8 items
+  // of 128.)
   TokenCount min_chunk = TokenCount(128);
   // At most this many items (partials) of one sequence, >= 1. The block that completes a
   // sequence's reduce item merges its partials, a warp per query head, 32 partials per round

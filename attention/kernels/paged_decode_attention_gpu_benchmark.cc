@@ -32,8 +32,10 @@
 //        [--blocks-per-sm=N] [--max-items-per-sequence=N] [--min-chunk=N] [--no-sweep]
 //        [--dims=Q,KV,D]
 // --variant: the table with that variant (or each), no sweep; --shape: that shape only;
-// --dims: query heads, KV heads and head dim (default 32,8,128; others run variant 0 only,
-// without the variant sweep and the reads-alone reference, which reads 256-byte rows);
+// --dims: query heads, KV heads and head dim (default 32,8,128). Other dims run without the
+// variant sweep (the variants other than 0 are compiled for head dim 128 and groups of a
+// multiple of 4 only; the launcher refuses the rest and the run exits), and the reads-alone
+// reference only where it models the kernel's grid (head dim 128, one block per KV head);
 // --blocks-per-sm: DecodeSplitOptions::blocks_per_multiprocessor of the split plans (default:
 // DecodeSplitOptionsForDevice's, the kernel's occupancy on this GPU); --max-items-per-sequence:
 // DecodeSplitOptions::max_items_per_sequence, --min-chunk: its min_chunk (defaults: the
@@ -256,9 +258,11 @@ class Bench {
     // The kernel's reads alone over the contiguous layout's slots (set k's token (i, t) is slot
     // 1 + k * tokens + i * ctx + t), the plan's items per sequence as equal chunks, as many
     // blocks resident per multiprocessor as the plan is sized for. LaunchHeadRowsRead reads
-    // 256-byte rows: head dim 128 only (NaN, printed as -, otherwise).
+    // 256-byte rows with one block per KV head: head dim 128 and blocks of a whole group only
+    // (NaN, printed as -, otherwise).
     double pattern_us = std::numeric_limits<double>::quiet_NaN();
-    if (dims.head_dim == 128) {
+    if (dims.head_dim == 128 &&
+        Unwrap(DecodeBlocksPerWorkItem(dims.Attention(), variant)) == dims.kv_heads) {
       const int32_t chunks = static_cast<int32_t>((last_items_ + s.bs - 1) / s.bs);
       const int32_t resident = SplitOptions(variant).blocks_per_multiprocessor;
       pattern_us = TimeUs(stream_, launches, [&](int i) {
@@ -434,8 +438,9 @@ class Bench {
           double m = -std::numeric_limits<double>::infinity();
           for (int64_t t = 0; t < s.ctx; ++t) {
             double dot = 0;
-            for (int64_t x = 0; x < dims.head_dim; ++x)
+            for (int64_t x = 0; x < dims.head_dim; ++x) {
               dot += double{testing::Bf16ToFloat(q[x])} * k_at(slots[t], kvh, x);
+            }
             score[t] = dot * scale;
             m = std::max(m, score[t]);
           }
@@ -466,8 +471,8 @@ class Bench {
 
   std::mt19937_64& rng_;
   int32_t blocks_per_sm_;           // 0: DecodeSplitOptionsForDevice's
-  int32_t max_items_per_sequence_;  // 0: DecodeSplitOptionsForDevice's
-  int32_t min_chunk_;               // 0: DecodeSplitOptionsForDevice's
+  int32_t max_items_per_sequence_;  // 0: the planner's default
+  int32_t min_chunk_;               // 0: the planner's default
   int64_t pool_slots_;
   int32_t sms_;
   testing::RandomKvPool pool_;
@@ -501,10 +506,12 @@ void Write(const std::string& dir) {
     const double ctbs = 2 * r.bytes / (r.copy_us * 1e-6) / 1e12;
     const double rtbs = r.bytes / (r.read_us * 1e-6) / 1e12;
     const double ptbs = r.bytes / (r.pattern_us * 1e-6) / 1e12;
-    csv << absl::StrFormat("%s,%d,%d,%d,%d,%d,%.0f,%.3f,%.4f,%.4f,%.4f,%.4f,%.3f,%.4f,%.4f,%.4f\n",
+    // A reference not measured (NaN) is an empty cell.
+    auto cell = [](double x) { return std::isnan(x) ? std::string() : absl::StrFormat("%.4f", x); };
+    csv << absl::StrFormat("%s,%d,%d,%d,%d,%d,%.0f,%.3f,%.4f,%.4f,%.4f,%.4f,%.3f,%.4f,%s,%s\n",
                            r.op, r.variant, r.bs, r.ctx, r.ps, r.items, r.bytes, r.us, tbs, rtbs,
-                           tbs / rtbs, ctbs, r.contiguous_us, r.contiguous_us / r.us, ptbs,
-                           tbs / ptbs);
+                           tbs / rtbs, ctbs, r.contiguous_us, r.contiguous_us / r.us, cell(ptbs),
+                           cell(tbs / ptbs));
     md << absl::StrFormat(
         "| %s | %d | %d | %d | %d | %d | %.2f | %.3f | %.3f | %.1f | %.3f | %.1f | %s | %s |\n",
         r.op, r.variant, r.bs, r.ctx, r.ps, r.items, r.us, tbs, rtbs, 100 * tbs / rtbs, ctbs,
@@ -616,10 +623,12 @@ int main(int argc, char** argv) {
     const DecodeSplitOptions o = bench.SplitOptions(v);
     std::printf(
         "== variant %d: %d warps, steps of %d tokens, %s MMA; %d/%d heads, head dim %d; split "
-        "plans: %d blocks per multiprocessor%s, %d per item\n",
+        "plans: %d blocks per multiprocessor%s, %d per item, at most %d items of a sequence, "
+        "chunks of at least %lld tokens\n",
         v, d.warps, d.step_tokens, d.portable_mma ? "portable" : "native", dims.q_heads,
         dims.kv_heads, dims.head_dim, o.blocks_per_multiprocessor,
-        blocks_per_sm > 0 ? " (--blocks-per-sm)" : "", o.blocks_per_item);
+        blocks_per_sm > 0 ? " (--blocks-per-sm)" : "", o.blocks_per_item, o.max_items_per_sequence,
+        static_cast<long long>(o.min_chunk.value()));
     for (const Shape& s : shapes) bench.RunShape(s, v, /*all_configs=*/true);
   }
   if (sweep && !only.has_value() && dims.IsDefault()) {

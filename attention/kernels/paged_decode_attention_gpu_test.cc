@@ -383,8 +383,9 @@ TEST_F(DecodeGpuTest, HeadsHeadDimsAndDtypesMatchTheReference) {
     const DeviceProblem d = ToDevice(p);
     ExpectMatches(p, RunDecode(p, d, d.TokenLevel()));
     ExpectMatches(p, RunDecode(p, d, d.PageLevel()));
-    // At most 64 items: chunks of 32 tokens, 38 partials for the 1200-token sequence (more
-    // than the planner's default max_items_per_sequence allows).
+    // At most 64 items: chunks of 32 tokens, 38 partials for the 1200-token sequence, more than
+    // the merge's rounds of 32. max_items_per_sequence is pinned so that a smaller default (it
+    // was 32 for a while) cannot take the second round away.
     const DecodeSplitOptions many_partials{/*multiprocessor_count=*/8, /*blocks_per_item=*/1,
                                            /*blocks_per_multiprocessor=*/8, TokenCount(16),
                                            /*max_items_per_sequence=*/64};
