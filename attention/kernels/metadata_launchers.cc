@@ -55,18 +55,10 @@ absl::StatusOr<kernels::SlotSource> Source(const DeviceReqToToken& r, TokenCount
 // The fused kernel's blocks that fit on one multiprocessor of the current device, asked of the
 // runtime once per device.
 absl::StatusOr<int32_t> FusedMetadataOccupancy() {
-  absl::StatusOr<int> device = internal::CurrentDevice();
-  if (!device.ok()) return device.status();
   static internal::DeviceValueCache* const cache = new internal::DeviceValueCache();
-  return cache->Get(*device, 0, []() -> absl::StatusOr<int32_t> {
-    int32_t blocks = 0;
-    if (absl::Status s = internal::RuntimeStatus(
-            kernels::FusedMetadataBlocksPerMultiprocessor(&blocks), "decode metadata occupancy");
-        !s.ok()) {
-      return s;
-    }
-    return blocks;
-  });
+  return internal::CachedDeviceQuery(
+      *cache, 0, "decode metadata occupancy",
+      [](int, int32_t* blocks) { return kernels::FusedMetadataBlocksPerMultiprocessor(blocks); });
 }
 
 }  // namespace
@@ -108,19 +100,15 @@ absl::Status BuildPageTableOnDevice(const DeviceReqToToken& req_to_token, TokenC
 }
 
 absl::StatusOr<int32_t> DeviceMultiprocessorCount() {
-  absl::StatusOr<int> device = internal::CurrentDevice();
-  if (!device.ok()) return device.status();
   static internal::DeviceValueCache* const cache = new internal::DeviceValueCache();
-  return cache->Get(*device, 0, [&]() -> absl::StatusOr<int32_t> {
-    int count = 0;
-    if (absl::Status s = internal::RuntimeStatus(
-            hipDeviceGetAttribute(&count, hipDeviceAttributeMultiprocessorCount, *device),
-            "hipDeviceGetAttribute(multiprocessor count)");
-        !s.ok()) {
-      return s;
-    }
-    return static_cast<int32_t>(count);
-  });
+  return internal::CachedDeviceQuery(
+      *cache, 0, "hipDeviceGetAttribute(multiprocessor count)", [](int device, int32_t* count) {
+        int n = 0;
+        const hipError_t err =
+            hipDeviceGetAttribute(&n, hipDeviceAttributeMultiprocessorCount, device);
+        *count = n;
+        return err;
+      });
 }
 
 absl::Status BuildDecodeMetadataOnDevice(const DecodeMetadataDeviceArgs& a,

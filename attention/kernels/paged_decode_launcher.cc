@@ -379,8 +379,6 @@ absl::StatusOr<DecodeSplitOptions> DecodeSplitOptionsForDevice(const DecodeAtten
   if (!heads_per_block.ok()) return heads_per_block.status();
   absl::StatusOr<int32_t> multiprocessors = DeviceMultiprocessorCount();
   if (!multiprocessors.ok()) return multiprocessors.status();
-  absl::StatusOr<int> device = internal::CurrentDevice();
-  if (!device.ok()) return device.status();
   kernels::PagedDecodeParams p{};
   p.dtype = internal::ElementDtypeOf(dims.dtype);
   p.head_dim = dims.head_dim;
@@ -390,17 +388,9 @@ absl::StatusOr<DecodeSplitOptions> DecodeSplitOptionsForDevice(const DecodeAtten
   const int64_t kernel =
       ((int64_t{p.dtype} * 1024 + p.head_dim) * 64 + p.heads_per_block) * 64 + p.variant;
   static internal::DeviceValueCache* const occupancy = new internal::DeviceValueCache();
-  absl::StatusOr<int32_t> per_multiprocessor =
-      occupancy->Get(*device, kernel, [&]() -> absl::StatusOr<int32_t> {
-        int32_t blocks = 0;
-        if (absl::Status s =
-                internal::RuntimeStatus(kernels::PagedDecodeBlocksPerMultiprocessor(p, &blocks),
-                                        "decode attention occupancy");
-            !s.ok()) {
-          return s;
-        }
-        return blocks;
-      });
+  absl::StatusOr<int32_t> per_multiprocessor = internal::CachedDeviceQuery(
+      *occupancy, kernel, "decode attention occupancy",
+      [&](int, int32_t* blocks) { return kernels::PagedDecodeBlocksPerMultiprocessor(p, blocks); });
   if (!per_multiprocessor.ok()) return per_multiprocessor.status();
   if (*per_multiprocessor < 1) {
     return absl::FailedPreconditionError(

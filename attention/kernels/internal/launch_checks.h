@@ -13,12 +13,13 @@
 #include <variant>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "absl/status/statusor.h"
 #include "attention/kernels/device_span.h"
 #include "attention/kernels/element_dtype.h"
 #include "attention/kernels/hip_port.h"
+#include "attention/kernels/internal/device_value_cache.h"
 #include "attention/kernels/metadata_kernels.h"
 #include "kvcache/units.h"
 
@@ -41,11 +42,20 @@ inline absl::Status RuntimeStatus(hipError_t err, absl::string_view what) {
   return absl::InternalError(absl::StrCat(what, ": ", hipGetErrorString(err)));
 }
 
-// The current device's ordinal; Internal when the runtime fails.
-inline absl::StatusOr<int> CurrentDevice() {
+// What `query(device, &value)` (a runtime call returning hipError_t) writes for the current
+// device, asked of the runtime once per device and `key` and kept in `cache`: launchers need the
+// multiprocessor count and kernels' occupancy on every call. Internal naming `what` when the
+// runtime fails (nothing is kept then).
+template <typename Query>
+absl::StatusOr<int32_t> CachedDeviceQuery(DeviceValueCache& cache, int64_t key,
+                                          absl::string_view what, const Query& query) {
   int device = 0;
   if (absl::Status s = RuntimeStatus(hipGetDevice(&device), "hipGetDevice"); !s.ok()) return s;
-  return device;
+  return cache.Get(device, key, [&]() -> absl::StatusOr<int32_t> {
+    int32_t value = 0;
+    if (absl::Status s = RuntimeStatus(query(device, &value), what); !s.ok()) return s;
+    return value;
+  });
 }
 
 // Internal naming the kernel when its launch failed.
