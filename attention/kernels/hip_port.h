@@ -13,7 +13,8 @@
 // target's, in the device pass) and the wave shuffles ATTNMETA_SHFL_UP / ATTNMETA_SHFL_DOWN /
 // ATTNMETA_SHFL_XOR (all lanes active; CUDA has only the _sync forms, HIP 5.2 only the plain
 // ones), ATTNMETA_SHFL_IDX32 (a lane of the same 32-lane group) and ATTNMETA_BALLOT32 (the
-// predicates of the 32-lane group as bits). MmaM16N8K16 is the warp-level matrix product on
+// predicates of the 32-lane group as bits), and order a 32-lane group's shared-memory accesses
+// with ATTNMETA_SYNC_WARP(). MmaM16N8K16 is the warp-level matrix product on
 // 32-lane groups: the tensor cores on NVIDIA, a portable form on AMD. Kernels declare
 // ATTNMETA_LAUNCH_BOUNDS(threads, min blocks per multiprocessor) and convert fp16 through
 // HalfBitsToFloat / FloatToHalfBits (the vendor's conversion instructions, round to nearest
@@ -49,6 +50,8 @@ inline constexpr int kWaveSize = 64;
 #define ATTNMETA_SHFL_IDX32(value, lane) __shfl((value), (lane), 32)
 // Bit i: the predicate of lane i of the caller's 32-lane group (a wave64 holds two).
 #define ATTNMETA_BALLOT32(pred) static_cast<uint32_t>(__ballot(pred) >> (__lane_id() & 32))
+// A wave's lanes run in lockstep: only the compiler's ordering of memory accesses is needed.
+#define ATTNMETA_SYNC_WARP() __builtin_amdgcn_wave_barrier()
 // HIP's second __launch_bounds__ argument is waves per execution unit, not blocks per
 // multiprocessor: the register hint is NVIDIA's only.
 #define ATTNMETA_LAUNCH_BOUNDS(threads, min_blocks) __launch_bounds__(threads)
@@ -87,6 +90,7 @@ inline constexpr bool kNativeMmaM16N8K16 = true;
 #define ATTNMETA_SHFL_XOR(value, mask) __shfl_xor_sync(0xffffffffu, (value), (mask))
 #define ATTNMETA_SHFL_IDX32(value, lane) __shfl_sync(0xffffffffu, (value), (lane))
 #define ATTNMETA_BALLOT32(pred) __ballot_sync(0xffffffffu, (pred))
+#define ATTNMETA_SYNC_WARP() __syncwarp()
 #define ATTNMETA_LAUNCH_BOUNDS(threads, min_blocks) __launch_bounds__(threads, min_blocks)
 
 #if defined(__CUDACC__)
@@ -314,6 +318,23 @@ __device__ inline uint32_t PackBf16x2(float lo, float hi) {
     return (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
   };
   return round(lo) | (round(hi) << 16);
+#endif
+}
+
+// The 8 bytes at p, in shared memory and 8-byte aligned, loaded where the call stands: the
+// compiler may not hoist the load out of a loop, so a value reread at every iteration holds no
+// registers between them. The caller orders it after the stores it reads (a warp or block
+// barrier).
+__device__ inline uint2 LoadSharedInPlace(const uint2* p) {
+#if defined(ATTNMETA_GPU_CUDA)
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
+               : "=r"(v.x), "=r"(v.y)
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))));
+  return v;
+#else
+  const volatile uint32_t* w = reinterpret_cast<const volatile uint32_t*>(p);
+  return make_uint2(w[0], w[1]);
 #endif
 }
 

@@ -73,8 +73,8 @@ struct DecodeReduceItem {
 
 // Compile-time shapes of the decode kernel, so that variants can be compared in one benchmark
 // run. A block of `warps` warps runs one (work item, KV head, query-head chunk) on the tensor
-// cores; each warp takes steps of `step_tokens` tokens (16 or 32; half of it, at least 16,
-// at head dim 256), issuing the K and V loads of a whole step before it computes on them.
+// cores; each warp takes steps of `step_tokens` tokens (16 or 32; DecodeStepTokens at head dim
+// 256), issuing the K and V loads of a whole step before it computes on them.
 // `portable_mma` runs the matrix products through PortableMmaM16N8K16 (hip_port.h), the code
 // AMD GPUs run, so that an NVIDIA GPU tests that path too.
 struct DecodeVariant {
@@ -90,6 +90,17 @@ inline constexpr DecodeVariant kDecodeVariants[kNumDecodeVariants] = {
 // multiple of it; the benchmark's 32/8 GQA at head dim 128).
 inline constexpr int32_t kVariantHeadDim = 128;
 inline constexpr int32_t kVariantQueryHeads = 4;
+
+// The tokens of a warp's step at `head_dim` (64, 128 or 256): the variant's step_tokens, halved
+// at head dim 256 down to 16 (one k-step of the V product): a 32-token step's K and V would
+// take 256 registers per lane there. The kernel's template and the split planner's shortest
+// chunk (DecodeSplitOptionsForDevice) both come from it. (Doubled at head dim 64, which keeps
+// as many bytes in flight per warp as at 128 but fits 2 blocks per multiprocessor instead of
+// 3, bs 64 x 4k read 3.86 TB/s against 3.54 and bs 32 x 4k 3.61 against 3.83 on the H200.)
+__host__ __device__ inline constexpr int32_t DecodeStepTokens(const DecodeVariant& v,
+                                                              int32_t head_dim) {
+  return head_dim > 128 && v.step_tokens > 16 ? v.step_tokens / 2 : v.step_tokens;
+}
 
 struct PagedDecodeParams {
   const void* q;       // [batch_size][num_q_heads][head_dim] of dtype, 16-byte aligned

@@ -257,11 +257,22 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDe
   internal::QFragments<kHeadDim, 1> qf;  // vector g: query head q_head0 + g
   const int64_t q_offset[1] = {
       lv.g < kHeads ? (int64_t{w.sequence} * p.num_q_heads + q_head0 + lv.g) * kHeadDim : -1};
-  internal::LoadQFragments<kHeadDim, 1>(p.q, q_offset, lv.t, qf);
   internal::WarpSoftmax<kHeadDim, 1> sm;
   const float scale = p.softmax_scale * kLog2e;
-  internal::AttendWarpSteps<Dtype, kHeadDim, kStep, 1, kWarps, kPortableMma>(
-      p, lv, warp, qf, scale, [](int32_t, int, int, int) { return true; }, sm);
+  const auto sees_all = [](int32_t, int, int, int) { return true; };
+  if constexpr (kHeadDim > 128) {
+    // Q from shared memory at every step (warp 0 loads it): in registers it spilled the step's
+    // loads.
+    __shared__ typename internal::SharedQFragments<kHeadDim, 1>::Storage q_words;
+    if (warp == 0) internal::LoadQFragments<kHeadDim, 1>(p.q, q_offset, lv.t, qf);
+    const internal::SharedQFragments<kHeadDim, 1> qs{&q_words, &qf, lane, warp == 0};
+    internal::AttendWarpSteps<Dtype, kHeadDim, kStep, 1, kWarps, kPortableMma>(p, lv, warp, qs,
+                                                                               scale, sees_all, sm);
+  } else {
+    internal::LoadQFragments<kHeadDim, 1>(p.q, q_offset, lv.t, qf);
+    internal::AttendWarpSteps<Dtype, kHeadDim, kStep, 1, kWarps, kPortableMma>(p, lv, warp, qf,
+                                                                               scale, sees_all, sm);
+  }
 
   internal::StoreWarpState(states, warp, lv.g, lv.t, sm);
   __syncthreads();
@@ -313,10 +324,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32) DecodeMergeKernel(DecodeMerg
 template <typename Dtype, int kHeadDim, int kHeads, int kVariant>
 struct DecodeKernelOf {
   static constexpr DecodeVariant kV = kDecodeVariants[kVariant];
-  // Head dim 256 holds twice the registers per token: a 32-position step's K and V alone would
-  // take 256 registers per lane. At 16 it still spills 212-264 bytes per thread (ptxas, sm_90).
-  static constexpr int kStep =
-      kHeadDim > 128 && kV.step_tokens > 16 ? kV.step_tokens / 2 : kV.step_tokens;
+  static constexpr int kStep = DecodeStepTokens(kV, kHeadDim);
   static constexpr int kThreads = kV.warps * 32;
   static constexpr int kHeadsPerBlock = kHeads;
   static constexpr auto kKernel =

@@ -38,8 +38,8 @@
 // reference only where it models the kernel's grid (head dim 128, one block per KV head);
 // --blocks-per-sm: DecodeSplitOptions::blocks_per_multiprocessor of the split plans (default:
 // DecodeSplitOptionsForDevice's, the kernel's occupancy on this GPU); --max-items-per-sequence:
-// DecodeSplitOptions::max_items_per_sequence, --min-chunk: its min_chunk (defaults: the
-// planner's).
+// DecodeSplitOptions::max_items_per_sequence, --min-chunk: its min_chunk (defaults:
+// DecodeSplitOptionsForDevice's).
 // Writes OUT_DIR/paged_decode_attention.csv and .md besides stdout. Needs a GPU; exits non-zero
 // on any error or mismatch.
 
@@ -472,7 +472,7 @@ class Bench {
   std::mt19937_64& rng_;
   int32_t blocks_per_sm_;           // 0: DecodeSplitOptionsForDevice's
   int32_t max_items_per_sequence_;  // 0: the planner's default
-  int32_t min_chunk_;               // 0: the planner's default
+  int32_t min_chunk_;               // 0: DecodeSplitOptionsForDevice's
   int64_t pool_slots_;
   int32_t sms_;
   testing::RandomKvPool pool_;
@@ -625,10 +625,10 @@ int main(int argc, char** argv) {
         "== variant %d: %d warps, steps of %d tokens, %s MMA; %d/%d heads, head dim %d; split "
         "plans: %d blocks per multiprocessor%s, %d per item, at most %d items of a sequence, "
         "chunks of at least %lld tokens\n",
-        v, d.warps, d.step_tokens, d.portable_mma ? "portable" : "native", dims.q_heads,
-        dims.kv_heads, dims.head_dim, o.blocks_per_multiprocessor,
-        blocks_per_sm > 0 ? " (--blocks-per-sm)" : "", o.blocks_per_item, o.max_items_per_sequence,
-        static_cast<long long>(o.min_chunk.value()));
+        v, d.warps, kernels::DecodeStepTokens(d, dims.head_dim),
+        d.portable_mma ? "portable" : "native", dims.q_heads, dims.kv_heads, dims.head_dim,
+        o.blocks_per_multiprocessor, blocks_per_sm > 0 ? " (--blocks-per-sm)" : "",
+        o.blocks_per_item, o.max_items_per_sequence, static_cast<long long>(o.min_chunk.value()));
     for (const Shape& s : shapes) bench.RunShape(s, v, /*all_configs=*/true);
   }
   if (sweep && !only.has_value() && dims.IsDefault()) {

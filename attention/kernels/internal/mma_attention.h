@@ -206,6 +206,34 @@ __device__ __forceinline__ bool StepAllLoaded(
 template <int kHeadDim, int kHalves>
 struct QFragments {
   uint32_t qa[kHalves][kHeadDim / 16][2];
+  // For AttendWarpSteps: nothing to prepare; qa[h][k] as AttendStep reads it.
+  __device__ void Prepare() const {}
+  __device__ uint2 Words(int h, int k) const { return make_uint2(qa[h][k][0], qa[h][k][1]); }
+};
+
+// The same words in shared memory, one copy for the block, reread at every step
+// (LoadSharedInPlace), for a kernel whose registers are short: at head dim 256 Q's 32 words per
+// lane are what a step's loads need (the decode kernel spilled 212-264 bytes per thread with
+// Q in registers). Prepare, which every thread of the block calls, stores `source` (the
+// fragments of the warp whose `stores` is true) and waits at a block barrier.
+template <int kHeadDim, int kHalves>
+struct SharedQFragments {
+  using Storage = uint2[kHalves][kHeadDim / 16][32];  // [half][k-step][lane]
+  Storage* words;
+  const QFragments<kHeadDim, kHalves>* source;
+  int lane;
+  bool stores;
+  __device__ void Prepare() const {
+    if (stores) {
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) {
+#pragma unroll
+        for (int k = 0; k < kHeadDim / 16; ++k) (*words)[h][k][lane] = source->Words(h, k);
+      }
+    }
+    __syncthreads();
+  }
+  __device__ uint2 Words(int h, int k) const { return LoadSharedInPlace(&(*words)[h][k][lane]); }
 };
 
 template <int kHeadDim, int kHalves>
@@ -246,21 +274,25 @@ struct WarpSoftmax {
 
 // Adds one step's positions: S = Q K^T on the tensor cores, the softmax update, O^T += V^T P^T.
 // A score counts when its position was loaded and `sees(h, nt, e)`: whether vector g + 8h sees
-// position 8 nt + 2t + e of the step.
-template <typename Dtype, int kHeadDim, int kStep, int kHalves, bool kPortableMma, typename Sees>
-__device__ __forceinline__ void AttendStep(const QFragments<kHeadDim, kHalves>& q, float scale,
-                                           int t, const StepLoads<kHeadDim, kStep>& L,
-                                           const Sees& sees, WarpSoftmax<kHeadDim, kHalves>& sm) {
+// position 8 nt + 2t + e of the step. Q: QFragments or SharedQFragments of kHeadDim, kHalves.
+template <typename Dtype, int kHeadDim, int kStep, int kHalves, bool kPortableMma, typename Q,
+          typename Sees>
+__device__ __forceinline__ void AttendStep(const Q& q, float scale, int t,
+                                           const StepLoads<kHeadDim, kStep>& L, const Sees& sees,
+                                           WarpSoftmax<kHeadDim, kHalves>& sm) {
   using S = WarpShape<kHeadDim, kStep>;
-  // S: sc[nt][2h + e] = (vector g + 8h, position 8 nt + 2t + e).
+  // S: sc[nt][2h + e] = (vector g + 8h, position 8 nt + 2t + e). Each of Q's k-steps is read
+  // once per step; every sc[nt] still sums its k-steps in order.
   float sc[S::kNTiles][4];
 #pragma unroll
-  for (int nt = 0; nt < S::kNTiles; ++nt) {
-    sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+  for (int nt = 0; nt < S::kNTiles; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
 #pragma unroll
-    for (int k = 0; k < S::kKSteps; ++k) {
-      const uint32_t a[4] = {q.qa[0][k][0], kHalves > 1 ? q.qa[kHalves - 1][k][0] : 0u,
-                             q.qa[0][k][1], kHalves > 1 ? q.qa[kHalves - 1][k][1] : 0u};
+  for (int k = 0; k < S::kKSteps; ++k) {
+    const uint2 lo = q.Words(0, k);
+    const uint2 hi = kHalves > 1 ? q.Words(kHalves - 1, k) : make_uint2(0u, 0u);
+    const uint32_t a[4] = {lo.x, hi.x, lo.y, hi.y};
+#pragma unroll
+    for (int nt = 0; nt < S::kNTiles; ++nt) {
       const uint32_t b[2] = {L.kb[nt][k / 2][2 * (k % 2)], L.kb[nt][k / 2][2 * (k % 2) + 1]};
       Mma<Dtype, kPortableMma>(sc[nt], a, b);
     }
@@ -332,18 +364,21 @@ __device__ __forceinline__ void AttendStep(const QFragments<kHeadDim, kHalves>& 
 // Warp `warp` of kWarps attends to its steps of the positions in lv: steps warp, warp + kWarps,
 // ... of kStep positions. Per step: lane i resolves position i's slot (checked against the
 // pool; -1 skips the position) and loads the next step's index entries; the K and V loads of
-// the whole step are issued before the first MMA. `sees(base, h, nt, e)`: whether vector
-// g + 8h sees position base + 8 nt + 2t + e (AttendStep's, at the step starting at base).
+// the whole step are issued before the first MMA. q.Prepare() comes after the first step's
+// index loads are issued, so that a barrier in it waits while they are in flight. `sees(base, h,
+// nt, e)`: whether vector g + 8h sees position base + 8 nt + 2t + e (AttendStep's, at the step
+// starting at base).
 template <typename Dtype, int kHeadDim, int kStep, int kHalves, int kWarps, bool kPortableMma,
-          typename Params, typename Sees>
+          typename Params, typename Q, typename Sees>
 __device__ __forceinline__ void AttendWarpSteps(const Params& p, const LaneView& lv, int warp,
-                                                const QFragments<kHeadDim, kHalves>& q, float scale,
-                                                const Sees& sees, WarpSoftmax<kHeadDim, kHalves>& sm) {
+                                                const Q& q, float scale, const Sees& sees,
+                                                WarpSoftmax<kHeadDim, kHalves>& sm) {
   using S = WarpShape<kHeadDim, kStep>;
   int32_t raw[S::kIdx];  // the index entries of the next step to resolve
   const int32_t first = warp * kStep;
   const int32_t stride = kWarps * kStep;
   LoadStepIndices<kHeadDim, kStep>(p, lv, first, raw);
+  q.Prepare();
   for (int32_t base = first; base < lv.n; base += stride) {
     int32_t slot[S::kIdx];
     ResolveSlots<kHeadDim, kStep>(p, lv, base, raw, slot);
