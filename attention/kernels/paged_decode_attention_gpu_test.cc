@@ -358,7 +358,8 @@ TEST_P(PageSizeDecodeGpuTest, TokenLevelAndPageTableMatchTheReference) {
 INSTANTIATE_TEST_SUITE_P(PageSizes, PageSizeDecodeGpuTest, ::testing::Values(1, 7, 16, 64));
 
 // GQA groups of 1 (MHA) to 16 (query heads per block 1, 2, 4, 8, and a group of 16 run as two
-// chunks of 8, a group of 3 as three of 1), head dims 64, 128, 256, bf16 and fp16; unsplit, and
+// chunks of 8, a group of 3 as three of 1), head dims 64, 128, 256 (each of 1, 2, 4 and 8
+// query heads per block at 256, where Q comes from shared memory), bf16 and fp16; unsplit, and
 // split with a plan whose longest sequence has more than 32 partials (the merge's warp takes
 // them in rounds of 32).
 TEST_F(DecodeGpuTest, HeadsHeadDimsAndDtypesMatchTheReference) {
@@ -373,6 +374,7 @@ TEST_F(DecodeGpuTest, HeadsHeadDimsAndDtypesMatchTheReference) {
       {12, 4, 256, KvElementType::kBf16}, {16, 1, 128, KvElementType::kFp16},
       {4, 2, 64, KvElementType::kFp16},   {32, 8, 64, KvElementType::kFp16},
       {8, 1, 256, KvElementType::kBf16},  {8, 2, 128, KvElementType::kBf16},
+      {16, 8, 256, KvElementType::kFp16},
   };
   uint64_t seed = 7;
   for (const Shape& s : shapes) {
