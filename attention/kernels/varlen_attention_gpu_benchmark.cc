@@ -1,5 +1,5 @@
 // Throughput of varlen attention (varlen_attention_launcher.h): bf16, 32 query / 8 KV heads,
-// head dim 128, two workloads:
+// head dim 128 (or --dims), two workloads:
 //   extend  bs 8, 2048 new query rows each on a cached prefix of 4096 (kv_len 6144), causal;
 //   verify  bs 64, 8 draft tokens each (a binary tree, VerifyTree + WriteTreeMask, in the FULL,
 //           QLEN_ONLY and bit-packed layouts) on a committed prefix of 4096 (kv_len 4104).
@@ -19,12 +19,14 @@
 //            not counted. Beside it, the H200's dense bf16 tensor-core peak, 989 TFLOP/s (NVIDIA's
 //            spec sheet, without sparsity): this kernel computes on CUDA cores in fp32, so the
 //            ratio shows the room a tensor-core version has.
-//   KV TB/s  the K and V rows the kernel must read at least once (sum of kv_len * 8 heads * 128
-//            * 2 bytes, twice) / time. Beside it, in the same run: a read-only streaming kernel
-//            (testing/stream_read.h) over as many bytes (the ceiling of a kernel that only
+//   KV TB/s  the K and V rows the kernel must read at least once (sum of kv_len * KV heads *
+//            head dim * 2 bytes, twice) / time. Beside it, in the same run: a read-only streaming
+//            kernel (testing/stream_read.h) over as many bytes (the ceiling of a kernel that only
 //            reads), and a device-to-device copy issued on the stream (bytes read + written).
 //
-// Usage: varlen_attention_gpu_benchmark [OUT_DIR]
+// Usage: varlen_attention_gpu_benchmark [OUT_DIR] [--dims=Q,KV,D] [--workload=extend|verify]
+// --dims: query heads, KV heads and head dim of both workloads (default 32,8,128; the figures'
+// formulas take them); --workload: that workload only.
 // Writes OUT_DIR/varlen_attention.csv and .md besides stdout. Needs a GPU; exits non-zero on
 // any error or mismatch.
 
@@ -59,12 +61,17 @@ using testing::GpuStatus;
 using testing::MedianEventUs;
 using testing::Unwrap;
 
-constexpr int32_t kQHeads = 32;
-constexpr int32_t kKvHeads = 8;
-constexpr int32_t kHeadDim = 128;
-constexpr int64_t kRowElements = int64_t{kKvHeads} * kHeadDim;  // one slot of K (or of V)
-constexpr int64_t kRowBytes = kRowElements * 2;
-constexpr int64_t kQRowElements = int64_t{kQHeads} * kHeadDim;
+// The attention shape: --dims=Q,KV,D, the 32/8 heads at head dim 128 by default. Set
+// once in main, before anything reads it.
+struct Dims {
+  int32_t q_heads = 32;
+  int32_t kv_heads = 8;
+  int32_t head_dim = 128;
+  int64_t RowElements() const { return int64_t{kv_heads} * head_dim; }  // a slot of K (or V)
+  int64_t RowBytes() const { return RowElements() * 2; }
+  int64_t QRowElements() const { return int64_t{q_heads} * head_dim; }
+};
+Dims dims;
 constexpr int64_t kMaxCopyBytes = int64_t{2} << 30;
 constexpr int64_t kMaxPageSize = 64;
 constexpr double kPeakTflops = 989;  // H200 dense bf16 tensor cores, NVIDIA spec sheet
@@ -119,27 +126,28 @@ class Bench {
       : rng_(rng),
         pool_slots_(max_tokens + 2 * kMaxPageSize),
         sms_(Unwrap(DeviceMultiprocessorCount())),
-        pool_(pool_slots_ * kRowBytes, rng_),
+        pool_(pool_slots_ * dims.RowBytes(), rng_),
         references_(pool_, kMaxCopyBytes, sms_ * 4) {
     BENCH_CHECK(GpuStatus(hipStreamCreate(&stream_), "stream"));
     word_.emplace(Unwrap(DeviceViolationWord::Create()));
     std::printf("pool of %lld slots (%.2f GB of K and V), %d multiprocessors\n",
-                static_cast<long long>(pool_slots_), 2.0 * pool_slots_ * kRowBytes / 1e9, sms_);
+                static_cast<long long>(pool_slots_), 2.0 * pool_slots_ * dims.RowBytes() / 1e9,
+                sms_);
   }
   ~Bench() { (void)hipStreamDestroy(stream_); }
 
   void RunWorkload(const Workload& w) {
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    q_host_.resize(w.bs * w.q_len * kQRowElements);
+    q_host_.resize(w.bs * w.q_len * dims.QRowElements());
     for (uint16_t& x : q_host_) x = testing::FloatToBf16(normal(rng_));
     q_ = Unwrap(DeviceBuffer<uint16_t>::FromHost(q_host_));
     out_ = Unwrap(DeviceBuffer<uint8_t>::Create(q_host_.size() * 2));
-    lse_ = Unwrap(DeviceBuffer<float>::Create(w.bs * w.q_len * kQHeads));
+    lse_ = Unwrap(DeviceBuffer<float>::Create(w.bs * w.q_len * dims.q_heads));
 
     for (int64_t ps : {1, 16, 64}) {
       const Batch b = MakeBatch(w, ps);
-      const double bytes = 2.0 * w.bs * b.kv_len * kRowBytes;
-      const double flops = 4.0 * kHeadDim * kQHeads * b.pairs;
+      const double bytes = 2.0 * w.bs * b.kv_len * dims.RowBytes();
+      const double flops = 4.0 * dims.head_dim * dims.q_heads * b.pairs;
       const int64_t copy_bytes = std::min<int64_t>(static_cast<int64_t>(bytes), references_.bytes());
       // The references' time per byte, applied to the workload's bytes.
       const double read_us = MedianEventUs(stream_, 1, [&](int) {
@@ -231,8 +239,8 @@ class Bench {
     DeviceBuffer<int64_t> d_mask_indptr = Unwrap(DeviceBuffer<int64_t>::FromHost(mask_indptr));
 
     VarlenAttentionArgs a;
-    a.dims = DecodeAttentionDims{kQHeads, kKvHeads, kHeadDim, KvElementType::kBf16,
-                                 1.0f / std::sqrt(static_cast<float>(kHeadDim))};
+    a.dims = DecodeAttentionDims{dims.q_heads, dims.kv_heads, dims.head_dim, KvElementType::kBf16,
+                                 1.0f / std::sqrt(static_cast<float>(dims.head_dim))};
     a.q = DeviceSpan<const uint8_t>(reinterpret_cast<const uint8_t*>(q_.data()), q_.size() * 2);
     a.qo_indptr = qo.const_span();
     a.max_q_len = TokenCount(w.q_len);
@@ -278,38 +286,38 @@ class Bench {
       std::exit(1);
     };
     const int64_t total_rows = w.bs * w.q_len;
-    for (int64_t e = 0; e < total_rows * kQRowElements; ++e) {
+    for (int64_t e = 0; e < total_rows * dims.QRowElements(); ++e) {
       if (!std::isfinite(out_at(e))) fail(absl::StrFormat("out element %d not written", e));
     }
-    for (int64_t e = 0; e < total_rows * kQHeads; ++e) {
+    for (int64_t e = 0; e < total_rows * dims.q_heads; ++e) {
       if (!std::isfinite(lse[e])) fail(absl::StrFormat("lse %d not written", e));
     }
     const CustomMaskView view{layout, mask, mask_indptr};
     const int32_t word_bytes = MaskWordBytes(TokenCount(w.q_len));
-    const double scale = 1.0 / std::sqrt(static_cast<double>(kHeadDim));
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dims.head_dim));
     // Element x of KV head h of a slot, counted from the pool's start.
     auto element = [](int64_t slot, int64_t h, int64_t x) {
-      return slot * kRowElements + h * kHeadDim + x;
+      return slot * dims.RowElements() + h * dims.head_dim + x;
     };
     std::vector<int64_t> check_rows = {0, 1, w.q_len - 1};
     if (w.verify) {
       check_rows.resize(w.q_len);
       std::iota(check_rows.begin(), check_rows.end(), 0);
     }
-    std::vector<double> score(b.kv_len), acc(kHeadDim);
+    std::vector<double> score(b.kv_len), acc(dims.head_dim);
     for (int64_t i : {int64_t{0}, w.bs - 1}) {
       const int32_t* slots = b.slots.data() + i * b.kv_len;
       for (int64_t r : check_rows) {
         const int64_t row = i * w.q_len + r;
-        for (int64_t qh : {0, kQHeads - 1}) {
-          const int64_t kvh = qh / (kQHeads / kKvHeads);
-          const uint16_t* q = q_host_.data() + (row * kQHeads + qh) * kHeadDim;
+        for (int64_t qh : {0, dims.q_heads - 1}) {
+          const int64_t kvh = qh / (dims.q_heads / dims.kv_heads);
+          const uint16_t* q = q_host_.data() + (row * dims.q_heads + qh) * dims.head_dim;
           double m = -std::numeric_limits<double>::infinity();
           for (int64_t t = 0; t < b.kv_len; ++t) {
             score[t] = -std::numeric_limits<double>::infinity();
             if (!MaskSees(view, i, w.q_len, b.kv_len, word_bytes, r, t)) continue;
             double dot = 0;
-            for (int64_t x = 0; x < kHeadDim; ++x) {
+            for (int64_t x = 0; x < dims.head_dim; ++x) {
               dot += double{testing::Bf16ToFloat(q[x])} * pool_.K(element(slots[t], kvh, x));
             }
             score[t] = dot * scale;
@@ -321,19 +329,21 @@ class Bench {
             if (std::isinf(score[t])) continue;
             const double p = std::exp(score[t] - m);
             sum += p;
-            for (int64_t x = 0; x < kHeadDim; ++x) acc[x] += p * pool_.V(element(slots[t], kvh, x));
+            for (int64_t x = 0; x < dims.head_dim; ++x)
+              acc[x] += p * pool_.V(element(slots[t], kvh, x));
           }
-          for (int64_t x = 0; x < kHeadDim; ++x) {
+          for (int64_t x = 0; x < dims.head_dim; ++x) {
             const double want = acc[x] / sum;
-            const double got = out_at((row * kQHeads + qh) * kHeadDim + x);
+            const double got = out_at((row * dims.q_heads + qh) * dims.head_dim + x);
             if (std::fabs(got - want) > 1e-2 + 1e-2 * std::fabs(want)) {
               fail(absl::StrFormat("sequence %d row %d head %d dim %d: %g, want %g", i, r, qh, x, got, want));
             }
           }
           const double want_lse = m + std::log(sum);
-          if (std::fabs(lse[row * kQHeads + qh] - want_lse) > 1e-3 + 1e-5 * std::fabs(want_lse)) {
+          if (std::fabs(lse[row * dims.q_heads + qh] - want_lse) >
+              1e-3 + 1e-5 * std::fabs(want_lse)) {
             fail(absl::StrFormat("lse of sequence %d row %d head %d: %g, want %g", i, r, qh,
-                                 lse[row * kQHeads + qh], want_lse));
+                                 lse[row * dims.q_heads + qh], want_lse));
           }
         }
       }
@@ -368,10 +378,11 @@ void Write(const std::string& dir) {
     const double tbs = r.bytes / (r.us * 1e-6) / 1e12;
     const double rtbs = r.bytes / (r.read_us * 1e-6) / 1e12;
     const double ctbs = 2 * r.bytes / (r.copy_us * 1e-6) / 1e12;
-    csv << absl::StrFormat("%s,%s,%s,%s,%d,%d,%d,%d,%.0f,%.0f,%.0f,%.3f,%.3f,%.5f,%.4f,%.4f,%.4f,%.4f\n",
-                           r.op, r.kernel, r.source, r.mask, r.bs, r.prefix, r.q_len, r.ps,
-                           r.flops / (4.0 * kHeadDim * kQHeads), r.flops, r.bytes, r.us, tflops,
-                           tflops / kPeakTflops, tbs, rtbs, tbs / rtbs, ctbs);
+    csv << absl::StrFormat(
+        "%s,%s,%s,%s,%d,%d,%d,%d,%.0f,%.0f,%.0f,%.3f,%.3f,%.5f,%.4f,%.4f,%.4f,%.4f\n", r.op,
+        r.kernel, r.source, r.mask, r.bs, r.prefix, r.q_len, r.ps,
+        r.flops / (4.0 * dims.head_dim * dims.q_heads), r.flops, r.bytes, r.us, tflops,
+        tflops / kPeakTflops, tbs, rtbs, tbs / rtbs, ctbs);
     md << absl::StrFormat("| %s | %s | %s | %s | %d | %d | %d | %d | %.1f | %.2f | %.1f | %.3f | %.3f | %.1f | %.3f |\n",
                           r.op, r.kernel, r.source, r.mask, r.bs, r.prefix, r.q_len, r.ps, r.us, tflops,
                           100 * tflops / kPeakTflops, tbs, rtbs, 100 * tbs / rtbs, ctbs);
@@ -385,13 +396,24 @@ int main(int argc, char** argv) {
   using namespace attnmeta;
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a crash must not lose the lines before it
   std::string out_dir;
+  std::string only;  // --workload=NAME
   for (int k = 1; k < argc; ++k) {
     const std::string arg = argv[k];
-    if (arg.rfind("--", 0) == 0) {
+    if (arg.rfind("--dims=", 0) == 0) {
+      if (std::sscanf(arg.c_str() + 7, "%d,%d,%d", &dims.q_heads, &dims.kv_heads, &dims.head_dim) !=
+              3 ||
+          dims.kv_heads < 1 || dims.q_heads < dims.kv_heads) {
+        std::fprintf(stderr, "--dims=Q,KV,D needs Q >= KV >= 1\n");
+        return 2;
+      }
+    } else if (arg.rfind("--workload=", 0) == 0) {
+      only = arg.substr(11);
+    } else if (arg.rfind("--", 0) == 0) {
       std::fprintf(stderr, "unknown flag %s\n", arg.c_str());
       return 2;
+    } else {
+      out_dir = arg;
     }
-    out_dir = arg;
   }
   BENCH_CHECK(testing::RequireGpu());
   int64_t max_tokens = 0;
@@ -402,7 +424,9 @@ int main(int argc, char** argv) {
   }
   std::mt19937_64 rng(42);
   Bench bench(max_tokens, rng);
-  for (const Workload& w : kWorkloads) bench.RunWorkload(w);
+  for (const Workload& w : kWorkloads) {
+    if (only.empty() || only == w.name) bench.RunWorkload(w);
+  }
   Write(out_dir);
   return 0;
 }
