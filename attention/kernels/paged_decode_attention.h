@@ -93,8 +93,10 @@ inline constexpr int32_t kVariantQueryHeads = 4;
 
 // The tokens of a warp's step at `head_dim` (64, 128 or 256): the variant's step_tokens, halved
 // at head dim 256 down to 16 (one k-step of the V product): a 32-token step's K and V would
-// take 256 registers per lane there. The kernel's template and the split planner's shortest
-// chunk (DecodeSplitOptionsForDevice) both come from it. (Doubled at head dim 64, which keeps
+// take 256 registers per lane there. The kernel's template takes it; the benchmark prints it.
+// (A split planner's shortest chunk of a step for each warp made 8-warp blocks slower at bs 1 x
+// 1k on the H200: 9.67-9.76 us in 4 items of 256 tokens against 8.32-8.36 in 8 of 128, the
+// planner's default.) (Doubled at head dim 64, which keeps
 // as many bytes in flight per warp as at 128 but fits 2 blocks per multiprocessor instead of
 // 3, bs 64 x 4k read 3.86 TB/s against 3.54 and bs 32 x 4k 3.61 against 3.83 on the H200.)
 __host__ __device__ inline constexpr int32_t DecodeStepTokens(const DecodeVariant& v,

@@ -526,7 +526,6 @@ TEST_F(DecodeGpuTest, SplitOptionsForThisDeviceFillOneWave) {
     ASSERT_TRUE(o.ok()) << o.status();
     EXPECT_EQ(o->multiprocessor_count, *sms);
     EXPECT_EQ(o->blocks_per_item, c.blocks_per_item);
-    EXPECT_EQ(o->min_chunk.value(), 128) << "the default: more than a step for each warp";
     EXPECT_GE(o->blocks_per_multiprocessor, 1);
     const Problem p = MakeProblem(dims, 16, {16384}, 43);
     auto plan = PlanDecodeSplitKv(p.metadata.kv_indptr, KvLayout::LinearPerToken(), *o);
@@ -549,8 +548,6 @@ TEST_F(DecodeGpuTest, SplitOptionsForThisDeviceFillOneWave) {
   EXPECT_GT(four_warps->blocks_per_multiprocessor, eight_warps->blocks_per_multiprocessor);
   EXPECT_GE(eight_warps->blocks_per_multiprocessor, 1);
   EXPECT_EQ(two_warps->blocks_per_item, 8) << "variants other than 0 run 4 query heads per block";
-  EXPECT_EQ(two_warps->min_chunk.value(), 128);
-  EXPECT_EQ(eight_warps->min_chunk.value(), 256) << "a 32-token step for each of 8 warps";
   const DecodeAttentionDims bad = Dims(30, 8, 128, KvElementType::kBf16);
   EXPECT_EQ(DecodeBlocksPerWorkItem(bad, 0).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(DecodeSplitOptionsForDevice(bad, 0).status().code(),

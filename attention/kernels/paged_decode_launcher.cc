@@ -400,10 +400,6 @@ absl::StatusOr<DecodeSplitOptions> DecodeSplitOptionsForDevice(const DecodeAtten
   o.multiprocessor_count = *multiprocessors;
   o.blocks_per_item = BlocksPerItem(dims, *heads_per_block);
   o.blocks_per_multiprocessor = *per_multiprocessor;
-  // A step for each of a block's warps, where that is more than the default (8-warp blocks).
-  const kernels::DecodeVariant& v = kernels::kDecodeVariants[variant];
-  o.min_chunk =
-      std::max(o.min_chunk, TokenCount(v.warps * kernels::DecodeStepTokens(v, dims.head_dim)));
   return o;
 }
 

@@ -143,8 +143,7 @@ absl::StatusOr<int32_t> DecodeBlocksPerWorkItem(const DecodeAttentionDims& dims,
 
 // PlanDecodeSplitKv's options for the current device and these dims: its multiprocessors, the
 // decode kernel's blocks that fit on one of them (the occupancy the runtime reports for the
-// kernel of these dims and variant), DecodeBlocksPerWorkItem, and as min_chunk the default or
-// a step for each warp of a block (kernels::DecodeStepTokens), whichever is longer. A plan
+// kernel of these dims and variant), DecodeBlocksPerWorkItem, and the default min_chunk. A plan
 // made with them fills at most one wave of the launch. Errors: DecodeBlocksPerWorkItem's;
 // Internal when the runtime cannot tell, FailedPrecondition when no block fits.
 absl::StatusOr<DecodeSplitOptions> DecodeSplitOptionsForDevice(const DecodeAttentionDims& dims,
