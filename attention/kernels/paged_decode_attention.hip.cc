@@ -254,25 +254,13 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDe
                               w.hi - w.lo,  int64_t{p.num_kv_heads} * kHeadDim,
                               int64_t{kv_head} * kHeadDim};
 
-  internal::QFragments<kHeadDim, 1> qf;  // vector g: query head q_head0 + g
+  // Vector g: query head q_head0 + g.
   const int64_t q_offset[1] = {
       lv.g < kHeads ? (int64_t{w.sequence} * p.num_q_heads + q_head0 + lv.g) * kHeadDim : -1};
   internal::WarpSoftmax<kHeadDim, 1> sm;
   const float scale = p.softmax_scale * kLog2e;
-  const auto sees_all = [](int32_t, int, int, int) { return true; };
-  if constexpr (kHeadDim > 128) {
-    // Q from shared memory at every step (warp 0 loads it): in registers it spilled the step's
-    // loads.
-    __shared__ typename internal::SharedQFragments<kHeadDim, 1>::Storage q_words;
-    if (warp == 0) internal::LoadQFragments<kHeadDim, 1>(p.q, q_offset, lv.t, qf);
-    const internal::SharedQFragments<kHeadDim, 1> qs{&q_words, &qf, lane, warp == 0};
-    internal::AttendWarpSteps<Dtype, kHeadDim, kStep, 1, kWarps, kPortableMma>(p, lv, warp, qs,
-                                                                               scale, sees_all, sm);
-  } else {
-    internal::LoadQFragments<kHeadDim, 1>(p.q, q_offset, lv.t, qf);
-    internal::AttendWarpSteps<Dtype, kHeadDim, kStep, 1, kWarps, kPortableMma>(p, lv, warp, qf,
-                                                                               scale, sees_all, sm);
-  }
+  internal::AttendWarpStepsWithQ<Dtype, kHeadDim, kStep, 1, kWarps, kPortableMma>(
+      p, lv, warp, q_offset, scale, [](int32_t, int, int, int) { return true; }, sm);
 
   internal::StoreWarpState(states, warp, lv.g, lv.t, sm);
   __syncthreads();

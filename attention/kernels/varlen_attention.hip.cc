@@ -766,26 +766,15 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kMmaWarps<kHeadDim> * 32, 1) VarlenMmaKer
                             kHeadDim
                       : -1;
   }
-  internal::QFragments<kHeadDim, 2> qf;
   internal::WarpSoftmax<kHeadDim, 2> sm;
   const float scale = p.softmax_scale * kLog2e;
   // A loaded position is < kv_end <= kv_len, and the sequence is not blind (kv_end > 0).
-  const auto sees = [&](int32_t base, int h, int nt, int e) {
-    return q_offset[h] >= 0 && Sees(p, s, row[h], base + 8 * nt + 2 * lv.t + e);
-  };
-  if constexpr (kHeadDim > 128) {
-    // Q from shared memory at every step (warp 0 loads it), as in the decode kernel: in
-    // registers it spilled 788 bytes per thread, 472 without it (ptxas, sm_90).
-    __shared__ typename internal::SharedQFragments<kHeadDim, 2>::Storage q_words;
-    if (warp == 0) internal::LoadQFragments<kHeadDim, 2>(p.q, q_offset, lv.t, qf);
-    const internal::SharedQFragments<kHeadDim, 2> qs{&q_words, &qf, lane, warp == 0};
-    internal::AttendWarpSteps<Dtype, kHeadDim, kStep, 2, kWarps, kPortableMma>(p, lv, warp, qs,
-                                                                               scale, sees, sm);
-  } else {
-    internal::LoadQFragments<kHeadDim, 2>(p.q, q_offset, lv.t, qf);
-    internal::AttendWarpSteps<Dtype, kHeadDim, kStep, 2, kWarps, kPortableMma>(p, lv, warp, qf,
-                                                                               scale, sees, sm);
-  }
+  internal::AttendWarpStepsWithQ<Dtype, kHeadDim, kStep, 2, kWarps, kPortableMma>(
+      p, lv, warp, q_offset, scale,
+      [&](int32_t base, int h, int nt, int e) {
+        return q_offset[h] >= 0 && Sees(p, s, row[h], base + 8 * nt + 2 * lv.t + e);
+      },
+      sm);
 
   internal::StoreWarpState(states, warp, lv.g, lv.t, sm);
   __syncthreads();

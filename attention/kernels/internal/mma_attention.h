@@ -394,6 +394,30 @@ __device__ __forceinline__ void AttendWarpSteps(const Params& p, const LaneView&
   }
 }
 
+// Q's fragments of the query vectors at `q_offset` (LoadQFragments), then AttendWarpSteps with
+// them: in registers, or at head dim 256 in shared memory (SharedQFragments, loaded by warp 0),
+// where in registers they spilled the step's loads (decode 212-264 bytes per thread, the varlen
+// short-query path 788). Every thread of the block calls it: the shared form has a barrier.
+template <typename Dtype, int kHeadDim, int kStep, int kHalves, int kWarps, bool kPortableMma,
+          typename Params, typename Sees>
+__device__ __forceinline__ void AttendWarpStepsWithQ(const Params& p, const LaneView& lv, int warp,
+                                                     const int64_t (&q_offset)[kHalves],
+                                                     float scale, const Sees& sees,
+                                                     WarpSoftmax<kHeadDim, kHalves>& sm) {
+  QFragments<kHeadDim, kHalves> qf;
+  if constexpr (kHeadDim > 128) {
+    __shared__ typename SharedQFragments<kHeadDim, kHalves>::Storage q_words;
+    if (warp == 0) LoadQFragments<kHeadDim, kHalves>(p.q, q_offset, lv.t, qf);
+    const SharedQFragments<kHeadDim, kHalves> qs{&q_words, &qf, lv.lane, warp == 0};
+    AttendWarpSteps<Dtype, kHeadDim, kStep, kHalves, kWarps, kPortableMma>(p, lv, warp, qs, scale,
+                                                                           sees, sm);
+  } else {
+    LoadQFragments<kHeadDim, kHalves>(p.q, q_offset, lv.t, qf);
+    AttendWarpSteps<Dtype, kHeadDim, kStep, kHalves, kWarps, kPortableMma>(p, lv, warp, qf, scale,
+                                                                           sees, sm);
+  }
+}
+
 // The softmax states of a block's warps, for kVecs query vectors, in shared memory.
 template <int kWarps, int kVecs, int kHeadDim>
 struct WarpStates {
