@@ -321,6 +321,22 @@ __device__ inline uint32_t PackBf16x2(float lo, float hi) {
 #endif
 }
 
+// The 16 read-only bytes at p (16-byte aligned, global memory) for a kernel that reads each
+// of them once: on NVIDIA not allocated in L1 and with a 128-byte L2 prefetch; a plain load on
+// AMD. The split decode launches read K and V this way (bs 1 x 16k 2-4% faster on the H200;
+// unsplit launches not faster, bs 256 x 4k 0.5-1% slower: docs/paged_decode_attention.md).
+__device__ inline uint4 LoadReadOnceGlobal16(const void* p) {
+#if defined(ATTNMETA_GPU_CUDA)
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+#else
+  return __ldg(static_cast<const uint4*>(p));
+#endif
+}
+
 // The 8 bytes at p, in shared memory and 8-byte aligned, loaded where the call stands: the
 // compiler may not hoist the load out of a loop, so a value reread at every iteration holds no
 // registers between them. The caller orders it after the stores it reads (a warp or block

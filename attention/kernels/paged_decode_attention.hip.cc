@@ -233,8 +233,10 @@ __device__ __forceinline__ void MergeIfLast(const PagedDecodeParams& p, int32_t 
 // (Measured slower on the H200: issuing the next step's K/V loads before computing on the
 // current one, which doubles the registers and halves the warps per multiprocessor, and
 // prefetching into L2 the rows of the step one or two ahead; docs/paged_decode_attention.md.)
-// The warps' softmax states are combined through shared memory at the end.
-template <typename Dtype, int kHeadDim, int kHeads, int kWarps, int kStep, bool kPortableMma>
+// The warps' softmax states are combined through shared memory at the end. kReadOnceKv: K and
+// V through LoadReadOnceGlobal16 (hip_port.h), for split launches (ByVariant).
+template <typename Dtype, int kHeadDim, int kHeads, int kWarps, int kStep, bool kPortableMma,
+          bool kReadOnceKv>
 __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDecodeParams p) {
   constexpr int kThreads = kWarps * 32;
   static_assert(kHeads <= 8, "one n-tile of query heads");
@@ -259,7 +261,7 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDe
       lv.g < kHeads ? (int64_t{w.sequence} * p.num_q_heads + q_head0 + lv.g) * kHeadDim : -1};
   internal::WarpSoftmax<kHeadDim, 1> sm;
   const float scale = p.softmax_scale * kLog2e;
-  internal::AttendWarpStepsWithQ<Dtype, kHeadDim, kStep, 1, kWarps, kPortableMma>(
+  internal::AttendWarpStepsWithQ<Dtype, kHeadDim, kStep, 1, kWarps, kPortableMma, kReadOnceKv>(
       p, lv, warp, q_offset, scale, [](int32_t, int, int, int) { return true; }, sm);
 
   internal::StoreWarpState(states, warp, lv.g, lv.t, sm);
@@ -309,14 +311,14 @@ __global__ void __launch_bounds__(kMergeWarps * 32) DecodeMergeKernel(DecodeMerg
 }
 
 // The attention kernel of one compiled shape, for what the dispatch below does with it.
-template <typename Dtype, int kHeadDim, int kHeads, int kVariant>
+template <typename Dtype, int kHeadDim, int kHeads, int kVariant, bool kReadOnceKv>
 struct DecodeKernelOf {
   static constexpr DecodeVariant kV = kDecodeVariants[kVariant];
   static constexpr int kStep = DecodeStepTokens(kV, kHeadDim);
   static constexpr int kThreads = kV.warps * 32;
   static constexpr int kHeadsPerBlock = kHeads;
-  static constexpr auto kKernel =
-      PagedDecodeKernel<Dtype, kHeadDim, kHeads, kV.warps, kStep, kV.portable_mma != 0>;
+  static constexpr auto kKernel = PagedDecodeKernel<Dtype, kHeadDim, kHeads, kV.warps, kStep,
+                                                    kV.portable_mma != 0, kReadOnceKv>;
 };
 
 // Launches the kernel over the params' work items.
@@ -343,28 +345,36 @@ struct CountBlocksPerMultiprocessor {
   }
 };
 
-// Op::Run<DecodeKernelOf<...>>(p) for the kernel of p's dtype, head dim, query heads per
-// block and variant; hipErrorInvalidValue for a shape that is not compiled.
+// Op::Run<DecodeKernelOf<...>>(p) for variant kVariant's kernel of p's dtype, head dim and
+// query heads per block; a split launch (partial slots) reads K and V with
+// LoadReadOnceGlobal16, which only such launches measured faster with.
+template <typename Dtype, int kHeadDim, int kHeads, int kVariant, typename Op>
+hipError_t ByLoads(const PagedDecodeParams& p, const Op& op) {
+  return p.partial_capacity > 0
+             ? op.template Run<DecodeKernelOf<Dtype, kHeadDim, kHeads, kVariant, true>>(p)
+             : op.template Run<DecodeKernelOf<Dtype, kHeadDim, kHeads, kVariant, false>>(p);
+}
+
+// ByLoads for p's variant; hipErrorInvalidValue for a shape that is not compiled.
 template <typename Dtype, int kHeadDim, int kHeads, typename Op>
 hipError_t ByVariant(const PagedDecodeParams& p, const Op& op) {
   if constexpr (kHeadDim == kVariantHeadDim && kHeads == kVariantQueryHeads) {
     static_assert(kNumDecodeVariants == 5, "one case per variant");
     switch (p.variant) {
       case 0:
-        return op.template Run<DecodeKernelOf<Dtype, kHeadDim, kHeads, 0>>(p);
+        return ByLoads<Dtype, kHeadDim, kHeads, 0>(p, op);
       case 1:
-        return op.template Run<DecodeKernelOf<Dtype, kHeadDim, kHeads, 1>>(p);
+        return ByLoads<Dtype, kHeadDim, kHeads, 1>(p, op);
       case 2:
-        return op.template Run<DecodeKernelOf<Dtype, kHeadDim, kHeads, 2>>(p);
+        return ByLoads<Dtype, kHeadDim, kHeads, 2>(p, op);
       case 3:
-        return op.template Run<DecodeKernelOf<Dtype, kHeadDim, kHeads, 3>>(p);
+        return ByLoads<Dtype, kHeadDim, kHeads, 3>(p, op);
       case 4:
-        return op.template Run<DecodeKernelOf<Dtype, kHeadDim, kHeads, 4>>(p);
+        return ByLoads<Dtype, kHeadDim, kHeads, 4>(p, op);
     }
     return hipErrorInvalidValue;
   } else {
-    return p.variant == 0 ? op.template Run<DecodeKernelOf<Dtype, kHeadDim, kHeads, 0>>(p)
-                          : hipErrorInvalidValue;
+    return p.variant == 0 ? ByLoads<Dtype, kHeadDim, kHeads, 0>(p, op) : hipErrorInvalidValue;
   }
 }
 

@@ -769,7 +769,7 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kMmaWarps<kHeadDim> * 32, 1) VarlenMmaKer
   internal::WarpSoftmax<kHeadDim, 2> sm;
   const float scale = p.softmax_scale * kLog2e;
   // A loaded position is < kv_end <= kv_len, and the sequence is not blind (kv_end > 0).
-  internal::AttendWarpStepsWithQ<Dtype, kHeadDim, kStep, 2, kWarps, kPortableMma>(
+  internal::AttendWarpStepsWithQ<Dtype, kHeadDim, kStep, 2, kWarps, kPortableMma, false>(
       p, lv, warp, q_offset, scale,
       [&](int32_t base, int h, int nt, int e) {
         return q_offset[h] >= 0 && Sees(p, s, row[h], base + 8 * nt + 2 * lv.t + e);

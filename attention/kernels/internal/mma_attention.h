@@ -40,8 +40,8 @@ __device__ inline uint32_t PairOf(const uint32_t (&x)[kWords], const uint32_t (&
 }
 
 // kWords 32-bit words (2 * kWords elements) at element offset `offset` of `base`, in 8- or
-// 16-byte loads.
-template <int kWords>
+// 16-byte loads; kReadOnce: the 16-byte loads are LoadReadOnceGlobal16's.
+template <int kWords, bool kReadOnce = false>
 __device__ inline void LoadWords(const void* base, int64_t offset, uint32_t (&w)[kWords]) {
   const uint16_t* src = static_cast<const uint16_t*>(base) + offset;
   if constexpr (kWords == 2) {
@@ -52,7 +52,12 @@ __device__ inline void LoadWords(const void* base, int64_t offset, uint32_t (&w)
     static_assert(kWords % 4 == 0, "8 bytes or a multiple of 16");
 #pragma unroll
     for (int i = 0; i < kWords / 4; ++i) {
-      const uint4 x = __ldg(reinterpret_cast<const uint4*>(src) + i);
+      uint4 x;
+      if constexpr (kReadOnce) {
+        x = LoadReadOnceGlobal16(reinterpret_cast<const uint4*>(src) + i);
+      } else {
+        x = __ldg(reinterpret_cast<const uint4*>(src) + i);
+      }
       w[4 * i] = x.x;
       w[4 * i + 1] = x.y;
       w[4 * i + 2] = x.z;
@@ -139,8 +144,10 @@ __device__ __forceinline__ void ResolveSlots(const Params& p, const LaneView& lv
 // Issues the K and V loads of a step whose slots are `slot`. Forced inline, as AttendStep: a
 // call would pass the register arrays through local memory. kAllLoaded: every position of the
 // step has a slot (the common case), so no fragment needs zeros and no load a predicate.
-template <int kHeadDim, int kStep, bool kAllLoaded>
-__device__ __forceinline__ void IssueStep(const void* k_pool, const void* v_pool, const LaneView& lv,
+// kReadOnce: the 16-byte loads are LoadReadOnceGlobal16's (hip_port.h).
+template <int kHeadDim, int kStep, bool kAllLoaded, bool kReadOnce>
+__device__ __forceinline__ void IssueStep(const void* k_pool, const void* v_pool,
+                                          const LaneView& lv,
                                           const int32_t (&slot)[WarpShape<kHeadDim, kStep>::kIdx],
                                           StepLoads<kHeadDim, kStep>& L) {
   using S = WarpShape<kHeadDim, kStep>;
@@ -162,7 +169,7 @@ __device__ __forceinline__ void IssueStep(const void* k_pool, const void* v_pool
 #pragma unroll
     for (int j = 0; j < S::kKLoads; ++j) {
       if (!kAllLoaded) L.kb[nt][j][0] = L.kb[nt][j][1] = L.kb[nt][j][2] = L.kb[nt][j][3] = 0;
-      if (kAllLoaded || s >= 0) LoadWords(k, 32 * j, L.kb[nt][j]);
+      if (kAllLoaded || s >= 0) LoadWords<4, kReadOnce>(k, 32 * j, L.kb[nt][j]);
     }
   }
 #pragma unroll
@@ -179,7 +186,9 @@ __device__ __forceinline__ void IssueStep(const void* k_pool, const void* v_pool
 #pragma unroll
           for (int i = 0; i < S::kVWords; ++i) L.vw[kk][e][c][i] = 0;
         }
-        if (kAllLoaded || s >= 0) LoadWords(v, 8 * S::kW * c, L.vw[kk][e][c]);
+        if (kAllLoaded || s >= 0) {
+          LoadWords<S::kVWords, kReadOnce>(v, 8 * S::kW * c, L.vw[kk][e][c]);
+        }
       }
     }
   }
@@ -367,9 +376,9 @@ __device__ __forceinline__ void AttendStep(const Q& q, float scale, int t,
 // the whole step are issued before the first MMA. q.Prepare() comes after the first step's
 // index loads are issued, so that a barrier in it waits while they are in flight. `sees(base, h,
 // nt, e)`: whether vector g + 8h sees position base + 8 nt + 2t + e (AttendStep's, at the step
-// starting at base).
+// starting at base). kReadOnceKv: K and V through LoadReadOnceGlobal16 (IssueStep).
 template <typename Dtype, int kHeadDim, int kStep, int kHalves, int kWarps, bool kPortableMma,
-          typename Params, typename Q, typename Sees>
+          bool kReadOnceKv, typename Params, typename Q, typename Sees>
 __device__ __forceinline__ void AttendWarpSteps(const Params& p, const LaneView& lv, int warp,
                                                 const Q& q, float scale, const Sees& sees,
                                                 WarpSoftmax<kHeadDim, kHalves>& sm) {
@@ -385,9 +394,9 @@ __device__ __forceinline__ void AttendWarpSteps(const Params& p, const LaneView&
     LoadStepIndices<kHeadDim, kStep>(p, lv, base + stride, raw);
     StepLoads<kHeadDim, kStep> loads;
     if (StepAllLoaded<kHeadDim, kStep>(slot)) {
-      IssueStep<kHeadDim, kStep, true>(p.k_pool, p.v_pool, lv, slot, loads);
+      IssueStep<kHeadDim, kStep, true, kReadOnceKv>(p.k_pool, p.v_pool, lv, slot, loads);
     } else {
-      IssueStep<kHeadDim, kStep, false>(p.k_pool, p.v_pool, lv, slot, loads);
+      IssueStep<kHeadDim, kStep, false, kReadOnceKv>(p.k_pool, p.v_pool, lv, slot, loads);
     }
     const auto step_sees = [&](int h, int nt, int e) { return sees(base, h, nt, e); };
     AttendStep<Dtype, kHeadDim, kStep, kHalves, kPortableMma>(q, scale, lv.t, loads, step_sees, sm);
@@ -399,7 +408,7 @@ __device__ __forceinline__ void AttendWarpSteps(const Params& p, const LaneView&
 // where in registers they spilled the step's loads (decode 212-264 bytes per thread, the varlen
 // short-query path 788). Every thread of the block calls it: the shared form has a barrier.
 template <typename Dtype, int kHeadDim, int kStep, int kHalves, int kWarps, bool kPortableMma,
-          typename Params, typename Sees>
+          bool kReadOnceKv, typename Params, typename Sees>
 __device__ __forceinline__ void AttendWarpStepsWithQ(const Params& p, const LaneView& lv, int warp,
                                                      const int64_t (&q_offset)[kHalves],
                                                      float scale, const Sees& sees,
@@ -409,12 +418,12 @@ __device__ __forceinline__ void AttendWarpStepsWithQ(const Params& p, const Lane
     __shared__ typename SharedQFragments<kHeadDim, kHalves>::Storage q_words;
     if (warp == 0) LoadQFragments<kHeadDim, kHalves>(p.q, q_offset, lv.t, qf);
     const SharedQFragments<kHeadDim, kHalves> qs{&q_words, &qf, lv.lane, warp == 0};
-    AttendWarpSteps<Dtype, kHeadDim, kStep, kHalves, kWarps, kPortableMma>(p, lv, warp, qs, scale,
-                                                                           sees, sm);
+    AttendWarpSteps<Dtype, kHeadDim, kStep, kHalves, kWarps, kPortableMma, kReadOnceKv>(
+        p, lv, warp, qs, scale, sees, sm);
   } else {
     LoadQFragments<kHeadDim, kHalves>(p.q, q_offset, lv.t, qf);
-    AttendWarpSteps<Dtype, kHeadDim, kStep, kHalves, kWarps, kPortableMma>(p, lv, warp, qf, scale,
-                                                                           sees, sm);
+    AttendWarpSteps<Dtype, kHeadDim, kStep, kHalves, kWarps, kPortableMma, kReadOnceKv>(
+        p, lv, warp, qf, scale, sees, sm);
   }
 }
 
