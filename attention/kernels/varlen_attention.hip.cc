@@ -427,7 +427,8 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kCudaCoreThreads, 1) VarlenAttentionKerne
 // [16 w, 16 w + 16) as the rows of the MMAs, against tiles of kN positions that the block
 // stages in shared memory, the next tile's K and V loads in flight while it computes.
 //  - S = Q K^T (m = 16 vectors, n = 8 positions, k = 16 dims): Q's fragments stay in registers
-//    in the dim order of mma_attention.h (lane t takes dims [32 j + 8 t, + 8) of each 32-dim
+//    (at head dim 256 most of them in shared memory: MmaTiling::kSharedQKSteps) in the dim
+//    order of mma_attention.h (lane t takes dims [32 j + 8 t, + 8) of each 32-dim
 //    block j as the k-columns of two k-steps), so that a lane's B fragments of both k-steps are
 //    one 16-byte word of a K row. K rows are padded by 16 words, which puts the words that
 //    rows g and g + 1 of a quarter-wave read in different banks.
@@ -435,20 +436,26 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kCudaCoreThreads, 1) VarlenAttentionKerne
 //    fragments as they stand when the k-order of the product is a permutation of the tile's
 //    positions: row n of the K tile holds position TilePosition(n) (position n goes to row
 //    KRow(n)), chosen so that the columns a lane holds in n-tiles 2 kk and 2 kk + 1 are
-//    positions 16 kk + 4 t + {0, 1} and + {2, 3}. V is staged transposed ([dim][position], two positions per word), so that a
-//    lane's B fragment is one 8-byte word.
+//    positions 16 kk + 4 t + {0, 1} and + {2, 3}. V is staged transposed ([dim][position], two
+//    positions per word), so that a lane's B fragment is one 8-byte word.
 template <int kHeadDim>
 struct MmaTiling {
   static constexpr int kM = VarlenQueryVectors(kHeadDim, true);  // 128, 128, 64
   static constexpr int kWarps = kM / 16;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kN = 8192 / kHeadDim;  // positions per tile: 128, 64, 32
+  // Positions per tile: 128, 64, 16. At head dim 256, 32-position tiles' loads and scores did
+  // not fit the registers beside Q and the accumulators (1,212 bytes of spills per thread).
+  static constexpr int kN = kHeadDim > 128 ? 16 : 8192 / kHeadDim;
   static constexpr int kChunks = kHeadDim / 8;              // 16-byte words of a K/V row
   static constexpr int kKPitch = kHeadDim / 2 + 16;         // words per staged K row
   // Words per staged V^T row (one dim, kN / 2 words): lanes g = 0..3 of a 64-bit load read
-  // 8-word spans that this pitch (8 or 24 mod 32) keeps apart.
-  static constexpr int kVPitch = kN / 2 + 8;
+  // 8-word spans that this pitch (8 or 24 mod 32) keeps apart; a row of 8 words needs no pad.
+  static constexpr int kVPitch = kN / 2 % 16 == 8 ? kN / 2 : kN / 2 + 8;
   static constexpr int kNTiles = kN / 8;
+  // Q's k-steps kept in shared memory instead of registers: at head dim 256 the last 12 of 16
+  // (ptxas, sm_90: 48 bytes of spills per thread; 168 with the last 8, 400 with none; all 16
+  // would take the block past 48 KB of static shared memory).
+  static constexpr int kSharedQKSteps = kHeadDim > 128 ? 3 * kHeadDim / 64 : 0;
   static constexpr int kPvSteps = kN / 16;
   static constexpr int kDimTiles = kHeadDim / 8;
   static constexpr int kKLoads = kN * kChunks / kThreads;         // K words per thread
@@ -574,6 +581,26 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
   }
   internal::QFragments<kHeadDim, 2> qf;
   internal::LoadQFragments<kHeadDim, 2>(p.q, q_offset, t, qf);
+  // Q's k-steps past kRegK wait in shared memory (the warp's own rows, stored by the warp, so a
+  // warp barrier orders them), reread at each tile (LoadSharedInPlace).
+  constexpr int kSharedK = T::kSharedQKSteps;
+  constexpr int kRegK = kHeadDim / 16 - kSharedK;
+  __shared__ uint2 q_s[kSharedK > 0 ? T::kWarps : 1][2][kSharedK > 0 ? kSharedK : 1][32];
+  if constexpr (kSharedK > 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int k = 0; k < kSharedK; ++k) {
+        q_s[tid / 32][h][k][lane] = make_uint2(qf.qa[h][kRegK + k][0], qf.qa[h][kRegK + k][1]);
+      }
+    }
+    ATTNMETA_SYNC_WARP();
+  }
+  // Q's A-fragment words of half h at k-step k (a[0], a[2] of half 0; a[1], a[3] of half 1).
+  const auto q_words = [&](int h, int k) {
+    if (kSharedK > 0 && k >= kRegK) return LoadSharedInPlace(&q_s[tid / 32][h][k - kRegK][lane]);
+    return make_uint2(qf.qa[h][k][0], qf.qa[h][k][1]);
+  };
 
   const float scale = p.softmax_scale * kLog2e;
   const int32_t prefix = s.kv_len - s.q_len;
@@ -611,15 +638,16 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
 
     float sc[T::kNTiles][4];
 #pragma unroll
-    for (int j = 0; j < T::kNTiles; ++j) {
-      sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+    for (int j = 0; j < T::kNTiles; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
 #pragma unroll
-      for (int kb = 0; kb < kHeadDim / 32; ++kb) {
+    for (int kb = 0; kb < kHeadDim / 32; ++kb) {
+      const uint2 lo0 = q_words(0, 2 * kb), hi0 = q_words(1, 2 * kb);
+      const uint2 lo1 = q_words(0, 2 * kb + 1), hi1 = q_words(1, 2 * kb + 1);
+      const uint32_t a0[4] = {lo0.x, hi0.x, lo0.y, hi0.y};
+      const uint32_t a1[4] = {lo1.x, hi1.x, lo1.y, hi1.y};
+#pragma unroll
+      for (int j = 0; j < T::kNTiles; ++j) {
         const uint4 w = *reinterpret_cast<const uint4*>(&k_s[(8 * j + g) * T::kKPitch + 16 * kb + 4 * t]);
-        const uint32_t a0[4] = {qf.qa[0][2 * kb][0], qf.qa[1][2 * kb][0], qf.qa[0][2 * kb][1],
-                                qf.qa[1][2 * kb][1]};
-        const uint32_t a1[4] = {qf.qa[0][2 * kb + 1][0], qf.qa[1][2 * kb + 1][0],
-                                qf.qa[0][2 * kb + 1][1], qf.qa[1][2 * kb + 1][1]};
         const uint32_t b0[2] = {w.x, w.y};
         const uint32_t b1[2] = {w.z, w.w};
         MmaM16N8K16<Dtype::kIsBf16>(sc[j], a0, b0);
