@@ -77,23 +77,9 @@ using testing::GpuStatus;
 using testing::MedianEventUs;
 using testing::Unwrap;
 
-// The attention shape the benchmark runs: --dims=Q,KV,D, the 32/8 heads at head dim 128
-// by default. Set by main before any shape runs.
-struct BenchDims {
-  int32_t q_heads = 32;
-  int32_t kv_heads = 8;
-  int32_t head_dim = 128;
+using testing::BenchDims;
 
-  int64_t RowElements() const { return int64_t{kv_heads} * head_dim; }  // a slot of K (or V)
-  int64_t RowBytes() const { return RowElements() * 2; }
-  int64_t QRowElements() const { return int64_t{q_heads} * head_dim; }
-  int32_t Group() const { return q_heads / kv_heads; }
-  bool IsDefault() const { return q_heads == 32 && kv_heads == 8 && head_dim == 128; }
-  DecodeAttentionDims Attention() const {
-    return {q_heads, kv_heads, head_dim, KvElementType::kBf16,
-            1.0f / std::sqrt(static_cast<float>(head_dim))};
-  }
-};
+// The attention shape (--dims=Q,KV,D). Set by main before any shape runs.
 BenchDims dims;
 constexpr int64_t kRotationBytes = int64_t{256} << 20;  // 5x the L2
 constexpr int kMaxSets = 64;
@@ -574,10 +560,8 @@ int main(int argc, char** argv) {
     } else if (arg == "--no-sweep") {
       sweep = false;
     } else if (arg.rfind("--dims=", 0) == 0) {
-      if (std::sscanf(arg.c_str() + 7, "%d,%d,%d", &dims.q_heads, &dims.kv_heads, &dims.head_dim) !=
-              3 ||
-          dims.kv_heads < 1 || dims.q_heads < dims.kv_heads) {
-        std::fprintf(stderr, "--dims=Q,KV,D needs Q >= KV >= 1\n");
+      if (!testing::ParseBenchDims(arg.substr(7), &dims)) {
+        std::fprintf(stderr, "--dims=Q,KV,D takes three integers with Q >= KV >= 1\n");
         return 2;
       }
     } else if (arg.rfind("--", 0) == 0) {

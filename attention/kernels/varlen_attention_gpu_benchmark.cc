@@ -61,17 +61,10 @@ using testing::GpuStatus;
 using testing::MedianEventUs;
 using testing::Unwrap;
 
-// The attention shape: --dims=Q,KV,D, the 32/8 heads at head dim 128 by default. Set
-// once in main, before anything reads it.
-struct Dims {
-  int32_t q_heads = 32;
-  int32_t kv_heads = 8;
-  int32_t head_dim = 128;
-  int64_t RowElements() const { return int64_t{kv_heads} * head_dim; }  // a slot of K (or V)
-  int64_t RowBytes() const { return RowElements() * 2; }
-  int64_t QRowElements() const { return int64_t{q_heads} * head_dim; }
-};
-Dims dims;
+using testing::BenchDims;
+
+// The attention shape (--dims=Q,KV,D). Set once in main, before anything reads it.
+BenchDims dims;
 constexpr int64_t kMaxCopyBytes = int64_t{2} << 30;
 constexpr int64_t kMaxPageSize = 64;
 constexpr double kPeakTflops = 989;  // H200 dense bf16 tensor cores, NVIDIA spec sheet
@@ -239,8 +232,7 @@ class Bench {
     DeviceBuffer<int64_t> d_mask_indptr = Unwrap(DeviceBuffer<int64_t>::FromHost(mask_indptr));
 
     VarlenAttentionArgs a;
-    a.dims = DecodeAttentionDims{dims.q_heads, dims.kv_heads, dims.head_dim, KvElementType::kBf16,
-                                 1.0f / std::sqrt(static_cast<float>(dims.head_dim))};
+    a.dims = dims.Attention();
     a.q = DeviceSpan<const uint8_t>(reinterpret_cast<const uint8_t*>(q_.data()), q_.size() * 2);
     a.qo_indptr = qo.const_span();
     a.max_q_len = TokenCount(w.q_len);
@@ -400,10 +392,8 @@ int main(int argc, char** argv) {
   for (int k = 1; k < argc; ++k) {
     const std::string arg = argv[k];
     if (arg.rfind("--dims=", 0) == 0) {
-      if (std::sscanf(arg.c_str() + 7, "%d,%d,%d", &dims.q_heads, &dims.kv_heads, &dims.head_dim) !=
-              3 ||
-          dims.kv_heads < 1 || dims.q_heads < dims.kv_heads) {
-        std::fprintf(stderr, "--dims=Q,KV,D needs Q >= KV >= 1\n");
+      if (!testing::ParseBenchDims(arg.substr(7), &dims)) {
+        std::fprintf(stderr, "--dims=Q,KV,D takes three integers with Q >= KV >= 1\n");
         return 2;
       }
     } else if (arg.rfind("--workload=", 0) == 0) {

@@ -1,6 +1,8 @@
 #include "attention/kernels/testing/kv_bench.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 
 #include "attention/kernels/testing/bench_check.h"
 #include "attention/kernels/testing/stream_read.h"
@@ -27,6 +29,22 @@ void FillWithTile(std::mt19937_64& rng, std::normal_distribution<float>& normal,
 }
 
 }  // namespace
+
+DecodeAttentionDims BenchDims::Attention() const {
+  return {q_heads, kv_heads, head_dim, KvElementType::kBf16,
+          1.0f / std::sqrt(static_cast<float>(head_dim))};
+}
+
+bool ParseBenchDims(const std::string& text, BenchDims* dims) {
+  BenchDims d;
+  char rest = 0;
+  if (std::sscanf(text.c_str(), "%d,%d,%d%c", &d.q_heads, &d.kv_heads, &d.head_dim, &rest) != 3 ||
+      d.kv_heads < 1 || d.q_heads < d.kv_heads) {
+    return false;
+  }
+  *dims = d;
+  return true;
+}
 
 RandomKvPool::RandomKvPool(int64_t bytes, std::mt19937_64& rng)
     : k_(Unwrap(DeviceBuffer<uint8_t>::Create(bytes))), v_(Unwrap(DeviceBuffer<uint8_t>::Create(bytes))) {

@@ -8,14 +8,36 @@
 #include <cstdint>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "attention/kernels/hip_port.h"
+#include "attention/kernels/paged_decode_launcher.h"
 #include "attention/kernels/testing/device_buffer.h"
 #include "attention/kernels/testing/half_bits.h"
 
 namespace attnmeta {
 namespace testing {
+
+// The attention shape a benchmark runs (its --dims=Q,KV,D): bf16 K and V, q_heads query and
+// kv_heads KV heads of head_dim elements; the issues' 32/8 heads at head dim 128 by default.
+struct BenchDims {
+  int32_t q_heads = 32;
+  int32_t kv_heads = 8;
+  int32_t head_dim = 128;
+
+  int64_t RowElements() const { return int64_t{kv_heads} * head_dim; }  // a slot of K (or V)
+  int64_t RowBytes() const { return RowElements() * 2; }
+  int64_t QRowElements() const { return int64_t{q_heads} * head_dim; }
+  int32_t Group() const { return q_heads / kv_heads; }
+  bool IsDefault() const { return q_heads == 32 && kv_heads == 8 && head_dim == 128; }
+  // The launchers' dims: bf16, softmax scale 1 / sqrt(head_dim).
+  DecodeAttentionDims Attention() const;
+};
+
+// *dims from "Q,KV,D" (the text after --dims=). False, *dims unchanged, unless the text is
+// three integers with Q >= KV >= 1 (a launcher refuses the rest, such as KV not dividing Q).
+bool ParseBenchDims(const std::string& text, BenchDims* dims);
 
 // A K pool and a V pool in device memory, each one random N(0, 1) bf16 tile repeated (random
 // data, never zeros, without drawing gigabytes of numbers); the tiles stay on the host so that a
