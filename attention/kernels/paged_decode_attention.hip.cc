@@ -234,7 +234,7 @@ __device__ __forceinline__ void MergeIfLast(const PagedDecodeParams& p, int32_t 
 // current one, which doubles the registers and halves the warps per multiprocessor, and
 // prefetching into L2 the rows of the step one or two ahead; docs/paged_decode_attention.md.)
 // The warps' softmax states are combined through shared memory at the end. kReadOnceKv: K and
-// V through LoadReadOnceGlobal16 (hip_port.h), for split launches (ByVariant).
+// V through LoadReadOnceGlobal16 (hip_port.h), for split launches (ByLoads).
 template <typename Dtype, int kHeadDim, int kHeads, int kWarps, int kStep, bool kPortableMma,
           bool kReadOnceKv>
 __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDecodeParams p) {
