@@ -94,11 +94,11 @@ inline constexpr int32_t kVariantQueryHeads = 4;
 // The tokens of a warp's step at `head_dim` (64, 128 or 256): the variant's step_tokens, halved
 // at head dim 256 down to 16 (one k-step of the V product): a 32-token step's K and V would
 // take 256 registers per lane there. The kernel's template takes it; the benchmark prints it.
-// (A split planner's shortest chunk of a step for each warp made 8-warp blocks slower at bs 1 x
-// 1k on the H200: 9.67-9.76 us in 4 items of 256 tokens against 8.32-8.36 in 8 of 128, the
-// planner's default.) (Doubled at head dim 64, which keeps
-// as many bytes in flight per warp as at 128 but fits 2 blocks per multiprocessor instead of
-// 3, bs 64 x 4k read 3.86 TB/s against 3.54 and bs 32 x 4k 3.61 against 3.83 on the H200.)
+// Measured on the H200 and not kept: a split plan's shortest chunk of a step for each warp
+// (8-warp blocks at bs 1 x 1k: 9.67-9.76 us in 4 items of 256 tokens against 8.32-8.36 in 8
+// of 128, the planner's default), and doubled steps at head dim 64 (as many bytes in flight
+// per warp as at 128, but 2 blocks per multiprocessor instead of 3: bs 64 x 4k 3.86 TB/s
+// against 3.54, bs 32 x 4k 3.61 against 3.83).
 __host__ __device__ inline constexpr int32_t DecodeStepTokens(const DecodeVariant& v,
                                                               int32_t head_dim) {
   return head_dim > 128 && v.step_tokens > 16 ? v.step_tokens / 2 : v.step_tokens;
@@ -154,9 +154,10 @@ __host__ __device__ inline constexpr int64_t DecodeBlocksPerItem(int32_t num_q_h
 // REQUIRES: the launcher's checks passed (shapes, alignment, the grid fits).
 hipError_t LaunchPagedDecodeKernel(const PagedDecodeParams& p, hipStream_t stream);
 
-// The blocks of the kernel LaunchPagedDecodeKernel would run for p's dtype, head_dim,
-// heads_per_block and variant (no other field is read) that fit on one multiprocessor of the
-// current device, into *blocks; hipErrorInvalidValue for a shape that is not compiled.
+// The blocks of the kernel a split launch (LaunchPagedDecodeKernel with partial slots) would
+// run for p's dtype, head_dim, heads_per_block and variant (no other field is read) that fit on
+// one multiprocessor of the current device, into *blocks; hipErrorInvalidValue for a shape that
+// is not compiled.
 hipError_t PagedDecodeBlocksPerMultiprocessor(const PagedDecodeParams& p, int32_t* blocks);
 
 struct DecodeMergeParams {

@@ -321,9 +321,11 @@ struct DecodeKernelOf {
                                                     kV.portable_mma != 0, kReadOnceKv>;
 };
 
-// Launches the kernel over the params' work items.
+// Launches the kernel over the params' work items; a split launch (partial slots) runs the
+// read-once kernel.
 struct LaunchOnStream {
   hipStream_t stream;
+  bool ReadOnceKv(const PagedDecodeParams& p) const { return p.partial_capacity > 0; }
   template <typename K>
   hipError_t Run(const PagedDecodeParams& p) const {
     const int64_t blocks = p.num_work * DecodeBlocksPerItem(p.num_q_heads, K::kHeadsPerBlock);
@@ -332,9 +334,11 @@ struct LaunchOnStream {
   }
 };
 
-// The kernel's blocks that fit on one multiprocessor of the current device, into *blocks.
+// The kernel's blocks that fit on one multiprocessor of the current device, into *blocks: the
+// read-once kernel, which the split launches that this count sizes run.
 struct CountBlocksPerMultiprocessor {
   int32_t* blocks;
+  bool ReadOnceKv(const PagedDecodeParams&) const { return true; }
   template <typename K>
   hipError_t Run(const PagedDecodeParams&) const {
     int n = 0;
@@ -346,11 +350,11 @@ struct CountBlocksPerMultiprocessor {
 };
 
 // Op::Run<DecodeKernelOf<...>>(p) for variant kVariant's kernel of p's dtype, head dim and
-// query heads per block; a split launch (partial slots) reads K and V with
-// LoadReadOnceGlobal16, which only such launches measured faster with.
+// query heads per block, the one that reads K and V with LoadReadOnceGlobal16 when
+// op.ReadOnceKv(p) (split launches: only they measured faster with it).
 template <typename Dtype, int kHeadDim, int kHeads, int kVariant, typename Op>
 hipError_t ByLoads(const PagedDecodeParams& p, const Op& op) {
-  return p.partial_capacity > 0
+  return op.ReadOnceKv(p)
              ? op.template Run<DecodeKernelOf<Dtype, kHeadDim, kHeads, kVariant, true>>(p)
              : op.template Run<DecodeKernelOf<Dtype, kHeadDim, kHeads, kVariant, false>>(p);
 }
