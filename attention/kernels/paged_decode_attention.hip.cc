@@ -9,12 +9,10 @@ namespace kernels {
 namespace {
 
 constexpr int32_t kInt32Max = 2147483647;
-// The merge: query heads (warps) per block; the partial floats whose loads a lane keeps in
-// flight (at most 32 partials') for an item of that many partials or more (32 partials at head
-// dim 128: bs 1 x 16k ran 2% faster than with 8 on the H200), else 8 partials' loads.
+// The merge: query heads (warps) per block, and the partial floats whose loads a lane keeps in
+// flight (MergeHead's chunk: 32 partials at head dim 64 and 128, 16 at 256).
 constexpr int kMergeWarps = 4;
 constexpr int kMergeFloatsInFlight = 128;
-constexpr int kNarrowUnroll = 8;
 
 using internal::Bf16;
 using internal::Fp16;
@@ -83,6 +81,64 @@ __device__ inline bool ReduceItemFits(const DecodeReduceItem& it, int32_t r, int
   return true;
 }
 
+// The lane's kDims floats of partials c + k, k < n (zeros past n), into xs, and partial c +
+// lane's lse (-inf past n) as the result: one round of loads, issued together.
+template <int kDims, int kChunk>
+__device__ __forceinline__ float LoadPartialChunk(const float* part, int64_t stride,
+                                                  const float* lse_of_head, int64_t heads,
+                                                  int32_t c, int32_t n, int lane,
+                                                  float (&xs)[kChunk][kDims]) {
+  const float my_lse = lane < n ? lse_of_head[(c + lane) * heads] : NegInf();
+#pragma unroll
+  for (int k = 0; k < kChunk; ++k) {
+    if (k < n) {
+      const float* x = part + (c + k) * stride;
+      if constexpr (kDims == 2) {
+        const float2 y = *reinterpret_cast<const float2*>(x);
+        xs[k][0] = y.x;
+        xs[k][1] = y.y;
+      } else {
+#pragma unroll
+        for (int i = 0; i < kDims / 4; ++i) {
+          const float4 y = reinterpret_cast<const float4*>(x)[i];
+          xs[k][4 * i] = y.x;
+          xs[k][4 * i + 1] = y.y;
+          xs[k][4 * i + 2] = y.z;
+          xs[k][4 * i + 3] = y.w;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int d = 0; d < kDims; ++d) xs[k][d] = 0.0f;
+    }
+  }
+  return my_lse;
+}
+
+// The maximum and the sum of v over the warp's lanes.
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int m = 16; m > 0; m /= 2) v = fmaxf(v, ATTNMETA_SHFL_XOR(v, m));
+  return v;
+}
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int m = 16; m > 0; m /= 2) v += ATTNMETA_SHFL_XOR(v, m);
+  return v;
+}
+
+// acc += w(k) * xs[k] over the chunk, w(k) being lane k's weight.
+template <int kDims, int kChunk>
+__device__ __forceinline__ void AccumulateChunk(float w, const float (&xs)[kChunk][kDims],
+                                                float (&acc)[kDims]) {
+#pragma unroll
+  for (int k = 0; k < kChunk; ++k) {
+    const float wk = ATTNMETA_SHFL_IDX32(w, k);
+#pragma unroll
+    for (int d = 0; d < kDims; ++d) acc[d] = fmaf(wk, xs[k][d], acc[d]);
+  }
+}
+
 // acc += weight(k) * the lane's kDims floats of partial k, for k in [k_begin, k_end) (rows
 // `stride` floats apart), kUnroll partials' loads in flight.
 template <int kUnroll, int kDims, typename Weight>
@@ -113,47 +169,56 @@ __device__ __forceinline__ void AccumulatePartials(const float* part, int64_t st
   }
 }
 
-// One warp: out and lse of query head h of reduce item `it` (checked) from its partials. The
-// lanes take the partials by turns for the max and the sum of the weights exp(lse_p - max)
-// (shuffle reductions), then each lane sums its kHeadDim / 32 dims over all the partials
-// (AccumulatePartials). Plain loads: the partials may have been written by other blocks of
-// the same launch.
+// One warp: out and lse of query head h of reduce item `it` (checked) from its partials. An
+// item of at most kChunk partials (bs 1 x 16k's 32 on the H200 at head dim 128) takes one
+// round of loads (LoadPartialChunk: lane j loads partial j's lse while every lane loads its
+// kHeadDim / 32 dims of each partial); the weights exp(lse - max) are computed by their lanes
+// and shuffled to the others. A longer item takes two: the lanes load the partials' lse by
+// turns for the max and the sum of the weights, then each lane sums its dims over all the
+// partials (AccumulatePartials), kChunk partials' loads in flight. (On the H200 at bs 1 x 16k
+// the merging block took 4,130 cycles with two rounds and 2,630 with one. A loop of one-round
+// chunks over a longer item was 1-4% slower than the two rounds in the attention launch, at
+// bs 1 x 32k and with 8/1 heads, though faster in the merge kernel;
+// docs/paged_decode_attention.md.) Plain loads: the partials may have been written by other
+// blocks of the same launch.
 template <typename Dtype, int kHeadDim>
 __device__ __forceinline__ void MergeHead(const float* partial_out, const float* partial_lse,
                                           int32_t num_q_heads, int32_t h, const DecodeReduceItem& it,
                                           void* out, float* lse) {
   constexpr int kDims = kHeadDim / 32;  // per lane: 2, 4 or 8
-  // 32 partials at head dim 64 and 128, 16 at 256.
-  constexpr int kWideUnroll = kMergeFloatsInFlight / kDims < 32 ? kMergeFloatsInFlight / kDims : 32;
+  constexpr int kChunk = kMergeFloatsInFlight / kDims < 32 ? kMergeFloatsInFlight / kDims : 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t heads = num_q_heads;
-  float mx = NegInf();
-  for (int32_t k = it.partial_begin + lane; k < it.partial_end; k += 32) {
-    mx = fmaxf(mx, partial_lse[k * heads + h]);
-  }
-#pragma unroll
-  for (int m = 16; m > 0; m /= 2) mx = fmaxf(mx, ATTNMETA_SHFL_XOR(mx, m));
-  // A partial that saw no token (lse -inf) has weight 0; all of them: output 0, lse -inf.
-  auto weight = [&](int32_t k) {
-    const float x = partial_lse[k * heads + h];
-    return x == NegInf() ? 0.0f : __expf(x - mx);
-  };
-  float sum = 0.0f;
-  for (int32_t k = it.partial_begin + lane; k < it.partial_end; k += 32) sum += weight(k);
-#pragma unroll
-  for (int m = 16; m > 0; m /= 2) sum += ATTNMETA_SHFL_XOR(sum, m);
-
-  float acc[kDims] = {};
-  const float* part = partial_out + h * int64_t{kHeadDim} + kDims * lane;
   const int64_t stride = heads * kHeadDim;
-  // The compiler runs a loop's partials past its last whole unrolled round one at a time, so
-  // the wide unroll only pays when the item has that many partials (bs 1 x 1k, 16 partials:
-  // 11.9 us with 32 against 9.6 with 8; bs 1 x 16k, 32 partials: 26.3 against 26.9).
-  if (it.partial_end - it.partial_begin >= kWideUnroll) {
-    AccumulatePartials<kWideUnroll>(part, stride, it.partial_begin, it.partial_end, weight, acc);
+  const float* part = partial_out + h * int64_t{kHeadDim} + kDims * lane;
+  const float* lse_of_head = partial_lse + h;
+  float mx = NegInf();  // the largest lse; -inf when no partial saw a token
+  float sum = 0.0f;     // sum of exp(lse - mx)
+  float acc[kDims] = {};
+  const int32_t total = it.partial_end - it.partial_begin;
+  if (total <= kChunk) {
+    float xs[kChunk][kDims];
+    const float my_lse = LoadPartialChunk<kDims, kChunk>(part, stride, lse_of_head, heads,
+                                                         it.partial_begin, total, lane, xs);
+    mx = WarpMax(my_lse);
+    // A partial that saw no token (lse -inf) has weight 0.
+    const float w = my_lse == NegInf() ? 0.0f : __expf(my_lse - mx);
+    sum = WarpSum(w);
+    AccumulateChunk<kDims, kChunk>(w, xs, acc);
   } else {
-    AccumulatePartials<kNarrowUnroll>(part, stride, it.partial_begin, it.partial_end, weight, acc);
+    for (int32_t k = it.partial_begin + lane; k < it.partial_end; k += 32) {
+      mx = fmaxf(mx, partial_lse[k * heads + h]);
+    }
+    mx = WarpMax(mx);
+    auto weight = [&](int32_t k) {
+      const float x = partial_lse[k * heads + h];
+      return x == NegInf() ? 0.0f : __expf(x - mx);
+    };
+    for (int32_t k = it.partial_begin + lane; k < it.partial_end; k += 32) sum += weight(k);
+    sum = WarpSum(sum);
+    AccumulatePartials<kChunk>(part, stride, it.partial_begin, it.partial_end, weight, acc);
   }
+  // Every partial without a token: output 0, lse -inf.
   const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
   uint32_t packed[kDims / 2];
 #pragma unroll

@@ -361,7 +361,7 @@ INSTANTIATE_TEST_SUITE_P(PageSizes, PageSizeDecodeGpuTest, ::testing::Values(1, 
 // chunks of 8, a group of 3 as three of 1), head dims 64, 128, 256 (each of 1, 2, 4 and 8
 // query heads per block at 256, where Q comes from shared memory), bf16 and fp16; unsplit, and
 // split with a plan whose longest sequence has more than 32 partials (the merge's warp takes
-// them in rounds of 32).
+// up to 32 partials, 16 at head dim 256, in one round of loads, and more in two).
 TEST_F(DecodeGpuTest, HeadsHeadDimsAndDtypesMatchTheReference) {
   struct Shape {
     int32_t q_heads, kv_heads, head_dim;
@@ -386,8 +386,8 @@ TEST_F(DecodeGpuTest, HeadsHeadDimsAndDtypesMatchTheReference) {
     ExpectMatches(p, RunDecode(p, d, d.TokenLevel()));
     ExpectMatches(p, RunDecode(p, d, d.PageLevel()));
     // At most 64 items: chunks of 32 tokens, 38 partials for the 1200-token sequence, more than
-    // the merge's rounds of 32. max_items_per_sequence is pinned so that a smaller default (it
-    // was 32 for a while) cannot take the second round away.
+    // the merge's one round takes. max_items_per_sequence is pinned so that a smaller default
+    // (it was 32 for a while) cannot take the two-round path away.
     const DecodeSplitOptions many_partials{/*multiprocessor_count=*/8, /*blocks_per_item=*/1,
                                            /*blocks_per_multiprocessor=*/8, TokenCount(16),
                                            /*max_items_per_sequence=*/64};
