@@ -81,6 +81,25 @@ __device__ inline bool ReduceItemFits(const DecodeReduceItem& it, int32_t r, int
   return true;
 }
 
+// A lane's kDims (2, 4 or 8) floats of one partial row, from x (8- or 16-byte aligned).
+template <int kDims>
+__device__ __forceinline__ void LoadLaneDims(const float* x, float (&xs)[kDims]) {
+  if constexpr (kDims == 2) {
+    const float2 y = *reinterpret_cast<const float2*>(x);
+    xs[0] = y.x;
+    xs[1] = y.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kDims / 4; ++i) {
+      const float4 y = reinterpret_cast<const float4*>(x)[i];
+      xs[4 * i] = y.x;
+      xs[4 * i + 1] = y.y;
+      xs[4 * i + 2] = y.z;
+      xs[4 * i + 3] = y.w;
+    }
+  }
+}
+
 // The lane's kDims floats of partials c + k, k < n (zeros past n), into xs, and partial c +
 // lane's lse (-inf past n) as the result: one round of loads, issued together.
 template <int kDims, int kChunk>
@@ -92,21 +111,7 @@ __device__ __forceinline__ float LoadPartialChunk(const float* part, int64_t str
 #pragma unroll
   for (int k = 0; k < kChunk; ++k) {
     if (k < n) {
-      const float* x = part + (c + k) * stride;
-      if constexpr (kDims == 2) {
-        const float2 y = *reinterpret_cast<const float2*>(x);
-        xs[k][0] = y.x;
-        xs[k][1] = y.y;
-      } else {
-#pragma unroll
-        for (int i = 0; i < kDims / 4; ++i) {
-          const float4 y = reinterpret_cast<const float4*>(x)[i];
-          xs[k][4 * i] = y.x;
-          xs[k][4 * i + 1] = y.y;
-          xs[k][4 * i + 2] = y.z;
-          xs[k][4 * i + 3] = y.w;
-        }
-      }
+      LoadLaneDims(part + (c + k) * stride, xs[k]);
     } else {
 #pragma unroll
       for (int d = 0; d < kDims; ++d) xs[k][d] = 0.0f;
@@ -148,22 +153,8 @@ __device__ __forceinline__ void AccumulatePartials(const float* part, int64_t st
 #pragma unroll kUnroll
   for (int32_t k = k_begin; k < k_end; ++k) {
     const float wk = weight(k);
-    const float* x = part + k * stride;
     float xs[kDims];
-    if constexpr (kDims == 2) {
-      const float2 y = *reinterpret_cast<const float2*>(x);
-      xs[0] = y.x;
-      xs[1] = y.y;
-    } else {
-#pragma unroll
-      for (int i = 0; i < kDims / 4; ++i) {
-        const float4 y = reinterpret_cast<const float4*>(x)[i];
-        xs[4 * i] = y.x;
-        xs[4 * i + 1] = y.y;
-        xs[4 * i + 2] = y.z;
-        xs[4 * i + 3] = y.w;
-      }
-    }
+    LoadLaneDims(part + k * stride, xs);
 #pragma unroll
     for (int d = 0; d < kDims; ++d) acc[d] = fmaf(wk, xs[d], acc[d]);
   }
@@ -207,11 +198,11 @@ __device__ __forceinline__ void MergeHead(const float* partial_out, const float*
     AccumulateChunk<kDims, kChunk>(w, xs, acc);
   } else {
     for (int32_t k = it.partial_begin + lane; k < it.partial_end; k += 32) {
-      mx = fmaxf(mx, partial_lse[k * heads + h]);
+      mx = fmaxf(mx, lse_of_head[k * heads]);
     }
     mx = WarpMax(mx);
     auto weight = [&](int32_t k) {
-      const float x = partial_lse[k * heads + h];
+      const float x = lse_of_head[k * heads];
       return x == NegInf() ? 0.0f : __expf(x - mx);
     };
     for (int32_t k = it.partial_begin + lane; k < it.partial_end; k += 32) sum += weight(k);
