@@ -17,6 +17,22 @@ absl::StatusOr<AcceptResult> AcceptGreedy(const AcceptInputs& in) {
         in.draft_tokens.size(), ", ", in.target_predict.size(), " and ", in.tree_slots.size(),
         " entries; the tree has ", bs, " requests of ", n, " tokens"));
   }
+  // The tree is a public aggregate: its links are checked before the walk follows them.
+  if (n < 1 || tree.next_token.size() != want || tree.next_sibling.size() != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "greedy acceptance: a tree of ", bs, " requests of ", n, " tokens with ",
+        tree.next_token.size(), " next_token and ", tree.next_sibling.size(),
+        " next_sibling entries"));
+  }
+  for (size_t i = 0; i < want; ++i) {
+    for (int32_t link : {tree.next_token[i], tree.next_sibling[i]}) {
+      if (link != -1 && (link < 1 || link >= n)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("greedy acceptance: tree link ", link, " at entry ", i,
+                         " is neither -1 nor a non-root token of [1, ", n, ")"));
+      }
+    }
+  }
   AcceptResult r;
   r.accept_index.assign(want, -1);
   r.accept_count.assign(static_cast<size_t>(bs), 0);
@@ -32,10 +48,21 @@ absl::StatusOr<AcceptResult> AcceptGreedy(const AcceptInputs& in) {
     on_path[0] = 1;
     for (;;) {
       int32_t child = tree.next_token[base + cur];
-      while (child != -1 && in.draft_tokens[base + child] != in.target_predict[base + cur]) {
+      // A list of n - 1 siblings at most: a longer walk went round a cycle.
+      for (int64_t hops = 0; child != -1 && in.draft_tokens[base + child] !=
+                                                in.target_predict[base + cur];
+           ++hops) {
+        if (hops >= n) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "greedy acceptance: request ", b, ": token ", cur, "'s children form a cycle"));
+        }
         child = tree.next_sibling[base + child];
       }
       if (child == -1) break;
+      if (on_path[child] != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "greedy acceptance: request ", b, ": the accepted path returns to token ", child));
+      }
       cur = child;
       on_path[cur] = 1;
       r.accept_index[base + ++count] = cur;

@@ -82,5 +82,53 @@ TEST(GreedyAcceptTest, WrongSizesAreRefused) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A tree is a public aggregate: one whose links are missing, out of range or cyclic is
+// refused before the walk follows them.
+TEST(GreedyAcceptTest, MalformedTreesAreRefused) {
+  const std::vector<int32_t> twelve(12, 0);
+  const std::vector<TokenSlot> slots(12, TokenSlot(4));
+  auto code = [&](const VerifyTree& t) {
+    return AcceptGreedy(AcceptInputs{&t, twelve, twelve, slots}).status().code();
+  };
+  const auto bad = absl::StatusCode::kInvalidArgument;
+  {  // No draft tokens at all: nothing to walk.
+    VerifyTree t;
+    t.seq_lens = {TokenLength(3)};
+    const std::vector<int32_t> none;
+    EXPECT_EQ(AcceptGreedy(AcceptInputs{&t, none, none, {}}).status().code(), bad);
+  }
+  {  // Links missing for the second request.
+    VerifyTree t = GoldenTree();
+    t.next_token.resize(6);
+    EXPECT_EQ(code(t), bad);
+  }
+  {  // A link past the request's tokens, and one naming the root.
+    VerifyTree t = GoldenTree();
+    t.next_token[0] = 6;
+    EXPECT_EQ(code(t), bad);
+    t = GoldenTree();
+    t.next_sibling[1] = 0;
+    EXPECT_EQ(code(t), bad);
+  }
+  {  // Siblings in a cycle that never matches: predict 9 after the root, tokens 1 and 2
+     // name each other as siblings.
+    VerifyTree t = GoldenTree();
+    t.next_sibling[1] = 2;
+    t.next_sibling[2] = 1;
+    std::vector<int32_t> predict = twelve;
+    predict[0] = 9;
+    EXPECT_EQ(AcceptGreedy(AcceptInputs{&t, twelve, predict, slots}).status().code(), bad);
+  }
+  {  // A path that returns to itself: token 1 is its own first child and every draft token
+     // matches every prediction (all zero).
+    VerifyTree t = GoldenTree();
+    t.next_token[1] = 1;
+    EXPECT_EQ(code(t), bad);
+  }
+  // The golden tree itself passes with the same inputs.
+  const VerifyTree golden = GoldenTree();
+  EXPECT_TRUE(AcceptGreedy(AcceptInputs{&golden, twelve, twelve, slots}).ok());
+}
+
 }  // namespace
 }  // namespace attnmeta

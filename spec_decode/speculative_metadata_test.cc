@@ -1,6 +1,7 @@
 #include "spec_decode/speculative_metadata.h"
 
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -363,6 +364,28 @@ TEST(DraftDecodeBadInputTest, ShapesRowsAndInt32Offsets) {
                 .status()
                 .code(),
             absl::StatusCode::kOutOfRange);
+  // Shapes of up to INT32_MAX branches or steps: OutOfRange before any step's arrays are
+  // allocated (they would take gigabytes, or 2^31 steps' metadata).
+  const int32_t max = std::numeric_limits<int32_t>::max();
+  EXPECT_EQ(BuildDraftDecodeMetadata(f.pool(), f.rows(), lens, {max, 1}, TokenCount(max), ps)
+                .status()
+                .code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(BuildDraftDecodeMetadata(f.pool(), f.rows(), lens, {1, max}, TokenCount(1), ps)
+                .status()
+                .code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(BuildDraftDecodeMetadata(f.pool(), two_rows, std::vector<TokenLength>{TokenLength(100), TokenLength(100)}, {1 << 30, 1},
+                                     TokenCount(1), ps)
+                .status()
+                .code(),
+            absl::StatusCode::kOutOfRange);
+  // An empty batch with more steps than a row holds.
+  EXPECT_EQ(BuildDraftDecodeMetadata(f.pool(), {}, {}, {1, 257}, TokenCount(0), ps)
+                .status()
+                .code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_TRUE(BuildDraftDecodeMetadata(f.pool(), {}, {}, {1, 256}, TokenCount(0), ps).ok());
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "spec_decode/verify_tree.h"
 
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -17,6 +18,11 @@ absl::Status CheckCommon(absl::Span<const TokenLength> seq_lens, int32_t n) {
     if (seq_lens[b].value() < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("seq_lens[", b, "] = ", seq_lens[b].value(), " is negative"));
+    }
+    // The tree's positions reach seq_len + n - 1 and its KV seq_len + n (WriteTreeMask).
+    if (int64_t{seq_lens[b].value()} + n > std::numeric_limits<int32_t>::max()) {
+      return absl::OutOfRangeError(absl::StrCat("seq_lens[", b, "] = ", seq_lens[b].value(),
+                                                " with ", n, " draft tokens: beyond int32"));
     }
   }
   return absl::OkStatus();
@@ -84,7 +90,9 @@ absl::StatusOr<VerifyTree> BuildVerifyTree(absl::Span<const int64_t> parent_list
   }
   const int64_t bs = static_cast<int64_t>(seq_lens.size());
   const int64_t list_len = int64_t{topk} * (depth - 1) + 1;
-  if (static_cast<int64_t>(parent_list.size()) != bs * list_len ||
+  // Compared by division: bs * list_len can pass INT64_MAX (topk and depth near 2^31).
+  if (parent_list.size() % static_cast<uint64_t>(list_len) != 0 ||
+      parent_list.size() / static_cast<uint64_t>(list_len) != static_cast<uint64_t>(bs) ||
       static_cast<int64_t>(selected_index.size()) != bs * (n - 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "parent_list has ", parent_list.size(), " entries and selected_index ",

@@ -44,14 +44,15 @@ struct VerifyTree {
 // The reference encoding. InvalidArgument: n < 1 or n > 64, topk < 1, depth < 1, array sizes
 // that disagree with bs, topk, depth and n, a negative seq_len, a selected index whose
 // parent_list slot p is outside [0, topk * (depth - 1) + 1), or a cycle among a request's
-// tokens.
+// tokens; OutOfRange: a seq_len + n beyond INT32_MAX (the positions are int32).
 absl::StatusOr<VerifyTree> BuildVerifyTree(absl::Span<const int64_t> parent_list,
                                            absl::Span<const int64_t> selected_index,
                                            absl::Span<const TokenLength> seq_lens, int32_t topk,
                                            int32_t depth, int32_t num_draft_tokens);
 
 // Plain parent arrays. InvalidArgument: sizes, n outside [1, 64], a root (token 0) with a
-// parent, a non-root without one (several roots), a parent outside [0, n), or a cycle.
+// parent, a non-root without one (several roots), a parent outside [0, n), or a cycle;
+// OutOfRange: a seq_len + n beyond INT32_MAX.
 absl::StatusOr<VerifyTree> BuildVerifyTreeFromParents(absl::Span<const int32_t> parents,
                                                       absl::Span<const TokenLength> seq_lens,
                                                       int32_t num_draft_tokens);

@@ -1,5 +1,6 @@
 #include "spec_decode/verify_tree.h"
 
+#include <limits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -182,6 +183,30 @@ TEST(VerifyTreeTest, MalformedInputIsRefused) {
                           absl::MakeSpan(indptr))
                 .code(),
             bad);
+}
+
+// Sizes whose products pass int64 and positions past int32: refused, not wrapped.
+TEST(VerifyTreeTest, OverflowingSizesAndPositionsAreRefused) {
+  auto code = [](absl::StatusOr<VerifyTree> t) { return t.status().code(); };
+  // topk * (depth - 1) + 1 = 2^60 entries per request: 16 requests would need 2^64, which
+  // wraps to the 0 entries given. Each selection names parent slot 1 of its request.
+  const int32_t topk = (1 << 30) - 1, depth = (1 << 30) + 2;
+  const std::vector<int64_t> selected(16, topk);
+  EXPECT_EQ(code(BuildVerifyTree(std::vector<int64_t>{}, selected, std::vector<TokenLength>(16),
+                                 topk, depth, 2)),
+            absl::StatusCode::kInvalidArgument);
+  // Positions reach seq_len + n - 1 and the mask's KV seq_len + n: beyond int32 refused.
+  const int32_t max = std::numeric_limits<int32_t>::max();
+  EXPECT_EQ(code(BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 0}, Lens({max}), 2)),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(code(BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 0}, Lens({max - 1}), 2)),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(code(BuildVerifyTree(std::vector<int64_t>{-1, 0}, std::vector<int64_t>{0},
+                                 Lens({max - 1}), 1, 2, 2)),
+            absl::StatusCode::kOutOfRange);
+  auto last = BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 0}, Lens({max - 2}), 2);
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(last->positions[1].value(), max - 1);
 }
 
 // Bit-packed word widths: 1 byte up to 8 tokens, 2 up to 16, 4 up to 32, little-endian.
