@@ -316,6 +316,73 @@ TEST_P(DeviceGraphTest, ReplaysQueuedAheadOfTheGpuEachWriteTheirOwnBatch) {
   EXPECT_TRUE(writer->CheckViolations().ok()) << writer->CheckViolations();
 }
 
+// A writer that Create returns can write: a table it cannot use is refused there. And a
+// direct write that fails (a request past the buffers GraphState sized) changes nothing: the
+// violation the previous write recorded is still reported after it.
+TEST_P(DeviceGraphTest, BadTablesAndRequestsAreRefusedAndChangeNothing) {
+  const auto [ps, staged] = GetParam();
+  BatchFixture f(ps, 77, /*num_pages=*/4000 / ps + 64, /*max_reqs=*/12, /*max_context=*/264);
+  for (int i = 0; i < 4; ++i) f.AddSequence(100 + 37 * i, 1);
+  const BackendConfig config =
+      MakeTestConfig(ps, {.max_batch_size = 4, .max_context_len = 256, .split_kv = false});
+  MakeDevice(f, config, /*staged=*/false);
+  ASSERT_FALSE(HasFatalFailure());
+  DeviceBuffer<TokenSlot>& table = *device_->table;
+  const DeviceReqToToken whole{table.const_span(), f.pool().max_context_len()};
+  // Not whole rows, and a pool of no slots (which would leave every slot unchecked).
+  const DeviceReqToToken ragged{DeviceSpan<const TokenSlot>(table.data(), table.size() - 1),
+                                f.pool().max_context_len()};
+  DeviceMetadataWriter::Options direct;
+  direct.use_graphs = false;
+  EXPECT_EQ(DeviceMetadataWriter::Create(ragged, f.pool_slots(), stream_, direct).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DeviceMetadataWriter::Create(whole, TokenCount(0), stream_, direct).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  if (staged) return;  // the rest does not depend on the staging
+
+  // The graph's buffers hold a replayed batch; a direct writer writes from them.
+  GraphState& d = *device_->state;
+  const auto h = d.Capture(4, ForwardMode::kDecode);
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_TRUE(d.Replay(*h, ReplayBatch{f.rows(), f.kv_lens()}).ok());
+  ASSERT_EQ(hipStreamSynchronize(stream_), hipSuccess);
+  auto writer = DeviceMetadataWriter::Create(whole, f.pool_slots(), stream_, direct);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  MetadataWriteRequest r;
+  r.mode = ForwardMode::kDecode;
+  r.real_batch_size = 4;
+  r.padded_batch_size = 4;
+  r.padded_kv_len = GraphState::kPaddedKvLen;
+  r.page_size = f.page_size();
+  r.req_to_token = &f.pool();
+  r.page_table = true;
+  r.q_len_per_request = TokenLength(1);
+  r.generation = d.generation();
+  // A slot outside the pool in the first row: the write records it.
+  const int64_t at = int64_t{f.rows()[0].value()} * f.pool().max_context_len().value();
+  const TokenSlot bad(static_cast<int32_t>(f.pool_slots().value() + 5));
+  ASSERT_EQ(hipMemcpy(table.data() + at, &bad, sizeof(TokenSlot), hipMemcpyHostToDevice),
+            hipSuccess);
+  ASSERT_TRUE((*writer)->WriteBatchArrays(r, d.buffers()).ok());
+  EXPECT_EQ((*writer)->CheckViolations().code(), absl::StatusCode::kOutOfRange);
+  // A padded batch past the buffers, and more draft steps than their buffers: refused, and
+  // the word still holds the violation (a write clears it only once it will launch).
+  MetadataWriteRequest past = r;
+  past.padded_batch_size = static_cast<int64_t>(d.buffers().req_rows.size()) + 1;
+  EXPECT_EQ((*writer)->WriteBatchArrays(past, d.buffers()).code(),
+            absl::StatusCode::kInvalidArgument);
+  MetadataWriteRequest draft = r;
+  draft.mode = ForwardMode::kDraftDecode;
+  draft.draft_decode = {1, static_cast<int32_t>(d.buffers().draft_steps.size()) + 1};
+  EXPECT_EQ((*writer)->WriteBatchArrays(draft, d.buffers()).code(),
+            absl::StatusCode::kInvalidArgument);
+  draft.draft_decode = {1, 0};
+  EXPECT_EQ((*writer)->WriteBatchArrays(draft, d.buffers()).code(),
+            absl::StatusCode::kInvalidArgument);
+  const absl::Status after = (*writer)->CheckViolations();
+  EXPECT_EQ(after.code(), absl::StatusCode::kOutOfRange) << after;
+}
+
 template <typename T>
 std::vector<T> FromDevice(absl::Span<T> device, size_t n) {
   std::vector<T> out(n);

@@ -1,10 +1,14 @@
 #include "attention/kernels/device_metadata_writer.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "attention/kernels/internal/launch_checks.h"
+#include "attention/metadata/draft_decode_layout.h"
+#include "glog/logging.h"
 #include "attention/graph/graph_state.h"
 #include "attention/kernels/metadata_kernels.h"
 
@@ -19,9 +23,63 @@ absl::Status Runtime(hipError_t err, absl::string_view what) {
 // kernels::kPaddedRow.
 static_assert(GraphState::kPaddedRow.value() == kernels::kPaddedRow);
 
+// The first n entries of a buffer. REQUIRES: n <= s.size() (CheckFits).
 template <typename T>
 DeviceSpan<T> Device(absl::Span<T> s, size_t n) {
-  return DeviceSpan<T>(s.data(), std::min(n, s.size()));
+  CHECK_LE(n, s.size());
+  return DeviceSpan<T>(s.data(), n);
+}
+
+// InvalidArgument unless every buffer Launch reads or writes for `r` holds what the request
+// needs: a direct caller may pass a padded batch, draft steps or branches past the buffers
+// GraphState sized.
+absl::Status CheckFits(const MetadataWriteRequest& r, const GraphBuffers& b) {
+  const int64_t padded = r.padded_batch_size;
+  auto fits = [](absl::string_view what, size_t size, int64_t need) {
+    return static_cast<uint64_t>(need) <= size
+               ? absl::OkStatus()
+               : absl::InvalidArgumentError(absl::StrCat("device metadata writer: ", what,
+                                                         " holds ", size, " entries, ", need,
+                                                         " needed"));
+  };
+  if (padded < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device metadata writer: padded batch of ", padded));
+  }
+  for (absl::Status st :
+       {fits("req_rows", b.req_rows.size(), padded), fits("kv_lens", b.kv_lens.size(), padded),
+        fits("q_lens", b.q_lens.size(), padded), fits("kv_indptr", b.kv_indptr.size(), padded + 1),
+        fits("qo_indptr", b.qo_indptr.size(), padded + 1),
+        fits("kv_last_page_len", b.kv_last_page_len.size(), padded)}) {
+    if (!st.ok()) return st;
+  }
+  if (r.mode == ForwardMode::kDraftDecode) {
+    if (absl::Status st = CheckDraftDecodeShape(r.draft_decode); !st.ok()) return st;
+    if (static_cast<size_t>(r.draft_decode.steps) > b.draft_steps.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("device metadata writer: ",
+                                                     r.draft_decode.steps, " draft steps, ",
+                                                     b.draft_steps.size(), " steps' buffers"));
+    }
+    // padded <= a span's size and topk <= INT32_MAX: the product fits int64.
+    const int64_t branches = padded * r.draft_decode.topk;
+    if (absl::Status st = fits("draft_qo_indptr", b.draft_qo_indptr.size(), branches + 1);
+        !st.ok()) {
+      return st;
+    }
+    for (int32_t step = 0; step < r.draft_decode.steps; ++step) {
+      const DraftStepBuffers& d = b.draft_steps[step];
+      for (absl::Status st : {fits("a draft step's kv_lens", d.kv_lens.size(), branches),
+                              fits("a draft step's kv_indptr", d.kv_indptr.size(), branches + 1),
+                              fits("a draft step's kv_last_page_len", d.kv_last_page_len.size(),
+                                   branches)}) {
+        if (!st.ok()) return st;
+      }
+    }
+  }
+  if (r.mask_layout != MaskLayout::kNone) {
+    return fits("mask_indptr", b.mask_indptr.size(), padded + 1);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -30,6 +88,17 @@ absl::StatusOr<std::unique_ptr<DeviceMetadataWriter>> DeviceMetadataWriter::Crea
     DeviceReqToToken req_to_token, TokenCount pool_slots, hipStream_t stream, Options options) {
   if (req_to_token.table.empty() || req_to_token.max_context_len.value() < 1) {
     return absl::InvalidArgumentError("device metadata writer: empty req_to_token");
+  }
+  // What every write's launchers check of the table and the pool, checked once here: a
+  // writer that Create returns can write (a launcher's page size is checked per request).
+  if (pool_slots.value() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("device metadata writer: a pool of ",
+                                                   pool_slots.value(), " slots"));
+  }
+  if (absl::StatusOr<kernels::SlotSource> src = internal::CheckedSlotSource(
+          req_to_token.table, req_to_token.max_context_len, pool_slots, *PageSize::Create(1));
+      !src.ok()) {
+    return src.status();
   }
   if (options.uploads != nullptr && options.uploads->stream() != stream) {
     return absl::InvalidArgumentError(
@@ -64,18 +133,14 @@ void DeviceMetadataWriter::DropGraphs() {
 
 absl::Status DeviceMetadataWriter::Launch(const MetadataWriteRequest& r, const GraphBuffers& b,
                                           bool direct) {
+  if (absl::Status s = CheckFits(r, b); !s.ok()) return s;
   const size_t padded = static_cast<size_t>(r.padded_batch_size);
-  if (options_.uploads != nullptr) {
-    // The apply kernel clears the violation word too: one node fewer in the graph.
-    if (absl::Status s = options_.uploads->EnqueueApply(violation_.device(),
-                                                        sizeof(kernels::DeviceViolation));
-        !s.ok()) {
-      return s;
-    }
-    if (direct) NoteLaunched();
-  } else if (absl::Status s = violation_.Reset(stream_); !s.ok()) {
-    return s;
-  }
+  // Every launch's arguments are made and checked before anything is queued, so that a
+  // request that fails changes nothing: not the violation word, not the staged uploads.
+  std::vector<DraftStepDeviceArgs> draft_steps;
+  DecodeMetadataDeviceArgs a;
+  std::optional<SplitKvPlanDeviceArgs> plan;
+  std::optional<TreeMaskDeviceArgs> mask;
   if (r.mode == ForwardMode::kDraftDecode) {
     // Every step's arrays over the padded batch's branches, from the staged committed lengths.
     const size_t branches = padded * static_cast<size_t>(r.draft_decode.topk);
@@ -94,54 +159,78 @@ absl::Status DeviceMetadataWriter::Launch(const MetadataWriteRequest& r, const G
       s.qo_indptr = Device(b.draft_qo_indptr, branches + 1);
       s.kv_last_page_len = Device(d.kv_last_page_len, branches);
       s.kv_indices = Device(d.kv_indices, d.kv_indices.size());
-      if (absl::Status st = BuildDraftStepOnDevice(s, violation_.device(), stream_); !st.ok()) {
-        return st;
-      }
+      if (absl::Status st = CheckDraftStepArgs(s); !st.ok()) return st;
+      draft_steps.push_back(s);
     }
-    return absl::OkStatus();
+  } else {
+    a.req_to_token = req_to_token_;
+    a.pool_slots = pool_slots_;
+    a.page_size = r.page_size;
+    a.rows = Device<const ReqPoolIndex>(b.req_rows, padded);
+    a.kv_lens = Device<const TokenLength>(b.kv_lens, padded);
+    a.q_lens = Device<const TokenLength>(b.q_lens, padded);
+    a.kv_indptr = Device(b.kv_indptr, padded + 1);
+    a.qo_indptr = Device(b.qo_indptr, padded + 1);
+    a.kv_last_page_len = Device(b.kv_last_page_len, padded);
+    a.kv_indices = Device(b.kv_indices, b.kv_indices.size());
+    if (r.page_table) {
+      a.page_table =
+          DeviceSpan<PageId>(b.page_table.entries().data(), b.page_table.entries().size());
+      a.page_table_cols = b.page_table.cols();
+    }
+    // The grid covers the longest row req_to_token holds, so that one capture serves any batch.
+    a.max_kv_len = req_to_token_.max_context_len;
+    if (absl::Status s = CheckDecodeMetadataArgs(a); !s.ok()) return s;
+    if (r.split_kv) {
+      plan.emplace();
+      plan->qo_indptr = Device<const TokenOffset>(b.qo_indptr, padded + 1);
+      plan->kv_indptr = Device<const TokenOffset>(b.kv_indptr, padded + 1);
+      plan->options = r.split_kv_options;
+      plan->work = Device(b.split_kv.work, b.split_kv.work.size());
+      plan->unit_indptr = Device(b.split_kv.unit_indptr, b.split_kv.unit_indptr.size());
+      plan->reduce = Device(b.split_kv.reduce, b.split_kv.reduce.size());
+      if (absl::Status s = CheckSplitKvPlanArgs(*plan); !s.ok()) return s;
+    }
+    if (r.mask_layout != MaskLayout::kNone) {
+      mask.emplace();
+      mask->q_lens = a.q_lens;
+      mask->kv_lens = a.kv_lens;
+      mask->tree = DeviceSpan<const uint8_t>(b.tree_mask.data(), b.tree_mask.size());
+      mask->mask_indptr = Device(b.mask_indptr, padded + 1);
+      mask->mask = Device(b.custom_mask, b.custom_mask.size());
+      mask->max_mask_bytes_per_row = std::max<int64_t>(
+          1, int64_t{r.q_len_per_request.value()} * req_to_token_.max_context_len.value());
+      if (absl::Status s = CheckTreeMaskArgs(*mask); !s.ok()) return s;
+    }
   }
-  DecodeMetadataDeviceArgs a;
-  a.req_to_token = req_to_token_;
-  a.pool_slots = pool_slots_;
-  a.page_size = r.page_size;
-  a.rows = Device<const ReqPoolIndex>(b.req_rows, padded);
-  a.kv_lens = Device<const TokenLength>(b.kv_lens, padded);
-  a.q_lens = Device<const TokenLength>(b.q_lens, padded);
-  a.kv_indptr = Device(b.kv_indptr, padded + 1);
-  a.qo_indptr = Device(b.qo_indptr, padded + 1);
-  a.kv_last_page_len = Device(b.kv_last_page_len, padded);
-  a.kv_indices = Device(b.kv_indices, b.kv_indices.size());
-  if (r.page_table) {
-    a.page_table = DeviceSpan<PageId>(b.page_table.entries().data(), b.page_table.entries().size());
-    a.page_table_cols = b.page_table.cols();
+  if (options_.uploads != nullptr) {
+    // The apply kernel clears the violation word too: one node fewer in the graph.
+    if (absl::Status s = options_.uploads->EnqueueApply(violation_.device(),
+                                                        sizeof(kernels::DeviceViolation));
+        !s.ok()) {
+      return s;
+    }
+    if (direct) NoteLaunched();
+  } else if (absl::Status s = violation_.Reset(stream_); !s.ok()) {
+    return s;
   }
-  // The grid covers the longest row req_to_token holds, so that one capture serves any batch.
-  a.max_kv_len = req_to_token_.max_context_len;
+  // Checked above: what fails from here on is the runtime (Internal).
+  for (const DraftStepDeviceArgs& s : draft_steps) {
+    if (absl::Status st = BuildDraftStepOnDevice(s, violation_.device(), stream_); !st.ok()) {
+      return st;
+    }
+  }
+  if (r.mode == ForwardMode::kDraftDecode) return absl::OkStatus();
   if (absl::Status s = BuildDecodeMetadataOnDevice(a, violation_.device(), stream_); !s.ok()) {
     return s;
   }
-  if (r.split_kv) {
-    SplitKvPlanDeviceArgs plan;
-    plan.qo_indptr = Device<const TokenOffset>(b.qo_indptr, padded + 1);
-    plan.kv_indptr = Device<const TokenOffset>(b.kv_indptr, padded + 1);
-    plan.options = r.split_kv_options;
-    plan.work = Device(b.split_kv.work, b.split_kv.work.size());
-    plan.unit_indptr = Device(b.split_kv.unit_indptr, b.split_kv.unit_indptr.size());
-    plan.reduce = Device(b.split_kv.reduce, b.split_kv.reduce.size());
-    if (absl::Status s = BuildSplitKvPlanOnDevice(plan, violation_.device(), stream_); !s.ok()) {
+  if (plan.has_value()) {
+    if (absl::Status s = BuildSplitKvPlanOnDevice(*plan, violation_.device(), stream_); !s.ok()) {
       return s;
     }
   }
-  if (r.mask_layout == MaskLayout::kNone) return absl::OkStatus();
-  TreeMaskDeviceArgs m;
-  m.q_lens = a.q_lens;
-  m.kv_lens = a.kv_lens;
-  m.tree = DeviceSpan<const uint8_t>(b.tree_mask.data(), b.tree_mask.size());
-  m.mask_indptr = Device(b.mask_indptr, padded + 1);
-  m.mask = Device(b.custom_mask, b.custom_mask.size());
-  m.max_mask_bytes_per_row =
-      std::max<int64_t>(1, int64_t{r.q_len_per_request.value()} * req_to_token_.max_context_len.value());
-  return BuildTreeMaskOnDevice(m, violation_.device(), stream_);
+  if (!mask.has_value()) return absl::OkStatus();
+  return BuildTreeMaskOnDevice(*mask, violation_.device(), stream_);
 }
 
 absl::Status DeviceMetadataWriter::CheckSupported(const MetadataWriteRequest& r) const {

@@ -52,8 +52,11 @@ class DeviceMetadataWriter : public MetadataWriter {
 
   // `req_to_token` is the device copy of the table the replays' rows index (it must mirror
   // the host ReqToTokenPool GraphState checks rows against: same rows and stride); slots read
-  // are checked against `pool_slots`. Launches on `stream`. InvalidArgument for an empty table
-  // or a stride < 1; Internal when the runtime fails.
+  // are checked against `pool_slots`. Launches on `stream`. InvalidArgument for an empty
+  // table, a stride < 1, a table that is not whole rows, a null table or pool_slots < 1;
+  // OutOfRange for more than INT32_MAX rows or pool_slots past 2^31; Internal when the
+  // runtime fails. A write that fails leaves the writer as it was: its violation word and the
+  // staged uploads are touched only once every launch of the write has been checked.
   static absl::StatusOr<std::unique_ptr<DeviceMetadataWriter>> Create(
       DeviceReqToToken req_to_token, TokenCount pool_slots, hipStream_t stream, Options options);
   DeviceMetadataWriter(const DeviceMetadataWriter&) = delete;

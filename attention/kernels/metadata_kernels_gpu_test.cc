@@ -714,6 +714,12 @@ TEST_F(GpuTest, LaunchersRefuseBadShapesNullsAndMisalignedPointers) {
   wide.k_pool = wide.v_pool = DeviceSpan<const uint8_t>(pool.data(), 64 * 256);
   wide.head_dim = 257;
   EXPECT_EQ(GatherKvOnDevice(wide, nullptr, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  // More sequences than the kernel's int32 batch: refused before the kernel reads cu_k (the
+  // span is never dereferenced; its size is what a 2^31 + 1 entry cu_k would have).
+  GatherKvDeviceArgs many = wide;
+  many.head_dim = 128;
+  many.cu_k = DeviceSpan<const TokenOffset>(cu.data(), (size_t{1} << 31) + 1);
+  EXPECT_EQ(GatherKvOnDevice(many, nullptr, nullptr).code(), absl::StatusCode::kOutOfRange);
   DecodeMetadataDeviceArgs decode;  // empty table
   EXPECT_EQ(BuildDecodeMetadataOnDevice(decode, nullptr, nullptr).code(),
             absl::StatusCode::kInvalidArgument);

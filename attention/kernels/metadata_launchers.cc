@@ -75,6 +75,7 @@ absl::Status BuildPageTableOnDevice(const DeviceReqToToken& req_to_token, TokenC
     return absl::InvalidArgumentError(absl::StrCat(rows.size(), " rows but ", kv_lens.size(),
                                                    " kv_lens"));
   }
+  if (bs > std::numeric_limits<int32_t>::max()) return absl::OutOfRangeError("batch beyond the grid");
   if (cols < 0 || cols > std::numeric_limits<int32_t>::max() ||
       static_cast<int64_t>(page_table.size()) < bs * cols) {
     return absl::InvalidArgumentError(absl::StrCat("page_table of ", page_table.size(),
@@ -85,7 +86,6 @@ absl::Status BuildPageTableOnDevice(const DeviceReqToToken& req_to_token, TokenC
     if (!s.ok()) return s;
   }
   if (bs == 0) return absl::OkStatus();
-  if (bs > std::numeric_limits<int32_t>::max()) return absl::OutOfRangeError("batch beyond the grid");
   kernels::PageTableParams p;
   p.src = *src;
   p.rows = reinterpret_cast<const int32_t*>(rows.data());
@@ -111,8 +111,7 @@ absl::StatusOr<int32_t> DeviceMultiprocessorCount() {
       });
 }
 
-absl::Status BuildDecodeMetadataOnDevice(const DecodeMetadataDeviceArgs& a,
-                                         kernels::DeviceViolation* violation, hipStream_t stream) {
+absl::Status CheckDecodeMetadataArgs(const DecodeMetadataDeviceArgs& a) {
   absl::StatusOr<kernels::SlotSource> src = Source(a.req_to_token, a.pool_slots, a.page_size);
   if (!src.ok()) return src.status();
   const size_t b = a.rows.size();
@@ -144,7 +143,15 @@ absl::Status BuildDecodeMetadataOnDevice(const DecodeMetadataDeviceArgs& a,
         CheckNotNull("kv_indices", a.kv_indices), CheckNotNull("page_table", a.page_table)}) {
     if (!s.ok()) return s;
   }
+  return absl::OkStatus();
+}
+
+absl::Status BuildDecodeMetadataOnDevice(const DecodeMetadataDeviceArgs& a,
+                                         kernels::DeviceViolation* violation, hipStream_t stream) {
+  if (absl::Status s = CheckDecodeMetadataArgs(a); !s.ok()) return s;
+  const size_t b = a.rows.size();
   if (b == 0) return absl::OkStatus();
+  const absl::StatusOr<kernels::SlotSource> src = Source(a.req_to_token, a.pool_slots, a.page_size);
   kernels::FusedMetadataParams p;
   p.src = *src;
   p.rows = reinterpret_cast<const int32_t*>(a.rows.data());
@@ -175,8 +182,7 @@ absl::Status BuildDecodeMetadataOnDevice(const DecodeMetadataDeviceArgs& a,
   return LaunchResult(kernels::LaunchFusedMetadataKernel(p, row_blocks, stream), "decode metadata");
 }
 
-absl::Status BuildTreeMaskOnDevice(const TreeMaskDeviceArgs& a, kernels::DeviceViolation* violation,
-                                   hipStream_t stream) {
+absl::Status CheckTreeMaskArgs(const TreeMaskDeviceArgs& a) {
   const size_t b = a.q_lens.size();
   if (a.kv_lens.size() != b || a.mask_indptr.size() != b + 1) {
     return absl::InvalidArgumentError(absl::StrCat("tree mask: ", b, " q_lens, ",
@@ -194,6 +200,13 @@ absl::Status BuildTreeMaskOnDevice(const TreeMaskDeviceArgs& a, kernels::DeviceV
                          CheckNotNull("mask", a.mask)}) {
     if (!s.ok()) return s;
   }
+  return absl::OkStatus();
+}
+
+absl::Status BuildTreeMaskOnDevice(const TreeMaskDeviceArgs& a, kernels::DeviceViolation* violation,
+                                   hipStream_t stream) {
+  if (absl::Status s = CheckTreeMaskArgs(a); !s.ok()) return s;
+  const size_t b = a.q_lens.size();
   if (b == 0) return absl::OkStatus();
   kernels::TreeMaskParams p;
   p.q_lens = reinterpret_cast<const int32_t*>(a.q_lens.data());
@@ -211,8 +224,7 @@ absl::Status BuildTreeMaskOnDevice(const TreeMaskDeviceArgs& a, kernels::DeviceV
       "tree mask");
 }
 
-absl::Status BuildDraftStepOnDevice(const DraftStepDeviceArgs& a,
-                                    kernels::DeviceViolation* violation, hipStream_t stream) {
+absl::Status CheckDraftStepArgs(const DraftStepDeviceArgs& a) {
   absl::StatusOr<kernels::SlotSource> src = Source(a.req_to_token, a.pool_slots, a.page_size);
   if (!src.ok()) return src.status();
   if (absl::Status s = CheckDraftDecodeShape(a.shape); !s.ok()) return s;
@@ -240,7 +252,15 @@ absl::Status BuildDraftStepOnDevice(const DraftStepDeviceArgs& a,
         CheckNotNull("kv_indices", a.kv_indices)}) {
     if (!s.ok()) return s;
   }
+  return absl::OkStatus();
+}
+
+absl::Status BuildDraftStepOnDevice(const DraftStepDeviceArgs& a,
+                                    kernels::DeviceViolation* violation, hipStream_t stream) {
+  if (absl::Status s = CheckDraftStepArgs(a); !s.ok()) return s;
+  const size_t b = a.rows.size();
   if (b == 0) return absl::OkStatus();
+  const absl::StatusOr<kernels::SlotSource> src = Source(a.req_to_token, a.pool_slots, a.page_size);
   kernels::DraftStepParams p;
   p.src = *src;
   p.rows = reinterpret_cast<const int32_t*>(a.rows.data());
@@ -279,8 +299,7 @@ static_assert(sizeof(SplitKvReduceItem) == sizeof(kernels::SplitKvReduceEntry) &
               offsetof(SplitKvReduceItem, partial_end) ==
                   offsetof(kernels::SplitKvReduceEntry, partial_end));
 
-absl::Status BuildSplitKvPlanOnDevice(const SplitKvPlanDeviceArgs& a,
-                                      kernels::DeviceViolation* violation, hipStream_t stream) {
+absl::Status CheckSplitKvPlanArgs(const SplitKvPlanDeviceArgs& a) {
   if (absl::Status s = CheckSplitKvOptions(a.options); !s.ok()) return s;
   if (a.qo_indptr.empty() || a.qo_indptr.size() != a.kv_indptr.size()) {
     return absl::InvalidArgumentError(absl::StrCat("split-KV plan: qo_indptr has ",
@@ -300,6 +319,12 @@ absl::Status BuildSplitKvPlanOnDevice(const SplitKvPlanDeviceArgs& a,
                          CheckNotNull("reduce", a.reduce)}) {
     if (!s.ok()) return s;
   }
+  return absl::OkStatus();
+}
+
+absl::Status BuildSplitKvPlanOnDevice(const SplitKvPlanDeviceArgs& a,
+                                      kernels::DeviceViolation* violation, hipStream_t stream) {
+  if (absl::Status s = CheckSplitKvPlanArgs(a); !s.ok()) return s;
   kernels::SplitKvPlanParams p;
   p.qo_indptr = reinterpret_cast<const int32_t*>(a.qo_indptr.data());
   p.kv_indptr = reinterpret_cast<const int32_t*>(a.kv_indptr.data());
@@ -339,6 +364,9 @@ absl::Status GatherKvOnDevice(const GatherKvDeviceArgs& a, kernels::DeviceViolat
         a.k_out.size(), " and ", a.v_out.size(), " bytes are not whole rows of ", row_bytes));
   }
   if (a.cu_k.empty()) return absl::InvalidArgumentError("gather: cu_k needs bs + 1 >= 1 entries");
+  if (a.cu_k.size() - 1 > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+    return absl::OutOfRangeError("gather: more than INT32_MAX sequences");
+  }
   for (const void* ptr : {static_cast<const void*>(a.k_pool.data()),
                           static_cast<const void*>(a.v_pool.data()),
                           static_cast<const void*>(a.k_out.data()),

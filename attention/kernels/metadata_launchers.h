@@ -57,7 +57,7 @@ absl::StatusOr<int32_t> DeviceMultiprocessorCount();
 // batch of B rows, in one kernel launch (kernels/metadata_kernels.h, FusedMetadataParams).
 struct DecodeMetadataDeviceArgs {
   DeviceReqToToken req_to_token;
-  TokenCount pool_slots;                      // bounds the slots read
+  TokenCount pool_slots;                      // bounds the slots read; 0: unchecked
   PageSize page_size = *PageSize::Create(1);
   DeviceSpan<const ReqPoolIndex> rows;        // [B], kernels::kPaddedRow for padded rows
   DeviceSpan<const TokenLength> kv_lens;      // [B]
@@ -68,10 +68,13 @@ struct DecodeMetadataDeviceArgs {
   DeviceSpan<TokenSlot> kv_indices;           // capacity; entries past kv_indptr[B] untouched
   DeviceSpan<PageId> page_table;              // [>= B][page_table_cols], or empty: none
   int64_t page_table_cols = 0;
-  // The longest row the grid covers: a captured graph passes max_context_len (+ draft
-  // tokens) so that it replays any batch; 1 <= max_kv_len <= max_context_len.
+  // The longest row the grid covers: a captured graph passes max_context_len so that it
+  // replays any batch; 1 <= max_kv_len <= max_context_len (OutOfRange otherwise).
   TokenCount max_kv_len;
 };
+// The checks BuildDecodeMetadataOnDevice makes before it launches, alone: a caller that
+// launches several kernels checks them all before it enqueues anything.
+absl::Status CheckDecodeMetadataArgs(const DecodeMetadataDeviceArgs& args);
 absl::Status BuildDecodeMetadataOnDevice(const DecodeMetadataDeviceArgs& args,
                                          kernels::DeviceViolation* violation, hipStream_t stream);
 
@@ -85,6 +88,7 @@ struct TreeMaskDeviceArgs {
   DeviceSpan<uint8_t> mask;               // capacity
   int64_t max_mask_bytes_per_row = 1;     // the grid's bound: max q_len * kv_len of a request
 };
+absl::Status CheckTreeMaskArgs(const TreeMaskDeviceArgs& args);  // BuildTreeMaskOnDevice's checks
 absl::Status BuildTreeMaskOnDevice(const TreeMaskDeviceArgs& args,
                                    kernels::DeviceViolation* violation, hipStream_t stream);
 
@@ -95,7 +99,7 @@ absl::Status BuildTreeMaskOnDevice(const TreeMaskDeviceArgs& args,
 // beyond the grid.
 struct DraftStepDeviceArgs {
   DeviceReqToToken req_to_token;
-  TokenCount pool_slots;                      // bounds the slots read
+  TokenCount pool_slots;                      // bounds the slots read; 0: unchecked
   PageSize page_size = *PageSize::Create(1);
   DeviceSpan<const ReqPoolIndex> rows;        // [B]
   DeviceSpan<const TokenLength> seq_lens;     // [B] committed lengths
@@ -107,6 +111,7 @@ struct DraftStepDeviceArgs {
   DeviceSpan<TokenLength> kv_last_page_len;   // [B * topk]
   DeviceSpan<TokenSlot> kv_indices;           // capacity; entries past kv_indptr[B * topk] untouched
 };
+absl::Status CheckDraftStepArgs(const DraftStepDeviceArgs& args);  // BuildDraftStepOnDevice's checks
 absl::Status BuildDraftStepOnDevice(const DraftStepDeviceArgs& args,
                                     kernels::DeviceViolation* violation, hipStream_t stream);
 
@@ -125,6 +130,8 @@ struct SplitKvPlanDeviceArgs {
   DeviceSpan<int32_t> unit_indptr;          // >= num_units + 1
   DeviceSpan<SplitKvReduceItem> reduce;     // the reduce buffer's capacity
 };
+// BuildSplitKvPlanOnDevice's checks, alone.
+absl::Status CheckSplitKvPlanArgs(const SplitKvPlanDeviceArgs& args);
 absl::Status BuildSplitKvPlanOnDevice(const SplitKvPlanDeviceArgs& args,
                                       kernels::DeviceViolation* violation, hipStream_t stream);
 
@@ -134,7 +141,7 @@ enum class KvElementType { kBf16, kFp16 };
 // tok_idx[r] (ContextGather's arrays), each [num_kv_heads][head_dim] of `dtype`.
 // InvalidArgument: head_dim outside [1, 256], num_kv_heads < 1, pools that are not whole
 // rows or differ in size, outputs that are not whole rows, a pointer not aligned to the
-// element size, null pointers.
+// element size, null pointers; OutOfRange: more than INT32_MAX sequences.
 struct GatherKvDeviceArgs {
   DeviceSpan<const uint8_t> k_pool;  // [pool_slots][num_kv_heads][head_dim]
   DeviceSpan<const uint8_t> v_pool;

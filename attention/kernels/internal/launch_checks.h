@@ -186,7 +186,8 @@ absl::StatusOr<int64_t> CheckKvSource(absl::string_view op,
                                               " columns of page_size ", pt.page_size.tokens(),
                                               " covers more than ", kMaxKvTokens, " tokens"));
   }
-  if (static_cast<int64_t>(pt.page_table.size()) < bs * pt.cols) {
+  // By division: bs is a span's size, so bs * cols can pass INT64_MAX.
+  if (pt.cols > 0 && static_cast<int64_t>(pt.page_table.size()) / pt.cols < bs) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": page_table of ", pt.page_table.size(),
                                                    " entries is not [", bs, "][", pt.cols, "]"));
   }
