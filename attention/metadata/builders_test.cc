@@ -182,6 +182,21 @@ TEST(BuildForwardMetadataTest, LengthsPastTheRowFailBeforeAllocating) {
             absl::StatusCode::kOutOfRange);
 }
 
+// A custom mask's tree rows are checked before the mask is allocated: 8 requests of 60,000
+// query rows over as many KV tokens would size the mask at 28.8 GB, more than the test
+// machines hold, and their tree rows are missing.
+TEST(BuildForwardMetadataTest, MissingTreeRowsFailBeforeTheMaskIsAllocated) {
+  BatchFixture f(16, 6, /*num_pages=*/8 * 60000 / 16 + 64, /*max_reqs=*/8, /*max_context=*/60000);
+  for (int i = 0; i < 8; ++i) f.AddSequence(0, 60000);
+  BuildOptions options;
+  options.mask_layout = MaskLayout::kFull;
+  const absl::Status s = BuildForwardMetadata(f.Batch(ForwardMode::kExtend), f.pool(),
+                                              f.page_size(), options)
+                             .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("tree rows"), absl::string_view::npos) << s;
+}
+
 // Every input array's size is checked before it is read: a kv_start_idx shorter or longer
 // than the batch is an error, not a read past its end.
 TEST(BuildForwardMetadataTest, StartOffsetsOfTheWrongSizeAreRejected) {

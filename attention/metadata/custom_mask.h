@@ -54,6 +54,9 @@ int64_t MaskBlockBytes(MaskLayout layout, int64_t q_len, int64_t kv_len, int32_t
 absl::Status BuildMaskIndptr(MaskLayout layout, absl::Span<const TokenLength> q_lens,
                              absl::Span<const TokenLength> kv_lens, absl::Span<int64_t> out);
 
+// The bytes of a batch's tree rows: sum(q_len^2), one [q_len][q_len] block per sequence.
+int64_t TreeRowsBytes(absl::Span<const TokenLength> q_lens);
+
 // Writes the mask of `layout` from tree rows: per sequence a [q_len][q_len] block of 0/1
 // bytes (byte (r, c) = query row r sees query row c), blocks back to back; the QLEN_ONLY
 // layout of a batch with equal q_lens. `mask_indptr` as BuildMaskIndptr wrote it. Writes

@@ -88,6 +88,9 @@ absl::Status DiffMetadata(const ForwardMetadataView& got, const ForwardMetadataV
   if (got.page_table.rows() < bs) {
     return SameCount("page table rows", got.page_table.rows(), bs);
   }
+  if (want.page_table.rows() < bs) {
+    return SameCount("page table rows (want)", want.page_table.rows(), bs);
+  }
   for (int64_t i = 0; i < bs; ++i) {
     const absl::Span<const PageId> g = got.page_table.row(i);
     const absl::Span<const PageId> w = want.page_table.row(i);

@@ -81,6 +81,18 @@ TEST_F(MetadataDiffTest, WiderPageTableMustBePaddedPastTheRows) {
   EXPECT_TRUE(absl::StartsWith(s.message(), "page_table row 0[")) << s;
 }
 
+// The reference's table is checked too: one row short of the batch is an error, not an
+// empty row compared (or a subspan past the table).
+TEST_F(MetadataDiffTest, WantTableShorterThanTheBatchIsAnError) {
+  const PageTableSpan<const PageId> want = want_.page_table.span();
+  ASSERT_GE(want.rows(), 2);
+  ForwardMetadataView short_want = want_.view();
+  short_want.page_table = *PageTableSpan<const PageId>::Create(
+      want.entries().subspan(0, (want.rows() - 1) * want.cols()), want.rows() - 1, want.cols());
+  const absl::Status s = DiffMetadata(want_.view(), short_want);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+}
+
 TEST_F(MetadataDiffTest, TablePresenceMustAgree) {
   ForwardMetadataView got = want_.view();
   got.page_table = {};

@@ -208,9 +208,13 @@ absl::Status RunSplitPlan(const ReferenceAttentionInputs& in, const SplitKvPlan&
   const ForwardMetadataView& m = in.metadata;
   const int64_t q_row = int64_t{in.dims.num_q_heads} * in.dims.head_dim;
   const int64_t heads = in.dims.num_q_heads;
-  if (plan.num_partials < 0) return absl::InvalidArgumentError("plan: negative num_partials");
-  std::vector<std::vector<float>> partial_out(plan.num_partials);
-  std::vector<std::vector<float>> partial_lse(plan.num_partials);
+  // The whole plan is checked before anything is allocated by its counts or written to out.
+  if (plan.num_partials < 0 || plan.num_partials > static_cast<int64_t>(plan.work.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("plan: ", plan.num_partials,
+                                                   " partial slots for ", plan.work.size(),
+                                                   " work items"));
+  }
+  std::vector<int64_t> partial_rows(plan.num_partials, -1);  // rows of each slot's item
   for (const SplitKvWorkItem& w : plan.work) {
     if (w.sequence < 0 || w.sequence >= m.batch_size()) {
       return absl::InvalidArgumentError(absl::StrCat("plan: sequence ", w.sequence, " outside the batch"));
@@ -225,6 +229,32 @@ absl::Status RunSplitPlan(const ReferenceAttentionInputs& in, const SplitKvPlan&
       return absl::InvalidArgumentError(absl::StrCat("plan: work item of sequence ", i,
                                                      " outside the sequence's rows or KV"));
     }
+    if (w.partial_slot >= 0) partial_rows[w.partial_slot] = (w.q_end - w.q_begin).value();
+  }
+  for (const SplitKvReduceItem& red : plan.reduce) {
+    const int64_t rows = (red.q_end - red.q_begin).value();
+    if (red.sequence < 0 || red.sequence >= m.batch_size() ||
+        red.q_begin < m.qo_indptr[red.sequence] || red.q_end > m.qo_indptr[red.sequence + 1] ||
+        rows < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan: reduce item of sequence ", red.sequence, " outside the sequence's rows"));
+    }
+    if (red.partial_begin < 0 || red.partial_end > plan.num_partials ||
+        red.partial_begin >= red.partial_end) {
+      return absl::InvalidArgumentError("plan: reduce item outside the partial slots");
+    }
+    for (int32_t p = red.partial_begin; p < red.partial_end; ++p) {
+      if (partial_rows[p] != rows) {
+        return absl::InvalidArgumentError(absl::StrCat("plan: partial slot ", p,
+                                                       " does not match its reduce item"));
+      }
+    }
+  }
+  std::vector<std::vector<float>> partial_out(plan.num_partials);
+  std::vector<std::vector<float>> partial_lse(plan.num_partials);
+  for (const SplitKvWorkItem& w : plan.work) {
+    const int64_t i = w.sequence;
+    const int64_t q0 = m.qo_indptr[i].value();
     const int64_t rows = (w.q_end - w.q_begin).value();
     float* dst;
     float* lse = nullptr;
@@ -242,22 +272,6 @@ absl::Status RunSplitPlan(const ReferenceAttentionInputs& in, const SplitKvPlan&
   }
   for (const SplitKvReduceItem& red : plan.reduce) {
     const int64_t rows = (red.q_end - red.q_begin).value();
-    if (red.sequence < 0 || red.sequence >= m.batch_size() ||
-        red.q_begin < m.qo_indptr[red.sequence] || red.q_end > m.qo_indptr[red.sequence + 1] ||
-        rows < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "plan: reduce item of sequence ", red.sequence, " outside the sequence's rows"));
-    }
-    if (red.partial_begin < 0 || red.partial_end > plan.num_partials ||
-        red.partial_begin >= red.partial_end) {
-      return absl::InvalidArgumentError("plan: reduce item outside the partial slots");
-    }
-    for (int32_t p = red.partial_begin; p < red.partial_end; ++p) {
-      if (static_cast<int64_t>(partial_lse[p].size()) != rows * heads) {
-        return absl::InvalidArgumentError(absl::StrCat("plan: partial slot ", p,
-                                                       " does not match its reduce item"));
-      }
-    }
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t e = r * heads + h;

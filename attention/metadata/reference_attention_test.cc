@@ -4,7 +4,9 @@
 
 #include "attention/metadata/reference_attention.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -165,6 +167,52 @@ TEST(ReferenceAttentionTest, EveryPathEqualsTheNaiveComputation) {
     ASSERT_TRUE(ReferenceAttentionGatheredSplitKv(in, *gather, *plan, absl::MakeSpan(out)).ok());
     ExpectNear(out, want);
   }
+}
+
+// A bad plan is refused before anything is allocated by its counts or written to out: a plan
+// whose partial count passes its work items (it would have allocated 2^31 partials), and a
+// plan whose first item is sound but whose later reduce item is not (it wrote that item's rows).
+TEST(ReferenceAttentionTest, BadSplitPlansWriteNothing) {
+  BatchFixture f(16, 5);
+  f.AddSequence(40, 3);
+  f.AddSequence(20, 2);
+  auto m = BuildForwardMetadata(f.Batch(ForwardMode::kExtend), f.pool(), f.page_size());
+  ASSERT_TRUE(m.ok()) << m.status();
+  const int qh = 2, kvh = 1, dim = 4;
+  std::mt19937_64 rng(9);
+  const std::vector<float> k_pool = Random(f.pool_slots().value() * kvh * dim, rng);
+  const std::vector<float> v_pool = Random(k_pool.size(), rng);
+  const std::vector<float> q = Random(f.num_query_rows().value() * qh * dim, rng);
+  ReferenceAttentionInputs in{{qh, kvh, dim}, m->view(), f.page_size(), q, k_pool, v_pool};
+  SplitKvOptions opt;
+  opt.num_units = 3;
+  opt.kv_granularity = TokenCount(16);
+  auto plan = PlanSplitKv(m->qo_indptr, m->kv_indptr, opt);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_FALSE(plan->reduce.empty());
+  std::vector<float> out(q.size(), 7.0f);
+  ASSERT_TRUE(ReferenceAttentionSplitKv(in, *plan, absl::MakeSpan(out)).ok());
+
+  SplitKvPlan huge = *plan;
+  huge.num_partials = std::numeric_limits<int32_t>::max();
+  out.assign(q.size(), 7.0f);
+  EXPECT_EQ(ReferenceAttentionSplitKv(in, huge, absl::MakeSpan(out)).code(),
+            absl::StatusCode::kInvalidArgument);
+  SplitKvPlan late = *plan;
+  // A direct item first (sequence 1 whole), then a reduce item naming a slot no item writes.
+  late.work.insert(late.work.begin(),
+                   SplitKvWorkItem{1, m->qo_indptr[1], m->qo_indptr[2], TokenPosition(0),
+                                   TokenPosition(m->kv_lens[1].value()), -1});
+  late.reduce.back().partial_end = late.num_partials;
+  late.reduce.back().partial_begin = late.num_partials - 1;
+  late.work.erase(std::remove_if(late.work.begin(), late.work.end(),
+                                 [&](const SplitKvWorkItem& w) {
+                                   return w.partial_slot == late.num_partials - 1;
+                                 }),
+                  late.work.end());
+  EXPECT_EQ(ReferenceAttentionSplitKv(in, late, absl::MakeSpan(out)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(out, std::vector<float>(q.size(), 7.0f)) << "out written before the error";
 }
 
 }  // namespace

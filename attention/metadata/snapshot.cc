@@ -211,6 +211,13 @@ void RecordMetadata(const ForwardMetadata& m, MetadataSnapshot& s) {
 absl::StatusOr<MetadataSnapshot> MakeSnapshot(const ForwardBatch& batch,
                                               const ReqToTokenPool& pool, PageSize page_size,
                                               TokenCount pool_slots, const ForwardMetadata& m) {
+  const size_t bs = batch.req_rows.size();
+  if (batch.kv_lens.size() != bs || batch.q_lens.size() != bs ||
+      (!batch.kv_start_idx.empty() && batch.kv_start_idx.size() != bs)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "snapshot: ", bs, " req_rows, ", batch.kv_lens.size(), " kv_lens, ",
+        batch.q_lens.size(), " q_lens and ", batch.kv_start_idx.size(), " kv_start_idx"));
+  }
   MetadataSnapshot s;
   s.set_page_size(page_size.tokens());
   s.set_pool_slots(pool_slots.value());
@@ -227,6 +234,7 @@ absl::StatusOr<MetadataSnapshot> MakeSnapshot(const ForwardBatch& batch,
   }
   s.set_tree_mask(std::string(batch.tree_mask.begin(), batch.tree_mask.end()));
   for (size_t i = 0; i < batch.req_rows.size(); ++i) {
+    // kv_start_idx: empty or one per request (checked above).
     const int64_t start = batch.kv_start_idx.empty() ? 0 : batch.kv_start_idx[i].value();
     auto row = pool.Read(batch.req_rows[i], TokenCount(0),
                          TokenCount(start + batch.kv_lens[i].value()));

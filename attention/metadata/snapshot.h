@@ -18,7 +18,8 @@
 
 namespace attnmeta {
 
-// Records `batch`, the req_to_token rows it reads, and `metadata`. Errors: those of
+// Records `batch`, the req_to_token rows it reads, and `metadata`. InvalidArgument: kv_lens,
+// q_lens or a non-empty kv_start_idx not one per request; then the errors of
 // ReqToTokenPool::Read for a row the batch reads, naming the request.
 absl::StatusOr<MetadataSnapshot> MakeSnapshot(const ForwardBatch& batch,
                                               const ReqToTokenPool& pool, PageSize page_size,
@@ -38,7 +39,9 @@ absl::StatusOr<MetadataSnapshot> SnapshotFromText(absl::string_view text);
 // requested rows in [0, max_reqs) (OutOfRange otherwise), array sizes that agree, and every
 // request reading only positions its recorded req_to_token row holds. Only the recorded rows
 // are rebuilt (renumbered densely, as wide as the longest, at most 2^28 entries), so what a
-// corrupt file makes it allocate is bounded by the file itself.
+// corrupt file makes it allocate is bounded by what it records: the rebuilt table by its
+// rows, kv_indices by its requests times its longest row, a custom mask by the sum of each
+// request's q_len (whose tree rows it holds) times its kv_len.
 absl::Status CheckSnapshot(const MetadataSnapshot& snapshot);
 
 // The snapshot with its metadata arrays re-recorded from its inputs, once the inputs pass

@@ -136,6 +136,27 @@ TEST_F(SnapshotTest, CorruptInputsAreRefusedBeforeRebuilding) {
 
 // Snapshots with start offsets (no page table) and with page-aligned lengths round-trip,
 // and their start offsets are part of what is checked.
+// A batch whose arrays disagree in size is refused, not read past its end.
+TEST_F(SnapshotTest, BatchArraysOfOtherSizesAreRefused) {
+  ForwardBatch b = f_.Batch(ForwardMode::kExtend);
+  auto m = BuildForwardMetadata(b, f_.pool(), f_.page_size());
+  ASSERT_TRUE(m.ok()) << m.status();
+  const std::vector<TokenLength> fewer(b.kv_lens.begin(), b.kv_lens.end() - 1);
+  ForwardBatch short_lens = b;
+  short_lens.kv_lens = fewer;
+  EXPECT_EQ(MakeSnapshot(short_lens, f_.pool(), f_.page_size(), f_.pool_slots(), *m)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::vector<TokenPosition> one_start = {TokenPosition(0)};
+  ForwardBatch short_starts = b;
+  short_starts.kv_start_idx = one_start;
+  EXPECT_EQ(MakeSnapshot(short_starts, f_.pool(), f_.page_size(), f_.pool_slots(), *m)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SnapshotShapesTest, StartOffsetsAndPageAlignedLengths) {
   BatchFixture f(16, 9);
   f.AddSequence(48, 16);  // page-aligned: 64 tokens

@@ -1,6 +1,7 @@
 #include "attention/metadata/split_kv_planner.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "attention/metadata/internal/indptr.h"
@@ -166,12 +167,22 @@ absl::StatusOr<SplitKvPlanCounts> CountSplitKvPlan(absl::Span<const TokenLength>
   const int64_t chunk = SplitKvChunk(options).value();
   const int64_t q_tile = options.q_tile.value();
   int64_t total_chunks = 0;
+  int64_t q_total = 0, kv_total = 0;
   for (size_t i = 0; i < q_lens.size(); ++i) {
     const int64_t q = q_lens[i].value();
     const int64_t kv = kv_lens[i].value();
     if (q < 0 || kv < 0 || q > kv) {
       return absl::InvalidArgumentError(
           absl::StrCat("sequence ", i, ": q_len ", q, ", kv_len ", kv));
+    }
+    // The indptrs PlanSplitKvInto plans from are int32; within them the chunk count below
+    // stays under 2^62.
+    q_total += q;
+    kv_total += kv;
+    if (q_total > std::numeric_limits<int32_t>::max() ||
+        kv_total > std::numeric_limits<int32_t>::max()) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "split-KV counts: the lengths through sequence ", i, " pass int32 offsets"));
     }
     if (q > 0) total_chunks += (q + q_tile - 1) / q_tile * ((kv + chunk - 1) / chunk);
   }

@@ -135,7 +135,8 @@ TokenCount SplitKvChunk(const SplitKvOptions& options);
 // What PlanSplitKvInto writes for the batch of per-sequence query rows `q_lens` and KV lengths
 // `kv_lens`, computed in O(batch) without writing the plan: for writers that write the plan on
 // the device and must still report its counts on the host. InvalidArgument: options out of
-// range, lengths of different sizes, a negative length, or q_len > kv_len.
+// range, lengths of different sizes, a negative length, or q_len > kv_len; OutOfRange: query
+// rows or KV tokens summing past INT32_MAX (the indptrs' int32 offsets).
 absl::StatusOr<SplitKvPlanCounts> CountSplitKvPlan(absl::Span<const TokenLength> q_lens,
                                                    absl::Span<const TokenLength> kv_lens,
                                                    const SplitKvOptions& options);

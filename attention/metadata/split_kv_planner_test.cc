@@ -1,6 +1,7 @@
 #include "attention/metadata/split_kv_planner.h"
 
 #include <algorithm>
+#include <limits>
 #include <functional>
 #include <map>
 #include <random>
@@ -261,6 +262,18 @@ TEST(SplitKvPlannerTest, CountsFromLengthsEqualWhatThePlanWrites) {
   opt.num_units = 0;
   EXPECT_EQ(CountSplitKvPlan(Lengths({1}), Lengths({4}), opt).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // Lengths whose sums pass the int32 indptrs the planner plans from: each of three sequences
+  // of 2^31 - 1 rows would add 2^62 chunks, past INT64_MAX together.
+  SplitKvOptions fine;
+  fine.kv_granularity = TokenCount(1);
+  const int32_t max = std::numeric_limits<int32_t>::max();
+  EXPECT_EQ(CountSplitKvPlan(Lengths({max, max, max}), Lengths({max, max, max}), fine)
+                .status()
+                .code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(CountSplitKvPlan(Lengths({0, 0}), Lengths({max, 1}), fine).status().code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_TRUE(CountSplitKvPlan(Lengths({0, 0}), Lengths({max - 1, 1}), fine).ok());
 }
 
 }  // namespace
