@@ -388,5 +388,25 @@ TEST(DraftDecodeBadInputTest, ShapesRowsAndInt32Offsets) {
   EXPECT_TRUE(BuildDraftDecodeMetadata(f.pool(), {}, {}, {1, 256}, TokenCount(0), ps).ok());
 }
 
+// The layout's own int32 check (field-bug row 10), called directly: the eager builder now
+// refuses such a batch before it reaches the step.
+TEST(DraftDecodeBadInputTest, StepRefusesOffsetsPastInt32) {
+  BatchFixture f(16, 3, 4096, 8, 256);
+  f.AddSequence(100, 60);
+  const std::vector<TokenLength> huge = {TokenLength(1 << 30), TokenLength(1 << 30)};
+  const std::vector<ReqPoolIndex> two_rows = {f.rows()[0], f.rows()[0]};
+  std::vector<TokenLength> kv_lens(2), last(2);
+  std::vector<TokenOffset> kv_indptr(3), qo_indptr(3);
+  std::vector<TokenSlot> kv_indices(16);
+  EXPECT_EQ(BuildDraftDecodeStep(f.pool(), two_rows, huge, {1, 3}, 0, f.page_size(),
+                                 DraftDecodeStepSpans{absl::MakeSpan(kv_lens),
+                                                      absl::MakeSpan(kv_indptr),
+                                                      absl::MakeSpan(qo_indptr),
+                                                      absl::MakeSpan(last),
+                                                      absl::MakeSpan(kv_indices)})
+                .code(),
+            absl::StatusCode::kOutOfRange);
+}
+
 }  // namespace
 }  // namespace attnmeta
