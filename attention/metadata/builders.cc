@@ -217,11 +217,7 @@ absl::StatusOr<ForwardMetadata> BuildForwardMetadata(const ForwardBatch& batch,
     }
     // The tree rows' size first: mask_indptr's total is the batch's q_len * kv_len, which the
     // caller's lengths can make gigabytes, and BuildCustomMask would refuse the rows after.
-    if (static_cast<int64_t>(batch.tree_mask.size()) != TreeRowsBytes(batch.q_lens)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "custom mask: tree rows hold ", batch.tree_mask.size(),
-          " bytes, the batch's q_lens need ", TreeRowsBytes(batch.q_lens)));
-    }
+    if (absl::Status s = CheckTreeRowsSize(batch.tree_mask, batch.q_lens); !s.ok()) return s;
     m.custom_mask.resize(m.mask_indptr.back());
     if (absl::Status s = BuildCustomMask(m.mask_layout, batch.tree_mask, batch.q_lens,
                                          batch.kv_lens, m.mask_indptr,

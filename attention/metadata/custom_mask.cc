@@ -99,10 +99,16 @@ absl::Status BuildMaskIndptr(MaskLayout layout, absl::Span<const TokenLength> q_
   return absl::OkStatus();
 }
 
-int64_t TreeRowsBytes(absl::Span<const TokenLength> q_lens) {
-  int64_t bytes = 0;
-  for (TokenLength q : q_lens) bytes += int64_t{q.value()} * q.value();
-  return bytes;
+absl::Status CheckTreeRowsSize(absl::Span<const uint8_t> tree_rows,
+                               absl::Span<const TokenLength> q_lens) {
+  int64_t tree_bytes = 0;
+  for (TokenLength q : q_lens) tree_bytes += int64_t{q.value()} * q.value();
+  if (static_cast<int64_t>(tree_rows.size()) != tree_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("custom mask: tree rows hold ",
+                                                   tree_rows.size(), " bytes, the batch's q_lens need ",
+                                                   tree_bytes));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status BuildCustomMask(MaskLayout layout, absl::Span<const uint8_t> tree_rows,
@@ -112,12 +118,7 @@ absl::Status BuildCustomMask(MaskLayout layout, absl::Span<const uint8_t> tree_r
   int32_t word_bytes = 0;
   if (absl::Status s = CheckBatch(layout, q_lens, kv_lens, &word_bytes); !s.ok()) return s;
   const size_t bs = q_lens.size();
-  const int64_t tree_bytes = TreeRowsBytes(q_lens);
-  if (static_cast<int64_t>(tree_rows.size()) != tree_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("custom mask: tree rows hold ",
-                                                   tree_rows.size(), " bytes, the batch's q_lens need ",
-                                                   tree_bytes));
-  }
+  if (absl::Status s = CheckTreeRowsSize(tree_rows, q_lens); !s.ok()) return s;
   for (size_t k = 0; k < tree_rows.size(); ++k) {
     if (tree_rows[k] > 1) {
       return absl::InvalidArgumentError(

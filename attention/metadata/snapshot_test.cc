@@ -142,19 +142,14 @@ TEST_F(SnapshotTest, BatchArraysOfOtherSizesAreRefused) {
   auto m = BuildForwardMetadata(b, f_.pool(), f_.page_size());
   ASSERT_TRUE(m.ok()) << m.status();
   const std::vector<TokenLength> fewer(b.kv_lens.begin(), b.kv_lens.end() - 1);
-  ForwardBatch short_lens = b;
-  short_lens.kv_lens = fewer;
-  EXPECT_EQ(MakeSnapshot(short_lens, f_.pool(), f_.page_size(), f_.pool_slots(), *m)
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
   const std::vector<TokenPosition> one_start = {TokenPosition(0)};
-  ForwardBatch short_starts = b;
+  ForwardBatch short_lens = b, short_starts = b;
+  short_lens.kv_lens = fewer;
   short_starts.kv_start_idx = one_start;
-  EXPECT_EQ(MakeSnapshot(short_starts, f_.pool(), f_.page_size(), f_.pool_slots(), *m)
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  for (const ForwardBatch& bad : {short_lens, short_starts}) {
+    EXPECT_EQ(MakeSnapshot(bad, f_.pool(), f_.page_size(), f_.pool_slots(), *m).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
 }
 
 TEST(SnapshotShapesTest, StartOffsetsAndPageAlignedLengths) {
