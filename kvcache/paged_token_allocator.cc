@@ -42,6 +42,7 @@ bool PagedTokenAllocator::IsLive(TokenSlot slot) const {
 }
 
 TokenCount PagedTokenAllocator::LiveTokensInPage(PageId page) const {
+  if (page.value() < 0 || page.value() > num_pages_) return TokenCount(0);
   return TokenCount(page_live_[page.value()]);
 }
 
@@ -59,11 +60,10 @@ absl::StatusOr<int64_t> PagedTokenAllocator::CheckRequest(int64_t index, TokenCo
                                                    prefix_len.value(), " exceeds the pool's ",
                                                    pool, " slots"));
   }
-  if ((seq_len - prefix_len).value() > pool) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "request ", index, ": ", (seq_len - prefix_len).value(),
-        " new tokens exceed the pool's ", pool, " slots"));
-  }
+  // Past the pool a request cannot be served, but it is checked whole first: a batch with a
+  // malformed request is InvalidArgument whatever else it asks for. The bound also keeps the
+  // page arithmetic below from overflowing.
+  const bool past_pool = (seq_len - prefix_len).value() > pool;
   if (prefix_len.value() > 0) {
     if (last_loc.value() < page_size_.tokens() || last_loc.value() >= pool) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -73,6 +73,12 @@ absl::StatusOr<int64_t> PagedTokenAllocator::CheckRequest(int64_t index, TokenCo
     if (!live_[last_loc.value()]) {
       return absl::InvalidArgumentError(absl::StrCat("request ", index, ": last_loc ",
                                                      last_loc.value(), " is not live"));
+    }
+    // Deferred slots stay live only so that nothing reuses them before the group ends.
+    if (deferred_mark_[last_loc.value()]) {
+      return absl::InvalidArgumentError(absl::StrCat("request ", index, ": last_loc ",
+                                                     last_loc.value(),
+                                                     " was freed in the open free group"));
     }
     const TokenCount next_offset = OffsetInPage(last_loc + TokenCount(1), page_size_);
     if (next_offset != TokenOffsetInPage(prefix_len, page_size_)) {
@@ -93,6 +99,11 @@ absl::StatusOr<int64_t> PagedTokenAllocator::CheckRequest(int64_t index, TokenCo
       }
     }
   }
+  if (past_pool) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "request ", index, ": ", (seq_len - prefix_len).value(),
+        " new tokens exceed the pool's ", pool, " slots"));
+  }
   return (PagesForTokensCeil(seq_len, page_size_) - PagesForTokensCeil(prefix_len, page_size_))
       .value();
 }
@@ -102,10 +113,15 @@ absl::Status PagedTokenAllocator::AllocateBatch(int64_t n, GetRequest get,
                                                 absl::Span<TokenSlot> out) {
   int64_t pages_needed = 0;
   int64_t tokens_needed = 0;
+  absl::Status past_pool;  // the first request larger than the pool
   scratch_pages_.clear();
   for (int64_t i = 0; i < n; ++i) {
     const ExtendRequest r = get(i);
     absl::StatusOr<int64_t> pages = CheckRequest(i, r.prefix_len, r.seq_len, r.last_loc);
+    if (pages.status().code() == absl::StatusCode::kResourceExhausted) {
+      if (past_pool.ok()) past_pool = pages.status();
+      continue;
+    }
     if (!pages.ok()) return pages.status();
     pages_needed += *pages;
     tokens_needed += (r.seq_len - r.prefix_len).value();
@@ -125,6 +141,7 @@ absl::Status PagedTokenAllocator::AllocateBatch(int64_t n, GetRequest get,
     return absl::InvalidArgumentError(absl::StrCat(
         "two requests of the batch continue the same partially filled page ", repeated.value()));
   }
+  if (!past_pool.ok()) return past_pool;
   if (pages_needed > free_pages().value()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "batch of ", n, " requests needs ", pages_needed, " new pages (", tokens_needed,
@@ -180,15 +197,20 @@ absl::Status PagedTokenAllocator::AllocateExtend(absl::Span<const ExtendRequest>
 
 absl::StatusOr<std::vector<TokenSlot>> PagedTokenAllocator::AllocateExtend(
     absl::Span<const ExtendRequest> requests) {
-  // The output holds the batch's new tokens, at most the pool's slots: a batch that asks for
-  // more fails with ResourceExhausted (or InvalidArgument for a bad request) in the span
-  // version before it looks at the output. Invalid requests count 0 here.
-  const int64_t pool = pool_slots().value();
+  // The output holds the batch's new tokens. A batch is served only if they fit the free
+  // pages plus the rest of each request's partially filled page, so a batch that asks for more
+  // fails in the span version (ResourceExhausted, or InvalidArgument for a bad request) before
+  // it looks at the output, which is then not allocated. Invalid requests count 0 here.
+  const int64_t ps = page_size_.tokens();
+  const int64_t servable =
+      free_pages().value() * ps + static_cast<int64_t>(requests.size()) * (ps - 1);
   int64_t total = 0;
   for (const ExtendRequest& r : requests) {
     if (r.prefix_len.value() < 0 || r.seq_len < r.prefix_len) continue;
-    total += std::min(pool - total, (r.seq_len - r.prefix_len).value());
+    total += std::min(servable + 1 - total, (r.seq_len - r.prefix_len).value());
+    if (total > servable) break;
   }
+  if (total > servable) return AllocateExtend(requests, absl::Span<TokenSlot>());
   std::vector<TokenSlot> out(total);
   if (absl::Status s = AllocateExtend(requests, absl::MakeSpan(out)); !s.ok()) return s;
   return out;

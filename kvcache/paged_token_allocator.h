@@ -76,8 +76,10 @@ class PagedTokenAllocator {
   //     the padding page, not live, breaking the page-offset invariant, with a live slot
   //     after it that the extend would need, or shared by two requests of the batch;
   //     `out` smaller than the number of new tokens;
-  //   ResourceExhausted: not enough free pages for the whole batch (checked after the
-  //     requests, before the output's size).
+  //   ResourceExhausted: a request with more new tokens than the pool has slots, or not
+  //     enough free pages for the whole batch (checked after every request is checked for
+  //     InvalidArgument, before the output's size).
+  //   While a free group is open, a last_loc freed in the group is not live.
   absl::Status AllocateExtend(absl::Span<const ExtendRequest> requests,
                               absl::Span<TokenSlot> out);
   absl::StatusOr<std::vector<TokenSlot>> AllocateExtend(absl::Span<const ExtendRequest> requests);
@@ -126,7 +128,7 @@ class PagedTokenAllocator {
   // All slots of the pool, padding page included: (num_pages + 1) * page_size.
   TokenCount pool_slots() const { return TokensInPages(PageCount(num_pages_ + 1), page_size_); }
   bool IsLive(TokenSlot slot) const;
-  // The number of live slots in `page`. REQUIRES: 0 <= page <= num_pages.
+  // The number of live slots in `page`; 0 for a page outside the pool.
   TokenCount LiveTokensInPage(PageId page) const;
 
  private:

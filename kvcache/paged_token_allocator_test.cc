@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tools/bench/heap_counter.h"
 
 namespace attnmeta {
 namespace {
@@ -94,6 +95,8 @@ TEST(PagedTokenAllocatorTest, PageReturnsWhenItsLastLiveSlotDies) {
   ASSERT_TRUE(a.Free({(*slots)[1], (*slots)[3]}).ok());
   EXPECT_EQ(a.free_pages(), PageCount(3)) << "page 1 still has live slots";
   EXPECT_EQ(a.LiveTokensInPage(PageId(1)), TokenCount(2));
+  EXPECT_EQ(a.LiveTokensInPage(PageId(5)), TokenCount(0)) << "outside the pool";
+  EXPECT_EQ(a.LiveTokensInPage(PageId(-1)), TokenCount(0)) << "outside the pool";
   ASSERT_TRUE(a.Free({(*slots)[0], (*slots)[2]}).ok());
   EXPECT_EQ(a.free_pages(), PageCount(4));
   EXPECT_EQ(a.live_tokens(), TokenCount(0));
@@ -176,6 +179,16 @@ TEST(PagedTokenAllocatorTest, BadRequestsChangeNothing) {
   EXPECT_EQ(code({{TokenCount(0), TokenCount(4), TokenSlot(0)},
                   {TokenCount(3), TokenCount(1), TokenSlot(9)}}),
             kInvalid);
+  // A request larger than the pool beside a malformed one: the malformed one is named, in
+  // either order (a scheduler retries ResourceExhausted; it must not retry a bad batch).
+  EXPECT_EQ(code({{TokenCount(0), TokenCount(int64_t{1} << 40), TokenSlot(0)},
+                  {TokenCount(5), TokenCount(3), TokenSlot(0)}}),
+            kInvalid);
+  EXPECT_EQ(code({{TokenCount(5), TokenCount(3), TokenSlot(0)},
+                  {TokenCount(0), TokenCount(int64_t{1} << 40), TokenSlot(0)}}),
+            kInvalid);
+  EXPECT_EQ(code({{TokenCount(6), TokenCount(int64_t{1} << 40), TokenSlot(8)}}), kInvalid)
+      << "a bad last_loc on the oversized request itself";
   // Output span too small.
   std::vector<TokenSlot> small(1);
   EXPECT_EQ(a.AllocateExtend({{TokenCount(0), TokenCount(2), TokenSlot(0)}}, absl::MakeSpan(small))
@@ -335,6 +348,39 @@ TEST(PagedTokenAllocatorFreeGroupTest, DeferredUntilTheEndOfTheStep) {
   EXPECT_EQ(Raw(*next), (std::vector<int32_t>{8, 9, 10, 11, 12}));
   // Slot 5 was never freed.
   EXPECT_TRUE(a.IsLive(TokenSlot(5)));
+}
+
+// A request freed in the open group is gone for extends, though its slots stay reserved.
+TEST(PagedTokenAllocatorFreeGroupTest, AFreedLastLocIsStale) {
+  PagedTokenAllocator a = MakeInOrder(4, 4);
+  auto slots = a.AllocateExtend({{TokenCount(0), TokenCount(3), TokenSlot(0)}});
+  ASSERT_TRUE(slots.ok());
+  EXPECT_EQ(Raw(*slots), (std::vector<int32_t>{4, 5, 6}));
+  const ExtendRequest more{TokenCount(3), TokenCount(4), TokenSlot(6)};
+  ASSERT_TRUE(a.BeginFreeGroup().ok());
+  ASSERT_TRUE(a.Free(*slots).ok());
+  const State before = Snapshot(a);
+  const absl::StatusOr<std::vector<TokenSlot>> r = a.AllocateExtend({more});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("freed in the open free group"), absl::string_view::npos)
+      << r.status();
+  EXPECT_TRUE(Snapshot(a) == before);
+  ASSERT_TRUE(a.EndFreeGroup().ok());
+  EXPECT_EQ(a.live_tokens(), TokenCount(0));
+}
+
+// The vector form sizes its output only for a batch the pool can serve: a request for far more
+// tokens than are free fails without allocating an output for them.
+TEST(PagedTokenAllocatorTest, VectorFormRefusesBeforeSizingItsOutput) {
+  if (!bench::HeapCounterIsLive()) GTEST_SKIP() << "a sanitizer owns operator new";
+  PagedTokenAllocator a = MakeInOrder(int64_t{1} << 16, 16);  // 2^20 slots
+  ASSERT_TRUE(a.AllocateExtend({{TokenCount(0), TokenCount(16), TokenSlot(0)}}).ok());
+  const int64_t live = bench::HeapLiveBytes();
+  bench::ResetHeapPeak();
+  const auto r = a.AllocateExtend({{TokenCount(0), TokenCount(int64_t{1} << 20), TokenSlot(0)}});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  // An output sized by the pool would be 4 MiB.
+  EXPECT_LT(bench::HeapPeakBytes() - live, 64 << 10);
 }
 
 }  // namespace
