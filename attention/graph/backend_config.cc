@@ -35,6 +35,10 @@ absl::Status ValidateBackendConfig(const BackendConfig& c) {
                                             c.num_q_heads()));
   }
   if (c.head_dim() < 1) return Bad("head_dim", absl::StrCat(c.head_dim(), " < 1"));
+  // Open proto3 enums keep values outside the declared set (a newer peer's, a cast).
+  if (!KvDtype_IsValid(c.kv_dtype())) {
+    return Bad("kv_dtype", absl::StrCat(static_cast<int>(c.kv_dtype()), " is not a KvDtype"));
+  }
   if (c.kv_dtype() == KV_DTYPE_UNSPECIFIED) return Bad("kv_dtype", "unspecified");
   const SplitKvConsumer& split = c.consumers().split_kv();
   if (split.enabled()) {
@@ -48,6 +52,10 @@ absl::Status ValidateBackendConfig(const BackendConfig& c) {
     }
     if (split.q_tile() < 1 || split.q_tile() > kMaxSplitTokens) {
       return Bad("consumers.split_kv.q_tile", absl::StrCat(split.q_tile(), " outside [1, 2^30]"));
+    }
+    if (!SplitKvLayout_IsValid(split.layout())) {
+      return Bad("consumers.split_kv.layout",
+                 absl::StrCat(static_cast<int>(split.layout()), " is not a SplitKvLayout"));
     }
     if (split.layout() == SPLIT_KV_LAYOUT_UNSPECIFIED) {
       return Bad("consumers.split_kv.layout", "unspecified: the consumer's layout is an input");

@@ -60,6 +60,11 @@ TEST(BackendConfigTest, NamesTheBadField) {
   expect("consumers.split_kv.layout", [](BackendConfig& c) {
     c.mutable_consumers()->mutable_split_kv()->set_layout(SPLIT_KV_LAYOUT_UNSPECIFIED);
   });
+  // Open enums keep values outside the declared set; the layout must not be guessed from one.
+  expect("consumers.split_kv.layout", [](BackendConfig& c) {
+    c.mutable_consumers()->mutable_split_kv()->set_layout(static_cast<SplitKvLayout>(7));
+  });
+  expect("kv_dtype", [](BackendConfig& c) { c.set_kv_dtype(static_cast<KvDtype>(99)); });
   expect("speculative.draft_tokens",
          [](BackendConfig& c) { c.mutable_speculative()->set_draft_tokens(-1); });
   expect("speculative.topk", [](BackendConfig& c) { c.mutable_speculative()->set_steps(0); });

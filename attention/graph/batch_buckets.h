@@ -23,8 +23,9 @@ class BatchSizeBuckets {
   static BatchSizeBuckets Default();
   // InvalidArgument unless `sizes` is non-empty, strictly increasing and >= 1.
   static absl::StatusOr<BatchSizeBuckets> Create(std::vector<int64_t> sizes);
-  // The config's capture_batch_sizes, or the default list cut at max_batch_size, with
-  // max_batch_size itself as the last bucket (so every batch the config allows has a graph).
+  // The config's capture_batch_sizes as given (batches past the last run eagerly), or, when
+  // it lists none, the default list cut at max_batch_size with max_batch_size itself as the
+  // last bucket (then every batch the config allows has a graph).
   // REQUIRES: ValidateBackendConfig(config).ok().
   static BatchSizeBuckets ForConfig(const BackendConfig& config);
 

@@ -13,6 +13,10 @@
 
 namespace attnmeta {
 
+// Where a memory's buffers live, and so who can touch them: the host (plain pointers) or the
+// device (pointers only kernels and the memory's copies may use).
+enum class MemorySpace { kHost, kDevice };
+
 // One allocation: its address in the memory's address space and its size.
 struct DeviceBuffer {
   void* ptr = nullptr;
@@ -36,9 +40,9 @@ class DeviceMemory {
   // Sets every byte of [offset, offset + bytes) to `value`.
   virtual absl::Status Fill(DeviceBuffer dst, int64_t offset, int64_t bytes, uint8_t value) = 0;
 
-  // True when buffers are addressable from the host (then metadata writers may use them as
-  // host spans).
-  virtual bool host_accessible() const = 0;
+  // Where the buffers live. A metadata writer works in one space (MetadataWriter::space);
+  // GraphState refuses to pair it with a memory of the other.
+  virtual MemorySpace space() const = 0;
 };
 
 }  // namespace attnmeta

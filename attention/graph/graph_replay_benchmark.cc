@@ -24,6 +24,7 @@ constexpr int64_t kCtx = 4096;
 // Writes the per-batch arrays only: the per-token ones are a kernel's work on a GPU.
 class BatchArraysOnly : public MetadataWriter {
  public:
+  MemorySpace space() const override { return MemorySpace::kHost; }
   absl::Status WriteBatchArrays(const MetadataWriteRequest& r, const GraphBuffers& b) override {
     return host_.WriteBatchArrays(r, b);
   }

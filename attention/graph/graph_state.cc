@@ -17,6 +17,10 @@ uint64_t NextGeneration() {
   return next.fetch_add(1, std::memory_order_relaxed);
 }
 
+const char* SpaceName(MemorySpace space) {
+  return space == MemorySpace::kHost ? "host" : "device";
+}
+
 template <typename T>
 absl::Span<T> Typed(DeviceBuffer b) {
   return absl::Span<T>(static_cast<T*>(b.ptr), static_cast<size_t>(b.bytes) / sizeof(T));
@@ -43,6 +47,11 @@ absl::StatusOr<std::unique_ptr<GraphState>> GraphState::Create(const BackendConf
   if (absl::Status s = ValidateBackendConfig(config); !s.ok()) return s;
   if (req_to_token == nullptr || memory == nullptr || writer == nullptr) {
     return absl::InvalidArgumentError("graph state: req_to_token, memory and writer are required");
+  }
+  if (writer->space() != memory->space()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "graph state: the metadata writer works on ", SpaceName(writer->space()),
+        " buffers, the memory allocates ", SpaceName(memory->space()), " buffers"));
   }
   if (config.page_size() != pool_page_size.tokens()) {
     return absl::FailedPreconditionError(absl::StrCat("page_size: the config says ",

@@ -25,8 +25,10 @@
 // Padded rows have no query rows: qo_indptr[bucket] is the real batch's query rows, not the
 // rows of the padded query tensor a captured kernel is given. A kernel must take its query
 // rows from qo_indptr (rows past qo_indptr[bucket] are padding it never reads). Their request
-// row is staged as kPaddedRow (-1): a writer must not read req_to_token for them (one that
-// did would fault rather than silently read a live request's slots).
+// row is staged as kPaddedRow (-1): a writer must not read req_to_token for them. Row -1
+// addresses the entries before the table, which may be another allocation's memory, so
+// nothing faults by itself: the host builders read rows through ReqToTokenPool's checked
+// reads, and the device kernels check every row they read.
 //
 // Modes (Capture's q_len_per_request in brackets):
 //  - decode [1], idle [0], extend [1 .. MaxQueryRowsPerRequest];
@@ -104,8 +106,9 @@ class GraphState {
   static constexpr ReqPoolIndex kPaddedRow{-1};
 
   // Allocates the buffers of the config's plan for config.max_batch_size requests.
-  // InvalidArgument: the config does not validate; FailedPrecondition: the KV pool's page
-  // size is not the config's, or req_to_token's rows are narrower than max_context_len +
+  // InvalidArgument: the config does not validate; FailedPrecondition: the writer and the
+  // memory work in different spaces (a host writer over device buffers, or the reverse),
+  // the KV pool's page size is not the config's, or req_to_token's rows are narrower than max_context_len +
   // draft_tokens or than the draft-decode runs of a request at max_context_len;
   // the plan's and the memory's errors. `req_to_token`, `memory` and `writer` must outlive
   // the state.
@@ -137,13 +140,16 @@ class GraphState {
   //   FailedPrecondition: the handle's generation is not the current one (Reserve moved the
   //     buffers after the capture, or it is another state's handle), or a row that is not
   //     allocated;
-  //   InvalidArgument: a handle whose shape Capture would refuse (a forged one), rows and
-  //     lengths of different sizes, more rows than the bucket, an idle
+  //   a handle whose shape Capture would refuse (a forged one): Capture's code for it
+  //     (InvalidArgument, or FailedPrecondition for a bucket past the capacity or a
+  //     speculative mode the config does not plan for);
+  //   InvalidArgument: rows and lengths of different sizes, more rows than the bucket, an idle
   //     handle given rows or another handle none, a KV length below the query rows per
   //     request, q_lens outside [1, the handle's] or given to another mode, a tree mask
   //     missing, of the wrong size or with bytes other than 0/1, or given to another mode;
-  //   OutOfRange: a KV length beyond max_context_len + draft_tokens, or beyond the row
-  //     (draft-decode: its branches' draft runs beyond the row);
+  //   OutOfRange: a row outside req_to_token, a KV length beyond max_context_len +
+  //     draft_tokens, or beyond the row (draft-decode: its branches' draft runs beyond the
+  //     row);
   //   ResourceExhausted: a buffer too small for the batch (the message names the buffer, the
   //     need and the capacity).
   absl::StatusOr<ReplayResult> Replay(const CaptureHandle& handle, const ReplayBatch& batch);

@@ -227,6 +227,7 @@ TEST_F(GraphStateTest, CaptureRules) {
 // A writer that cannot write a request says so before anything is staged: the buffers stay.
 class ExtendOnlyWriter : public MetadataWriter {
  public:
+  MemorySpace space() const override { return MemorySpace::kHost; }
   absl::Status CheckSupported(const MetadataWriteRequest& r) const override {
     return r.mode == ForwardMode::kExtend ? absl::OkStatus()
                                           : absl::UnimplementedError("extend only");
@@ -291,6 +292,42 @@ TEST(GraphStateCreateTest, ConfigMustMatchThePool) {
   EXPECT_EQ(GraphState::Create(bad, &f.pool(), f.page_size(), &memory, &writer).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(memory.live_allocations(), 0) << "refused creations allocate nothing";
+}
+
+// Host memory that says its buffers live on a device, and a host writer that says it writes on
+// one: a writer must never be handed buffers of the other space (a host writer would
+// dereference device pointers; a device writer would give host pointers to kernels).
+class DeviceSpaceMemory : public HostDeviceMemory {
+ public:
+  MemorySpace space() const override { return MemorySpace::kDevice; }
+};
+class DeviceSpaceWriter : public HostMetadataWriter {
+ public:
+  MemorySpace space() const override { return MemorySpace::kDevice; }
+};
+
+TEST(GraphStateCreateTest, WriterAndMemoryMustShareASpace) {
+  BatchFixture f(16, 1, 64, 8, 256);
+  const BackendConfig config = MakeTestConfig(16, {.max_context_len = 256});
+  DeviceSpaceMemory device_memory;
+  HostMetadataWriter host_writer;
+  absl::Status s =
+      GraphState::Create(config, &f.pool(), f.page_size(), &device_memory, &host_writer).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("writer works on host buffers, the memory allocates device"),
+            absl::string_view::npos)
+      << s;
+  EXPECT_EQ(device_memory.allocations(), 0);
+  HostDeviceMemory host_memory;
+  DeviceSpaceWriter device_writer;
+  s = GraphState::Create(config, &f.pool(), f.page_size(), &host_memory, &device_writer).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(host_memory.allocations(), 0);
+  // Each in its own space.
+  EXPECT_TRUE(GraphState::Create(config, &f.pool(), f.page_size(), &device_memory, &device_writer)
+                  .ok());
+  EXPECT_TRUE(
+      GraphState::Create(config, &f.pool(), f.page_size(), &host_memory, &host_writer).ok());
 }
 
 }  // namespace

@@ -31,7 +31,7 @@ class HostDeviceMemory : public DeviceMemory {
                             int64_t bytes) override;
   absl::Status CopyToHost(void* dst, DeviceBuffer src, int64_t offset, int64_t bytes) override;
   absl::Status Fill(DeviceBuffer dst, int64_t offset, int64_t bytes, uint8_t value) override;
-  bool host_accessible() const override { return true; }
+  MemorySpace space() const override { return MemorySpace::kHost; }
 
   // OK, or DataLoss naming the first live allocation whose canaries were overwritten.
   absl::Status VerifyCanaries() const;

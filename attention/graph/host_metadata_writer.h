@@ -11,6 +11,7 @@ namespace attnmeta {
 
 class HostMetadataWriter : public MetadataWriter {
  public:
+  MemorySpace space() const override { return MemorySpace::kHost; }
   absl::Status WriteBatchArrays(const MetadataWriteRequest& request,
                                 const GraphBuffers& buffers) override;
   absl::Status WriteTokenArrays(const MetadataWriteRequest& request, const GraphBuffers& buffers,

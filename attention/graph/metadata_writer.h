@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "attention/graph/device_memory.h"
 #include "attention/metadata/custom_mask.h"
 #include "attention/metadata/draft_decode_layout.h"
 #include "attention/metadata/forward_mode.h"
@@ -86,6 +87,10 @@ struct MetadataWriteRequest {
 class MetadataWriter {
  public:
   virtual ~MetadataWriter() = default;
+
+  // Where the buffers it writes must live: a host writer dereferences them, a device writer
+  // hands them to kernels.
+  virtual MemorySpace space() const = 0;
 
   // OK when the writer can write `request`, else Unimplemented. GraphState asks before it
   // stages anything, so that a request the writer cannot write leaves every buffer as it was.

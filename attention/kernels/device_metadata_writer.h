@@ -65,6 +65,7 @@ class DeviceMetadataWriter : public MetadataWriter {
 
   // Unimplemented for mask layouts other than FULL; InvalidArgument for a split-KV request
   // without the host lengths of its padded rows (host_kv_lens, host_q_lens).
+  MemorySpace space() const override { return MemorySpace::kDevice; }
   absl::Status CheckSupported(const MetadataWriteRequest& request) const override;
   absl::Status WriteBatchArrays(const MetadataWriteRequest& request,
                                 const GraphBuffers& buffers) override;

@@ -41,7 +41,7 @@ class HipDeviceMemory : public DeviceMemory {
                             int64_t bytes) override;
   absl::Status CopyToHost(void* dst, DeviceBuffer src, int64_t offset, int64_t bytes) override;
   absl::Status Fill(DeviceBuffer dst, int64_t offset, int64_t bytes, uint8_t value) override;
-  bool host_accessible() const override { return false; }
+  MemorySpace space() const override { return MemorySpace::kDevice; }
 
   hipStream_t stream() const { return stream_; }
   int64_t live_allocations() const { return static_cast<int64_t>(live_.size()); }

@@ -447,6 +447,7 @@ void RunEagerLaunchHostTime(DeviceViolationWord& word) {
 // that writes nothing, into host memory.
 class NoWriter : public MetadataWriter {
  public:
+  MemorySpace space() const override { return MemorySpace::kHost; }
   absl::Status WriteBatchArrays(const MetadataWriteRequest&, const GraphBuffers&) override {
     return absl::OkStatus();
   }
