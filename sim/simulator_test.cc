@@ -176,6 +176,25 @@ TEST(SimulatorTest, InjectedFaultFailsTheRunWithARejectedSnapshot) {
   }
 }
 
+// Past check_steps only the validator looks at a step's metadata (the attention check is off):
+// the same fault must still fail the run, named by the validator's page-table cross-check.
+TEST(SimulatorTest, TheValidatorCatchesAFaultPastTheAttentionChecks) {
+  Workload w = Default();
+  w.mutable_scenarios()->DeleteSubrange(1, 2);
+  w.mutable_scenarios(0)->mutable_backend()->mutable_consumers()->set_page_table(true);
+  w.set_check_steps(10);
+  SimOptions options;
+  options.page_sizes = {16};
+  options.inject_fault_step = 30;
+  absl::StatusOr<SimReport> report = RunWorkload(w, options);
+  ASSERT_TRUE(report.ok());
+  EXPECT_FALSE(report->passed());
+  const RunReport& r = report->runs(0);
+  EXPECT_EQ(r.steps(), 30);
+  EXPECT_TRUE(absl::StartsWith(r.failure(), "step 30, ")) << r.failure();
+  EXPECT_TRUE(absl::StrContains(r.failure(), "page_table")) << r.failure();
+}
+
 TEST(SimulatorTest, DumpAllWritesSnapshotsThatCheck) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   ASSERT_NE(tmp, nullptr);
