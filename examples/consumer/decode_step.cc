@@ -1,53 +1,110 @@
 #include "decode_step.h"
 
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "attention/graph/backend_config.h"
+#include "attention/graph/graph_state.h"
+#include "attention/graph/host_device_memory.h"
+#include "attention/graph/host_metadata_writer.h"
 #include "attention/metadata/builders.h"
+#include "attention/metadata/validator.h"
 #include "kvcache/paged_token_allocator.h"
 #include "kvcache/req_to_token_pool.h"
 #include "kvcache/units.h"
 
 namespace consumer {
+namespace {
 
 using attnmeta::TokenCount;
+
+// What admitting the requests leaves: the allocator, the request-to-token table and the decode
+// step's batch (each request's prompt and its next token allocated and written).
+struct Admitted {
+  attnmeta::PagedTokenAllocator alloc;
+  attnmeta::ReqToTokenPool pool;
+  std::vector<attnmeta::ReqPoolIndex> rows;
+  std::vector<attnmeta::TokenLength> kv_lens;
+};
+
+// `row_tokens`: the table's row width, at least the longest prompt plus one.
+absl::StatusOr<Admitted> Admit(const std::vector<int>& prompt_lens, attnmeta::PageSize ps,
+                               int num_pages, unsigned seed, int64_t row_tokens) {
+  absl::StatusOr<attnmeta::PagedTokenAllocator> alloc = attnmeta::PagedTokenAllocator::Create(
+      attnmeta::PageCount(num_pages), ps, attnmeta::FreePagePolicy::Shuffled(seed));
+  if (!alloc.ok()) return alloc.status();
+  absl::StatusOr<attnmeta::ReqToTokenPool> pool = attnmeta::ReqToTokenPool::Create(
+      static_cast<int32_t>(prompt_lens.size()), TokenCount(row_tokens));
+  if (!pool.ok()) return pool.status();
+  Admitted a{*std::move(alloc), *std::move(pool), {}, {}};
+  for (int len : prompt_lens) {
+    absl::StatusOr<attnmeta::ReqPoolIndex> row = a.pool.Allocate();
+    if (!row.ok()) return row.status();
+    // The prompt, then the decode step's token.
+    auto prompt = a.alloc.AllocateExtend({{TokenCount(0), TokenCount(len), attnmeta::TokenSlot(0)}});
+    if (!prompt.ok()) return prompt.status();
+    auto next = a.alloc.AllocateDecode({{TokenCount(len + 1), prompt->back()}});
+    if (!next.ok()) return next.status();
+    if (absl::Status s = a.pool.Write(*row, TokenCount(0), *prompt); !s.ok()) return s;
+    if (absl::Status s = a.pool.Write(*row, TokenCount(len), *next); !s.ok()) return s;
+    a.rows.push_back(*row);
+    a.kv_lens.push_back(attnmeta::TokenLength(len + 1));
+  }
+  return a;
+}
+
+int Longest(const std::vector<int>& lens) {
+  int longest = 0;
+  for (int len : lens) longest = len > longest ? len : longest;
+  return longest;
+}
+
+}  // namespace
 
 absl::StatusOr<attnmeta::ForwardMetadata> DecodeStepAfterPrefill(const std::vector<int>& prompt_lens,
                                                                  int page_size, int num_pages,
                                                                  unsigned seed) {
   absl::StatusOr<attnmeta::PageSize> ps = attnmeta::PageSize::Create(page_size);
   if (!ps.ok()) return ps.status();
-  absl::StatusOr<attnmeta::PagedTokenAllocator> alloc = attnmeta::PagedTokenAllocator::Create(
-      attnmeta::PageCount(num_pages), *ps, attnmeta::FreePagePolicy::Shuffled(seed));
-  if (!alloc.ok()) return alloc.status();
-  int longest = 0;
-  for (int len : prompt_lens) longest = len > longest ? len : longest;
-  absl::StatusOr<attnmeta::ReqToTokenPool> pool = attnmeta::ReqToTokenPool::Create(
-      static_cast<int32_t>(prompt_lens.size()), TokenCount(longest + 1));
-  if (!pool.ok()) return pool.status();
-
-  std::vector<attnmeta::ReqPoolIndex> rows;
-  std::vector<attnmeta::TokenLength> kv_lens, q_lens;
-  for (int len : prompt_lens) {
-    absl::StatusOr<attnmeta::ReqPoolIndex> row = pool->Allocate();
-    if (!row.ok()) return row.status();
-    // The prompt, then the decode step's token.
-    auto prompt = alloc->AllocateExtend({{TokenCount(0), TokenCount(len), attnmeta::TokenSlot(0)}});
-    if (!prompt.ok()) return prompt.status();
-    auto next = alloc->AllocateDecode({{TokenCount(len + 1), prompt->back()}});
-    if (!next.ok()) return next.status();
-    if (absl::Status s = pool->Write(*row, TokenCount(0), *prompt); !s.ok()) return s;
-    if (absl::Status s = pool->Write(*row, TokenCount(len), *next); !s.ok()) return s;
-    rows.push_back(*row);
-    kv_lens.push_back(attnmeta::TokenLength(len + 1));
-    q_lens.push_back(attnmeta::TokenLength(1));
-  }
+  absl::StatusOr<Admitted> a = Admit(prompt_lens, *ps, num_pages, seed, Longest(prompt_lens) + 1);
+  if (!a.ok()) return a.status();
+  const std::vector<attnmeta::TokenLength> q_lens(prompt_lens.size(), attnmeta::TokenLength(1));
   attnmeta::ForwardBatch batch;
   batch.mode = attnmeta::ForwardMode::kDecode;
-  batch.req_rows = rows;
-  batch.kv_lens = kv_lens;
+  batch.req_rows = a->rows;
+  batch.kv_lens = a->kv_lens;
   batch.q_lens = q_lens;
   attnmeta::BuildOptions options;
-  options.check = attnmeta::MetadataCheck{alloc->pool_slots(),
+  options.check = attnmeta::MetadataCheck{a->alloc.pool_slots(),
                                           TokenCount(static_cast<int64_t>(prompt_lens.size()))};
-  return attnmeta::BuildForwardMetadata(batch, *pool, *ps, options);
+  return attnmeta::BuildForwardMetadata(batch, a->pool, *ps, options);
+}
+
+absl::Status ReplayDecodeStepAndValidate(const std::vector<int>& prompt_lens, int page_size,
+                                         int num_pages, unsigned seed, int bucket) {
+  constexpr int kMaxContextLen = 4096;
+  absl::StatusOr<attnmeta::BackendConfig> config = attnmeta::ParseBackendConfig(absl::StrCat(
+      "max_batch_size: ", bucket, " max_context_len: ", kMaxContextLen, " page_size: ", page_size,
+      " num_q_heads: 32 num_kv_heads: 8 head_dim: 128 kv_dtype: KV_DTYPE_BF16"
+      " consumers { page_table: true }"));
+  if (!config.ok()) return config.status();
+  const attnmeta::PageSize ps = attnmeta::ConfigPageSize(*config);
+  absl::StatusOr<Admitted> a = Admit(prompt_lens, ps, num_pages, seed, kMaxContextLen);
+  if (!a.ok()) return a.status();
+  attnmeta::HostDeviceMemory memory;
+  attnmeta::HostMetadataWriter writer;
+  auto state = attnmeta::GraphState::Create(*config, &a->pool, ps, &memory, &writer);
+  if (!state.ok()) return state.status();
+  absl::StatusOr<attnmeta::CaptureHandle> graph =
+      (*state)->Capture(bucket, attnmeta::ForwardMode::kDecode);
+  if (!graph.ok()) return graph.status();
+  absl::StatusOr<attnmeta::ReplayResult> step =
+      (*state)->Replay(*graph, attnmeta::ReplayBatch{a->rows, a->kv_lens});
+  if (!step.ok()) return step.status();
+  attnmeta::ValidationContext ctx{a->alloc.pool_slots(), ps,
+                                  TokenCount(static_cast<int64_t>(prompt_lens.size()))};
+  ctx.check_slot_ownership = true;
+  return attnmeta::ValidateForwardMetadata(step->metadata, ctx);
 }
 
 }  // namespace consumer

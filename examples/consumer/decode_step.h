@@ -1,11 +1,12 @@
 // A consumer's use of attnmeta: admit requests into a paged KV cache, then build the decode
-// metadata of one step.
+// metadata of one step, eagerly or by replaying a captured graph's buffers.
 
 #ifndef CONSUMER_DECODE_STEP_H_
 #define CONSUMER_DECODE_STEP_H_
 
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "attention/metadata/forward_metadata.h"
 
@@ -16,6 +17,12 @@ namespace consumer {
 absl::StatusOr<attnmeta::ForwardMetadata> DecodeStepAfterPrefill(const std::vector<int>& prompt_lens,
                                                                  int page_size, int num_pages,
                                                                  unsigned seed);
+
+// The same requests' decode step through a graph: a backend config in text format, a decode
+// graph captured for `bucket` requests in host memory, one replay of the step, and the
+// validator over what the replay wrote (checked slot ownership included).
+absl::Status ReplayDecodeStepAndValidate(const std::vector<int>& prompt_lens, int page_size,
+                                         int num_pages, unsigned seed, int bucket);
 
 }  // namespace consumer
 

@@ -17,5 +17,13 @@ TEST(DecodeStepTest, MetadataOfADecodeAfterPrefill) {
             absl::StatusCode::kResourceExhausted);
 }
 
+TEST(DecodeStepTest, AGraphReplayOfTheStepValidates) {
+  EXPECT_TRUE(ReplayDecodeStepAndValidate({37, 5, 64}, 16, 64, 7, /*bucket=*/4).ok())
+      << ReplayDecodeStepAndValidate({37, 5, 64}, 16, 64, 7, 4);
+  // More requests than the captured bucket: refused before anything is written.
+  EXPECT_EQ(ReplayDecodeStepAndValidate({37, 5, 64}, 16, 64, 7, /*bucket=*/2).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace consumer
