@@ -110,45 +110,17 @@ absl::StatusOr<std::vector<ForwardMetadata>> BuildDraftDecodeMetadata(
     const ReqToTokenPool& pool, absl::Span<const ReqPoolIndex> req_rows,
     absl::Span<const TokenLength> seq_lens, DraftDecodeShape shape, TokenCount num_query_rows,
     PageSize page_size, const SpecBuildOptions& options) {
-  if (absl::Status s = CheckDraftDecodeShape(shape); !s.ok()) return s;
-  // Every branch holds a token at every step, so more branches than INT32_MAX put the steps'
-  // offsets beyond int32; within it, the sums below stay far from INT64_MAX.
-  if (req_rows.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max() / shape.topk)) {
-    return absl::OutOfRangeError(absl::StrCat("draft-decode: ", req_rows.size(), " rows of ",
-                                              shape.topk, " branches are beyond int32"));
+  // What the steps would refuse, refused before their arrays are allocated (a shape's topk
+  // and steps are the caller's, up to INT32_MAX each).
+  if (absl::Status s = CheckDraftDecodeBatch(pool, req_rows, seq_lens, shape, page_size);
+      !s.ok()) {
+    return s;
   }
   const size_t branches = req_rows.size() * shape.topk;
   if (absl::Status s = CheckQueryRows("draft-decode", static_cast<int64_t>(branches),
                                       num_query_rows);
       !s.ok()) {
     return s;
-  }
-  // What the steps will refuse, refused before their arrays are allocated (a shape's topk
-  // and steps are the caller's, up to INT32_MAX each).
-  if (seq_lens.size() != req_rows.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("draft-decode: ", req_rows.size(), " rows and ",
-                                                   seq_lens.size(), " seq_lens"));
-  }
-  for (size_t i = 0; i < seq_lens.size(); ++i) {
-    if (seq_lens[i].value() < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("draft-decode: seq_lens[", i, "] = ", seq_lens[i].value(), " is negative"));
-    }
-    const int64_t row_tokens = DraftRowTokens(seq_lens[i], shape, page_size);
-    if (row_tokens > pool.max_context_len().value()) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "draft-decode: request ", i, "'s draft runs reach position ", row_tokens,
-          ", past its row of ", pool.max_context_len().value()));
-    }
-  }
-  // No request's draft run is longer than a row, whatever the batch (an empty one too).
-  if (shape.steps > pool.max_context_len().value()) {
-    return absl::OutOfRangeError(absl::StrCat("draft-decode: ", shape.steps,
-                                              " steps, longer than a row of ",
-                                              pool.max_context_len().value()));
-  }
-  if (DraftStepTokens(seq_lens, shape, shape.steps - 1) > std::numeric_limits<int32_t>::max()) {
-    return absl::OutOfRangeError("draft-decode: the last step's tokens are beyond int32");
   }
   std::vector<ForwardMetadata> steps(shape.steps);
   for (int32_t step = 0; step < shape.steps; ++step) {
@@ -158,11 +130,7 @@ absl::StatusOr<std::vector<ForwardMetadata>> BuildDraftDecodeMetadata(
     m.kv_indptr.resize(branches + 1);
     m.qo_indptr.resize(branches + 1);
     m.kv_last_page_len.resize(branches);
-    const int64_t tokens = DraftStepTokens(seq_lens, shape, step);
-    if (seq_lens.size() == req_rows.size() && tokens >= 0 &&
-        tokens <= std::numeric_limits<int32_t>::max()) {
-      m.kv_indices.resize(tokens);
-    }
+    m.kv_indices.resize(DraftStepTokens(seq_lens, shape, step));
     if (absl::Status s = BuildDraftDecodeStep(
             pool, req_rows, seq_lens, shape, step, page_size,
             DraftDecodeStepSpans{absl::MakeSpan(m.kv_lens), absl::MakeSpan(m.kv_indptr),

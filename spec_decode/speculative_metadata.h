@@ -67,10 +67,9 @@ absl::StatusOr<ForwardMetadata> BuildTargetVerifyMetadata(
     MaskLayout mask_layout, TokenCount num_query_rows, PageSize page_size,
     const SpecBuildOptions& options = {});
 
-// Every step of a multi-step draft-decode, step 0 first. The errors of BuildDraftDecodeStep,
-// returned before any step's arrays are allocated; InvalidArgument: num_query_rows != bs *
-// topk; OutOfRange: more than INT32_MAX branches, or more steps than a row of the pool holds;
-// in checked mode the validator's.
+// Every step of a multi-step draft-decode, step 0 first. The errors of CheckDraftDecodeBatch
+// (draft_decode_layout.h), returned before any step's arrays are allocated; InvalidArgument:
+// num_query_rows != bs * topk; in checked mode the validator's.
 absl::StatusOr<std::vector<ForwardMetadata>> BuildDraftDecodeMetadata(
     const ReqToTokenPool& pool, absl::Span<const ReqPoolIndex> req_rows,
     absl::Span<const TokenLength> seq_lens, DraftDecodeShape shape, TokenCount num_query_rows,

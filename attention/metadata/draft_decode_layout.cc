@@ -47,43 +47,38 @@ int64_t DraftStepTokens(absl::Span<const TokenLength> seq_lens, DraftDecodeShape
   return sum * shape.topk + static_cast<int64_t>(seq_lens.size()) * shape.topk * (step + 1);
 }
 
-absl::Status BuildDraftDecodeStep(const ReqToTokenPool& pool, absl::Span<const ReqPoolIndex> rows,
-                                  absl::Span<const TokenLength> seq_lens, DraftDecodeShape shape,
-                                  int32_t step, PageSize page_size,
-                                  const DraftDecodeStepSpans& out) {
+absl::Status CheckDraftDecodeBatch(const ReqToTokenPool& pool, absl::Span<const ReqPoolIndex> rows,
+                                   absl::Span<const TokenLength> seq_lens, DraftDecodeShape shape,
+                                   PageSize page_size) {
   if (absl::Status s = CheckDraftDecodeShape(shape); !s.ok()) return s;
-  if (step < 0 || step >= shape.steps) {
+  // Every branch holds a token at every step, so more branches than INT32_MAX put the steps'
+  // offsets beyond int32; within it, the sums below stay far from INT64_MAX.
+  if (rows.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max() / shape.topk)) {
+    return absl::OutOfRangeError(absl::StrCat("draft-decode: ", rows.size(), " rows of ",
+                                              shape.topk, " branches are beyond int32"));
+  }
+  if (seq_lens.size() != rows.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("draft-decode: step ", step, " outside [0, ", shape.steps, ")"));
+        absl::StrCat("draft-decode: ", rows.size(), " rows and ", seq_lens.size(), " seq_lens"));
   }
-  const size_t bs = rows.size();
-  const size_t branches = bs * static_cast<size_t>(shape.topk);
-  if (seq_lens.size() != bs || out.kv_lens.size() != branches ||
-      out.kv_indptr.size() != branches + 1 || out.qo_indptr.size() != branches + 1 ||
-      out.kv_last_page_len.size() != branches) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "draft-decode: ", bs, " rows, ", seq_lens.size(), " seq_lens, and outputs of ",
-        out.kv_lens.size(), "/", out.kv_indptr.size(), "/", out.qo_indptr.size(), "/",
-        out.kv_last_page_len.size(), " entries for ", branches, " branches"));
-  }
-  for (size_t s = 0; s < bs; ++s) {
+  for (size_t s = 0; s < seq_lens.size(); ++s) {
     if (seq_lens[s].value() < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("draft-decode: seq_lens[", s, "] = ", seq_lens[s].value(), " is negative"));
     }
   }
-  const int64_t total = DraftStepTokens(seq_lens, shape, step);
-  if (total > std::numeric_limits<int32_t>::max()) {
-    return absl::OutOfRangeError(absl::StrCat("draft-decode: step ", step, " uses ", total,
+  // No request's draft run is longer than a row, whatever the batch (an empty one too).
+  if (shape.steps > pool.max_context_len().value()) {
+    return absl::OutOfRangeError(absl::StrCat("draft-decode: ", shape.steps,
+                                              " steps, longer than a row of ",
+                                              pool.max_context_len().value()));
+  }
+  const int64_t last = DraftStepTokens(seq_lens, shape, shape.steps - 1);
+  if (last > std::numeric_limits<int32_t>::max()) {
+    return absl::OutOfRangeError(absl::StrCat("draft-decode: the last step uses ", last,
                                               " kv_indices entries, beyond int32 offsets"));
   }
-  if (static_cast<int64_t>(out.kv_indices.size()) < total) {
-    return absl::InvalidArgumentError(absl::StrCat("draft-decode: kv_indices holds ",
-                                                   out.kv_indices.size(), " entries, step ", step,
-                                                   " needs ", total));
-  }
-  const int64_t iters = step + 1;
-  for (size_t s = 0; s < bs; ++s) {
+  for (size_t s = 0; s < rows.size(); ++s) {
     const int64_t row_tokens = DraftRowTokens(seq_lens[s], shape, page_size);
     absl::StatusOr<absl::Span<const TokenSlot>> row =
         pool.Read(rows[s], TokenCount(0), TokenCount(row_tokens));
@@ -93,6 +88,33 @@ absl::Status BuildDraftDecodeStep(const ReqToTokenPool& pool, absl::Span<const R
                                        row_tokens, ") of its row: ", row.status().message()));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status BuildDraftDecodeStep(const ReqToTokenPool& pool, absl::Span<const ReqPoolIndex> rows,
+                                  absl::Span<const TokenLength> seq_lens, DraftDecodeShape shape,
+                                  int32_t step, PageSize page_size,
+                                  const DraftDecodeStepSpans& out) {
+  if (absl::Status s = CheckDraftDecodeBatch(pool, rows, seq_lens, shape, page_size); !s.ok()) {
+    return s;
+  }
+  if (step < 0 || step >= shape.steps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("draft-decode: step ", step, " outside [0, ", shape.steps, ")"));
+  }
+  const size_t bs = rows.size();
+  const size_t branches = bs * static_cast<size_t>(shape.topk);
+  const int64_t total = DraftStepTokens(seq_lens, shape, step);
+  if (out.kv_lens.size() != branches || out.kv_indptr.size() != branches + 1 ||
+      out.qo_indptr.size() != branches + 1 || out.kv_last_page_len.size() != branches ||
+      static_cast<int64_t>(out.kv_indices.size()) < total) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "draft-decode: outputs of ", out.kv_lens.size(), "/", out.kv_indptr.size(), "/",
+        out.qo_indptr.size(), "/", out.kv_last_page_len.size(), " entries for ", branches,
+        " branches, and a kv_indices of ", out.kv_indices.size(), " entries where step ", step,
+        " needs ", total));
+  }
+  const int64_t iters = step + 1;
   out.kv_indptr[0] = TokenOffset(0);
   out.qo_indptr[0] = TokenOffset(0);
   int32_t offset = 0;

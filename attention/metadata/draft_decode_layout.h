@@ -59,11 +59,20 @@ struct DraftDecodeStepSpans {
   absl::Span<TokenSlot> kv_indices;          // at least DraftStepTokens; the tail is not written
 };
 
+// Whether the draft-decode steps of requests `rows` with committed lengths `seq_lens` can be
+// built, checked before any step is built or any step's arrays allocated. InvalidArgument:
+// the shape, a seq_len count other than the rows', a negative seq_len; OutOfRange: more than
+// INT32_MAX branches, more steps than a row holds, the last step's tokens beyond INT32_MAX
+// (int32 offsets; every earlier step has fewer), draft positions past a row (DraftRowTokens >
+// max_context_len) or a row outside the table; FailedPrecondition: a row that is not
+// allocated.
+absl::Status CheckDraftDecodeBatch(const ReqToTokenPool& pool, absl::Span<const ReqPoolIndex> rows,
+                                   absl::Span<const TokenLength> seq_lens, DraftDecodeShape shape,
+                                   PageSize page_size);
+
 // Writes step `step` of requests `rows` with committed lengths `seq_lens`. Checks everything
-// first and writes nothing on error: InvalidArgument: the shape, step outside [0, steps),
-// sizes that disagree, a negative seq_len; OutOfRange: the step's tokens beyond INT32_MAX
-// (int32 offsets), or draft positions past the row (DraftRowTokens > max_context_len);
-// FailedPrecondition: a row that is not allocated.
+// first and writes nothing on error: CheckDraftDecodeBatch's errors, then InvalidArgument for
+// a step outside [0, steps) or outputs of other sizes than the step's.
 absl::Status BuildDraftDecodeStep(const ReqToTokenPool& pool, absl::Span<const ReqPoolIndex> rows,
                                   absl::Span<const TokenLength> seq_lens, DraftDecodeShape shape,
                                   int32_t step, PageSize page_size,
