@@ -76,10 +76,6 @@ absl::Status ReqToTokenPool::Free(ReqPoolIndex row) {
   return absl::OkStatus();
 }
 
-bool ReqToTokenPool::IsAllocated(ReqPoolIndex row) const {
-  return row.value() >= 0 && row.value() < max_reqs_ && allocated_[row.value()];
-}
-
 absl::Status ReqToTokenPool::CheckRange(ReqPoolIndex row, TokenCount begin,
                                         TokenCount len) const {
   if (absl::Status s = CheckRow(row); !s.ok()) return s;

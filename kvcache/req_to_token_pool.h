@@ -55,7 +55,10 @@ class ReqToTokenPool {
   absl::StatusOr<absl::Span<const TokenSlot>> Read(ReqPoolIndex row, TokenCount begin,
                                                    TokenCount len) const;
 
-  bool IsAllocated(ReqPoolIndex row) const;
+  // Inline: GraphState asks it for every row of every replay.
+  bool IsAllocated(ReqPoolIndex row) const {
+    return row.value() >= 0 && row.value() < max_reqs_ && allocated_[row.value()] != 0;
+  }
   int32_t max_reqs() const { return max_reqs_; }
   TokenCount max_context_len() const { return TokenCount(max_context_len_); }
   int32_t num_free_rows() const { return static_cast<int32_t>(free_rows_.size()); }
@@ -73,7 +76,7 @@ class ReqToTokenPool {
   int32_t max_reqs_;
   int64_t max_context_len_;
   std::vector<TokenSlot> table_;     // [max_reqs * max_context_len]
-  std::vector<bool> allocated_;      // [max_reqs]
+  std::vector<uint8_t> allocated_;   // [max_reqs], 1 where allocated
   std::vector<ReqPoolIndex> free_rows_;  // back() is the lowest free row
 };
 

@@ -1,5 +1,6 @@
 #include "attention/metadata/builders.h"
 
+#include <cstdint>
 #include <vector>
 
 #include "attention/metadata/testing/batch_fixture.h"
@@ -60,6 +61,18 @@ TEST(BuildKvLastPageLenTest, UnalignedAndEmpty) {
   std::vector<TokenLength> small(2);
   EXPECT_EQ(BuildKvLastPageLen(Lens({1, 2, 3}), ps, absl::MakeSpan(small)).code(),
             absl::StatusCode::kInvalidArgument);
+  // A page size that is not a power of two (the division path), page size 1, the largest page
+  // and the longest sequence.
+  const auto last = [](int32_t kv_len, int64_t page) {
+    return LastPageLen(TokenLength(kv_len), *PageSize::Create(page)).value();
+  };
+  EXPECT_EQ(last(7, 7), 7);
+  EXPECT_EQ(last(8, 7), 1);
+  EXPECT_EQ(last(20, 7), 6);
+  EXPECT_EQ(last(5, 1), 1);
+  EXPECT_EQ(last(0, 7), 0);
+  EXPECT_EQ(last(INT32_MAX, 1 << 20), (INT32_MAX - 1) % (1 << 20) + 1);
+  EXPECT_EQ(last(INT32_MAX, 3), (INT32_MAX - 1) % 3 + 1);
 }
 
 TEST(BuildTokenKvIndicesTest, CopiesRowsWithStartOffsetsAndKeepsTail) {

@@ -10,9 +10,4 @@ TokenCount MaxLength(absl::Span<const TokenLength> lens) {
   return TokenCount(m);
 }
 
-TokenLength LastPageLen(TokenLength kv_len, PageSize page_size) {
-  if (kv_len.value() == 0) return TokenLength(0);
-  return TokenLength(static_cast<int32_t>((kv_len.value() - 1) % page_size.tokens() + 1));
-}
-
 }  // namespace attnmeta

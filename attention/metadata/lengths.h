@@ -3,6 +3,8 @@
 #ifndef ATTNMETA_ATTENTION_METADATA_LENGTHS_H_
 #define ATTNMETA_ATTENTION_METADATA_LENGTHS_H_
 
+#include <cstdint>
+
 #include "absl/types/span.h"
 #include "kvcache/units.h"
 
@@ -14,7 +16,16 @@ TokenCount MaxLength(absl::Span<const TokenLength> lens);
 
 // Tokens in the last page of a sequence of kv_len tokens: (kv_len - 1) % page_size + 1, and
 // 0 for an empty sequence. REQUIRES: kv_len >= 0.
-TokenLength LastPageLen(TokenLength kv_len, PageSize page_size);
+// Inline and without a 64-bit division: the host replay computes it for every row.
+inline TokenLength LastPageLen(TokenLength kv_len, PageSize page_size) {
+  if (kv_len.value() == 0) return TokenLength(0);
+  const int32_t before = kv_len.value() - 1;  // >= 0
+  if (page_size.log2() >= 0) {
+    return TokenLength((before & static_cast<int32_t>(page_size.tokens() - 1)) + 1);
+  }
+  // A page holds at most 2^20 tokens: the divisor fits int32.
+  return TokenLength(before % static_cast<int32_t>(page_size.tokens()) + 1);
+}
 
 }  // namespace attnmeta
 
