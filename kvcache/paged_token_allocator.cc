@@ -119,12 +119,14 @@ absl::Status PagedTokenAllocator::AllocateBatch(int64_t n, GetRequest get,
     const ExtendRequest r = get(i);
     absl::StatusOr<int64_t> pages = CheckRequest(i, r.prefix_len, r.seq_len, r.last_loc);
     if (pages.status().code() == absl::StatusCode::kResourceExhausted) {
+      // Well-formed, only too large: its page still counts for the shared-page check.
       if (past_pool.ok()) past_pool = pages.status();
-      continue;
+    } else if (!pages.ok()) {
+      return pages.status();
+    } else {
+      pages_needed += *pages;
+      tokens_needed += (r.seq_len - r.prefix_len).value();
     }
-    if (!pages.ok()) return pages.status();
-    pages_needed += *pages;
-    tokens_needed += (r.seq_len - r.prefix_len).value();
     if (TokenOffsetInPage(r.prefix_len, page_size_).value() != 0 && r.seq_len > r.prefix_len) {
       scratch_pages_.push_back(PageOf(r.last_loc, page_size_));
     }

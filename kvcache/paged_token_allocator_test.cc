@@ -189,6 +189,10 @@ TEST(PagedTokenAllocatorTest, BadRequestsChangeNothing) {
             kInvalid);
   EXPECT_EQ(code({{TokenCount(6), TokenCount(int64_t{1} << 40), TokenSlot(8)}}), kInvalid)
       << "a bad last_loc on the oversized request itself";
+  EXPECT_EQ(code({{TokenCount(6), TokenCount(7), TokenSlot(9)},
+                  {TokenCount(6), TokenCount(int64_t{1} << 40), TokenSlot(9)}}),
+            kInvalid)
+      << "an oversized request continuing a page another request continues";
   // Output span too small.
   std::vector<TokenSlot> small(1);
   EXPECT_EQ(a.AllocateExtend({{TokenCount(0), TokenCount(2), TokenSlot(0)}}, absl::MakeSpan(small))
