@@ -39,8 +39,12 @@ def _compile_flags(ctx, backend):
     # The backend's defines (ATTNMETA_GPU_CUDA / ATTNMETA_GPU_ROCM) come from
     # //third_party/rules_hip:gpu_runtime through the portability header's dependency.
     common = ["-std=c++17"] + _MODE_FLAGS[ctx.var["COMPILATION_MODE"]] + ctx.attr.copts
+    werror = ctx.attr._werror[BuildSettingInfo].value
     if backend == "cuda":
-        flags = ["-x", "cu", "-Xcompiler", "-fPIC"]
+        # -Xcompiler reaches the host compiler; nvcc's own warnings are its --Werror kinds.
+        flags = ["-x", "cu", "-Xcompiler", "-fPIC", "-Xcompiler", "-Wall"]
+        if werror:
+            flags += ["-Xcompiler", "-Werror", "-Werror", "all-warnings"]
         for arch in ctx.attr._cuda_archs[BuildSettingInfo].value:
             num = arch.replace("sm_", "")
             flags.append("-gencode=arch=compute_%s,code=[sm_%s,compute_%s]" % (num, num, num))
@@ -51,7 +55,10 @@ def _compile_flags(ctx, backend):
         "-fPIC",
         "--rocm-path=/usr",
         "--hip-device-lib-path=/usr/lib/x86_64-linux-gnu/amdgcn/bitcode",
+        "-Wall",
     ]
+    if werror:
+        flags.append("-Werror")
     for arch in ctx.attr._rocm_archs[BuildSettingInfo].value:
         flags.append("--offload-arch=" + arch)
     return flags + common
@@ -131,6 +138,7 @@ _hip_library_rule = rule(
         "_backend": attr.label(default = "//third_party/rules_hip:backend"),
         "_cuda_archs": attr.label(default = "//third_party/rules_hip:cuda_archs"),
         "_rocm_archs": attr.label(default = "//third_party/rules_hip:rocm_archs"),
+        "_werror": attr.label(default = "//third_party/rules_hip:werror"),
         "_cc_toolchain": attr.label(default = "@bazel_tools//tools/cpp:current_cc_toolchain"),
     },
     toolchains = ["@bazel_tools//tools/cpp:toolchain_type"],
