@@ -85,9 +85,12 @@ def _hip_library_impl(ctx):
     objects = []
     for src in ctx.files.srcs:
         obj = ctx.actions.declare_file("_hip_objs/%s/%s.o" % (ctx.label.name, src.basename))
-        ctx.actions.run(
-            executable = compiler,
-            arguments = flags + ["-c", src.path, "-o", obj.path],
+        # A temporary folder of its own: nvcc names its temporary files after its process id,
+        # which is the same small number in every sandbox's PID namespace, and the sandboxes
+        # share /tmp, so two compiles at once overwrote each other's files.
+        ctx.actions.run_shell(
+            command = 'd="$(mktemp -d)" && TMPDIR="$d" "$@"; s=$?; rm -rf "$d"; exit $s',
+            arguments = [compiler] + flags + ["-c", src.path, "-o", obj.path],
             inputs = depset([src], transitive = [headers]),
             outputs = [obj],
             mnemonic = "HipCompile",
