@@ -145,17 +145,29 @@ std::string ReadFile(const std::string& path) {
 // The injected fault (sequence 0's token 0 pointed at token 1's slot) must fail the run, with
 // a snapshot that the snapshot checker rejects. With a page table the validator sees the
 // disagreement; without one the metadata is valid and only the attention check catches it.
+// The default workload's first scenario alone, with or without a page table.
+Workload OneScenario(bool page_table) {
+  Workload w = Default();
+  w.mutable_scenarios()->DeleteSubrange(1, 2);
+  w.mutable_scenarios(0)->mutable_backend()->mutable_consumers()->set_page_table(page_table);
+  return w;
+}
+
+// Page size 16, a fault injected into the metadata of step 30.
+SimOptions FaultAtStep30() {
+  SimOptions options;
+  options.page_sizes = {16};
+  options.inject_fault_step = 30;
+  return options;
+}
+
 TEST(SimulatorTest, InjectedFaultFailsTheRunWithARejectedSnapshot) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   ASSERT_NE(tmp, nullptr);
   for (bool page_table : {true, false}) {
     SCOPED_TRACE(page_table ? "page table" : "token-level only");
-    Workload w = Default();
-    w.mutable_scenarios()->DeleteSubrange(1, 2);
-    w.mutable_scenarios(0)->mutable_backend()->mutable_consumers()->set_page_table(page_table);
-    SimOptions options;
-    options.page_sizes = {16};
-    options.inject_fault_step = 30;
+    const Workload w = OneScenario(page_table);
+    SimOptions options = FaultAtStep30();
     options.dump_dir = absl::StrCat(tmp, page_table ? "/with_table" : "/without_table");
     ASSERT_EQ(std::system(("mkdir -p " + options.dump_dir).c_str()), 0);
     absl::StatusOr<SimReport> report = RunWorkload(w, options);
@@ -179,14 +191,9 @@ TEST(SimulatorTest, InjectedFaultFailsTheRunWithARejectedSnapshot) {
 // Past check_steps only the validator looks at a step's metadata (the attention check is off):
 // the same fault must still fail the run, named by the validator's page-table cross-check.
 TEST(SimulatorTest, TheValidatorCatchesAFaultPastTheAttentionChecks) {
-  Workload w = Default();
-  w.mutable_scenarios()->DeleteSubrange(1, 2);
-  w.mutable_scenarios(0)->mutable_backend()->mutable_consumers()->set_page_table(true);
+  Workload w = OneScenario(/*page_table=*/true);
   w.set_check_steps(10);
-  SimOptions options;
-  options.page_sizes = {16};
-  options.inject_fault_step = 30;
-  absl::StatusOr<SimReport> report = RunWorkload(w, options);
+  absl::StatusOr<SimReport> report = RunWorkload(w, FaultAtStep30());
   ASSERT_TRUE(report.ok());
   EXPECT_FALSE(report->passed());
   const RunReport& r = report->runs(0);
