@@ -318,7 +318,8 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDe
   internal::WarpSoftmax<kHeadDim, 1> sm;
   const float scale = p.softmax_scale * kLog2e;
   internal::AttendWarpStepsWithQ<Dtype, kHeadDim, kStep, 1, kWarps, kPortableMma, kReadOnceKv>(
-      p, lv, warp, q_offset, scale, [](int32_t, int, int, int) { return true; }, sm);
+      p, lv, warp, q_offset, scale, [](int32_t, int, int, int) { return true; },
+      [](int32_t) { return false; }, sm);
 
   internal::StoreWarpState(states, warp, lv.g, lv.t, sm);
   __syncthreads();

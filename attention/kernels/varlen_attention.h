@@ -86,8 +86,9 @@ inline constexpr int32_t VarlenQueryVectors(int32_t head_dim, bool tensor_cores)
 }
 
 // The short-query path takes batches of at most this many chunks of 16 query vectors per
-// sequence and KV head (max_q_len * group <= 64: verify, draft-extend, decode): each chunk
-// reads its sequence's K and V again, from the L2 when the chunks run together.
+// sequence and KV head (max_q_len * group <= 64: verify, draft-extend, decode). At head dims up
+// to 128 a block takes two chunks when there are more than one; each block reads its
+// sequence's K and V, from the L2 after the first when they run together.
 inline constexpr int32_t kVarlenMaxVectorChunks = 4;
 inline constexpr int32_t kVarlenChunkVectors = 16;
 
@@ -144,7 +145,8 @@ struct VarlenAttentionParams {
 };
 
 // Launches batch_size * q_tiles * (num_q_heads / heads_per_block) blocks, or with
-// vector_chunks > 0 batch_size * num_kv_heads * vector_chunks blocks; hipErrorInvalidValue for
+// vector_chunks > 0 batch_size * num_kv_heads * vector_chunks blocks (ceil(vector_chunks / 2)
+// for vector_chunks > 1 at head dims up to 128); hipErrorInvalidValue for
 // a dtype or head dim that is not compiled.
 // REQUIRES: the launcher's checks passed (shapes, alignment, the grid fits).
 hipError_t LaunchVarlenAttentionKernel(const VarlenAttentionParams& p, hipStream_t stream);

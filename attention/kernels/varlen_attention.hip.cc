@@ -10,10 +10,16 @@ namespace {
 
 // Threads of a block of the tiled kernel on CUDA cores (VarlenAttentionKernel).
 constexpr int kCudaCoreThreads = 128;
-// Warps of a short-query block (VarlenMmaKernel): 2 at head dim 256, whose 16 vectors' states
-// of 4 warps would not fit the 48 KB of static shared memory.
-template <int kHeadDim>
-inline constexpr int kMmaWarps = kHeadDim > 128 ? 2 : 4;
+// Warps of a short-query block (VarlenMmaKernel) of 8 kHalves query vectors: 2 for 32 vectors
+// or at head dim 256, whose states of 4 warps would not fit the 48 KB of static shared memory;
+// else 4.
+template <int kHeadDim, int kHalves>
+inline constexpr int kMmaBlockWarps = kHalves > 2 || kHeadDim > 128 ? 2 : 4;
+// Blocks of 8 kHalves query vectors per (sequence, KV head): vector_chunks counts 16.
+template <int kHalves>
+__device__ __host__ inline int32_t MmaChunks(const VarlenAttentionParams& p) {
+  return kHalves > 2 ? (p.vector_chunks + 1) / 2 : p.vector_chunks;
+}
 
 using internal::Bf16;
 using internal::Fp16;
@@ -741,35 +747,43 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
 }
 
 // The short-query path on the tensor cores (internal/mma_attention.h): a block of
-// kMmaWarps<kHeadDim> warps per (sequence, KV head, chunk of 16 query vectors), vector v of
-// chunk c being query row (16c + v) / group and head kv_head * group + (16c + v) % group of the
-// sequence, so that a row's query heads share the K and V rows they read; vectors v and v + 8
-// are the two halves of the score MMA's rows. The warps split the positions the chunk's rows
-// can see, in steps of kStep; each score counts when Sees says so. The chunks of one
-// (sequence, KV head) are neighbours in launch order: they read the same K and V, which the L2
-// then serves.
-template <typename Dtype, int kHeadDim, bool kPortableMma>
-__global__ void ATTNMETA_LAUNCH_BOUNDS(kMmaWarps<kHeadDim> * 32, 1) VarlenMmaKernel(VarlenAttentionParams p) {
+// kMmaBlockWarps warps per (sequence, KV head, chunk of 8 kHalves query vectors), vector v of
+// chunk c being query row (8 kHalves c + v) / group and head kv_head * group + (8 kHalves c +
+// v) % group of the sequence, so that a row's query heads share the K and V rows they read;
+// vectors v + 8h are half h of the score MMA's rows (m-tile h / 2). Chunks of 32 vectors (two
+// m-tiles, Q in shared memory) at head dims up to 128 when a sequence has more than 16 vectors:
+// each K and V fragment a warp loads then feeds twice the MMAs, where chunks of 16 would read
+// the sequence's K and V twice. The warps split the positions the chunk's rows can see, in
+// steps of kStep; each score counts when Sees says so, except in a step that every row sees
+// whole (the prefix, without a FULL mask): a check per score took most of a verify step's
+// instructions (docs/varlen_attention.md). The chunks of
+// one (sequence, KV head) are neighbours in launch order: they read the same K and V, which
+// the L2 then serves.
+template <typename Dtype, int kHeadDim, bool kPortableMma, int kHalves>
+__global__ void ATTNMETA_LAUNCH_BOUNDS((kMmaBlockWarps<kHeadDim, kHalves> * 32), 1)
+    VarlenMmaKernel(VarlenAttentionParams p) {
   // Steps of 16 positions from head dim 128 up: the second half's accumulators and the
   // sequence and mask state take the registers that 32 would need.
   constexpr int kStep = kHeadDim >= 128 ? 16 : 32;
-  constexpr int kWarps = kMmaWarps<kHeadDim>;
-  __shared__ internal::WarpStates<kWarps, 16, kHeadDim> states;
+  constexpr int kWarps = kMmaBlockWarps<kHeadDim, kHalves>;
+  constexpr int kVecs = 8 * kHalves;
+  __shared__ internal::WarpStates<kWarps, kVecs, kHeadDim> states;
 
   const int32_t group = p.num_q_heads / p.num_kv_heads;
+  const int32_t chunks = MmaChunks<kHalves>(p);
   int32_t x = static_cast<int32_t>(blockIdx.x);
-  const int32_t chunk = x % p.vector_chunks;
-  x /= p.vector_chunks;
+  const int32_t chunk = x % chunks;
+  x /= chunks;
   const int32_t kv_head = x % p.num_kv_heads;
   const int32_t seq = x / p.num_kv_heads;
   const int tid = static_cast<int>(threadIdx.x);
   if (blockIdx.x == 0 && tid == 0) CheckQueryRows(p);
   const Sequence s = ResolveSequence(p, seq, tid == 0);
-  const int32_t vec0 = chunk * 16;
+  const int32_t vec0 = chunk * kVecs;
   const int64_t vectors = int64_t{s.q_len} * group;
   if (vec0 >= vectors) return;  // the same for every thread of the block
   // Positions any row of the chunk sees: causal rows stop at their own position.
-  const int64_t last_row = (min(vectors, int64_t{vec0} + 16) - 1) / group;
+  const int64_t last_row = (min(vectors, int64_t{vec0} + kVecs) - 1) / group;
   int32_t kv_end = s.kv_len;
   if (s.blind) {
     kv_end = 0;
@@ -782,11 +796,11 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kMmaWarps<kHeadDim> * 32, 1) VarlenMmaKer
                               seq,          s.index_base,   0,
                               kv_end,       int64_t{p.num_kv_heads} * kHeadDim,
                               int64_t{kv_head} * kHeadDim};
-  // Vectors g and g + 8 of the chunk.
-  int32_t row[2];
-  int64_t q_offset[2];
+  // Vectors g + 8h of the chunk.
+  int32_t row[kHalves];
+  int64_t q_offset[kHalves];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < kHalves; ++h) {
     const int32_t vec = vec0 + lv.g + 8 * h;
     row[h] = vec / group;
     q_offset[h] = row[h] < s.q_len
@@ -794,19 +808,23 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kMmaWarps<kHeadDim> * 32, 1) VarlenMmaKer
                             kHeadDim
                       : -1;
   }
-  internal::WarpSoftmax<kHeadDim, 2> sm;
+  internal::WarpSoftmax<kHeadDim, kHalves> sm;
   const float scale = p.softmax_scale * kLog2e;
+  const int32_t prefix = s.kv_len - s.q_len;
   // A loaded position is < kv_end <= kv_len, and the sequence is not blind (kv_end > 0).
-  internal::AttendWarpStepsWithQ<Dtype, kHeadDim, kStep, 2, kWarps, kPortableMma, false>(
+  internal::AttendWarpStepsWithQ<Dtype, kHeadDim, kStep, kHalves, kWarps, kPortableMma, false>(
       p, lv, warp, q_offset, scale,
       [&](int32_t base, int h, int nt, int e) {
-        return q_offset[h] >= 0 && Sees(p, s, row[h], base + 8 * nt + 2 * lv.t + e);
+        return row[h] < s.q_len && Sees(p, s, row[h], base + 8 * nt + 2 * lv.t + e);
       },
+      // Without a FULL mask every row sees the whole prefix. (A vector past the sequence's
+      // rows then gets scores too; its state is never written.)
+      [&](int32_t base) { return p.mask_layout != kVarlenMaskFull && base + kStep <= prefix; },
       sm);
 
   internal::StoreWarpState(states, warp, lv.g, lv.t, sm);
   __syncthreads();
-  internal::CombineWarpStates<kWarps, 16, kHeadDim, kWarps * 32>(
+  internal::CombineWarpStates<kWarps, kVecs, kHeadDim, kWarps * 32>(
       states, [&](int v, int d0, const float (&out)[8], float lse) {
         const int32_t r = (vec0 + v) / group;
         if (r >= s.q_len) return;
@@ -819,13 +837,23 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kMmaWarps<kHeadDim> * 32, 1) VarlenMmaKer
       });
 }
 
+template <typename Dtype, int kHeadDim, int kHalves>
+hipError_t LaunchShortQueries(const VarlenAttentionParams& p, hipStream_t stream) {
+  const int64_t blocks = int64_t{p.batch_size} * p.num_kv_heads * MmaChunks<kHalves>(p);
+  VarlenMmaKernel<Dtype, kHeadDim, /*kPortableMma=*/false, kHalves>
+      <<<static_cast<uint32_t>(blocks), kMmaBlockWarps<kHeadDim, kHalves> * 32, 0, stream>>>(p);
+  return hipGetLastError();
+}
+
 template <typename Dtype, int kHeadDim>
 hipError_t Launch(const VarlenAttentionParams& p, hipStream_t stream) {
   if (p.vector_chunks > 0) {
-    const int64_t blocks = int64_t{p.batch_size} * p.num_kv_heads * p.vector_chunks;
-    VarlenMmaKernel<Dtype, kHeadDim, /*kPortableMma=*/false>
-        <<<static_cast<uint32_t>(blocks), kMmaWarps<kHeadDim> * 32, 0, stream>>>(p);
-    return hipGetLastError();
+    // Chunks of 32 vectors where a sequence has more than 16, except at head dim 256, whose
+    // registers hold one m-tile's accumulators only.
+    if constexpr (kHeadDim <= 128) {
+      if (p.vector_chunks > 1) return LaunchShortQueries<Dtype, kHeadDim, 4>(p, stream);
+    }
+    return LaunchShortQueries<Dtype, kHeadDim, 2>(p, stream);
   }
   const int64_t blocks =
       int64_t{p.batch_size} * p.q_tiles * (p.num_q_heads / p.heads_per_block);

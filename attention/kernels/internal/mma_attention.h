@@ -1,6 +1,7 @@
 // The warp-level attention step on the tensor cores that the decode kernel and the varlen
 // kernel's short-query path share: 8 x kHalves query vectors (kHalves 1: rows 0-7 of the score
-// MMA, the rest zero; 2: all 16 rows) against steps of kStep KV positions, K and V read from
+// MMA, the rest zero; 2: all 16 rows; 4: two m-tiles of the score MMA, which use every K and V
+// fragment twice) against steps of kStep KV positions, K and V read from
 // the pool straight into fragment registers, online softmax in fp32 (log2 domain), and the
 // combination of a block's warps through shared memory. Device code only: include it from
 // .hip.cc sources.
@@ -283,27 +284,40 @@ struct WarpSoftmax {
 
 // Adds one step's positions: S = Q K^T on the tensor cores, the softmax update, O^T += V^T P^T.
 // A score counts when its position was loaded and `sees(h, nt, e)`: whether vector g + 8h sees
-// position 8 nt + 2t + e of the step. Q: QFragments or SharedQFragments of kHeadDim, kHalves.
-template <typename Dtype, int kHeadDim, int kStep, int kHalves, bool kPortableMma, typename Q,
-          typename Sees>
+// position 8 nt + 2t + e of the step; kChecked false: every score counts (the caller knows that
+// every position was loaded and is seen by every vector). Q: QFragments or SharedQFragments of
+// kHeadDim, kHalves.
+template <typename Dtype, int kHeadDim, int kStep, int kHalves, bool kPortableMma, bool kChecked,
+          typename Q, typename Sees>
 __device__ __forceinline__ void AttendStep(const Q& q, float scale, int t,
                                            const StepLoads<kHeadDim, kStep>& L, const Sees& sees,
                                            WarpSoftmax<kHeadDim, kHalves>& sm) {
   using S = WarpShape<kHeadDim, kStep>;
-  // S: sc[nt][2h + e] = (vector g + 8h, position 8 nt + 2t + e). Each of Q's k-steps is read
-  // once per step; every sc[nt] still sums its k-steps in order.
-  float sc[S::kNTiles][4];
+  static_assert(kHalves == 1 || kHalves == 2 || kHalves == 4, "one or two m-tiles of S");
+  // S's m-tile mt holds halves 2 mt and 2 mt + 1 (rows past kHalves zero).
+  constexpr int kMTiles = (kHalves + 1) / 2;
+  // S: sc[mt][nt][2 (h % 2) + e] = (vector g + 8h, position 8 nt + 2t + e), mt = h / 2. Each of
+  // Q's k-steps is read once per step; every sc[mt][nt] still sums its k-steps in order.
+  float sc[kMTiles][S::kNTiles][4];
 #pragma unroll
-  for (int nt = 0; nt < S::kNTiles; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
-#pragma unroll
-  for (int k = 0; k < S::kKSteps; ++k) {
-    const uint2 lo = q.Words(0, k);
-    const uint2 hi = kHalves > 1 ? q.Words(kHalves - 1, k) : make_uint2(0u, 0u);
-    const uint32_t a[4] = {lo.x, hi.x, lo.y, hi.y};
+  for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
     for (int nt = 0; nt < S::kNTiles; ++nt) {
-      const uint32_t b[2] = {L.kb[nt][k / 2][2 * (k % 2)], L.kb[nt][k / 2][2 * (k % 2) + 1]};
-      Mma<Dtype, kPortableMma>(sc[nt], a, b);
+      sc[mt][nt][0] = sc[mt][nt][1] = sc[mt][nt][2] = sc[mt][nt][3] = 0.0f;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < S::kKSteps; ++k) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      const uint2 lo = q.Words(2 * mt, k);
+      const uint2 hi = 2 * mt + 1 < kHalves ? q.Words(2 * mt + 1, k) : make_uint2(0u, 0u);
+      const uint32_t a[4] = {lo.x, hi.x, lo.y, hi.y};
+#pragma unroll
+      for (int nt = 0; nt < S::kNTiles; ++nt) {
+        const uint32_t b[2] = {L.kb[nt][k / 2][2 * (k % 2)], L.kb[nt][k / 2][2 * (k % 2) + 1]};
+        Mma<Dtype, kPortableMma>(sc[mt][nt], a, b);
+      }
     }
   }
 #pragma unroll
@@ -314,8 +328,9 @@ __device__ __forceinline__ void AttendStep(const Q& q, float scale, int t,
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         // Position 8 nt + 2t + e is V's position e + 2 (nt % 2) of k-step nt / 2.
-        float& x = sc[nt][2 * h + e];
-        x = L.valid[nt / 2][e + 2 * (nt % 2)] && sees(h, nt, e) ? x * scale : NegInf();
+        float& x = sc[h / 2][nt][2 * (h % 2) + e];
+        x = !kChecked || (L.valid[nt / 2][e + 2 * (nt % 2)] && sees(h, nt, e)) ? x * scale
+                                                                                : NegInf();
         mx = fmaxf(mx, x);
       }
     }
@@ -330,7 +345,7 @@ __device__ __forceinline__ void AttendStep(const Q& q, float scale, int t,
     for (int nt = 0; nt < S::kNTiles; ++nt) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        float& x = sc[nt][2 * h + e];
+        float& x = sc[h / 2][nt][2 * (h % 2) + e];
         x = seen ? exp2f(x - mx) : 0.0f;
         sm.l[h] += x;
       }
@@ -355,8 +370,10 @@ __device__ __forceinline__ void AttendStep(const Q& q, float scale, int t,
     uint32_t b[kHalves][2];
 #pragma unroll
     for (int h = 0; h < kHalves; ++h) {
-      b[h][0] = Pack2<Dtype>(sc[2 * kk][2 * h], sc[2 * kk][2 * h + 1]);
-      b[h][1] = Pack2<Dtype>(sc[2 * kk + 1][2 * h], sc[2 * kk + 1][2 * h + 1]);
+      const float (&s0)[4] = sc[h / 2][2 * kk];
+      const float (&s1)[4] = sc[h / 2][2 * kk + 1];
+      b[h][0] = Pack2<Dtype>(s0[2 * (h % 2)], s0[2 * (h % 2) + 1]);
+      b[h][1] = Pack2<Dtype>(s1[2 * (h % 2)], s1[2 * (h % 2) + 1]);
     }
 #pragma unroll
     for (int i = 0; i < S::kW; ++i) {
@@ -376,11 +393,15 @@ __device__ __forceinline__ void AttendStep(const Q& q, float scale, int t,
 // the whole step are issued before the first MMA. q.Prepare() comes after the first step's
 // index loads are issued, so that a barrier in it waits while they are in flight. `sees(base, h,
 // nt, e)`: whether vector g + 8h sees position base + 8 nt + 2t + e (AttendStep's, at the step
-// starting at base). kReadOnceKv: K and V through LoadReadOnceGlobal16 (IssueStep).
+// starting at base); `sees_all(base)`: whether every vector of the warp sees every position of
+// the step at base, so that a step whose positions all have slots needs no per-score check (a
+// warp-uniform value; a constant false leaves only the checked step). kReadOnceKv: K and V
+// through LoadReadOnceGlobal16 (IssueStep).
 template <typename Dtype, int kHeadDim, int kStep, int kHalves, int kWarps, bool kPortableMma,
-          bool kReadOnceKv, typename Params, typename Q, typename Sees>
+          bool kReadOnceKv, typename Params, typename Q, typename Sees, typename SeesAll>
 __device__ __forceinline__ void AttendWarpSteps(const Params& p, const LaneView& lv, int warp,
                                                 const Q& q, float scale, const Sees& sees,
+                                                const SeesAll& sees_all,
                                                 WarpSoftmax<kHeadDim, kHalves>& sm) {
   using S = WarpShape<kHeadDim, kStep>;
   int32_t raw[S::kIdx];  // the index entries of the next step to resolve
@@ -393,13 +414,20 @@ __device__ __forceinline__ void AttendWarpSteps(const Params& p, const LaneView&
     ResolveSlots<kHeadDim, kStep>(p, lv, base, raw, slot);
     LoadStepIndices<kHeadDim, kStep>(p, lv, base + stride, raw);
     StepLoads<kHeadDim, kStep> loads;
-    if (StepAllLoaded<kHeadDim, kStep>(slot)) {
+    const bool all_loaded = StepAllLoaded<kHeadDim, kStep>(slot);
+    if (all_loaded) {
       IssueStep<kHeadDim, kStep, true, kReadOnceKv>(p.k_pool, p.v_pool, lv, slot, loads);
     } else {
       IssueStep<kHeadDim, kStep, false, kReadOnceKv>(p.k_pool, p.v_pool, lv, slot, loads);
     }
     const auto step_sees = [&](int h, int nt, int e) { return sees(base, h, nt, e); };
-    AttendStep<Dtype, kHeadDim, kStep, kHalves, kPortableMma>(q, scale, lv.t, loads, step_sees, sm);
+    if (all_loaded && sees_all(base)) {
+      AttendStep<Dtype, kHeadDim, kStep, kHalves, kPortableMma, false>(q, scale, lv.t, loads,
+                                                                       step_sees, sm);
+    } else {
+      AttendStep<Dtype, kHeadDim, kStep, kHalves, kPortableMma, true>(q, scale, lv.t, loads,
+                                                                      step_sees, sm);
+    }
   }
 }
 
@@ -408,22 +436,23 @@ __device__ __forceinline__ void AttendWarpSteps(const Params& p, const LaneView&
 // where in registers they spilled the step's loads (decode 212-264 bytes per thread, the varlen
 // short-query path 788). Every thread of the block calls it: the shared form has a barrier.
 template <typename Dtype, int kHeadDim, int kStep, int kHalves, int kWarps, bool kPortableMma,
-          bool kReadOnceKv, typename Params, typename Sees>
+          bool kReadOnceKv, typename Params, typename Sees, typename SeesAll>
 __device__ __forceinline__ void AttendWarpStepsWithQ(const Params& p, const LaneView& lv, int warp,
                                                      const int64_t (&q_offset)[kHalves],
                                                      float scale, const Sees& sees,
+                                                     const SeesAll& sees_all,
                                                      WarpSoftmax<kHeadDim, kHalves>& sm) {
   QFragments<kHeadDim, kHalves> qf;
-  if constexpr (kHeadDim > 128) {
+  if constexpr (kHeadDim > 128 || kHalves > 2) {
     __shared__ typename SharedQFragments<kHeadDim, kHalves>::Storage q_words;
     if (warp == 0) LoadQFragments<kHeadDim, kHalves>(p.q, q_offset, lv.t, qf);
     const SharedQFragments<kHeadDim, kHalves> qs{&q_words, &qf, lv.lane, warp == 0};
     AttendWarpSteps<Dtype, kHeadDim, kStep, kHalves, kWarps, kPortableMma, kReadOnceKv>(
-        p, lv, warp, qs, scale, sees, sm);
+        p, lv, warp, qs, scale, sees, sees_all, sm);
   } else {
     LoadQFragments<kHeadDim, kHalves>(p.q, q_offset, lv.t, qf);
     AttendWarpSteps<Dtype, kHeadDim, kStep, kHalves, kWarps, kPortableMma, kReadOnceKv>(
-        p, lv, warp, qf, scale, sees, sm);
+        p, lv, warp, qf, scale, sees, sees_all, sm);
   }
 }
 
