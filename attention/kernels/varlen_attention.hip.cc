@@ -161,6 +161,18 @@ __device__ inline bool Sees(const VarlenAttentionParams& p, const Sequence& s, i
   return false;
 }
 
+// Whether the FULL mask admits positions [base, base + n) for rows [first_row, first_row +
+// rows) of the sequence: the warp reads those mask bytes, 32 at a time. Called by every lane of
+// a warp (a ballot). REQUIRES: the rows and positions lie in the sequence's mask block.
+__device__ inline bool FullMaskAdmitsStep(const Sequence& s, int32_t first_row, int32_t rows,
+                                          int32_t base, int32_t n, int lane) {
+  bool admits = true;
+  for (int32_t i = lane; i < rows * n; i += 32) {
+    admits = admits && s.mask[int64_t{first_row + i / n} * s.kv_len + base + i % n] != 0;
+  }
+  return ATTNMETA_BALLOT32(!admits) == 0;
+}
+
 // What a block of a tiled kernel works on: kM query vectors = (kM / heads_per_block query rows
 // of one sequence) x (heads_per_block query heads of one KV head's group).
 struct TileBlock {
@@ -755,11 +767,11 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
 // each K and V fragment a warp loads then feeds twice the MMAs, where chunks of 16 would read
 // the sequence's K and V twice. The warps split the positions the chunk's rows can see, in
 // steps of kStep; each score counts when Sees says so, except in a step that every row sees
-// whole (the prefix, without a FULL mask): a check per score took most of a verify step's
-// instructions (docs/varlen_attention.md). The chunks of
+// whole (the prefix without a FULL mask, or where the FULL mask's bytes admit it): a check per
+// score took most of a verify step's instructions (docs/varlen_attention.md). The chunks of
 // one (sequence, KV head) are neighbours in launch order: they read the same K and V, which
 // the L2 then serves.
-template <typename Dtype, int kHeadDim, bool kPortableMma, int kHalves>
+template <typename Dtype, int kHeadDim, bool kPortableMma, int kHalves, bool kFullMask>
 __global__ void ATTNMETA_LAUNCH_BOUNDS((kMmaBlockWarps<kHeadDim, kHalves> * 32), 1)
     VarlenMmaKernel(VarlenAttentionParams p) {
   // Steps of 16 positions from head dim 128 up: the second half's accumulators and the
@@ -811,15 +823,22 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS((kMmaBlockWarps<kHeadDim, kHalves> * 32),
   internal::WarpSoftmax<kHeadDim, kHalves> sm;
   const float scale = p.softmax_scale * kLog2e;
   const int32_t prefix = s.kv_len - s.q_len;
+  const int32_t first_row = vec0 / group;
+  const int32_t rows = static_cast<int32_t>(last_row) - first_row + 1;
   // A loaded position is < kv_end <= kv_len, and the sequence is not blind (kv_end > 0).
   internal::AttendWarpStepsWithQ<Dtype, kHeadDim, kStep, kHalves, kWarps, kPortableMma, false>(
       p, lv, warp, q_offset, scale,
       [&](int32_t base, int h, int nt, int e) {
         return row[h] < s.q_len && Sees(p, s, row[h], base + 8 * nt + 2 * lv.t + e);
       },
-      // Without a FULL mask every row sees the whole prefix. (A vector past the sequence's
-      // rows then gets scores too; its state is never written.)
-      [&](int32_t base) { return p.mask_layout != kVarlenMaskFull && base + kStep <= prefix; },
+      // A vector past the sequence's rows then gets scores too; its state is never written.
+      [&](int32_t base) {
+        if constexpr (kFullMask) {
+          return FullMaskAdmitsStep(s, first_row, rows, base, kStep, lv.lane);
+        } else {
+          return base + kStep <= prefix;  // every row sees the whole prefix
+        }
+      },
       sm);
 
   internal::StoreWarpState(states, warp, lv.g, lv.t, sm);
@@ -837,11 +856,19 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS((kMmaBlockWarps<kHeadDim, kHalves> * 32),
       });
 }
 
+// The FULL-mask kernel apart: its step predicate reads mask bytes, and compiled into one kernel
+// with the others' it made them 25-35% slower on verify (docs/varlen_attention.md).
 template <typename Dtype, int kHeadDim, int kHalves>
 hipError_t LaunchShortQueries(const VarlenAttentionParams& p, hipStream_t stream) {
   const int64_t blocks = int64_t{p.batch_size} * p.num_kv_heads * MmaChunks<kHalves>(p);
-  VarlenMmaKernel<Dtype, kHeadDim, /*kPortableMma=*/false, kHalves>
-      <<<static_cast<uint32_t>(blocks), kMmaBlockWarps<kHeadDim, kHalves> * 32, 0, stream>>>(p);
+  const uint32_t threads = kMmaBlockWarps<kHeadDim, kHalves> * 32;
+  if (p.mask_layout == kVarlenMaskFull) {
+    VarlenMmaKernel<Dtype, kHeadDim, /*kPortableMma=*/false, kHalves, /*kFullMask=*/true>
+        <<<static_cast<uint32_t>(blocks), threads, 0, stream>>>(p);
+  } else {
+    VarlenMmaKernel<Dtype, kHeadDim, /*kPortableMma=*/false, kHalves, /*kFullMask=*/false>
+        <<<static_cast<uint32_t>(blocks), threads, 0, stream>>>(p);
+  }
   return hipGetLastError();
 }
 

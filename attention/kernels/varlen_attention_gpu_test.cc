@@ -688,6 +688,40 @@ TEST_F(VarlenGpuTest, RaggedMaskedBatchesMatchTheReference) {
   }
 }
 
+// FULL masks whose prefix has holes in some steps only: the short-query path skips the
+// per-score check on a step whose mask bytes admit every position for every row of the block,
+// and must check the others. Request 0 loses positions [32, 64) of row 3 only, request 1
+// positions [64, 96) of every row and position 5 of row 0; the steps around them are whole.
+// Trees of 8 draft tokens (32 query vectors per KV head: one block of two m-tiles) and of 3
+// (12 vectors), at head dims 128 (16-position steps) and 64 (32-position steps).
+TEST_F(VarlenGpuTest, FullMaskHolesInSomePrefixStepsMatchTheReference) {
+  struct Case {
+    int32_t n;
+    DecodeAttentionDims dims;
+  };
+  uint64_t seed = 750;
+  for (const Case& c : {Case{8, Dims(32, 8, 128, KvElementType::kBf16)},
+                        Case{3, Dims(32, 8, 128, KvElementType::kFp16)},
+                        Case{8, Dims(16, 4, 64, KvElementType::kBf16)}}) {
+    Problem p = MakeVerify(c.dims, 16, {130, 200}, BinaryTrees(2, c.n), c.n, MaskLayout::kFull,
+                           ++seed);
+    SCOPED_TRACE(p.what);
+    ForwardMetadata& md = p.metadata;
+    const auto clear = [&](int64_t seq, int64_t row, int64_t from, int64_t to) {
+      const int64_t kv_len = md.kv_lens[seq].value();
+      ASSERT_LE(to, kv_len - c.n);  // prefix positions only
+      for (int64_t col = from; col < to; ++col) md.custom_mask[md.mask_indptr[seq] + row * kv_len + col] = 0;
+    };
+    clear(0, 3 % c.n, 32, 64);
+    for (int64_t row = 0; row < c.n; ++row) clear(1, row, 64, 96);
+    clear(1, 0, 5, 6);
+    p.want_lse.clear();
+    FillProblem(p, seed);  // the reference again, over the mask with holes
+    ExpectBothSourcesMatch(p);
+    if (HasFatalFailure()) return;
+  }
+}
+
 // What the host can see is refused before any launch, with nothing written.
 TEST_F(VarlenGpuTest, BadInputsAreRefusedBeforeLaunch) {
   // q_lens 40, 7, 20: a max_q_len past the bit-packed maximum.
