@@ -432,9 +432,10 @@ __device__ __forceinline__ void AttendWarpSteps(const Params& p, const LaneView&
 }
 
 // Q's fragments of the query vectors at `q_offset` (LoadQFragments), then AttendWarpSteps with
-// them: in registers, or at head dim 256 in shared memory (SharedQFragments, loaded by warp 0),
-// where in registers they spilled the step's loads (decode 212-264 bytes per thread, the varlen
-// short-query path 788). Every thread of the block calls it: the shared form has a barrier.
+// them: in registers, or at head dim 256 and for 4 halves in shared memory (SharedQFragments,
+// loaded by warp 0), where in registers they spilled the step's loads (decode 212-264 bytes per
+// thread, the varlen short-query path 788 at head dim 256). Every thread of the block calls it:
+// the shared form has a barrier.
 template <typename Dtype, int kHeadDim, int kStep, int kHalves, int kWarps, bool kPortableMma,
           bool kReadOnceKv, typename Params, typename Sees, typename SeesAll>
 __device__ __forceinline__ void AttendWarpStepsWithQ(const Params& p, const LaneView& lv, int warp,
