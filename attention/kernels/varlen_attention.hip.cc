@@ -161,16 +161,77 @@ __device__ inline bool Sees(const VarlenAttentionParams& p, const Sequence& s, i
   return false;
 }
 
-// Whether the FULL mask admits positions [base, base + n) for rows [first_row, first_row +
-// rows) of the sequence: the warp reads those mask bytes, 32 at a time. Called by every lane of
-// a warp (a ballot). REQUIRES: the rows and positions lie in the sequence's mask block.
-__device__ inline bool FullMaskAdmitsStep(const Sequence& s, int32_t first_row, int32_t rows,
-                                          int32_t base, int32_t n, int lane) {
-  bool admits = true;
-  for (int32_t i = lane; i < rows * n; i += 32) {
-    admits = admits && s.mask[int64_t{first_row + i / n} * s.kv_len + base + i % n] != 0;
+// The steps of a block of the short-query path under a FULL mask that every row of the block
+// sees whole, found once per block before its warps attend: bit k of `holes` is set when some
+// row does not see some position of step k (positions [k kStep, (k + 1) kStep)). A warp that
+// read a step's mask bytes when it reached the step waited for them, after its K and V loads,
+// with too few registers left to keep more than one in flight (docs/varlen_attention.md). Steps
+// from kMaxSteps on are not in the map and take the per-score check.
+template <int kStep>
+struct FullMaskSteps {
+  static constexpr int32_t kMaxSteps = 8192;  // 1 KB of shared memory
+  uint32_t holes[kMaxSteps / 32];
+};
+
+// Whether any byte of the 16 is zero.
+__device__ inline bool HasZeroByte(const uint4& w) {
+  const auto zero = [](uint32_t x) { return ((x - 0x01010101u) & ~x & 0x80808080u) != 0; };
+  return zero(w.x) || zero(w.y) || zero(w.z) || zero(w.w);
+}
+
+// Fills `st` from rows [first_row, first_row + rows) of the sequence's FULL mask, positions
+// below kv_len and kMaxSteps steps: each row's bytes in 16-byte loads where they are aligned
+// (kUnroll loads in flight per thread) and one by one at its two ends. Called by every thread
+// of the block (barriers); `st` is ready when it returns.
+// REQUIRES: the rows lie in the sequence's mask block; 1 <= rows <= 32.
+template <int kStep, int kThreads>
+__device__ inline void BuildFullMaskSteps(const Sequence& s, int32_t first_row, int32_t rows,
+                                          FullMaskSteps<kStep>& st) {
+  constexpr int32_t kMaxSteps = FullMaskSteps<kStep>::kMaxSteps;
+  constexpr int kUnroll = 8;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int32_t positions = min(s.kv_len, kMaxSteps * kStep);
+  for (int i = tid; i < (positions + 32 * kStep - 1) / (32 * kStep); i += kThreads) st.holes[i] = 0;
+  __syncthreads();
+  const auto mark = [&](int32_t c) { atomicOr(&st.holes[c / kStep / 32], 1u << (c / kStep % 32)); };
+  const auto row_bytes = [&](int32_t r) { return s.mask + int64_t{first_row + r} * s.kv_len; };
+  // Row r: bytes [0, head) one by one, then aligned 16-byte loads, then the rest one by one.
+  const auto head_of = [&](int32_t r) {
+    return min(positions, static_cast<int32_t>(-reinterpret_cast<uintptr_t>(row_bytes(r)) & 15));
+  };
+  const int32_t per_row = positions / 16 + 1;  // >= the words of any row
+  const int32_t total = rows * per_row;         // rows <= 32: no overflow
+  for (int32_t i0 = tid; i0 < total; i0 += kUnroll * kThreads) {
+    uint4 w[kUnroll];
+    int32_t col[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int32_t i = i0 + u * kThreads;
+      const int32_t r = i / per_row;
+      const int32_t head = i < total ? head_of(r) : 0;
+      col[u] = head + 16 * (i % per_row);
+      w[u] = i < total && col[u] + 16 <= positions
+                 ? __ldg(reinterpret_cast<const uint4*>(row_bytes(r) + col[u]))
+                 : make_uint4(~0u, ~0u, ~0u, ~0u);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (!HasZeroByte(w[u])) continue;
+      const uint32_t x[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
+      for (int b = 0; b < 16; ++b) {
+        if ((x[b / 4] >> (8 * (b % 4)) & 0xffu) == 0) mark(col[u] + b);
+      }
+    }
   }
-  return ATTNMETA_BALLOT32(!admits) == 0;
+  // The ends: lane j < 16 of row r's 32 takes head byte j, lane 16 + j tail byte j.
+  for (int32_t i = tid; i < rows * 32; i += kThreads) {
+    const int32_t r = i / 32;
+    const int32_t j = i % 32;
+    const int32_t head = head_of(r);
+    const int32_t c = j < 16 ? j : head + 16 * ((positions - head) / 16) + (j - 16);
+    if ((j < 16 ? c < head : c < positions) && row_bytes(r)[c] == 0) mark(c);
+  }
+  __syncthreads();
 }
 
 // What a block of a tiled kernel works on: kM query vectors = (kM / heads_per_block query rows
@@ -825,6 +886,10 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS((kMmaBlockWarps<kHeadDim, kHalves> * 32),
   const int32_t prefix = s.kv_len - s.q_len;
   const int32_t first_row = vec0 / group;
   const int32_t rows = static_cast<int32_t>(last_row) - first_row + 1;
+  __shared__ FullMaskSteps<kFullMask ? kStep : 16> full_steps;  // kFullMask only
+  if constexpr (kFullMask) {
+    if (!s.blind) BuildFullMaskSteps<kStep, kWarps * 32>(s, first_row, rows, full_steps);
+  }
   // A loaded position is < kv_end <= kv_len, and the sequence is not blind (kv_end > 0).
   internal::AttendWarpStepsWithQ<Dtype, kHeadDim, kStep, kHalves, kWarps, kPortableMma, false>(
       p, lv, warp, q_offset, scale,
@@ -834,7 +899,9 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS((kMmaBlockWarps<kHeadDim, kHalves> * 32),
       // A vector past the sequence's rows then gets scores too; its state is never written.
       [&](int32_t base) {
         if constexpr (kFullMask) {
-          return FullMaskAdmitsStep(s, first_row, rows, base, kStep, lv.lane);
+          const int32_t step = base / kStep;
+          return step < FullMaskSteps<kStep>::kMaxSteps &&
+                 (full_steps.holes[step / 32] >> (step % 32) & 1u) == 0;
         } else {
           return base + kStep <= prefix;  // every row sees the whole prefix
         }

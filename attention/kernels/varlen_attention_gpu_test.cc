@@ -690,8 +690,10 @@ TEST_F(VarlenGpuTest, RaggedMaskedBatchesMatchTheReference) {
 
 // FULL masks whose prefix has holes in some steps only: the short-query path skips the
 // per-score check on a step whose mask bytes admit every position for every row of the block,
-// and must check the others. Request 0 loses positions [32, 64) of row 3 only, request 1
-// positions [64, 96) of every row and position 5 of row 0; the steps around them are whole.
+// and must check the others. Request 0 loses positions [32, 64) of row 3 only and position 109
+// of its last row, request 1 positions [64, 96) of every row and position 5 of row 0, request 2
+// single positions at the ends of unaligned rows and across row 0; the steps around them are
+// whole.
 // Trees of 8 draft tokens (32 query vectors per KV head: one block of two m-tiles) and of 3
 // (12 vectors), at head dims 128 (16-position steps) and 64 (32-position steps).
 TEST_F(VarlenGpuTest, FullMaskHolesInSomePrefixStepsMatchTheReference) {
@@ -700,10 +702,11 @@ TEST_F(VarlenGpuTest, FullMaskHolesInSomePrefixStepsMatchTheReference) {
     DecodeAttentionDims dims;
   };
   uint64_t seed = 750;
+  bool head_hole = false, tail_hole = false;
   for (const Case& c : {Case{8, Dims(32, 8, 128, KvElementType::kBf16)},
                         Case{3, Dims(32, 8, 128, KvElementType::kFp16)},
                         Case{8, Dims(16, 4, 64, KvElementType::kBf16)}}) {
-    Problem p = MakeVerify(c.dims, 16, {130, 200}, BinaryTrees(2, c.n), c.n, MaskLayout::kFull,
+    Problem p = MakeVerify(c.dims, 16, {130, 200, 256}, BinaryTrees(3, c.n), c.n, MaskLayout::kFull,
                            ++seed);
     SCOPED_TRACE(p.what);
     ForwardMetadata& md = p.metadata;
@@ -715,11 +718,36 @@ TEST_F(VarlenGpuTest, FullMaskHolesInSomePrefixStepsMatchTheReference) {
     clear(0, 3 % c.n, 32, 64);
     for (int64_t row = 0; row < c.n; ++row) clear(1, row, 64, 96);
     clear(1, 0, 5, 6);
+    // One position of the last row, past the first 8 of its step: the last lanes and rows of
+    // the block's scan of its rows' mask bytes.
+    clear(0, c.n - 1, 109, 110);
+    // Sequence 2 (its prefix, 256, ends a step). The scan reads a row in 16-byte loads where
+    // they are aligned and its two ends byte by byte (device buffers start 256-byte aligned):
+    // position 0 of a row that starts unaligned, and the last prefix position of a row whose
+    // unaligned end reaches back to it; in row 0, one position in each of steps 1-12 of 16,
+    // at every offset from 1 to 12 in its step, so that some lie in the second half of their
+    // 16-byte load.
+    const int64_t kv2 = md.kv_lens[2].value();
+    bool head_here = false, tail_here = false;
+    for (int64_t row = 1; row < c.n; ++row) {
+      const int64_t start = md.mask_indptr[2] + row * kv2;
+      if (!head_here && start % 16 != 0) {
+        clear(2, row, 0, 1);
+        head_here = true;
+      } else if (!tail_here && (start + kv2) % 16 > c.n) {
+        clear(2, row, kv2 - c.n - 1, kv2 - c.n);
+        tail_here = true;
+      }
+    }
+    head_hole = head_hole || head_here;
+    tail_hole = tail_hole || tail_here;
+    for (int64_t k = 1; k <= 12; ++k) clear(2, 0, 17 * k, 17 * k + 1);
     p.want_lse.clear();
     FillProblem(p, seed);  // the reference again, over the mask with holes
     ExpectBothSourcesMatch(p);
     if (HasFatalFailure()) return;
   }
+  EXPECT_TRUE(head_hole && tail_hole) << "no case put a hole at an unaligned row's start and end";
 }
 
 // What the host can see is refused before any launch, with nothing written.
