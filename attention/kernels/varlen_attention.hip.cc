@@ -161,12 +161,13 @@ __device__ inline bool Sees(const VarlenAttentionParams& p, const Sequence& s, i
   return false;
 }
 
-// The steps of a block of the short-query path under a FULL mask that every row of the block
-// sees whole, found once per block before its warps attend: bit k of `holes` is set when some
-// row does not see some position of step k (positions [k kStep, (k + 1) kStep)). A warp that
-// read a step's mask bytes when it reached the step waited for them, after its K and V loads,
-// with too few registers left to keep more than one in flight (docs/varlen_attention.md). Steps
-// from kMaxSteps on are not in the map and take the per-score check.
+// The steps (the short-query path) or tiles (the tiled kernel) of kStep positions that every
+// row of a block sees whole under a FULL mask, found once per block before it attends: bit k
+// of `holes` is set when some row does not see some position of step k (positions [k kStep,
+// (k + 1) kStep)). A warp of the short-query path that read a step's mask bytes when it reached
+// the step waited for them, after its K and V loads, with too few registers left to keep more
+// than one in flight (docs/varlen_attention.md). Steps from kMaxSteps on are not in the map and
+// take the per-score check.
 template <int kStep>
 struct FullMaskSteps {
   static constexpr int32_t kMaxSteps = 8192;  // 1 KB of shared memory
@@ -183,7 +184,7 @@ __device__ inline bool HasZeroByte(const uint4& w) {
 // below kv_len and kMaxSteps steps: each row's bytes in 16-byte loads where they are aligned
 // (kUnroll loads in flight per thread) and one by one at its two ends. Called by every thread
 // of the block (barriers); `st` is ready when it returns.
-// REQUIRES: the rows lie in the sequence's mask block; 1 <= rows <= 32.
+// REQUIRES: the rows lie in the sequence's mask block; 1 <= rows <= 128.
 template <int kStep, int kThreads>
 __device__ inline void BuildFullMaskSteps(const Sequence& s, int32_t first_row, int32_t rows,
                                           FullMaskSteps<kStep>& st) {
@@ -200,7 +201,7 @@ __device__ inline void BuildFullMaskSteps(const Sequence& s, int32_t first_row, 
     return min(positions, static_cast<int32_t>(-reinterpret_cast<uintptr_t>(row_bytes(r)) & 15));
   };
   const int32_t per_row = positions / 16 + 1;  // >= the words of any row
-  const int32_t total = rows * per_row;         // rows <= 32: no overflow
+  const int32_t total = rows * per_row;         // < 2^31: rows <= 128, kStep <= 128
   for (int32_t i0 = tid; i0 < total; i0 += kUnroll * kThreads) {
     uint4 w[kUnroll];
     int32_t col[kUnroll];
@@ -627,7 +628,8 @@ __device__ __forceinline__ void StageMmaTile(const MmaTileLoads<kHeadDim>& w, ui
   }
 }
 
-template <typename Dtype, int kHeadDim>
+// kFullMask: the launch's mask is FULL (its whole tiles come from the block's FullMaskSteps).
+template <typename Dtype, int kHeadDim, bool kFullMask>
 __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
     VarlenTiledMmaKernel(VarlenAttentionParams p) {
   using T = MmaTiling<kHeadDim>;
@@ -690,6 +692,14 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
   float o[T::kDimTiles][4];
 #pragma unroll
   for (int i = 0; i < T::kDimTiles; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  // A tile whose positions every row of the block sees skips the per-score check. Causal: the
+  // tiles before the block's first row's position; QLEN_ONLY and bit-packed: inside the
+  // prefix; FULL: no hole in the block's rows (full_tiles).
+  const int32_t seen_end = p.mask_layout == kVarlenCausal ? prefix + b.row0 + 1 : prefix;
+  __shared__ FullMaskSteps<kFullMask ? kN : 16> full_tiles;  // kFullMask only
+  if constexpr (kFullMask) {
+    if (!s.blind) BuildFullMaskSteps<kN, T::kThreads>(s, b.row0, b.rows, full_tiles);
+  }
 
   // The pipeline: tile i + 1's K and V loads and tile i + 2's slots are in flight while the
   // block computes on tile i (slot_s[i % 2]: the slots of tile i, for the scores' checks).
@@ -703,10 +713,11 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
   int32_t next_slot = tid < kN ? TileSlot(p, b, kN + tid) : -1;
   for (int32_t base = 0, i = 0; base < b.kv_end; base += kN, ++i) {
     const int32_t* slots = slot_s[i % 2];
-    // Every position of the tile read, and seen by every row of the block (causal, the tile at
-    // or before the block's first row's position): no score needs a check.
+    // Every position of the tile read and seen by every row: no score needs a check.
     const bool whole =
-        !holes && p.mask_layout == kVarlenCausal && base + kN - 1 <= prefix + b.row0;
+        !holes && (kFullMask ? i < FullMaskSteps<kN>::kMaxSteps &&
+                                   (full_tiles.holes[i / 32] >> (i % 32) & 1u) == 0
+                             : base + kN <= seen_end);
     StageMmaTile<kHeadDim>(loads, k_s, vt_s);
     if (tid < kN) slot_s[(i + 1) % 2][tid] = next_slot;
     holes = __syncthreads_or(tid < kN && next_slot < 0) != 0;
@@ -952,8 +963,15 @@ hipError_t Launch(const VarlenAttentionParams& p, hipStream_t stream) {
   const int64_t blocks =
       int64_t{p.batch_size} * p.q_tiles * (p.num_q_heads / p.heads_per_block);
   if (p.tiled_tensor_cores != 0) {
-    VarlenTiledMmaKernel<Dtype, kHeadDim>
-        <<<static_cast<uint32_t>(blocks), MmaTiling<kHeadDim>::kThreads, 0, stream>>>(p);
+    // The FULL-mask kernel apart, as on the short-query path: its bitmap of whole tiles cost
+    // causal extend 1-3% compiled into the kernel that runs it (docs/varlen_attention.md).
+    if (p.mask_layout == kVarlenMaskFull) {
+      VarlenTiledMmaKernel<Dtype, kHeadDim, /*kFullMask=*/true>
+          <<<static_cast<uint32_t>(blocks), MmaTiling<kHeadDim>::kThreads, 0, stream>>>(p);
+    } else {
+      VarlenTiledMmaKernel<Dtype, kHeadDim, /*kFullMask=*/false>
+          <<<static_cast<uint32_t>(blocks), MmaTiling<kHeadDim>::kThreads, 0, stream>>>(p);
+    }
   } else {
     VarlenAttentionKernel<Dtype, kHeadDim><<<static_cast<uint32_t>(blocks), kCudaCoreThreads, 0, stream>>>(p);
   }

@@ -1,8 +1,11 @@
 // Throughput of varlen attention (varlen_attention_launcher.h): bf16, 32 query / 8 KV heads,
-// head dim 128 (or --dims), two workloads:
-//   extend  bs 8, 2048 new query rows each on a cached prefix of 4096 (kv_len 6144), causal;
-//   verify  bs 64, 8 draft tokens each (a binary tree, VerifyTree + WriteTreeMask, in the FULL,
-//           QLEN_ONLY and bit-packed layouts) on a committed prefix of 4096 (kv_len 4104).
+// head dim 128 (or --dims), three workloads:
+//   extend        bs 8, 2048 new query rows each on a cached prefix of 4096 (kv_len 6144), causal;
+//   verify        bs 64, 8 draft tokens each (a binary tree, VerifyTree + WriteTreeMask, in the
+//                 FULL, QLEN_ONLY and bit-packed layouts) on a committed prefix of 4096 (kv_len
+//                 4104);
+//   verify_tree32 the same with 32 draft tokens: 128 query vectors per KV head at 32/8 heads,
+//                 past the short-query path (at most 64), so the tiled kernels take it.
 // Each on shuffled pools of page size 1, 16 and 64, read through token-level kv_indices and
 // through the page table.
 //
@@ -24,7 +27,8 @@
 //            kernel (testing/stream_read.h) over as many bytes (the ceiling of a kernel that only
 //            reads), and a device-to-device copy issued on the stream (bytes read + written).
 //
-// Usage: varlen_attention_gpu_benchmark [OUT_DIR] [--dims=Q,KV,D] [--workload=extend|verify]
+// Usage: varlen_attention_gpu_benchmark [OUT_DIR] [--dims=Q,KV,D]
+//            [--workload=extend|verify|verify_tree32]
 // --dims: query heads, KV heads and head dim of both workloads (default 32,8,128; the figures'
 // formulas take them); --workload: that workload only.
 // Writes OUT_DIR/varlen_attention.csv and .md besides stdout. Needs a GPU; exits non-zero on
@@ -75,7 +79,8 @@ struct Workload {
   bool verify;  // q_len draft tokens as a binary tree, else causal extend
 };
 constexpr Workload kWorkloads[] = {{"extend", 8, 4096, 2048, false},
-                                   {"verify", 64, 4096, 8, true}};
+                                   {"verify", 64, 4096, 8, true},
+                                   {"verify_tree32", 64, 4096, 32, true}};
 
 struct Row {
   std::string op, kernel, source, mask;
@@ -152,11 +157,13 @@ class Bench {
       const std::vector<MaskLayout> layouts =
           w.verify ? std::vector<MaskLayout>{MaskLayout::kFull, MaskLayout::kQLenOnly, MaskLayout::kBitPacked}
                    : std::vector<MaskLayout>{MaskLayout::kNone};
-      // Verify's 8 rows x 4 query heads fit the short-query path; extend's 2,048 rows only
-      // the tiled kernels.
+      // Verify's 8 rows x 4 query heads fit the short-query path (at most 64 query vectors per
+      // KV head); a tree of 32 and extend's 2,048 rows only the tiled kernels.
       std::vector<VarlenKernel> kernels = {VarlenKernel::kTiledTensorCores,
                                            VarlenKernel::kTiledCudaCores};
-      if (w.verify) kernels.insert(kernels.begin(), VarlenKernel::kShortQueries);
+      if (w.q_len * (dims.q_heads / dims.kv_heads) <= 64) {
+        kernels.insert(kernels.begin(), VarlenKernel::kShortQueries);
+      }
       for (VarlenKernel kernel : kernels) {
         for (MaskLayout layout : layouts) {
           for (bool page_table : {false, true}) {
