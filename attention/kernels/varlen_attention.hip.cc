@@ -172,6 +172,9 @@ template <int kStep>
 struct FullMaskSteps {
   static constexpr int32_t kMaxSteps = 8192;  // 1 KB of shared memory
   uint32_t holes[kMaxSteps / 32];
+
+  // Whether every row sees step k whole. REQUIRES: 0 <= k < ceil(kv_len / kStep).
+  __device__ bool Whole(int32_t k) const { return k < kMaxSteps && (holes[k / 32] >> (k % 32) & 1u) == 0; }
 };
 
 // Whether any byte of the 16 is zero.
@@ -692,9 +695,9 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
   float o[T::kDimTiles][4];
 #pragma unroll
   for (int i = 0; i < T::kDimTiles; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-  // A tile whose positions every row of the block sees skips the per-score check. Causal: the
-  // tiles before the block's first row's position; QLEN_ONLY and bit-packed: inside the
-  // prefix; FULL: no hole in the block's rows (full_tiles).
+  // A tile whose positions every row of the block sees skips the per-score check. Causal: a
+  // tile that ends at or before the block's first row's position; QLEN_ONLY and bit-packed:
+  // inside the prefix; FULL: no hole in the block's rows (full_tiles).
   const int32_t seen_end = p.mask_layout == kVarlenCausal ? prefix + b.row0 + 1 : prefix;
   __shared__ FullMaskSteps<kFullMask ? kN : 16> full_tiles;  // kFullMask only
   if constexpr (kFullMask) {
@@ -715,9 +718,7 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
     const int32_t* slots = slot_s[i % 2];
     // Every position of the tile read and seen by every row: no score needs a check.
     const bool whole =
-        !holes && (kFullMask ? i < FullMaskSteps<kN>::kMaxSteps &&
-                                   (full_tiles.holes[i / 32] >> (i % 32) & 1u) == 0
-                             : base + kN <= seen_end);
+        !holes && (kFullMask ? full_tiles.Whole(i) : base + kN <= seen_end);
     StageMmaTile<kHeadDim>(loads, k_s, vt_s);
     if (tid < kN) slot_s[(i + 1) % 2][tid] = next_slot;
     holes = __syncthreads_or(tid < kN && next_slot < 0) != 0;
@@ -910,9 +911,7 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS((kMmaBlockWarps<kHeadDim, kHalves> * 32),
       // A vector past the sequence's rows then gets scores too; its state is never written.
       [&](int32_t base) {
         if constexpr (kFullMask) {
-          const int32_t step = base / kStep;
-          return step < FullMaskSteps<kStep>::kMaxSteps &&
-                 (full_steps.holes[step / 32] >> (step % 32) & 1u) == 0;
+          return full_steps.Whole(base / kStep);
         } else {
           return base + kStep <= prefix;  // every row sees the whole prefix
         }

@@ -688,9 +688,9 @@ TEST_F(VarlenGpuTest, RaggedMaskedBatchesMatchTheReference) {
   }
 }
 
-// FULL masks whose prefix has holes in some steps only: the short-query path skips the
-// per-score check on a step whose mask bytes admit every position for every row of the block,
-// and must check the others. Request 0 loses positions [32, 64) of row 3 only and position 109
+// FULL masks whose prefix has holes in some steps only: the short-query path and the tiled
+// tensor-core kernel skip the per-score check on a step (tile) whose mask bytes admit every
+// position for every row of the block, and must check the others. Request 0 loses positions [32, 64) of row 3 only and position 109
 // of its last row, request 1 positions [64, 96) of every row and position 5 of row 0, request 2
 // single positions at the ends of unaligned rows and across row 0; the steps around them are
 // whole.
