@@ -135,6 +135,12 @@ inline hipError_t hipOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Kern
                                                        dynamic_shared_bytes);
 }
 inline hipError_t hipDeviceSynchronize() { return cudaDeviceSynchronize(); }
+using hipFuncAttribute = cudaFuncAttribute;
+constexpr hipFuncAttribute hipFuncAttributeMaxDynamicSharedMemorySize =
+    cudaFuncAttributeMaxDynamicSharedMemorySize;
+inline hipError_t hipFuncSetAttribute(const void* kernel, hipFuncAttribute attr, int value) {
+  return cudaFuncSetAttribute(kernel, attr, value);
+}
 namespace attnmeta {
 // NVIDIA's hint for the bytes DRAM fetches per L2 miss (cudaLimitMaxL2FetchGranularity); AMD
 // has none.
@@ -351,6 +357,75 @@ __device__ inline uint2 LoadSharedInPlace(const uint2* p) {
 #else
   const volatile uint32_t* w = reinterpret_cast<const volatile uint32_t*>(p);
   return make_uint2(w[0], w[1]);
+#endif
+}
+
+// Copies from global to shared memory that the caller overlaps with other work: on NVIDIA
+// cp.async (16 bytes, not allocated in L1), grouped by CommitSharedCopies and awaited by
+// WaitSharedCopies<n> (until at most n of the calling thread's groups are in flight), then a
+// block barrier for the other threads' copies; on AMD a load and a store where the call stands,
+// so buffering copies ahead buys nothing there (kSharedCopyStages). `read` false: the 16 bytes
+// are zero and src is not read. dst and src 16-byte aligned.
+#if defined(ATTNMETA_GPU_CUDA)
+inline constexpr int kSharedCopyStages = 2;
+#else
+inline constexpr int kSharedCopyStages = 1;
+#endif
+__device__ inline void CopyGlobalToShared16(void* dst, const void* src, bool read) {
+#if defined(ATTNMETA_GPU_CUDA)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+               :
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))), "l"(src),
+                 "r"(read ? 16 : 0)
+               : "memory");
+#else
+  *static_cast<uint4*>(dst) = read ? *static_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+#endif
+}
+__device__ inline void CommitSharedCopies() {
+#if defined(ATTNMETA_GPU_CUDA)
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int kInFlight>
+__device__ inline void WaitSharedCopies() {
+#if defined(ATTNMETA_GPU_CUDA)
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kInFlight) : "memory");
+#endif
+}
+
+// Four 8 x 8 matrices of 2-byte elements from shared memory, transposed: lane 8 m + r passes
+// the address of row r of matrix m (16 bytes, 16-byte aligned), and word m of lane (g, t) =
+// (lane / 4, lane % 4) holds elements (2t, g) and (2t + 1, g) of matrix m, the first in the
+// low half: with rows as the k dimension, the b fragment of MmaM16N8K16 (matrices 0 and 1:
+// b[0] and b[1]). ldmatrix on NVIDIA; on AMD each lane reads its elements through the rows'
+// addresses, shuffled from the lanes that pass them. Every lane of the 32 must call it.
+__device__ inline uint4 LoadSharedMatrices8x8x4Trans(const void* row) {
+#if defined(ATTNMETA_GPU_CUDA)
+  uint4 v;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(row))));
+  return v;
+#else
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const uint64_t at = reinterpret_cast<uintptr_t>(row);
+  const uint32_t at_lo = static_cast<uint32_t>(at);
+  const uint32_t at_hi = static_cast<uint32_t>(at >> 32);
+  uint32_t w[4];
+  for (int m = 0; m < 4; ++m) {
+    uint32_t e[2];
+    for (int i = 0; i < 2; ++i) {
+      const int from = 8 * m + 2 * t + i;
+      const uint64_t r = uint64_t{static_cast<uint32_t>(ATTNMETA_SHFL_IDX32(at_hi, from))} << 32 |
+                         static_cast<uint32_t>(ATTNMETA_SHFL_IDX32(at_lo, from));
+      e[i] = reinterpret_cast<const uint16_t*>(static_cast<uintptr_t>(r))[g];
+    }
+    w[m] = e[0] | e[1] << 16;
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
 #endif
 }
 

@@ -1,5 +1,8 @@
 #include "attention/kernels/varlen_attention.h"
 
+#include <atomic>
+#include <cstdint>
+
 #include "attention/kernels/internal/element_types.h"
 #include "attention/kernels/internal/kv_source.h"
 #include "attention/kernels/internal/mma_attention.h"
@@ -508,57 +511,52 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kCudaCoreThreads, 1) VarlenAttentionKerne
 // (kM query vectors of one sequence and KV head's group, the grid in the same order; kM is
 // VarlenQueryVectors(head_dim, true)), FlashAttention-style: warp w computes query vectors
 // [16 w, 16 w + 16) as the rows of the MMAs, against tiles of kN positions that the block
-// stages in shared memory, the next tile's K and V loads in flight while it computes.
+// stages in shared memory, the next tile's K and V copies in flight while it computes.
 //  - S = Q K^T (m = 16 vectors, n = 8 positions, k = 16 dims): Q's fragments stay in registers
-//    (at head dim 256 most of them in shared memory: MmaTiling::kSharedQKSteps) in the dim
+//    (at head dim 256 in shared memory: MmaTiling::kSharedQKSteps) in the dim
 //    order of mma_attention.h (lane t takes dims [32 j + 8 t, + 8) of each 32-dim
 //    block j as the k-columns of two k-steps), so that a lane's B fragments of both k-steps are
-//    one 16-byte word of a K row. K rows are padded by 16 words, which puts the words that
-//    rows g and g + 1 of a quarter-wave read in different banks.
-//  - O += P V (m = 16 vectors, n = 8 dims, k = 16 positions): S's accumulators are P's A
-//    fragments as they stand when the k-order of the product is a permutation of the tile's
-//    positions: row n of the K tile holds position TilePosition(n) (position n goes to row
-//    KRow(n)), chosen so that the columns a lane holds in n-tiles 2 kk and 2 kk + 1 are
-//    positions 16 kk + 4 t + {0, 1} and + {2, 3}. V is staged transposed ([dim][position], two
-//    positions per word), so that a lane's B fragment is one 8-byte word.
+//    one 16-byte word of a K row (row n: position n of the tile). K rows are padded by 16
+//    words, which puts the words that rows g and g + 1 of a quarter-wave read in different
+//    banks.
+//  - O += P V (m = 16 vectors, n = 8 dims, k = 16 positions): S's accumulators of n-tiles 2 kk
+//    and 2 kk + 1 are P's A fragments of k-step kk as they stand; V rows are staged as they
+//    are (position-major) and read transposed into B fragments, two dim tiles per
+//    LoadSharedMatrices8x8x4Trans.
+//  - The tiles are copied into shared memory asynchronously (CopyGlobalToShared16: no
+//    registers hold them on the way), two stages deep on NVIDIA (hip_port.h).
 template <int kHeadDim>
 struct MmaTiling {
   static constexpr int kM = VarlenQueryVectors(kHeadDim, true);  // 128, 128, 64
   static constexpr int kWarps = kM / 16;
   static constexpr int kThreads = kWarps * 32;
-  // Positions per tile: 128, 64, 16. At head dim 256, 32-position tiles' loads and scores did
-  // not fit the registers beside Q and the accumulators (1,212 bytes of spills per thread).
-  static constexpr int kN = kHeadDim > 128 ? 16 : 8192 / kHeadDim;
+  // Tiles staged at once (kSharedCopyStages: the next tile's copies in flight while the block
+  // computes on NVIDIA), K and V words each, in dynamic shared memory.
+  static constexpr int kStages = kSharedCopyStages;
+  // Positions per tile: 128, 64, and 32 at head dim 256 with two stages (16 with one: AMD's
+  // 64 KB of LDS would not hold 32-position tiles beside all of Q). On the H200 at head dim 256,
+  // 32 positions and all of Q in shared memory ran 8-10% faster than 16 and 12 of Q's k-steps
+  // (docs/varlen_attention.md).
+  static constexpr int kN = kHeadDim > 128 ? (kStages > 1 ? 32 : 16) : 8192 / kHeadDim;
   static constexpr int kChunks = kHeadDim / 8;              // 16-byte words of a K/V row
   static constexpr int kKPitch = kHeadDim / 2 + 16;         // words per staged K row
-  // Words per staged V^T row (one dim, kN / 2 words): lanes g = 0..3 of a 64-bit load read
-  // 8-word spans that this pitch (8 or 24 mod 32) keeps apart; a row of 8 words needs no pad.
-  static constexpr int kVPitch = kN / 2 % 16 == 8 ? kN / 2 : kN / 2 + 8;
+  // Words per staged V row: the 8 rows of one matrix that LoadSharedMatrices8x8x4Trans reads
+  // fall 4 words apart mod 32, in different banks.
+  static constexpr int kVPitch = kHeadDim / 2 + 4;
   static constexpr int kNTiles = kN / 8;
-  // Q's k-steps kept in shared memory instead of registers: at head dim 256 the last 12 of 16
-  // (ptxas, sm_90: 48 bytes of spills per thread; 168 with the last 8, 400 with none; all 16
-  // would take the block past 48 KB of static shared memory).
-  static constexpr int kSharedQKSteps = kHeadDim > 128 ? 3 * kHeadDim / 64 : 0;
+  // Q's k-steps kept in shared memory instead of registers, at head dim 256: all 16 with
+  // 32-position tiles, the last 12 with 16 (ptxas, sm_90, two stages: no spills either way;
+  // 32 positions with 12 spilled 36 bytes per thread).
+  static constexpr int kSharedQKSteps = kHeadDim > 128 ? (kN > 16 ? 16 : 12) : 0;
   static constexpr int kPvSteps = kN / 16;
   static constexpr int kDimTiles = kHeadDim / 8;
-  static constexpr int kKLoads = kN * kChunks / kThreads;         // K words per thread
-  static constexpr int kVLoads = kN / 2 * (kChunks / 2) / kThreads;  // V (2 positions x 16 dims)
-  static_assert(kKLoads >= 1 && kN * kChunks % kThreads == 0 && kVLoads >= 1 &&
-                    kN / 2 * (kChunks / 2) % kThreads == 0 && kThreads >= kN,
+  static constexpr int kCopies = kN * kChunks / kThreads;  // 16-byte words of K (and of V) per thread
+  static constexpr int kStageWords = kN * (kKPitch + kVPitch);
+  static constexpr int kSharedBytes = kStages * kStageWords * 4;
+  static_assert(kCopies >= 1 && kN * kChunks % kThreads == 0 && kThreads >= kN,
                 "the threads cover a tile exactly");
-  static_assert(kVPitch % 16 == 8 && kKPitch % 32 == 16, "conflict-free fragment loads");
+  static_assert(kVPitch % 32 == 4 && kKPitch % 32 == 16, "conflict-free fragment loads");
 };
-
-// The K-tile row of tile position n: positions 16 kk + 4 t + 2 h + e (t < 4, h, e < 2) go to
-// row 16 kk + 8 h + 2 t + e, the column lane t holds as element e of n-tile 2 kk + h.
-__device__ inline int KRow(int n) {
-  return (n & ~15) | ((n >> 1 & 1) << 3) | ((n >> 2 & 3) << 1) | (n & 1);
-}
-
-// The tile position of S's column n (the inverse of KRow).
-__device__ inline int TilePosition(int n) {
-  return (n & ~15) | ((n >> 1 & 3) << 2) | ((n >> 3 & 1) << 1) | (n & 1);
-}
 
 // The slot of position c of the block's range, or -1 past kv_end or outside the pool
 // (recorded).
@@ -566,69 +564,28 @@ __device__ inline int32_t TileSlot(const VarlenAttentionParams& p, const TileBlo
   return c < b.kv_end ? static_cast<int32_t>(SlotOf(p, b.seq, b.s, c, true)) : -1;
 }
 
-// One thread's share of a tile's K and V as loaded (zero for a position not read), until it is
-// staged in shared memory.
+// Copies the tile whose slots are `slots` (-1: not read, zeros) into stage `k_s`/`v_s`, the K
+// and V rows of position n at row n of each. Thread tid copies word e % kChunks of position e /
+// kChunks of both, e = tid + l * kThreads.
 template <int kHeadDim>
-struct MmaTileLoads {
-  using T = MmaTiling<kHeadDim>;
-  uint4 k[T::kKLoads];     // word e % kChunks of position e / kChunks, e = tid + l * kThreads
-  uint4 v[T::kVLoads][4];  // positions 2 x and 2 x + 1 (f = tid + l * kThreads, x = f % (kN /
-                           // 2)), dims [16 y, + 16) (y = f / (kN / 2)), 8 dims per word
-};
-
-// Issues the loads of the tile whose slots are `slots` (-1: not read).
-template <int kHeadDim>
-__device__ __forceinline__ void LoadMmaTile(const VarlenAttentionParams& p, const int32_t* slots,
-                                            int32_t pool_row, int64_t head, MmaTileLoads<kHeadDim>& w) {
+__device__ __forceinline__ void CopyMmaTile(const VarlenAttentionParams& p, const int32_t* slots,
+                                            int32_t pool_row, int64_t head, uint32_t* k_s,
+                                            uint32_t* v_s) {
   using T = MmaTiling<kHeadDim>;
   const int tid = static_cast<int>(threadIdx.x);
 #pragma unroll
-  for (int l = 0; l < T::kKLoads; ++l) {
+  for (int l = 0; l < T::kCopies; ++l) {
     const int e = tid + l * T::kThreads;
-    const int32_t slot = slots[e / T::kChunks];
-    w.k[l] = slot >= 0 ? Load16(p.k_pool, MulWide(slot, pool_row) + head + e % T::kChunks * 8)
-                       : make_uint4(0, 0, 0, 0);
+    const int n = e / T::kChunks;
+    const int c = e % T::kChunks;
+    const int32_t slot = slots[n];
+    const int64_t at = slot >= 0 ? MulWide(slot, pool_row) + head + 8 * c : 0;
+    CopyGlobalToShared16(&k_s[n * T::kKPitch + 4 * c], static_cast<const uint16_t*>(p.k_pool) + at,
+                         slot >= 0);
+    CopyGlobalToShared16(&v_s[n * T::kVPitch + 4 * c], static_cast<const uint16_t*>(p.v_pool) + at,
+                         slot >= 0);
   }
-#pragma unroll
-  for (int l = 0; l < T::kVLoads; ++l) {
-    const int f = tid + l * T::kThreads;
-    const int x = f % (T::kN / 2);
-    const int y = f / (T::kN / 2);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int32_t slot = slots[2 * x + i];
-      const int64_t at = MulWide(slot, pool_row) + head + 16 * y;
-      w.v[l][2 * i] = slot >= 0 ? Load16(p.v_pool, at) : make_uint4(0, 0, 0, 0);
-      w.v[l][2 * i + 1] = slot >= 0 ? Load16(p.v_pool, at + 8) : make_uint4(0, 0, 0, 0);
-    }
-  }
-}
-
-// Stages a loaded tile: K rows at KRow, V transposed (two positions per word).
-template <int kHeadDim>
-__device__ __forceinline__ void StageMmaTile(const MmaTileLoads<kHeadDim>& w, uint32_t* k_s, uint32_t* vt_s) {
-  using T = MmaTiling<kHeadDim>;
-  const int tid = static_cast<int>(threadIdx.x);
-#pragma unroll
-  for (int l = 0; l < T::kKLoads; ++l) {
-    const int e = tid + l * T::kThreads;
-    *reinterpret_cast<uint4*>(&k_s[KRow(e / T::kChunks) * T::kKPitch + 4 * (e % T::kChunks)]) =
-        w.k[l];
-  }
-#pragma unroll
-  for (int l = 0; l < T::kVLoads; ++l) {
-    const int f = tid + l * T::kThreads;
-    const int x = f % (T::kN / 2);
-    const int y = f / (T::kN / 2);
-    const uint32_t a[8] = {w.v[l][0].x, w.v[l][0].y, w.v[l][0].z, w.v[l][0].w,
-                           w.v[l][1].x, w.v[l][1].y, w.v[l][1].z, w.v[l][1].w};
-    const uint32_t c[8] = {w.v[l][2].x, w.v[l][2].y, w.v[l][2].z, w.v[l][2].w,
-                           w.v[l][3].x, w.v[l][3].y, w.v[l][3].z, w.v[l][3].w};
-#pragma unroll
-    for (int d = 0; d < 16; ++d) {
-      vt_s[(16 * y + d) * T::kVPitch + x] = HalvesOf(a[d / 2], c[d / 2], d % 2 != 0);
-    }
-  }
+  CommitSharedCopies();
 }
 
 // kFullMask: the launch's mask is FULL (its whole tiles come from the block's FullMaskSteps).
@@ -637,9 +594,9 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
     VarlenTiledMmaKernel(VarlenAttentionParams p) {
   using T = MmaTiling<kHeadDim>;
   constexpr int kN = T::kN;
-  __shared__ __align__(16) uint32_t k_s[kN * T::kKPitch];
-  __shared__ __align__(16) uint32_t vt_s[kHeadDim * T::kVPitch];
-  __shared__ int32_t slot_s[2][kN];  // tile i's position n: slot_s[i % 2][n], -1: not read
+  // Stage i % kStages: tile i's K rows (kN x kKPitch words) and then its V rows (kN x kVPitch).
+  extern __shared__ __align__(16) uint32_t stages[];
+  __shared__ int32_t slot_s[3][kN];  // tile i's position n: slot_s[i % 3][n], -1: not read
 
   TileBlock b;
   if (!ResolveTileBlock(p, T::kM, b)) return;  // the same for every thread of the block
@@ -689,6 +646,11 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
   const float scale = p.softmax_scale * kLog2e;
   const int32_t prefix = s.kv_len - s.q_len;
   const int64_t pool_row = int64_t{p.num_kv_heads} * kHeadDim;
+  // The lane's row of a V fragment load: matrix m = lane / 8 of a pair of dim tiles is k rows
+  // 8 (m % 2) + lane % 8 of the P V step (8 rows 4 words apart mod 32: distinct banks) and
+  // dims 8 (m / 2) of the pair.
+  const int v_row = 8 * (lane / 8 % 2) + lane % 8;
+  const int v_word = 4 * (lane / 16);
   const int64_t head = int64_t{b.kv_head} * kHeadDim;
   float run_max[2] = {NegInf(), NegInf()};
   float run_sum[2] = {0.0f, 0.0f};  // the lane's part of the row's sum
@@ -704,28 +666,47 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
     if (!s.blind) BuildFullMaskSteps<kN, T::kThreads>(s, b.row0, b.rows, full_tiles);
   }
 
-  // The pipeline: tile i + 1's K and V loads and tile i + 2's slots are in flight while the
-  // block computes on tile i (slot_s[i % 2]: the slots of tile i, for the scores' checks).
+  // The pipeline: with two stages, tile i + 1's copies and tile i + 2's slots are in flight
+  // while the block computes on tile i; with one, the copies of tile i come first. Tile i's
+  // slots go to slot_s[i % 3] at the top of iteration i - 1 (tile 0's before the loop), ahead
+  // of its first barrier; the tile's copies read them after that barrier (two stages) or after
+  // iteration i's first barrier (one stage), its checks in iteration i; slot_s[i % 3] is
+  // written again at the top of iteration i + 2, when every thread is past iteration i.
   const int32_t row_elems = static_cast<int32_t>(pool_row);
+  const auto k_stage = [&](int32_t i) { return stages + i % T::kStages * T::kStageWords; };
+  const auto v_stage = [&](int32_t i) { return k_stage(i) + kN * T::kKPitch; };
   if (tid < kN) slot_s[0][tid] = TileSlot(p, b, tid);
   // Whether the tile to compute next has a position that is not read (past kv_end or outside
   // the pool).
   bool holes = __syncthreads_or(tid < kN && slot_s[0][tid] < 0) != 0;
-  MmaTileLoads<kHeadDim> loads;
-  if (b.kv_end > 0) LoadMmaTile<kHeadDim>(p, slot_s[0], row_elems, head, loads);
+  if (T::kStages > 1 && b.kv_end > 0) {
+    CopyMmaTile<kHeadDim>(p, slot_s[0], row_elems, head, k_stage(0), v_stage(0));
+  }
   int32_t next_slot = tid < kN ? TileSlot(p, b, kN + tid) : -1;
   for (int32_t base = 0, i = 0; base < b.kv_end; base += kN, ++i) {
-    const int32_t* slots = slot_s[i % 2];
+    const int32_t* slots = slot_s[i % 3];
     // Every position of the tile read and seen by every row: no score needs a check.
-    const bool whole =
-        !holes && (kFullMask ? full_tiles.Whole(i) : base + kN <= seen_end);
-    StageMmaTile<kHeadDim>(loads, k_s, vt_s);
-    if (tid < kN) slot_s[(i + 1) % 2][tid] = next_slot;
+    const bool whole = !holes && (kFullMask ? full_tiles.Whole(i) : base + kN <= seen_end);
+    if (tid < kN) slot_s[(i + 1) % 3][tid] = next_slot;
+    // Also: every thread is done with tile i - 1, whose stage the copies below overwrite.
     holes = __syncthreads_or(tid < kN && next_slot < 0) != 0;
-    if (base + kN < b.kv_end) {
-      LoadMmaTile<kHeadDim>(p, slot_s[(i + 1) % 2], row_elems, head, loads);
+    if constexpr (T::kStages > 1) {
+      if (base + kN < b.kv_end) {
+        CopyMmaTile<kHeadDim>(p, slot_s[(i + 1) % 3], row_elems, head, k_stage(i + 1),
+                              v_stage(i + 1));
+        next_slot = tid < kN ? TileSlot(p, b, base + 2 * kN + tid) : -1;
+      } else {
+        CommitSharedCopies();  // an empty group, so that the wait below is for tile i
+      }
+      WaitSharedCopies<1>();
+    } else {
+      CopyMmaTile<kHeadDim>(p, slots, row_elems, head, k_stage(i), v_stage(i));
+      WaitSharedCopies<0>();
       next_slot = tid < kN ? TileSlot(p, b, base + 2 * kN + tid) : -1;
     }
+    __syncthreads();  // every thread's copies of tile i have landed
+    const uint32_t* k_s = k_stage(i);
+    const uint32_t* v_s = v_stage(i);
 
     float sc[T::kNTiles][4];
 #pragma unroll
@@ -752,7 +733,7 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int h = e / 2;
-          const int n = TilePosition(8 * j + 2 * t + e % 2);
+          const int n = 8 * j + 2 * t + e % 2;
           if (slots[n] < 0 || q_offset[h] < 0 || !Sees(p, s, b.row0 + row[h], base + n)) {
             sc[j][e] = NegInf();
           }
@@ -803,13 +784,14 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
                               Pack2<Dtype>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
                               Pack2<Dtype>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
 #pragma unroll
-      for (int i = 0; i < T::kDimTiles; ++i) {
-        const uint2 w = *reinterpret_cast<const uint2*>(&vt_s[(8 * i + g) * T::kVPitch + 8 * kk + 2 * t]);
-        const uint32_t bv[2] = {w.x, w.y};
-        MmaM16N8K16<Dtype::kIsBf16>(o[i], pa, bv);
+      for (int i = 0; i < T::kDimTiles; i += 2) {
+        const uint4 w = LoadSharedMatrices8x8x4Trans(&v_s[(16 * kk + v_row) * T::kVPitch + 4 * i + v_word]);
+        const uint32_t b0[2] = {w.x, w.y};
+        const uint32_t b1[2] = {w.z, w.w};
+        MmaM16N8K16<Dtype::kIsBf16>(o[i], pa, b0);
+        MmaM16N8K16<Dtype::kIsBf16>(o[i + 1], pa, b1);
       }
     }
-    __syncthreads();  // the next tile overwrites k_s, vt_s and the other slot_s
   }
 
   // The sum is >= 1 once a position was seen (the largest score's own weight is 1).
@@ -933,6 +915,23 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS((kMmaBlockWarps<kHeadDim, kHalves> * 32),
       });
 }
 
+// Lets kKernel take `bytes` of dynamic shared memory (past the 48 KB a kernel gets without
+// asking) on the current device, asking the runtime once per device: the call waits for copies
+// in flight, so not on every launch.
+template <auto kKernel>
+hipError_t AllowDynamicSharedMemory(int bytes) {
+  static std::atomic<uint64_t> allowed{0};  // bit d: asked on device d (< 64)
+  int device = 0;
+  hipError_t err = hipGetDevice(&device);
+  if (err != hipSuccess) return err;
+  const uint64_t bit = device >= 0 && device < 64 ? uint64_t{1} << device : 0;
+  if ((allowed.load(std::memory_order_acquire) & bit) != 0) return hipSuccess;
+  err = hipFuncSetAttribute(reinterpret_cast<const void*>(kKernel),
+                            hipFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err == hipSuccess) allowed.fetch_or(bit, std::memory_order_acq_rel);
+  return err;
+}
+
 // The FULL-mask kernel apart: its step predicate reads mask bytes, and compiled into one kernel
 // with the others' it made them 25-35% slower on verify (docs/varlen_attention.md).
 template <typename Dtype, int kHeadDim, int kHalves>
@@ -964,13 +963,15 @@ hipError_t Launch(const VarlenAttentionParams& p, hipStream_t stream) {
   if (p.tiled_tensor_cores != 0) {
     // The FULL-mask kernel apart, as on the short-query path: its bitmap of whole tiles cost
     // causal extend 1-3% compiled into the kernel that runs it (docs/varlen_attention.md).
-    if (p.mask_layout == kVarlenMaskFull) {
-      VarlenTiledMmaKernel<Dtype, kHeadDim, /*kFullMask=*/true>
-          <<<static_cast<uint32_t>(blocks), MmaTiling<kHeadDim>::kThreads, 0, stream>>>(p);
-    } else {
-      VarlenTiledMmaKernel<Dtype, kHeadDim, /*kFullMask=*/false>
-          <<<static_cast<uint32_t>(blocks), MmaTiling<kHeadDim>::kThreads, 0, stream>>>(p);
-    }
+    using T = MmaTiling<kHeadDim>;
+    constexpr auto kFull = VarlenTiledMmaKernel<Dtype, kHeadDim, /*kFullMask=*/true>;
+    constexpr auto kOther = VarlenTiledMmaKernel<Dtype, kHeadDim, /*kFullMask=*/false>;
+    const bool full = p.mask_layout == kVarlenMaskFull;
+    const hipError_t err = full ? AllowDynamicSharedMemory<kFull>(T::kSharedBytes)
+                                : AllowDynamicSharedMemory<kOther>(T::kSharedBytes);
+    if (err != hipSuccess) return err;
+    const auto kernel = full ? kFull : kOther;
+    kernel<<<static_cast<uint32_t>(blocks), T::kThreads, T::kSharedBytes, stream>>>(p);
   } else {
     VarlenAttentionKernel<Dtype, kHeadDim><<<static_cast<uint32_t>(blocks), kCudaCoreThreads, 0, stream>>>(p);
   }
