@@ -310,6 +310,21 @@ __device__ inline int64_t MulWide(int32_t a, int32_t b) {
 #endif
 }
 
+// 2^x with results below 2^-126 (denormals) flushed to zero, for softmax weights, where such a
+// weight is nothing beside the maximum's own weight of 1: one ex2.approx.ftz on NVIDIA. exp2f
+// keeps denormal results at the cost of a compare and two predicated multiplies per call, and
+// where registers are short its predicates went through a register: in the tiled tensor-core
+// varlen kernel that took most of the softmax's instructions (docs/varlen_attention.md).
+__device__ inline float Exp2FlushToZero(float x) {
+#if defined(ATTNMETA_GPU_CUDA)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
+
 // Two floats rounded to bf16 (to nearest even; a NaN stays a NaN, its bits the vendor's), lo
 // in the low half: one instruction on NVIDIA since sm_80 (the project builds sm_90).
 __device__ inline uint32_t PackBf16x2(float lo, float hi) {

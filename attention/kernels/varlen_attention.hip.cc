@@ -440,12 +440,12 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kCudaCoreThreads, 1) VarlenAttentionKerne
       for (int n = 0; n < kN; ++n) mx = fmaxf(mx, w_flat[n * T::kScoreStride + tid]);
       // Until the query vector has seen a position, mx is -inf and nothing changes.
       const bool seen = mx != NegInf();
-      const float alpha = seen ? exp2f(run_max - mx) : 1.0f;
+      const float alpha = seen ? Exp2FlushToZero(run_max - mx) : 1.0f;
       float sum = 0.0f;
 #pragma unroll 8
       for (int n = 0; n < kN; ++n) {
         float& w = w_flat[n * T::kScoreStride + tid];
-        w = seen ? exp2f(w - mx) : 0.0f;
+        w = seen ? Exp2FlushToZero(w - mx) : 0.0f;
         sum += w;
       }
       run_sum = run_sum * alpha + sum;
@@ -753,14 +753,14 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
       mx = fmaxf(run_max[h], mx * scale);
       // Until the row has seen a position, mx is -inf and nothing changes.
       const bool seen = mx != NegInf();
-      alpha[h] = seen ? exp2f(run_max[h] - mx) : 1.0f;
+      alpha[h] = seen ? Exp2FlushToZero(run_max[h] - mx) : 1.0f;
       float sum = 0.0f;
 #pragma unroll
       for (int j = 0; j < T::kNTiles; ++j) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& x = sc[j][2 * h + e];
-          x = seen ? exp2f(fmaf(x, scale, -mx)) : 0.0f;
+          x = seen ? Exp2FlushToZero(fmaf(x, scale, -mx)) : 0.0f;
           sum += x;
         }
       }

@@ -20,8 +20,7 @@
 //   TFLOP/s  4 * head_dim * num_q_heads * (visible (query row, key) pairs) / time: two
 //            multiply-adds (QK and PV) per visible pair, query head and dim; masked pairs are
 //            not counted. Beside it, the H200's dense bf16 tensor-core peak, 989 TFLOP/s (NVIDIA's
-//            spec sheet, without sparsity): this kernel computes on CUDA cores in fp32, so the
-//            ratio shows the room a tensor-core version has.
+//            spec sheet, without sparsity).
 //   KV TB/s  the K and V rows the kernel must read at least once (sum of kv_len * KV heads *
 //            head dim * 2 bytes, twice) / time. Beside it, in the same run: a read-only streaming
 //            kernel (testing/stream_read.h) over as many bytes (the ceiling of a kernel that only
@@ -29,8 +28,9 @@
 //
 // Usage: varlen_attention_gpu_benchmark [OUT_DIR] [--dims=Q,KV,D]
 //            [--workload=extend|verify|verify_tree32]
+//            [--kernel=short_queries|tiled_tensor_cores|tiled_cuda_cores]
 // --dims: query heads, KV heads and head dim of both workloads (default 32,8,128; the figures'
-// formulas take them); --workload: that workload only.
+// formulas take them); --workload: that workload only; --kernel: that kernel only.
 // Writes OUT_DIR/varlen_attention.csv and .md besides stdout. Needs a GPU; exits non-zero on
 // any error or mismatch.
 
@@ -45,6 +45,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -120,8 +121,9 @@ struct Batch {
 
 class Bench {
  public:
-  Bench(int64_t max_tokens, std::mt19937_64& rng)
-      : rng_(rng),
+  Bench(int64_t max_tokens, std::string only_kernel, std::mt19937_64& rng)
+      : only_kernel_(std::move(only_kernel)),
+        rng_(rng),
         pool_slots_(max_tokens + 2 * kMaxPageSize),
         sms_(Unwrap(DeviceMultiprocessorCount())),
         pool_(pool_slots_ * dims.RowBytes(), rng_),
@@ -165,6 +167,7 @@ class Bench {
         kernels.insert(kernels.begin(), VarlenKernel::kShortQueries);
       }
       for (VarlenKernel kernel : kernels) {
+        if (!only_kernel_.empty() && only_kernel_ != VarlenKernelName(kernel)) continue;
         for (MaskLayout layout : layouts) {
           for (bool page_table : {false, true}) {
             const double us = TimeConfig(w, b, ps, layout, page_table, kernel);
@@ -349,6 +352,7 @@ class Bench {
     }
   }
 
+  std::string only_kernel_;  // empty: every kernel
   std::mt19937_64& rng_;
   int64_t pool_slots_;
   int32_t sms_;
@@ -396,6 +400,7 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a crash must not lose the lines before it
   std::string out_dir;
   std::string only;  // --workload=NAME
+  std::string only_kernel;  // --kernel=NAME
   for (int k = 1; k < argc; ++k) {
     const std::string arg = argv[k];
     if (arg.rfind("--dims=", 0) == 0) {
@@ -405,6 +410,13 @@ int main(int argc, char** argv) {
       }
     } else if (arg.rfind("--workload=", 0) == 0) {
       only = arg.substr(11);
+    } else if (arg.rfind("--kernel=", 0) == 0) {
+      only_kernel = arg.substr(9);
+      if (only_kernel != "short_queries" && only_kernel != "tiled_tensor_cores" &&
+          only_kernel != "tiled_cuda_cores") {
+        std::fprintf(stderr, "unknown kernel %s\n", only_kernel.c_str());
+        return 2;
+      }
     } else if (arg.rfind("--", 0) == 0) {
       std::fprintf(stderr, "unknown flag %s\n", arg.c_str());
       return 2;
@@ -420,7 +432,7 @@ int main(int argc, char** argv) {
     max_tokens = std::max(max_tokens, w.bs * per_seq);
   }
   std::mt19937_64 rng(42);
-  Bench bench(max_tokens, rng);
+  Bench bench(max_tokens, only_kernel, rng);
   for (const Workload& w : kWorkloads) {
     if (only.empty() || only == w.name) bench.RunWorkload(w);
   }

@@ -338,7 +338,7 @@ __device__ __forceinline__ void AttendStep(const Q& q, float scale, int t,
     mx = fmaxf(mx, ATTNMETA_SHFL_XOR(mx, 2));
     // Until the vector has seen a position, mx is -inf and nothing changes.
     const bool seen = mx != NegInf();
-    const float alpha = seen ? exp2f(sm.m[h] - mx) : 1.0f;
+    const float alpha = seen ? Exp2FlushToZero(sm.m[h] - mx) : 1.0f;
     sm.m[h] = mx;
     sm.l[h] *= alpha;
 #pragma unroll
@@ -346,7 +346,7 @@ __device__ __forceinline__ void AttendStep(const Q& q, float scale, int t,
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& x = sc[h / 2][nt][2 * (h % 2) + e];
-        x = seen ? exp2f(x - mx) : 0.0f;
+        x = seen ? Exp2FlushToZero(x - mx) : 0.0f;
         sm.l[h] += x;
       }
     }
@@ -514,7 +514,7 @@ __device__ __forceinline__ void CombineWarpStates(const WarpStates<kWarps, kVecs
     if (mx != NegInf()) {
       for (int q = 0; q < kWarps; ++q) {
         if (st.max[q][h] == NegInf()) continue;
-        const float weight = exp2f(st.max[q][h] - mx);
+        const float weight = Exp2FlushToZero(st.max[q][h] - mx);
         total += weight * st.sum[q][h];
 #pragma unroll
         for (int e = 0; e < 8; ++e) out[e] = fmaf(weight, st.acc[q][h][d0 + e], out[e]);
