@@ -524,15 +524,21 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kCudaCoreThreads, 1) VarlenAttentionKerne
 //    are (position-major) and read transposed into B fragments, two dim tiles per
 //    LoadSharedMatrices8x8x4Trans.
 //  - The tiles are copied into shared memory asynchronously (CopyGlobalToShared16: no
-//    registers hold them on the way), two stages deep on NVIDIA (hip_port.h).
+//    registers hold them on the way), on NVIDIA three stages deep at head dims up to 128 and
+//    two at 256 (MmaTiling::kStages).
 template <int kHeadDim>
 struct MmaTiling {
   static constexpr int kM = VarlenQueryVectors(kHeadDim, true);  // 128, 128, 64
   static constexpr int kWarps = kM / 16;
   static constexpr int kThreads = kWarps * 32;
-  // Tiles staged at once (kSharedCopyStages: the next tile's copies in flight while the block
-  // computes on NVIDIA), K and V words each, in dynamic shared memory.
-  static constexpr int kStages = kSharedCopyStages;
+  // Tiles staged at once, K and V words each, in dynamic shared memory. On NVIDIA the next
+  // tile's copies are in flight while the block computes: three stages at head dims up to 128,
+  // so that one block barrier per tile orders both the landing of a tile and the reuse of a
+  // stage (12-14% faster on the H200 than two stages with two barriers per tile); two at head
+  // dim 256, where three beside all of Q left one block per multiprocessor instead of two and
+  // ran 60% slower (docs/varlen_attention.md). One on AMD, where a copy is a load and a store
+  // where it stands (kSharedCopyStages).
+  static constexpr int kStages = kSharedCopyStages == 1 ? 1 : kHeadDim > 128 ? 2 : 3;
   // Positions per tile: 128, 64, and 32 at head dim 256 with two stages (16 with one: AMD's
   // 64 KB of LDS would not hold 32-position tiles beside all of Q). On the H200 at head dim 256,
   // 32 positions and all of Q in shared memory ran 8-10% faster than 16 and 12 of Q's k-steps
@@ -596,7 +602,7 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
   constexpr int kN = T::kN;
   // Stage i % kStages: tile i's K rows (kN x kKPitch words) and then its V rows (kN x kVPitch).
   extern __shared__ __align__(16) uint32_t stages[];
-  __shared__ int32_t slot_s[3][kN];  // tile i's position n: slot_s[i % 3][n], -1: not read
+  __shared__ int32_t slot_s[4][kN];  // tile i's position n: slot_s[i % 4][n], -1: not read
 
   TileBlock b;
   if (!ResolveTileBlock(p, T::kM, b)) return;  // the same for every thread of the block
@@ -666,45 +672,11 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
     if (!s.blind) BuildFullMaskSteps<kN, T::kThreads>(s, b.row0, b.rows, full_tiles);
   }
 
-  // The pipeline: with two stages, tile i + 1's copies and tile i + 2's slots are in flight
-  // while the block computes on tile i; with one, the copies of tile i come first. Tile i's
-  // slots go to slot_s[i % 3] at the top of iteration i - 1 (tile 0's before the loop), ahead
-  // of its first barrier; the tile's copies read them after that barrier (two stages) or after
-  // iteration i's first barrier (one stage), its checks in iteration i; slot_s[i % 3] is
-  // written again at the top of iteration i + 2, when every thread is past iteration i.
   const int32_t row_elems = static_cast<int32_t>(pool_row);
   const auto k_stage = [&](int32_t i) { return stages + i % T::kStages * T::kStageWords; };
   const auto v_stage = [&](int32_t i) { return k_stage(i) + kN * T::kKPitch; };
-  if (tid < kN) slot_s[0][tid] = TileSlot(p, b, tid);
-  // Whether the tile to compute next has a position that is not read (past kv_end or outside
-  // the pool).
-  bool holes = __syncthreads_or(tid < kN && slot_s[0][tid] < 0) != 0;
-  if (T::kStages > 1 && b.kv_end > 0) {
-    CopyMmaTile<kHeadDim>(p, slot_s[0], row_elems, head, k_stage(0), v_stage(0));
-  }
-  int32_t next_slot = tid < kN ? TileSlot(p, b, kN + tid) : -1;
-  for (int32_t base = 0, i = 0; base < b.kv_end; base += kN, ++i) {
-    const int32_t* slots = slot_s[i % 3];
-    // Every position of the tile read and seen by every row: no score needs a check.
-    const bool whole = !holes && (kFullMask ? full_tiles.Whole(i) : base + kN <= seen_end);
-    if (tid < kN) slot_s[(i + 1) % 3][tid] = next_slot;
-    // Also: every thread is done with tile i - 1, whose stage the copies below overwrite.
-    holes = __syncthreads_or(tid < kN && next_slot < 0) != 0;
-    if constexpr (T::kStages > 1) {
-      if (base + kN < b.kv_end) {
-        CopyMmaTile<kHeadDim>(p, slot_s[(i + 1) % 3], row_elems, head, k_stage(i + 1),
-                              v_stage(i + 1));
-        next_slot = tid < kN ? TileSlot(p, b, base + 2 * kN + tid) : -1;
-      } else {
-        CommitSharedCopies();  // an empty group, so that the wait below is for tile i
-      }
-      WaitSharedCopies<1>();
-    } else {
-      CopyMmaTile<kHeadDim>(p, slots, row_elems, head, k_stage(i), v_stage(i));
-      WaitSharedCopies<0>();
-      next_slot = tid < kN ? TileSlot(p, b, base + 2 * kN + tid) : -1;
-    }
-    __syncthreads();  // every thread's copies of tile i have landed
+  // Computes tile i (positions [base, base + kN), slots `slots`) from stage i % kStages.
+  const auto compute_tile = [&](int32_t i, int32_t base, const int32_t* slots, bool whole) {
     const uint32_t* k_s = k_stage(i);
     const uint32_t* v_s = v_stage(i);
 
@@ -791,6 +763,80 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
         MmaM16N8K16<Dtype::kIsBf16>(o[i], pa, b0);
         MmaM16N8K16<Dtype::kIsBf16>(o[i + 1], pa, b1);
       }
+    }
+  };
+  if constexpr (T::kStages == 3) {
+    // Three stages, one block barrier per tile (B_i). Before B_i each thread issues tile i + 1's
+    // copies into stage (i + 1) % 3, which held tile i - 2: every thread was done with that tile
+    // when it reached B_(i - 1). Once its own copies of tile i have landed, it stores its
+    // position of tile i + 2 into slot_s[(i + 2) % 4] (last read by tile i - 2's checks, also
+    // done before B_(i - 1)). B_i then makes tile i's stage and tile i + 2's slots visible to
+    // every thread, and tells them whether tile i + 1 has a position that is not read.
+    int32_t next1 = tid < kN ? TileSlot(p, b, kN + tid) : -1;  // this thread's of tile i + 1
+    if (tid < kN) {
+      slot_s[0][tid] = TileSlot(p, b, tid);
+      slot_s[1][tid] = next1;
+    }
+    // Whether the tile to compute next has a position that is not read (past kv_end or outside
+    // the pool).
+    bool holes = __syncthreads_or(tid < kN && slot_s[0][tid] < 0) != 0;
+    if (b.kv_end > 0) CopyMmaTile<kHeadDim>(p, slot_s[0], row_elems, head, k_stage(0), v_stage(0));
+    int32_t next2 = tid < kN ? TileSlot(p, b, 2 * kN + tid) : -1;  // of tile i + 2
+    for (int32_t base = 0, i = 0; base < b.kv_end; base += kN, ++i) {
+      // Every position of the tile read and seen by every row: no score needs a check.
+      const bool whole = !holes && (kFullMask ? full_tiles.Whole(i) : base + kN <= seen_end);
+      if (base + kN < b.kv_end) {
+        CopyMmaTile<kHeadDim>(p, slot_s[(i + 1) % 4], row_elems, head, k_stage(i + 1), v_stage(i + 1));
+      } else {
+        CommitSharedCopies();  // an empty group, so that the wait below is for tile i
+      }
+      WaitSharedCopies<1>();
+      if (tid < kN) slot_s[(i + 2) % 4][tid] = next2;
+      holes = __syncthreads_or(tid < kN && next1 < 0) != 0;
+      next1 = next2;
+      // TileSlot is -1 past kv_end.
+      next2 = tid < kN ? TileSlot(p, b, base + 3 * kN + tid) : -1;
+      compute_tile(i, base, slot_s[i % 4], whole);
+    }
+  } else {
+    // Two stages or one, two block barriers per tile. With two, tile i + 1's copies and tile
+    // i + 2's slots are in flight while the block computes on tile i; with one, the copies of
+    // tile i come first. Tile i's slots go to slot_s[i % 3] at the top of iteration i - 1
+    // (tile 0's before the loop), ahead of its first barrier; the tile's copies read them after
+    // that barrier (two stages) or after iteration i's first barrier (one stage), its checks in
+    // iteration i; slot_s[i % 3] is written again at the top of iteration i + 2, when every
+    // thread is past iteration i.
+    if (tid < kN) slot_s[0][tid] = TileSlot(p, b, tid);
+    // Whether the tile to compute next has a position that is not read (past kv_end or outside
+    // the pool).
+    bool holes = __syncthreads_or(tid < kN && slot_s[0][tid] < 0) != 0;
+    if (T::kStages > 1 && b.kv_end > 0) {
+      CopyMmaTile<kHeadDim>(p, slot_s[0], row_elems, head, k_stage(0), v_stage(0));
+    }
+    int32_t next_slot = tid < kN ? TileSlot(p, b, kN + tid) : -1;
+    for (int32_t base = 0, i = 0; base < b.kv_end; base += kN, ++i) {
+      const int32_t* slots = slot_s[i % 3];
+      // Every position of the tile read and seen by every row: no score needs a check.
+      const bool whole = !holes && (kFullMask ? full_tiles.Whole(i) : base + kN <= seen_end);
+      if (tid < kN) slot_s[(i + 1) % 3][tid] = next_slot;
+      // Also: every thread is done with tile i - 1, whose stage the copies below overwrite.
+      holes = __syncthreads_or(tid < kN && next_slot < 0) != 0;
+      if constexpr (T::kStages > 1) {
+        if (base + kN < b.kv_end) {
+          CopyMmaTile<kHeadDim>(p, slot_s[(i + 1) % 3], row_elems, head, k_stage(i + 1),
+                                v_stage(i + 1));
+        } else {
+          CommitSharedCopies();  // an empty group, so that the wait below is for tile i
+        }
+        WaitSharedCopies<1>();
+      } else {
+        CopyMmaTile<kHeadDim>(p, slots, row_elems, head, k_stage(i), v_stage(i));
+        WaitSharedCopies<0>();
+      }
+      // TileSlot is -1 past kv_end.
+      next_slot = tid < kN ? TileSlot(p, b, base + 2 * kN + tid) : -1;
+      __syncthreads();  // every thread's copies of tile i have landed
+      compute_tile(i, base, slots, whole);
     }
   }
 
