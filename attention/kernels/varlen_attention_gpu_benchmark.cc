@@ -45,7 +45,6 @@
 #include <optional>
 #include <random>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -121,8 +120,8 @@ struct Batch {
 
 class Bench {
  public:
-  Bench(int64_t max_tokens, std::string only_kernel, std::mt19937_64& rng)
-      : only_kernel_(std::move(only_kernel)),
+  Bench(int64_t max_tokens, std::optional<VarlenKernel> only_kernel, std::mt19937_64& rng)
+      : only_kernel_(only_kernel),
         rng_(rng),
         pool_slots_(max_tokens + 2 * kMaxPageSize),
         sms_(Unwrap(DeviceMultiprocessorCount())),
@@ -167,7 +166,7 @@ class Bench {
         kernels.insert(kernels.begin(), VarlenKernel::kShortQueries);
       }
       for (VarlenKernel kernel : kernels) {
-        if (!only_kernel_.empty() && only_kernel_ != VarlenKernelName(kernel)) continue;
+        if (only_kernel_.has_value() && *only_kernel_ != kernel) continue;
         for (MaskLayout layout : layouts) {
           for (bool page_table : {false, true}) {
             const double us = TimeConfig(w, b, ps, layout, page_table, kernel);
@@ -352,7 +351,7 @@ class Bench {
     }
   }
 
-  std::string only_kernel_;  // empty: every kernel
+  std::optional<VarlenKernel> only_kernel_;  // none: every kernel
   std::mt19937_64& rng_;
   int64_t pool_slots_;
   int32_t sms_;
@@ -400,7 +399,7 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a crash must not lose the lines before it
   std::string out_dir;
   std::string only;  // --workload=NAME
-  std::string only_kernel;  // --kernel=NAME
+  std::optional<VarlenKernel> only_kernel;  // --kernel=NAME
   for (int k = 1; k < argc; ++k) {
     const std::string arg = argv[k];
     if (arg.rfind("--dims=", 0) == 0) {
@@ -411,10 +410,12 @@ int main(int argc, char** argv) {
     } else if (arg.rfind("--workload=", 0) == 0) {
       only = arg.substr(11);
     } else if (arg.rfind("--kernel=", 0) == 0) {
-      only_kernel = arg.substr(9);
-      if (only_kernel != "short_queries" && only_kernel != "tiled_tensor_cores" &&
-          only_kernel != "tiled_cuda_cores") {
-        std::fprintf(stderr, "unknown kernel %s\n", only_kernel.c_str());
+      for (VarlenKernel kernel : {VarlenKernel::kShortQueries, VarlenKernel::kTiledTensorCores,
+                                  VarlenKernel::kTiledCudaCores}) {
+        if (arg.substr(9) == VarlenKernelName(kernel)) only_kernel = kernel;
+      }
+      if (!only_kernel.has_value()) {
+        std::fprintf(stderr, "unknown kernel %s\n", arg.substr(9).c_str());
         return 2;
       }
     } else if (arg.rfind("--", 0) == 0) {
