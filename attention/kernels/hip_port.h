@@ -18,7 +18,10 @@
 // 32-lane groups: the tensor cores on NVIDIA, a portable form on AMD. Kernels declare
 // ATTNMETA_LAUNCH_BOUNDS(threads, min blocks per multiprocessor) and convert fp16 through
 // HalfBitsToFloat / FloatToHalfBits (the vendor's conversion instructions, round to nearest
-// even), on raw bits so that no vendor half type reaches a shared header.
+// even), on raw bits so that no vendor half type reaches a shared header. A kernel that may
+// start under the tail of the kernel ahead of it is launched by LaunchKernelAfterPreceding and
+// calls WaitForPrecedingGrid before it touches that kernel's writes (NVIDIA's programmatic
+// dependent launch; a plain launch on AMD).
 //
 // No Abseil and no glog here: device sources include this header.
 
@@ -35,6 +38,8 @@
 namespace attnmeta {
 // MmaM16N8K16 below is the portable form here (MFMA fragments differ).
 inline constexpr bool kNativeMmaM16N8K16 = false;
+// LaunchKernelAfterPreceding below launches plainly here.
+inline constexpr bool kOverlappingLaunches = false;
 // The device pass knows the target's wave size; the host pass gets a placeholder that host
 // code must not use (see above).
 #if defined(__AMDGCN_WAVEFRONT_SIZE)
@@ -83,6 +88,8 @@ namespace attnmeta {
 inline constexpr int kWaveSize = 32;
 // MmaM16N8K16 below is the tensor cores' mma.sync.
 inline constexpr bool kNativeMmaM16N8K16 = true;
+// LaunchKernelAfterPreceding below may start a kernel under the tail of the one ahead.
+inline constexpr bool kOverlappingLaunches = true;
 }  // namespace attnmeta
 
 #define ATTNMETA_SHFL_UP(value, delta) __shfl_up_sync(0xffffffffu, (value), (delta))
@@ -441,6 +448,47 @@ __device__ inline uint4 LoadSharedMatrices8x8x4Trans(const void* row) {
     w[m] = e[0] | e[1] << 16;
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
+#endif
+}
+
+// Programmatic dependent launches. A kernel launched by LaunchKernelAfterPreceding with
+// `overlap` may start its blocks before the kernel ahead of it on the stream has ended (once
+// every block of that kernel has called AllowDependentGridLaunch or exited), so that its start
+// runs under that kernel's tail. Until it calls WaitForPrecedingGrid, which returns once that
+// kernel has completed and its writes are visible, it may read only what that kernel does not
+// write, and write nothing. NVIDIA since sm_90 (griddepcontrol); a captured graph keeps the
+// overlap as a programmatic edge. AMD has no such launch: LaunchKernelAfterPreceding launches
+// plainly there and both calls do nothing; so do the calls in a kernel launched plainly.
+__device__ inline void WaitForPrecedingGrid() {
+#if defined(ATTNMETA_GPU_CUDA)
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ inline void AllowDependentGridLaunch() {
+#if defined(ATTNMETA_GPU_CUDA)
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+template <typename... Params, typename... Args>
+inline hipError_t LaunchKernelAfterPreceding(bool overlap, void (*kernel)(Params...), dim3 grid,
+                                             dim3 block, size_t shared_bytes, hipStream_t stream,
+                                             Args... args) {
+#if defined(ATTNMETA_GPU_CUDA)
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = overlap ? 1 : 0;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, args...);
+#else
+  (void)overlap;
+  kernel<<<grid, block, shared_bytes, stream>>>(args...);
+  return hipGetLastError();
 #endif
 }
 

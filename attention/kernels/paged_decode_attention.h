@@ -150,9 +150,15 @@ __host__ __device__ inline constexpr int64_t DecodeBlocksPerItem(int32_t num_q_h
 }
 
 // Launches num_work * DecodeBlocksPerItem(num_q_heads, heads_per_block) blocks;
-// hipErrorInvalidValue for a shape that is not compiled.
+// hipErrorInvalidValue for a shape that is not compiled. overlap_preceding: a launch whose
+// blocks may start under the tail of the kernel ahead on the stream (LaunchKernelAfterPreceding
+// in hip_port.h); before waiting for that kernel a block reads only its metadata (its work
+// item, its sequence's length from kv.kv_indptr or kv.kv_lens, its warps' first index entries
+// from kv.kv_indices or kv.page_table) and writes nothing. Every block allows the next kernel
+// to start once it has read its K and V.
 // REQUIRES: the launcher's checks passed (shapes, alignment, the grid fits).
-hipError_t LaunchPagedDecodeKernel(const PagedDecodeParams& p, hipStream_t stream);
+hipError_t LaunchPagedDecodeKernel(const PagedDecodeParams& p, bool overlap_preceding,
+                                   hipStream_t stream);
 
 // The blocks of the kernel a split launch (LaunchPagedDecodeKernel with partial slots) would
 // run for p's dtype, head_dim, heads_per_block and variant (no other field is read) that fit on

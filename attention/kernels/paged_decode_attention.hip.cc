@@ -21,7 +21,7 @@ using internal::NegInf;
 using internal::Pack2;
 
 // What one block works on, resolved from its work item and the sequence's device-resident
-// lengths, clamped (violations recorded by thread 0).
+// lengths, clamped (violations held by thread 0).
 struct BlockWork {
   int32_t sequence;
   int32_t lo, hi;        // token positions [lo, hi) of the sequence, lo <= hi
@@ -29,11 +29,16 @@ struct BlockWork {
   int64_t index_base;    // token-level: where the sequence's tokens start in kv_indices
 };
 
-// False (recorded) when the item names no row of the batch or no partial slot that exists:
-// the block has nothing it may write.
-__device__ inline bool ResolveWork(const PagedDecodeParams& p, int32_t item, BlockWork& w) {
+// False when the item names no row of the batch or no partial slot that exists: the block has
+// nothing it may write. Reads only the work item and the sequence's length, and writes nothing:
+// thread 0 holds what it finds in `held` for the caller to record (a launch that overlaps the
+// kernel ahead of it calls this before WaitForPrecedingGrid).
+__device__ inline bool ResolveWork(const PagedDecodeParams& p, int32_t item, BlockWork& w,
+                                   HeldViolation& held) {
   const bool report = threadIdx.x == 0;
-  DeviceViolation* v = report ? p.violation : nullptr;
+  const auto hold = [&](ViolationKind kind, int64_t index, int64_t value, int64_t bound) {
+    if (report) held.Hold(kind, index, value, bound);
+  };
   int64_t kv_begin = 0, kv_end = kInt32Max;
   w.sequence = item;
   w.partial_slot = -1;
@@ -44,23 +49,21 @@ __device__ inline bool ResolveWork(const PagedDecodeParams& p, int32_t item, Blo
     kv_begin = it.kv_begin;
     kv_end = it.kv_end;
     if (it.sequence < 0 || it.sequence >= p.batch_size) {
-      RecordViolation(v, kRowOutsideTable, item, it.sequence, p.batch_size);
+      hold(kRowOutsideTable, item, it.sequence, p.batch_size);
       return false;
     }
     if (it.partial_slot >= p.partial_capacity) {
-      RecordViolation(v, kTotalPastCapacity, item, int64_t{it.partial_slot} + 1, p.partial_capacity);
+      hold(kTotalPastCapacity, item, int64_t{it.partial_slot} + 1, p.partial_capacity);
       return false;
     }
     if (kv_begin < 0) {
-      RecordViolation(v, kLengthNegative, item, kv_begin, 0);
+      hold(kLengthNegative, item, kv_begin, 0);
       kv_begin = 0;
     }
   }
-  const int32_t len = internal::KvLength(p, w.sequence, v, &w.index_base);
-  if (p.work != nullptr && kv_end > len) {
-    RecordViolation(v, kLengthPastRow, item, kv_end, len);
-  }
-  if (kv_end < kv_begin) RecordViolation(v, kIndptrDecreasing, item, kv_end, kv_begin);
+  const int32_t len = internal::KvLength(p, w.sequence, hold, &w.index_base);
+  if (p.work != nullptr && kv_end > len) hold(kLengthPastRow, item, kv_end, len);
+  if (kv_end < kv_begin) hold(kIndptrDecreasing, item, kv_end, kv_begin);
   w.hi = static_cast<int32_t>(kv_end < len ? kv_end : len);
   w.lo = static_cast<int32_t>(kv_begin < w.hi ? kv_begin : w.hi);
   return true;
@@ -303,8 +306,19 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDe
   const int32_t head_group = static_cast<int32_t>(blockIdx.x) % per_item;
   const int32_t q_head0 = head_group * kHeads;
   const int32_t kv_head = q_head0 / (p.num_q_heads / p.num_kv_heads);
+  // Launched to overlap the kernel ahead (PagedDecodeArgs::overlap_preceding_kernel), the block
+  // reads its metadata under that kernel's tail (the plan's item, the length, the first step's
+  // index entries) and waits for it before anything else (Q, K and V) and before any write.
   BlockWork w;
-  if (!ResolveWork(p, item, w)) return;  // the same for every thread of the block
+  HeldViolation held;
+  const auto wait_for_the_kernel_ahead = [&] {
+    WaitForPrecedingGrid();
+    held.Record(p.violation);
+  };
+  if (!ResolveWork(p, item, w, held)) {  // the same for every thread of the block
+    wait_for_the_kernel_ahead();
+    return;
+  }
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const internal::LaneView lv{lane,         lane / 4,     lane % 4,
@@ -319,8 +333,11 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDe
   const float scale = p.softmax_scale * kLog2e;
   internal::AttendWarpStepsWithQ<Dtype, kHeadDim, kStep, 1, kWarps, kPortableMma, kReadOnceKv>(
       p, lv, warp, q_offset, scale, [](int32_t, int, int, int) { return true; },
-      [](int32_t) { return false; }, sm);
+      [](int32_t) { return false; }, sm, wait_for_the_kernel_ahead);
 
+  // The block has read its K and V: the next kernel's blocks may start under its combine and
+  // merge (if that kernel was launched to overlap this one).
+  AllowDependentGridLaunch();
   internal::StoreWarpState(states, warp, lv.g, lv.t, sm);
   __syncthreads();
   // The reduce item of the block's partial, found by the last warp. CombineWarpStates takes
@@ -381,13 +398,15 @@ struct DecodeKernelOf {
 // Launches the kernel over the params' work items; a split launch (partial slots) runs the
 // read-once kernel.
 struct LaunchOnStream {
+  bool overlap_preceding;
   hipStream_t stream;
   bool ReadOnceKv(const PagedDecodeParams& p) const { return p.partial_capacity > 0; }
   template <typename K>
   hipError_t Run(const PagedDecodeParams& p) const {
     const int64_t blocks = p.num_work * DecodeBlocksPerItem(p.num_q_heads, K::kHeadsPerBlock);
-    K::kKernel<<<static_cast<uint32_t>(blocks), K::kThreads, 0, stream>>>(p);
-    return hipGetLastError();
+    return LaunchKernelAfterPreceding(overlap_preceding, K::kKernel,
+                                      dim3(static_cast<uint32_t>(blocks)), dim3(K::kThreads), 0,
+                                      stream, p);
   }
 };
 
@@ -480,8 +499,9 @@ hipError_t ByDtype(const PagedDecodeParams& p, const Op& op) {
 
 }  // namespace
 
-hipError_t LaunchPagedDecodeKernel(const PagedDecodeParams& p, hipStream_t stream) {
-  return ByDtype(p, LaunchOnStream{stream});
+hipError_t LaunchPagedDecodeKernel(const PagedDecodeParams& p, bool overlap_preceding,
+                                   hipStream_t stream) {
+  return ByDtype(p, LaunchOnStream{overlap_preceding, stream});
 }
 
 hipError_t PagedDecodeBlocksPerMultiprocessor(const PagedDecodeParams& p, int32_t* blocks) {

@@ -30,7 +30,7 @@
 //
 // Usage: paged_decode_attention_gpu_benchmark [OUT_DIR] [--variant=N|all] [--shape=BS,CTX]
 //        [--blocks-per-sm=N] [--max-items-per-sequence=N] [--min-chunk=N] [--no-sweep]
-//        [--dims=Q,KV,D]
+//        [--dims=Q,KV,D] [--overlap-preceding]
 // --variant: the table with that variant (or each), no sweep; --shape: that shape only;
 // --dims: query heads, KV heads and head dim (default 32,8,128). Other dims run without the
 // variant sweep (the variants other than 0 are compiled for head dim 128 and groups of a
@@ -39,7 +39,9 @@
 // --blocks-per-sm: DecodeSplitOptions::blocks_per_multiprocessor of the split plans (default:
 // DecodeSplitOptionsForDevice's, the kernel's occupancy on this GPU); --max-items-per-sequence:
 // DecodeSplitOptions::max_items_per_sequence, --min-chunk: its min_chunk (defaults:
-// DecodeSplitOptionsForDevice's).
+// DecodeSplitOptionsForDevice's). --overlap-preceding: each timed attention launch may start
+// under the previous launch's tail (PagedDecodeArgs::overlap_preceding_kernel; its rows are
+// named "... overlapping"); the references are timed as without it.
 // Writes OUT_DIR/paged_decode_attention.csv and .md besides stdout. Needs a GPU; exits non-zero
 // on any error or mismatch.
 
@@ -81,6 +83,9 @@ using testing::BenchDims;
 
 // The attention shape (--dims=Q,KV,D). Set by main before any shape runs.
 BenchDims dims;
+// --overlap-preceding: every attention launch overlaps the one before it
+// (PagedDecodeArgs::overlap_preceding_kernel), and its rows' names say so.
+bool overlap_preceding = false;
 constexpr int64_t kRotationBytes = int64_t{256} << 20;  // 5x the L2
 constexpr int kMaxSets = 64;
 constexpr double kMaxKvBytes = 40e9;
@@ -291,7 +296,8 @@ class Bench {
   Row RowOf(const std::string& op, int32_t variant, const Shape& s, int64_t ps, double bytes,
             double us, const Refs& r, int64_t items = -1) const {
     return Row{
-        op,    variant, s.bs,      s.ctx,           ps,        items < 0 ? last_items_ : items,
+        overlap_preceding ? op + " overlapping" : op,
+        variant, s.bs, s.ctx, ps, items < 0 ? last_items_ : items,
         bytes, us,      r.copy_us, r.contiguous_us, r.read_us, r.pattern_us};
   }
 
@@ -373,6 +379,7 @@ class Bench {
       a.out = out_.span();
       a.lse = lse_.span();
       a.variant = variant;
+      a.overlap_preceding_kernel = overlap_preceding;
       BENCH_CHECK(PagedDecodeAttention(a, word_->device(), stream_));
     };
     BENCH_CHECK(word_->Reset(stream_));
@@ -559,6 +566,8 @@ int main(int argc, char** argv) {
       }
     } else if (arg == "--no-sweep") {
       sweep = false;
+    } else if (arg == "--overlap-preceding") {
+      overlap_preceding = true;
     } else if (arg.rfind("--dims=", 0) == 0) {
       if (!testing::ParseBenchDims(arg.substr(7), &dims)) {
         std::fprintf(stderr, "--dims=Q,KV,D takes three integers with Q >= KV >= 1\n");

@@ -120,6 +120,18 @@ struct PagedDecodeArgs {
   // The kernel shape (kernels::kDecodeVariants). Variants other than 0 are compiled only for
   // head_dim 128 and run 4 query heads per block, so they need a group of a multiple of 4.
   int32_t variant = 0;
+  // True: the attention kernel may start under the tail of the kernel ahead of it on `stream`
+  // (NVIDIA's programmatic dependent launch, sm_90; a plain launch on AMD). Its blocks then read
+  // their metadata while that kernel ends (the plan's work items, kv_indptr or kv_lens, and
+  // their first index entries in kv_indices or the page table) and wait for it before anything
+  // else: before Q, K and V, and before any write. In back-to-back launches that hides about
+  // 1.3 us of each (bs 1 x 16k: docs/paged_decode_attention.md). The kernel lets the next
+  // kernel start once its blocks have read K and V, whether or not this is set.
+  // REQUIRES when true: the kernel ahead of this launch on the stream does not write the
+  // metadata (work items, kv_indptr, kv_lens, kv_indices, page table). A metadata kernel
+  // launched right before it does (the fused decode metadata, DeviceMetadataWriter's replay):
+  // leave this false after one. A kernel that writes Q or the new tokens' K and V may.
+  bool overlap_preceding_kernel = false;
 };
 
 // Errors, before anything is launched: InvalidArgument for dims (head counts that do not

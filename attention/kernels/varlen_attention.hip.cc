@@ -106,7 +106,12 @@ __device__ inline Sequence ResolveSequence(const VarlenAttentionParams& p, int32
   }
   s.q_begin = static_cast<int32_t>(q_begin);
   s.q_len = static_cast<int32_t>(q_end - q_begin);
-  s.kv_len = internal::KvLength(p, seq, v, &s.index_base);
+  s.kv_len = internal::KvLength(
+      p, seq,
+      [v](ViolationKind kind, int64_t index, int64_t value, int64_t bound) {
+        RecordViolation(v, kind, index, value, bound);
+      },
+      &s.index_base);
   s.mask = nullptr;
   s.blind = false;
   if (s.q_len > s.kv_len) {
@@ -944,7 +949,7 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS((kMmaBlockWarps<kHeadDim, kHalves> * 32),
           return base + kStep <= prefix;  // every row sees the whole prefix
         }
       },
-      sm);
+      sm, [] {});
 
   internal::StoreWarpState(states, warp, lv.g, lv.t, sm);
   __syncthreads();

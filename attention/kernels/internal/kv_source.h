@@ -25,24 +25,26 @@ namespace internal {
 
 // Sequence `seq`'s KV length as the device metadata gives it, clamped to what can be read;
 // `index_base` gets where its positions start in kv_indices (token-level; 0 for the page
-// table). Violations are recorded in `v` (may be null): kOffsetNegative, kIndptrDecreasing,
-// kTotalPastCapacity (token-level), kLengthNegative, kPagesPastTable (page table).
-template <typename Params>
-__device__ inline int32_t KvLength(const Params& p, int32_t seq, DeviceViolation* v,
+// table). Violations go to record(kind, index, value, bound) (RecordViolation's arguments
+// after the word): kOffsetNegative, kIndptrDecreasing, kTotalPastCapacity (token-level),
+// kLengthNegative, kPagesPastTable (page table). It reads the lengths (kv_indptr or kv_lens)
+// and nothing else.
+template <typename Params, typename Record>
+__device__ inline int32_t KvLength(const Params& p, int32_t seq, const Record& record,
                                    int64_t* index_base) {
   if (p.kv.page_level == 0) {
     int64_t begin = p.kv.kv_indptr[seq];
     int64_t end = p.kv.kv_indptr[seq + 1];
     if (begin < 0) {
-      RecordViolation(v, kOffsetNegative, seq, begin, 0);
+      record(kOffsetNegative, seq, begin, 0);
       begin = 0;
     }
     if (end < begin) {
-      RecordViolation(v, kIndptrDecreasing, seq + 1, end, begin);
+      record(kIndptrDecreasing, seq + 1, end, begin);
       end = begin;
     }
     if (end > p.kv.kv_indices_capacity) {
-      RecordViolation(v, kTotalPastCapacity, seq, end, p.kv.kv_indices_capacity);
+      record(kTotalPastCapacity, seq, end, p.kv.kv_indices_capacity);
       end = p.kv.kv_indices_capacity;
       if (begin > end) begin = end;
     }
@@ -52,12 +54,12 @@ __device__ inline int32_t KvLength(const Params& p, int32_t seq, DeviceViolation
   *index_base = 0;
   int64_t len = p.kv.kv_lens[seq];
   if (len < 0) {
-    RecordViolation(v, kLengthNegative, seq, len, 0);
+    record(kLengthNegative, seq, len, 0);
     len = 0;
   }
   const int64_t table_tokens = int64_t{p.kv.page_table_cols} * p.kv.page_size;
   if (len > table_tokens) {
-    RecordViolation(v, kPagesPastTable, seq, (len + p.kv.page_size - 1) / p.kv.page_size,
+    record(kPagesPastTable, seq, (len + p.kv.page_size - 1) / p.kv.page_size,
                     p.kv.page_table_cols);
     len = table_tokens;
   }

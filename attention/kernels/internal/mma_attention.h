@@ -388,26 +388,27 @@ __device__ __forceinline__ void AttendStep(const Q& q, float scale, int t,
 }
 
 // Warp `warp` of kWarps attends to its steps of the positions in lv: steps warp, warp + kWarps,
-// ... of kStep positions. Per step: lane i resolves position i's slot (checked against the
-// pool; -1 skips the position) and loads the next step's index entries; the K and V loads of
-// the whole step are issued before the first MMA. q.Prepare() comes after the first step's
-// index loads are issued, so that a barrier in it waits while they are in flight. `sees(base, h,
-// nt, e)`: whether vector g + 8h sees position base + 8 nt + 2t + e (AttendStep's, at the step
-// starting at base); `sees_all(base)`: whether every vector of the warp sees every position of
-// the step at base, so that a step whose positions all have slots needs no per-score check (a
-// warp-uniform value; a constant false leaves only the checked step). kReadOnceKv: K and V
-// through LoadReadOnceGlobal16 (IssueStep).
+// ... of kStep positions, the first step's index entries in `raw` (LoadStepIndices, issued by
+// the caller). Per step: lane i resolves position i's slot (checked against the pool; -1 skips
+// the position) and loads the next step's index entries; the K and V loads of the whole step
+// are issued before the first MMA. q.Prepare() comes first, so that a barrier in it waits while
+// the first step's index loads are in flight. `sees(base, h, nt, e)`: whether vector g + 8h
+// sees position base + 8 nt + 2t + e (AttendStep's, at the step starting at base);
+// `sees_all(base)`: whether every vector of the warp sees every position of the step at base,
+// so that a step whose positions all have slots needs no per-score check (a warp-uniform
+// value; a constant false leaves only the checked step). kReadOnceKv: K and V through
+// LoadReadOnceGlobal16 (IssueStep).
 template <typename Dtype, int kHeadDim, int kStep, int kHalves, int kWarps, bool kPortableMma,
           bool kReadOnceKv, typename Params, typename Q, typename Sees, typename SeesAll>
 __device__ __forceinline__ void AttendWarpSteps(const Params& p, const LaneView& lv, int warp,
-                                                const Q& q, float scale, const Sees& sees,
+                                                const Q& q,
+                                                int32_t (&raw)[WarpShape<kHeadDim, kStep>::kIdx],
+                                                float scale, const Sees& sees,
                                                 const SeesAll& sees_all,
                                                 WarpSoftmax<kHeadDim, kHalves>& sm) {
   using S = WarpShape<kHeadDim, kStep>;
-  int32_t raw[S::kIdx];  // the index entries of the next step to resolve
   const int32_t first = warp * kStep;
   const int32_t stride = kWarps * kStep;
-  LoadStepIndices<kHeadDim, kStep>(p, lv, first, raw);
   q.Prepare();
   for (int32_t base = first; base < lv.n; base += stride) {
     int32_t slot[S::kIdx];
@@ -431,29 +432,36 @@ __device__ __forceinline__ void AttendWarpSteps(const Params& p, const LaneView&
   }
 }
 
-// Q's fragments of the query vectors at `q_offset` (LoadQFragments), then AttendWarpSteps with
-// them: in registers, or at head dim 256 and for 4 halves in shared memory (SharedQFragments,
-// loaded by warp 0), where in registers they spilled the step's loads (decode 212-264 bytes per
-// thread, the varlen short-query path 788 at head dim 256). Every thread of the block calls it:
-// the shared form has a barrier.
+// The first step's index entries (LoadStepIndices), then before_q(), then Q's fragments of the
+// query vectors at `q_offset` (LoadQFragments), then AttendWarpSteps with them: Q in registers,
+// or at head dim 256 and for 4 halves in shared memory (SharedQFragments, loaded by warp 0),
+// where in registers they spilled the step's loads (decode 212-264 bytes per thread, the varlen
+// short-query path 788 at head dim 256). So before before_q() the warp has read only the
+// metadata (p's KV source: kv_indices or the page table), and its K and V come after: a
+// launch that overlaps the kernel ahead of it waits for that kernel in before_q (the decode
+// kernel). Every thread of the block calls it: the shared form has a barrier.
 template <typename Dtype, int kHeadDim, int kStep, int kHalves, int kWarps, bool kPortableMma,
-          bool kReadOnceKv, typename Params, typename Sees, typename SeesAll>
+          bool kReadOnceKv, typename Params, typename Sees, typename SeesAll, typename BeforeQ>
 __device__ __forceinline__ void AttendWarpStepsWithQ(const Params& p, const LaneView& lv, int warp,
                                                      const int64_t (&q_offset)[kHalves],
                                                      float scale, const Sees& sees,
                                                      const SeesAll& sees_all,
-                                                     WarpSoftmax<kHeadDim, kHalves>& sm) {
+                                                     WarpSoftmax<kHeadDim, kHalves>& sm,
+                                                     const BeforeQ& before_q) {
+  int32_t raw[WarpShape<kHeadDim, kStep>::kIdx];
+  LoadStepIndices<kHeadDim, kStep>(p, lv, warp * kStep, raw);
+  before_q();
   QFragments<kHeadDim, kHalves> qf;
   if constexpr (kHeadDim > 128 || kHalves > 2) {
     __shared__ typename SharedQFragments<kHeadDim, kHalves>::Storage q_words;
     if (warp == 0) LoadQFragments<kHeadDim, kHalves>(p.q, q_offset, lv.t, qf);
     const SharedQFragments<kHeadDim, kHalves> qs{&q_words, &qf, lv.lane, warp == 0};
     AttendWarpSteps<Dtype, kHeadDim, kStep, kHalves, kWarps, kPortableMma, kReadOnceKv>(
-        p, lv, warp, qs, scale, sees, sees_all, sm);
+        p, lv, warp, qs, raw, scale, sees, sees_all, sm);
   } else {
     LoadQFragments<kHeadDim, kHalves>(p.q, q_offset, lv.t, qf);
     AttendWarpSteps<Dtype, kHeadDim, kStep, kHalves, kWarps, kPortableMma, kReadOnceKv>(
-        p, lv, warp, qf, scale, sees, sees_all, sm);
+        p, lv, warp, qf, raw, scale, sees, sees_all, sm);
   }
 }
 
