@@ -65,20 +65,20 @@ __device__ inline void RecordViolation(DeviceViolation* v, ViolationKind kind, i
 // launch that overlaps the kernel ahead of it, which may still be writing the same word), kept
 // in registers and recorded by Record after the wait.
 struct HeldViolation {
-  int32_t kind = kNoViolation;
+  ViolationKind kind = kNoViolation;
   int64_t index = 0;
   int64_t value = 0;
   int64_t bound = 0;
 
-  __device__ void Hold(ViolationKind k, int64_t i, int64_t v, int64_t b) {
+  __device__ void Hold(ViolationKind k, int64_t at, int64_t found, int64_t limit) {
     if (kind != kNoViolation) return;
     kind = k;
-    index = i;
-    value = v;
-    bound = b;
+    index = at;
+    value = found;
+    bound = limit;
   }
   __device__ void Record(DeviceViolation* v) const {
-    if (kind != kNoViolation) RecordViolation(v, static_cast<ViolationKind>(kind), index, value, bound);
+    if (kind != kNoViolation) RecordViolation(v, kind, index, value, bound);
   }
 };
 #endif

@@ -131,6 +131,8 @@ inline hipError_t hipGetDeviceCount(int* n) { return cudaGetDeviceCount(n); }
 inline hipError_t hipGetDevice(int* device) { return cudaGetDevice(device); }
 using hipDeviceAttribute_t = cudaDeviceAttr;
 constexpr hipDeviceAttribute_t hipDeviceAttributeMultiprocessorCount = cudaDevAttrMultiProcessorCount;
+constexpr hipDeviceAttribute_t hipDeviceAttributeComputeCapabilityMajor =
+    cudaDevAttrComputeCapabilityMajor;
 inline hipError_t hipDeviceGetAttribute(int* value, hipDeviceAttribute_t attr, int device) {
   return cudaDeviceGetAttribute(value, attr, device);
 }
@@ -456,18 +458,33 @@ __device__ inline uint4 LoadSharedMatrices8x8x4Trans(const void* row) {
 // every block of that kernel has called AllowDependentGridLaunch or exited), so that its start
 // runs under that kernel's tail. Until it calls WaitForPrecedingGrid, which returns once that
 // kernel has completed and its writes are visible, it may read only what that kernel does not
-// write, and write nothing. NVIDIA since sm_90 (griddepcontrol); a captured graph keeps the
-// overlap as a programmatic edge. AMD has no such launch: LaunchKernelAfterPreceding launches
-// plainly there and both calls do nothing; so do the calls in a kernel launched plainly.
+// write, and write nothing. NVIDIA GPUs of compute capability 9.0 and later (griddepcontrol;
+// the calls compile to nothing for older targets, and launchers ask for the overlap only on
+// such devices); a captured graph keeps the overlap as a programmatic edge. AMD has no such
+// launch: LaunchKernelAfterPreceding launches plainly there and both calls do nothing; so do
+// the calls in a kernel launched plainly.
 __device__ inline void WaitForPrecedingGrid() {
-#if defined(ATTNMETA_GPU_CUDA)
+#if defined(ATTNMETA_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
 __device__ inline void AllowDependentGridLaunch() {
-#if defined(ATTNMETA_GPU_CUDA)
+#if defined(ATTNMETA_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+}
+// `x` unchanged, as a value the compiler cannot know before this point. WaitForPrecedingGrid
+// orders what the compiler sees as memory accesses, and a load it takes as read-only (__ldg,
+// LoadReadOnceGlobal16) is not one of them: it may be moved above the wait. An address
+// computed from OpaqueAfter's result after the wait cannot be.
+__device__ inline int64_t OpaqueAfter(int64_t x) {
+#if defined(ATTNMETA_GPU_CUDA)
+  asm volatile("" : "+l"(x));
+#endif
+  return x;
+}
+__device__ inline const void* OpaqueAfter(const void* p) {
+  return reinterpret_cast<const void*>(OpaqueAfter(reinterpret_cast<int64_t>(p)));
 }
 template <typename... Params, typename... Args>
 inline hipError_t LaunchKernelAfterPreceding(bool overlap, void (*kernel)(Params...), dim3 grid,
@@ -476,15 +493,18 @@ inline hipError_t LaunchKernelAfterPreceding(bool overlap, void (*kernel)(Params
 #if defined(ATTNMETA_GPU_CUDA)
   cudaLaunchAttribute attribute = {};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = overlap ? 1 : 0;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
   config.attrs = &attribute;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, args...);
+  config.numAttrs = overlap ? 1 : 0;
+  const cudaError_t launched = cudaLaunchKernelEx(&config, kernel, args...);
+  // As after <<<>>>: the last error read (and cleared), an earlier asynchronous one included.
+  const cudaError_t last = cudaGetLastError();
+  return launched != cudaSuccess ? launched : last;
 #else
   (void)overlap;
   kernel<<<grid, block, shared_bytes, stream>>>(args...);

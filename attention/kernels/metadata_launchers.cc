@@ -111,6 +111,21 @@ absl::StatusOr<int32_t> DeviceMultiprocessorCount() {
       });
 }
 
+absl::StatusOr<bool> DeviceOverlapsLaunches() {
+  if (!kOverlappingLaunches) return false;
+  static internal::DeviceValueCache* const cache = new internal::DeviceValueCache();
+  absl::StatusOr<int32_t> major = internal::CachedDeviceQuery(
+      *cache, 0, "hipDeviceGetAttribute(compute capability)", [](int device, int32_t* value) {
+        int n = 0;
+        const hipError_t err =
+            hipDeviceGetAttribute(&n, hipDeviceAttributeComputeCapabilityMajor, device);
+        *value = n;
+        return err;
+      });
+  if (!major.ok()) return major.status();
+  return *major >= 9;
+}
+
 absl::Status CheckDecodeMetadataArgs(const DecodeMetadataDeviceArgs& a) {
   absl::StatusOr<kernels::SlotSource> src = Source(a.req_to_token, a.pool_slots, a.page_size);
   if (!src.ok()) return src.status();

@@ -316,6 +316,8 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDe
     held.Record(p.violation);
   };
   if (!ResolveWork(p, item, w, held)) {  // the same for every thread of the block
+    // Waits even with nothing held: the block must not end before the kernel ahead, or a
+    // kernel after this one could start before that one ended.
     wait_for_the_kernel_ahead();
     return;
   }

@@ -41,7 +41,8 @@
 // DecodeSplitOptions::max_items_per_sequence, --min-chunk: its min_chunk (defaults:
 // DecodeSplitOptionsForDevice's). --overlap-preceding: each timed attention launch may start
 // under the previous launch's tail (PagedDecodeArgs::overlap_preceding_kernel; its rows are
-// named "... overlapping"); the references are timed as without it.
+// named "... overlapping"), the contiguous layout's included; the read, reads-alone and copy
+// references are timed as without it.
 // Writes OUT_DIR/paged_decode_attention.csv and .md besides stdout. Needs a GPU; exits non-zero
 // on any error or mismatch.
 

@@ -22,12 +22,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "attention/kernels/metadata_launchers.h"
 #include "attention/kernels/paged_decode_attention.h"
 #include "attention/kernels/paged_decode_launcher.h"
 #include "attention/kernels/testing/attention_inputs.h"
@@ -55,7 +57,6 @@ using testing::ToBits;
 using testing::Upload;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
 
 // A decode batch (one query row per sequence, kv lengths given) laid out by the allocator with
 // shuffled pages; random N(0, 1) Q, K and V rounded to the element type; the reference output
@@ -184,10 +185,12 @@ DeviceSplitKvPlan DevicePlanOf(const SplitKvPlan& plan) {
 
 // A kernel ahead of an overlapping launch: the decode is launched on `stream` with
 // overlap_preceding_kernel, right after a kernel that lets it start at once, spins for about
-// half a millisecond and then makes `copies` (LaunchSpinThenCopy).
+// half a millisecond and then makes `copies` (LaunchSpinThenCopy); with `captured`, the two
+// launches are captured in a graph, replayed once.
 struct KernelAhead {
   hipStream_t stream;
   testing::SpinCopies copies;
+  bool captured = false;  // both launches captured in a graph, which is then replayed once
 };
 constexpr int64_t kAheadSpinCycles = 1000000;
 
@@ -242,13 +245,27 @@ Result RunDecodeOnce(const DecodeAttentionDims& dims, const DeviceProblem& d, in
   a.lse = lse.span();
   a.variant = variant;
   hipStream_t stream = nullptr;
+  const bool captured = ahead != nullptr && ahead->captured;
   if (ahead != nullptr) {
     stream = ahead->stream;
     a.overlap_preceding_kernel = true;
+    if (captured) {
+      EXPECT_EQ(hipStreamBeginCapture(stream, hipStreamCaptureModeThreadLocal), hipSuccess);
+    }
     EXPECT_EQ(testing::LaunchSpinThenCopy(kAheadSpinCycles, ahead->copies, stream), hipSuccess);
   }
   Result r;
   r.status = PagedDecodeAttention(a, violation, stream);
+  if (captured) {
+    hipGraph_t graph = nullptr;
+    hipGraphExec_t exec = nullptr;
+    EXPECT_EQ(hipStreamEndCapture(stream, &graph), hipSuccess);
+    EXPECT_EQ(hipGraphInstantiate(&exec, graph, nullptr, nullptr, 0), hipSuccess);
+    EXPECT_EQ(hipGraphLaunch(exec, stream), hipSuccess);
+    EXPECT_EQ(hipStreamSynchronize(stream), hipSuccess);
+    EXPECT_EQ(hipGraphExecDestroy(exec), hipSuccess);
+    EXPECT_EQ(hipGraphDestroy(graph), hipSuccess);
+  }
   EXPECT_EQ(hipDeviceSynchronize(), hipSuccess);
   r.out_bytes = Download(out);
   r.lse = Download(lse);
@@ -1139,149 +1156,193 @@ class OverlapDecodeGpuTest : public testing::ViolationWordGpuTest {
       EXPECT_EQ(hipStreamDestroy(stream_), hipSuccess);
     }
   }
-  KernelAhead Ahead(std::initializer_list<testing::SpinCopy> copies) const {
-    KernelAhead k{stream_, {}};
-    for (const testing::SpinCopy& c : copies) k.copies.copy[k.copies.count++] = c;
+  KernelAhead Ahead(std::initializer_list<testing::SpinCopy> copies, bool captured = false) const {
+    KernelAhead k{stream_, {}, captured};
+    EXPECT_LE(copies.size(), static_cast<size_t>(testing::kMaxSpinCopies));
+    for (const testing::SpinCopy& c : copies) {
+      if (k.copies.count == testing::kMaxSpinCopies) break;
+      k.copies.copy[k.copies.count++] = c;
+    }
     return k;
   }
-  // Whether launches can overlap here. compute-sanitizer runs them one after the other (seen
-  // with memcheck on the H200), so `run_all.sh --memcheck` sets ATTNMETA_GPU_SANITIZER and the
-  // tests that need an overlap skip under it.
+  // Whether launches overlap here: a device that can (DeviceOverlapsLaunches), and not under
+  // compute-sanitizer, which runs launches one after the other (seen with memcheck on the
+  // H200): `run_all.sh --memcheck` sets ATTNMETA_GPU_SANITIZER, and the tests that need an
+  // overlap skip under it.
   static bool LaunchesOverlap() {
-    return kOverlappingLaunches && std::getenv("ATTNMETA_GPU_SANITIZER") == nullptr;
+    absl::StatusOr<bool> can = DeviceOverlapsLaunches();
+    EXPECT_TRUE(can.ok()) << can.status();
+    return can.ok() && *can && std::getenv("ATTNMETA_GPU_SANITIZER") == nullptr;
   }
+  // An overlapping probe starts before the kernel ahead ends: it reads the flag that kernel
+  // sets at its end before waiting for it. Both kernels run once first: a kernel is loaded at
+  // its first launch (lazy loading), which waits for the kernels running.
+  void ExpectAnOverlappingProbeStartsFirst() {
+    DeviceBuffer<int32_t> flag = Upload(std::vector<int32_t>{0});
+    DeviceBuffer<int32_t> one = Upload(std::vector<int32_t>{1});
+    DeviceBuffer<int32_t> seen = Upload(std::vector<int32_t>{-1});
+    ASSERT_EQ(testing::LaunchSpinThenCopy(0, Ahead({}).copies, stream_), hipSuccess);
+    ASSERT_EQ(testing::LaunchOverlapProbe(flag.data(), seen.data(), stream_), hipSuccess);
+    ASSERT_EQ(hipStreamSynchronize(stream_), hipSuccess);
+    ASSERT_EQ(Download(seen), std::vector<int32_t>{0});
+    ASSERT_EQ(hipMemset(seen.data(), 0xff, sizeof(int32_t)), hipSuccess);
+    ASSERT_EQ(testing::LaunchSpinThenCopy(kAheadSpinCycles, Ahead({CopyOf(flag, one)}).copies, stream_),
+              hipSuccess);
+    ASSERT_EQ(testing::LaunchOverlapProbe(flag.data(), seen.data(), stream_), hipSuccess);
+    ASSERT_EQ(hipStreamSynchronize(stream_), hipSuccess);
+    EXPECT_EQ(Download(seen), std::vector<int32_t>{0}) << "the probe saw the flag set: no overlap";
+    EXPECT_EQ(Download(flag), std::vector<int32_t>{1});
+  }
+  template <typename T>
+  static testing::SpinCopy CopyOf(const DeviceBuffer<T>& dst, const DeviceBuffer<T>& src) {
+    return testing::SpinCopy{dst.data(), src.data(), static_cast<int64_t>(src.size() * sizeof(T))};
+  }
+  static constexpr char kNoOverlapHere[] = "no overlapping launches here (AMD, a GPU before "
+                                           "compute capability 9.0, or under compute-sanitizer)";
   hipStream_t stream_ = nullptr;
 };
 
-template <typename T>
-testing::SpinCopy CopyOf(const DeviceBuffer<T>& dst, const DeviceBuffer<T>& src) {
-  return testing::SpinCopy{dst.data(), src.data(), static_cast<int64_t>(src.size() * sizeof(T))};
-}
-
-// The premise of the tests below: an overlapping launch does start before the kernel ahead of
-// it ends (the probe reads the flag that kernel sets at its end, before waiting). Both kernels
-// run once first: a kernel is loaded at its first launch (lazy loading), which waits for the
-// kernels running.
+// The premise of the tests below, on its own.
 TEST_F(OverlapDecodeGpuTest, AnOverlappingLaunchStartsBeforeTheKernelAheadEnds) {
   if (!LaunchesOverlap()) {
-    GTEST_SKIP() << "no overlapping launches here (AMD, or under compute-sanitizer)";
+    GTEST_SKIP() << kNoOverlapHere;
   }
-  DeviceBuffer<int32_t> flag = Upload(std::vector<int32_t>{0});
-  DeviceBuffer<int32_t> one = Upload(std::vector<int32_t>{1});
-  DeviceBuffer<int32_t> seen = Upload(std::vector<int32_t>{-1});
-  ASSERT_EQ(testing::LaunchSpinThenCopy(0, Ahead({}).copies, stream_), hipSuccess);
-  ASSERT_EQ(testing::LaunchOverlapProbe(flag.data(), seen.data(), stream_), hipSuccess);
-  ASSERT_EQ(hipStreamSynchronize(stream_), hipSuccess);
-  ASSERT_EQ(Download(seen), std::vector<int32_t>{0});
-  ASSERT_EQ(hipMemset(seen.data(), 0xff, sizeof(int32_t)), hipSuccess);
-
-  ASSERT_EQ(testing::LaunchSpinThenCopy(kAheadSpinCycles, Ahead({CopyOf(flag, one)}).copies, stream_),
-            hipSuccess);
-  ASSERT_EQ(testing::LaunchOverlapProbe(flag.data(), seen.data(), stream_), hipSuccess);
-  ASSERT_EQ(hipStreamSynchronize(stream_), hipSuccess);
-  EXPECT_EQ(Download(seen), std::vector<int32_t>{0}) << "the probe saw the flag set: no overlap";
-  EXPECT_EQ(Download(flag), std::vector<int32_t>{1});
+  ExpectAnOverlappingProbeStartsFirst();
 }
 
 // Q, K and V hold NaNs until the kernel ahead overwrites them at its end (as a kernel that
 // writes Q and the new tokens' K and V would): an overlapping launch reads them only after
 // waiting for it, and its results are the reference's, without a split, with the partials
-// merged in the launch and by a merge launch, through kv_indices and the page table.
+// merged in the launch and by a merge launch, through kv_indices and the page table, at head
+// dims 128 and 256 (Q in shared memory), launched on the stream and replayed from a graph.
 TEST_F(OverlapDecodeGpuTest, OverlappingLaunchReadsWhatTheKernelAheadWritesAfterIt) {
-  const Problem p = MakeProblem(Dims(32, 8, 128, KvElementType::kBf16), 16, {1000, 37, 300, 64}, 111);
-  const DeviceProblem d = ToDevice(p);
-  const DeviceProblem e{Upload(std::vector<uint8_t>(d.q.size(), 0xff)),
-                        Upload(std::vector<uint8_t>(d.k.size(), 0xff)),
-                        Upload(std::vector<uint8_t>(d.v.size(), 0xff)),
-                        Upload(p.metadata.kv_indptr),
-                        Upload(p.metadata.kv_indices),
-                        Upload(std::vector<PageId>(p.metadata.page_table.span().entries().begin(),
-                                                   p.metadata.page_table.span().entries().end())),
-                        Upload(p.metadata.kv_lens),
-                        d.cols,
-                        d.page_size};
-  const KernelAhead ahead = Ahead({CopyOf(e.q, d.q), CopyOf(e.k, d.k), CopyOf(e.v, d.v)});
-  for (const DecodeKv& kv : {e.TokenLevel(), e.PageLevel()}) {
-    auto plan = PlanDecodeSplitKv(p.metadata.kv_indptr, DecodeKvLayout(kv), DecodeSplitOptions{132, 8});
-    ASSERT_TRUE(plan.ok()) << plan.status();
-    ASSERT_FALSE(plan->reduce.empty());
-    DeviceBuffer<uint32_t> counters =
-        Upload(std::vector<uint32_t>(plan->reduce.size() * p.dims.num_q_heads, 0));
-    struct Case {
-      const char* name;
-      const SplitKvPlan* plan;
-      DeviceSpan<uint32_t> counters;
-    } cases[] = {{"no split", nullptr, {}},
-                 {"merged in the launch", &*plan, counters.span()},
-                 {"merge launch", &*plan, {}}};
-    for (const Case& c : cases) {
-      SCOPED_TRACE(::testing::Message() << (kv.index() == 0 ? "token-level, " : "page table, ")
-                                        << c.name);
-      // Each kernel loaded (and the real inputs checked) by a plain launch first.
-      ExpectMatches(p, RunDecodeOnce(p.dims, d, p.bs(), kv, c.plan, 0, nullptr, c.counters));
-      for (const DeviceBuffer<uint8_t>* b : {&e.q, &e.k, &e.v}) {
-        ASSERT_EQ(hipMemset(b->data(), 0xff, b->size()), hipSuccess);
+  if (LaunchesOverlap()) ExpectAnOverlappingProbeStartsFirst();
+  for (const DecodeAttentionDims& dims :
+       {Dims(32, 8, 128, KvElementType::kBf16), Dims(16, 4, 256, KvElementType::kFp16)}) {
+    SCOPED_TRACE(::testing::Message() << "head dim " << dims.head_dim);
+    const Problem p = MakeProblem(dims, 16, {1000, 37, 300, 64}, 111);
+    const DeviceProblem d = ToDevice(p);
+    const DeviceProblem e{Upload(std::vector<uint8_t>(d.q.size(), 0xff)),
+                          Upload(std::vector<uint8_t>(d.k.size(), 0xff)),
+                          Upload(std::vector<uint8_t>(d.v.size(), 0xff)),
+                          Upload(p.metadata.kv_indptr),
+                          Upload(p.metadata.kv_indices),
+                          Upload(std::vector<PageId>(p.metadata.page_table.span().entries().begin(),
+                                                     p.metadata.page_table.span().entries().end())),
+                          Upload(p.metadata.kv_lens),
+                          d.cols,
+                          d.page_size};
+    auto blocks_per_item = DecodeBlocksPerWorkItem(dims, 0);
+    ASSERT_TRUE(blocks_per_item.ok()) << blocks_per_item.status();
+    for (const DecodeKv& kv : {e.TokenLevel(), e.PageLevel()}) {
+      auto plan = PlanDecodeSplitKv(p.metadata.kv_indptr, DecodeKvLayout(kv),
+                                    DecodeSplitOptions{132, *blocks_per_item});
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      ASSERT_FALSE(plan->reduce.empty());
+      DeviceBuffer<uint32_t> counters =
+          Upload(std::vector<uint32_t>(plan->reduce.size() * p.dims.num_q_heads, 0));
+      struct Case {
+        const char* name;
+        const SplitKvPlan* plan;
+        DeviceSpan<uint32_t> counters;
+      } cases[] = {{"no split", nullptr, {}},
+                   {"merged in the launch", &*plan, counters.span()},
+                   {"merge launch", &*plan, {}}};
+      for (const Case& c : cases) {
+        // Each kernel loaded (and the real inputs checked) by a plain launch first.
+        ExpectMatches(p, RunDecodeOnce(p.dims, d, p.bs(), kv, c.plan, 0, nullptr, c.counters));
+        for (bool captured : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << (kv.index() == 0 ? "token-level, " : "page table, ")
+                                            << c.name << (captured ? ", captured" : ""));
+          for (const DeviceBuffer<uint8_t>* b : {&e.q, &e.k, &e.v}) {
+            ASSERT_EQ(hipMemset(b->data(), 0xff, b->size()), hipSuccess);
+          }
+          const KernelAhead ahead =
+              Ahead({CopyOf(e.q, d.q), CopyOf(e.k, d.k), CopyOf(e.v, d.v)}, captured);
+          const Result r = RunDecodeOnce(p.dims, e, p.bs(), kv, c.plan, 0, word_->device(),
+                                         c.counters, /*device_plan=*/false, &ahead);
+          ExpectMatches(p, r);
+          EXPECT_TRUE(word_->Check(nullptr).ok());
+        }
       }
-      const Result r = RunDecodeOnce(p.dims, e, p.bs(), kv, c.plan, 0, word_->device(), c.counters,
-                                     /*device_plan=*/false, &ahead);
-      ExpectMatches(p, r);
-      EXPECT_TRUE(word_->Check(nullptr).ok());
     }
   }
 }
 
-// Corrupted lengths found before the wait are recorded after it: the kernel ahead clears the
+// Violations found before the wait are recorded after it: the kernel ahead clears the
 // violation word at its end (as the staged uploads' apply kernel does at the head of a replay),
-// and the violation is still there after the launch.
+// and the violation is still there after the launch. Corrupted lengths (the block goes on) and
+// a device plan's work item naming a sequence outside the batch (the block stops).
 TEST_F(OverlapDecodeGpuTest, ViolationsFoundBeforeTheWaitAreRecordedAfterIt) {
-  const Problem p = MakeProblem(Dims(32, 8, 128, KvElementType::kBf16), 16, {100, 60, 80}, 113);
+  if (LaunchesOverlap()) ExpectAnOverlappingProbeStartsFirst();
+  const Problem p = MakeProblem(Dims(32, 8, 128, KvElementType::kBf16), 16, {100, 60, 800}, 113);
   const DeviceProblem d = ToDevice(p);
-  const int32_t total = p.metadata.kv_indptr.back().value();
-  DeviceBuffer<TokenOffset> indptr = Upload(
-      std::vector<TokenOffset>{TokenOffset(0), TokenOffset(100), TokenOffset(50), TokenOffset(total)});
-  const DecodeKv kv = DecodeTokenLevelKv{indptr.const_span(), d.kv_indices.const_span()};
-  RunDecodeOnce(p.dims, d, p.bs(), kv, nullptr, 0, nullptr, {});  // loads the kernel
   DeviceBuffer<uint8_t> zeros = Upload(std::vector<uint8_t>(sizeof(kernels::DeviceViolation), 0));
   const KernelAhead ahead = Ahead({testing::SpinCopy{word_->device(), zeros.data(),
                                                      static_cast<int64_t>(zeros.size())}});
-  const Result r =
-      RunDecodeOnce(p.dims, d, p.bs(), kv, nullptr, 0, word_->device(), {}, /*device_plan=*/false, &ahead);
-  ASSERT_TRUE(r.status.ok()) << r.status;
-  ExpectViolation("below the entry");
-  ExpectAllFinite(r);
-  ExpectRow(p, r, 0, 0);
+  {
+    SCOPED_TRACE("indptr decreasing");
+    const int32_t total = p.metadata.kv_indptr.back().value();
+    DeviceBuffer<TokenOffset> indptr = Upload(std::vector<TokenOffset>{
+        TokenOffset(0), TokenOffset(100), TokenOffset(50), TokenOffset(total)});
+    const DecodeKv kv = DecodeTokenLevelKv{indptr.const_span(), d.kv_indices.const_span()};
+    RunDecodeOnce(p.dims, d, p.bs(), kv, nullptr, 0, nullptr, {});  // loads the kernel
+    const Result r = RunDecodeOnce(p.dims, d, p.bs(), kv, nullptr, 0, word_->device(), {},
+                                   /*device_plan=*/false, &ahead);
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    ExpectViolation("below the entry");
+    ExpectAllFinite(r);
+    ExpectRow(p, r, 0, 0);
+  }
+  {
+    SCOPED_TRACE("work item outside the batch");
+    auto plan = PlanDecodeSplitKv(p.metadata.kv_indptr, KvLayout::LinearPerToken(),
+                                  DecodeSplitOptions{132, 8});
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_FALSE(plan->reduce.empty());
+    SplitKvPlan bad = *plan;
+    bad.work[0].sequence = 99;
+    RunDecodeOnce(p.dims, d, p.bs(), d.TokenLevel(), &*plan, 0, nullptr, {});  // loads the kernel
+    const Result r = RunDecodeOnce(p.dims, d, p.bs(), d.TokenLevel(), &bad, 0, word_->device(), {},
+                                   /*device_plan=*/true, &ahead);
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    ExpectViolation("row 99 outside");
+  }
 }
 
 // What overlap_preceding_kernel's REQUIRES is for: the metadata is read before the wait. Here
 // the kernel ahead writes the lengths (all zero before): the launch sees every sequence empty
-// (output 0, lse -inf), which also shows that the launcher asked for the overlap.
+// (output 0, lse -inf), which also shows that the launcher asked for the overlap, on the stream
+// and in a graph.
 TEST_F(OverlapDecodeGpuTest, OverlappingLaunchReadsTheLengthsBeforeTheWait) {
   if (!LaunchesOverlap()) {
-    GTEST_SKIP() << "no overlapping launches here (AMD, or under compute-sanitizer)";
+    GTEST_SKIP() << kNoOverlapHere;
   }
   const Problem p = MakeProblem(Dims(32, 8, 128, KvElementType::kBf16), 16, {100, 60, 80}, 115);
   const DeviceProblem d = ToDevice(p);
   DeviceBuffer<TokenOffset> indptr = Upload(std::vector<TokenOffset>(d.kv_indptr.size(), TokenOffset(0)));
   DeviceBuffer<TokenLength> lens = Upload(std::vector<TokenLength>(d.kv_lens.size(), TokenLength(0)));
-  const KernelAhead ahead = Ahead({CopyOf(indptr, d.kv_indptr), CopyOf(lens, d.kv_lens)});
   for (const DecodeKv& kv :
        {DecodeKv(DecodeTokenLevelKv{indptr.const_span(), d.kv_indices.const_span()}),
         DecodeKv(DecodePageTableKv{d.page_table.const_span(), d.cols, lens.const_span(), d.page_size})}) {
-    SCOPED_TRACE(kv.index() == 0 ? "token-level" : "page table");
     RunDecodeOnce(p.dims, d, p.bs(), kv, nullptr, 0, nullptr, {});  // loads the kernel
-    ASSERT_EQ(hipMemset(indptr.data(), 0, indptr.size() * sizeof(TokenOffset)), hipSuccess);
-    ASSERT_EQ(hipMemset(lens.data(), 0, lens.size() * sizeof(TokenLength)), hipSuccess);
-    const Result r = RunDecodeOnce(p.dims, d, p.bs(), kv, nullptr, 0, word_->device(), {},
-                                   /*device_plan=*/false, &ahead);
-    ASSERT_TRUE(r.status.ok()) << r.status;
-    EXPECT_TRUE(word_->Check(nullptr).ok());
-    for (float x : r.out) ASSERT_EQ(x, 0.0f);
-    for (float x : r.lse) ASSERT_EQ(x, -kInf);
-    // The kernel ahead did write them: a launch after it reads the real lengths.
-    ExpectMatches(p, RunDecodeOnce(p.dims, d, p.bs(), kv, nullptr, 0, nullptr, {}));
+    for (bool captured : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << (kv.index() == 0 ? "token-level" : "page table")
+                                        << (captured ? ", captured" : ""));
+      ASSERT_EQ(hipMemset(indptr.data(), 0, indptr.size() * sizeof(TokenOffset)), hipSuccess);
+      ASSERT_EQ(hipMemset(lens.data(), 0, lens.size() * sizeof(TokenLength)), hipSuccess);
+      const KernelAhead ahead = Ahead({CopyOf(indptr, d.kv_indptr), CopyOf(lens, d.kv_lens)}, captured);
+      const Result r = RunDecodeOnce(p.dims, d, p.bs(), kv, nullptr, 0, word_->device(), {},
+                                     /*device_plan=*/false, &ahead);
+      ASSERT_TRUE(r.status.ok()) << r.status;
+      EXPECT_TRUE(word_->Check(nullptr).ok());
+      for (float x : r.out) ASSERT_EQ(x, 0.0f);
+      for (float x : r.lse) ASSERT_EQ(x, -kInf);
+      // The kernel ahead did write them: a launch after it reads the real lengths.
+      ExpectMatches(p, RunDecodeOnce(p.dims, d, p.bs(), kv, nullptr, 0, nullptr, {}));
+    }
   }
 }
-
 
 // A plan held only on the device (as a graph replay leaves it: items in buffers larger than
 // its counts, the host knowing only the counts) runs as its host copy does, bit for bit, merged

@@ -347,7 +347,14 @@ absl::Status PagedDecodeAttention(const PagedDecodeArgs& a, kernels::DeviceViola
   p.variant = a.variant;
   p.softmax_scale = a.dims.softmax_scale;
   p.violation = violation;
-  if (absl::Status s = LaunchResult(kernels::LaunchPagedDecodeKernel(p, a.overlap_preceding_kernel, stream), "paged decode");
+  bool overlap = false;
+  if (a.overlap_preceding_kernel) {
+    absl::StatusOr<bool> can = DeviceOverlapsLaunches();
+    if (!can.ok()) return can.status();
+    overlap = *can;
+  }
+  if (absl::Status s =
+          LaunchResult(kernels::LaunchPagedDecodeKernel(p, overlap, stream), "paged decode");
       !s.ok() || !a.split.has_value() || split.reduce_items == 0 || p.merge_counters != nullptr) {
     return s;
   }

@@ -121,16 +121,24 @@ struct PagedDecodeArgs {
   // head_dim 128 and run 4 query heads per block, so they need a group of a multiple of 4.
   int32_t variant = 0;
   // True: the attention kernel may start under the tail of the kernel ahead of it on `stream`
-  // (NVIDIA's programmatic dependent launch, sm_90; a plain launch on AMD). Its blocks then read
-  // their metadata while that kernel ends (the plan's work items, kv_indptr or kv_lens, and
-  // their first index entries in kv_indices or the page table) and wait for it before anything
-  // else: before Q, K and V, and before any write. In back-to-back launches that hides about
-  // 1.3 us of each (bs 1 x 16k: docs/paged_decode_attention.md). The kernel lets the next
-  // kernel start once its blocks have read K and V, whether or not this is set.
-  // REQUIRES when true: the kernel ahead of this launch on the stream does not write the
-  // metadata (work items, kv_indptr, kv_lens, kv_indices, page table). A metadata kernel
-  // launched right before it does (the fused decode metadata, DeviceMetadataWriter's replay):
-  // leave this false after one. A kernel that writes Q or the new tokens' K and V may.
+  // (NVIDIA's programmatic dependent launch, compute capability 9.0 and later; a plain launch
+  // elsewhere, DeviceOverlapsLaunches). Its blocks then read their metadata while that kernel
+  // ends (the plan's work items, kv_indptr or kv_lens, and their first index entries in
+  // kv_indices or the page table) and wait for it before anything else: before Q, K and V, and
+  // before any write. Back to back on the H200 that hides 1.0-1.7 us of a split launch (bs 1 x
+  // 16k: 23.7-24.1 -> 22.2-22.5 us) and 0.2-2.1 us of an unsplit one
+  // (docs/paged_decode_attention.md, "Overlapping the launch ahead").
+  // REQUIRES when true: no kernel that may still run when this launch starts writes the
+  // metadata. That is the kernel ahead, and, when that kernel was itself launched to overlap
+  // the one before it, the ones before too unless it waits for them before it lets this one
+  // start (the decode kernel itself does); in a captured graph, every kernel node this launch
+  // depends on. So leave this false after a metadata kernel (the fused decode metadata, a
+  // DeviceMetadataWriter replay, the staged uploads' apply kernel, which writes the lengths).
+  // A kernel ahead that writes Q or the new tokens' K and V is fine.
+  // Whether or not this is set, the kernel lets the next kernel start once its blocks have read
+  // K and V; it still reads the reduce items, the merge counters and the partials and writes
+  // out, lse, the partials, the counters and the violation word after that, so a kernel
+  // launched to overlap it must not write those before its own wait.
   bool overlap_preceding_kernel = false;
 };
 

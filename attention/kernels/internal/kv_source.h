@@ -60,7 +60,7 @@ __device__ inline int32_t KvLength(const Params& p, int32_t seq, const Record& r
   const int64_t table_tokens = int64_t{p.kv.page_table_cols} * p.kv.page_size;
   if (len > table_tokens) {
     record(kPagesPastTable, seq, (len + p.kv.page_size - 1) / p.kv.page_size,
-                    p.kv.page_table_cols);
+           p.kv.page_table_cols);
     len = table_tokens;
   }
   return static_cast<int32_t>(len);

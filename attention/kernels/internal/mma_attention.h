@@ -451,17 +451,22 @@ __device__ __forceinline__ void AttendWarpStepsWithQ(const Params& p, const Lane
   int32_t raw[WarpShape<kHeadDim, kStep>::kIdx];
   LoadStepIndices<kHeadDim, kStep>(p, lv, warp * kStep, raw);
   before_q();
+  // Q's address and every K/V row's (through the lane's head offset) come from values opaque
+  // until here, so that no load of them moves above before_q (OpaqueAfter, hip_port.h).
+  const void* const q = OpaqueAfter(p.q);
+  LaneView after = lv;
+  after.head = OpaqueAfter(lv.head);
   QFragments<kHeadDim, kHalves> qf;
   if constexpr (kHeadDim > 128 || kHalves > 2) {
     __shared__ typename SharedQFragments<kHeadDim, kHalves>::Storage q_words;
-    if (warp == 0) LoadQFragments<kHeadDim, kHalves>(p.q, q_offset, lv.t, qf);
+    if (warp == 0) LoadQFragments<kHeadDim, kHalves>(q, q_offset, lv.t, qf);
     const SharedQFragments<kHeadDim, kHalves> qs{&q_words, &qf, lv.lane, warp == 0};
     AttendWarpSteps<Dtype, kHeadDim, kStep, kHalves, kWarps, kPortableMma, kReadOnceKv>(
-        p, lv, warp, qs, raw, scale, sees, sees_all, sm);
+        p, after, warp, qs, raw, scale, sees, sees_all, sm);
   } else {
-    LoadQFragments<kHeadDim, kHalves>(p.q, q_offset, lv.t, qf);
+    LoadQFragments<kHeadDim, kHalves>(q, q_offset, lv.t, qf);
     AttendWarpSteps<Dtype, kHeadDim, kStep, kHalves, kWarps, kPortableMma, kReadOnceKv>(
-        p, lv, warp, qf, raw, scale, sees, sees_all, sm);
+        p, after, warp, qf, raw, scale, sees, sees_all, sm);
   }
 }
 
