@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "attention/kernels/fused_metadata_grid.h"
 #include "attention/kernels/internal/device_value_cache.h"
 #include "attention/kernels/internal/launch_checks.h"
@@ -61,6 +62,18 @@ absl::StatusOr<int32_t> FusedMetadataOccupancy() {
       [](int, int32_t* blocks) { return kernels::FusedMetadataBlocksPerMultiprocessor(blocks); });
 }
 
+// hipDeviceGetAttribute(attr) of the current device, asked of the runtime once per device.
+absl::StatusOr<int32_t> CachedDeviceAttribute(hipDeviceAttribute_t attr, absl::string_view what) {
+  static internal::DeviceValueCache* const cache = new internal::DeviceValueCache();
+  const auto query = [attr](int device, int32_t* value) {
+    int n = 0;
+    const hipError_t err = hipDeviceGetAttribute(&n, attr, device);
+    *value = n;
+    return err;
+  };
+  return internal::CachedDeviceQuery(*cache, static_cast<int64_t>(attr), what, query);
+}
+
 }  // namespace
 
 absl::Status BuildPageTableOnDevice(const DeviceReqToToken& req_to_token, TokenCount pool_slots,
@@ -100,28 +113,14 @@ absl::Status BuildPageTableOnDevice(const DeviceReqToToken& req_to_token, TokenC
 }
 
 absl::StatusOr<int32_t> DeviceMultiprocessorCount() {
-  static internal::DeviceValueCache* const cache = new internal::DeviceValueCache();
-  return internal::CachedDeviceQuery(
-      *cache, 0, "hipDeviceGetAttribute(multiprocessor count)", [](int device, int32_t* count) {
-        int n = 0;
-        const hipError_t err =
-            hipDeviceGetAttribute(&n, hipDeviceAttributeMultiprocessorCount, device);
-        *count = n;
-        return err;
-      });
+  return CachedDeviceAttribute(hipDeviceAttributeMultiprocessorCount,
+                               "hipDeviceGetAttribute(multiprocessor count)");
 }
 
 absl::StatusOr<bool> DeviceOverlapsLaunches() {
   if (!kOverlappingLaunches) return false;
-  static internal::DeviceValueCache* const cache = new internal::DeviceValueCache();
-  absl::StatusOr<int32_t> major = internal::CachedDeviceQuery(
-      *cache, 0, "hipDeviceGetAttribute(compute capability)", [](int device, int32_t* value) {
-        int n = 0;
-        const hipError_t err =
-            hipDeviceGetAttribute(&n, hipDeviceAttributeComputeCapabilityMajor, device);
-        *value = n;
-        return err;
-      });
+  absl::StatusOr<int32_t> major = CachedDeviceAttribute(
+      hipDeviceAttributeComputeCapabilityMajor, "hipDeviceGetAttribute(compute capability)");
   if (!major.ok()) return major.status();
   return *major >= 9;
 }

@@ -6,19 +6,17 @@ namespace {
 
 constexpr int kCopyThreads = 256;
 
-__global__ void SpinKernel(int64_t cycles) {
+__device__ void SpinFor(int64_t cycles) {
   const long long start = clock64();
   while (clock64() - start < cycles) {
   }
 }
 
+__global__ void SpinKernel(int64_t cycles) { SpinFor(cycles); }
+
 __global__ void __launch_bounds__(kCopyThreads) SpinThenCopyKernel(int64_t cycles, SpinCopies copies) {
   AllowDependentGridLaunch();
-  if (threadIdx.x == 0) {
-    const long long start = clock64();
-    while (clock64() - start < cycles) {
-    }
-  }
+  if (threadIdx.x == 0) SpinFor(cycles);
   __syncthreads();
   for (int32_t c = 0; c < copies.count; ++c) {
     const SpinCopy& k = copies.copy[c];
