@@ -138,6 +138,12 @@ struct PagedDecodeParams {
   int32_t variant;          // [0, kNumDecodeVariants)
   float softmax_scale;
   DeviceViolation* violation;
+  // False: a block waits for the kernel ahead (WaitForPrecedingGrid) before it reads anything.
+  // True: it reads its metadata first (its work item, its sequence's length from kv.kv_indptr
+  // or kv.kv_lens, its warps' first index entries from kv.kv_indices or kv.page_table), then
+  // waits. Either way it reads Q, K and V and writes only after the wait. Matters only in a
+  // launch that overlaps the kernel ahead (LaunchPagedDecodeKernel's overlap_preceding).
+  bool metadata_before_wait;
 };
 
 // The blocks of one work item: one per KV head and chunk of heads_per_block query heads of its
@@ -152,10 +158,9 @@ __host__ __device__ inline constexpr int64_t DecodeBlocksPerItem(int32_t num_q_h
 // Launches num_work * DecodeBlocksPerItem(num_q_heads, heads_per_block) blocks;
 // hipErrorInvalidValue for a shape that is not compiled. overlap_preceding: a launch whose
 // blocks may start under the tail of the kernel ahead on the stream (LaunchKernelAfterPreceding
-// in hip_port.h); before waiting for that kernel a block reads only its metadata (its work
-// item, its sequence's length from kv.kv_indptr or kv.kv_lens, its warps' first index entries
-// from kv.kv_indices or kv.page_table) and writes nothing. Every block allows the next kernel
-// to start once it has read its K and V.
+// in hip_port.h); before waiting for that kernel a block reads nothing, or only its metadata
+// with p.metadata_before_wait, and writes nothing. Every block allows the next kernel to start
+// once it has read its K and V.
 // REQUIRES: the launcher's checks passed (shapes, alignment, the grid fits).
 hipError_t LaunchPagedDecodeKernel(const PagedDecodeParams& p, bool overlap_preceding,
                                    hipStream_t stream);
@@ -182,9 +187,11 @@ struct DecodeMergeParams {
 };
 
 // One warp per (reduce item, query head): out and lse of each reduce item's row from its
-// partials.
+// partials. overlap_preceding: its blocks may start under the tail of the kernel ahead (the
+// attention launch) and wait for it before they read anything.
 // REQUIRES: num_reduce >= 1.
-hipError_t LaunchDecodeMergeKernel(const DecodeMergeParams& p, hipStream_t stream);
+hipError_t LaunchDecodeMergeKernel(const DecodeMergeParams& p, bool overlap_preceding,
+                                   hipStream_t stream);
 
 }  // namespace kernels
 }  // namespace attnmeta

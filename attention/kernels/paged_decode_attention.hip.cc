@@ -301,14 +301,21 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDe
   static_assert(kHeads <= 8, "one n-tile of query heads");
   __shared__ internal::WarpStates<kWarps, kHeads, kHeadDim> states;
 
+  // Launched to overlap the kernel ahead (PagedDecodeArgs::overlap), the block waits for it
+  // here, or with p.metadata_before_wait reads its metadata under that kernel's tail (the
+  // plan's item, the length, the first step's index entries) and waits before Q, K and V and
+  // before any write. Every address the block reads derives from `block`: after the wait, it
+  // is opaque, so that no read-only load can be moved above the wait.
+  int32_t block = static_cast<int32_t>(blockIdx.x);
+  if (!p.metadata_before_wait) {
+    WaitForPrecedingGrid();
+    block = static_cast<int32_t>(OpaqueAfter(int64_t{block}));
+  }
   const int32_t per_item = static_cast<int32_t>(DecodeBlocksPerItem(p.num_q_heads, kHeads));
-  const int32_t item = static_cast<int32_t>(blockIdx.x) / per_item;
-  const int32_t head_group = static_cast<int32_t>(blockIdx.x) % per_item;
+  const int32_t item = block / per_item;
+  const int32_t head_group = block % per_item;
   const int32_t q_head0 = head_group * kHeads;
   const int32_t kv_head = q_head0 / (p.num_q_heads / p.num_kv_heads);
-  // Launched to overlap the kernel ahead (PagedDecodeArgs::overlap_preceding_kernel), the block
-  // reads its metadata under that kernel's tail (the plan's item, the length, the first step's
-  // index entries) and waits for it before anything else (Q, K and V) and before any write.
   BlockWork w;
   HeldViolation held;
   const auto wait_for_the_kernel_ahead = [&] {
@@ -372,10 +379,12 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDe
 }
 
 // One warp per (reduce item, query head), kMergeWarps heads per block: no block barrier on
-// the path (MergeHead).
+// the path (MergeHead). Launched to overlap the attention kernel, it waits for it first; every
+// address it reads derives from `r`, opaque after the wait (as in PagedDecodeKernel).
 template <typename Dtype, int kHeadDim>
 __global__ void __launch_bounds__(kMergeWarps * 32) DecodeMergeKernel(DecodeMergeParams p) {
-  const int32_t r = blockIdx.x;
+  WaitForPrecedingGrid();
+  const int32_t r = static_cast<int32_t>(OpaqueAfter(int64_t{blockIdx.x}));
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int32_t h =
       static_cast<int32_t>(blockIdx.y) * kMergeWarps + static_cast<int32_t>(threadIdx.x) / 32;
@@ -511,28 +520,30 @@ hipError_t PagedDecodeBlocksPerMultiprocessor(const PagedDecodeParams& p, int32_
 }
 
 template <typename Dtype>
-hipError_t LaunchMerge(const DecodeMergeParams& p, hipStream_t stream) {
+hipError_t LaunchMerge(const DecodeMergeParams& p, bool overlap_preceding, hipStream_t stream) {
   const dim3 grid(p.num_reduce, (p.num_q_heads + kMergeWarps - 1) / kMergeWarps);
+  const dim3 block(kMergeWarps * 32);
   switch (p.head_dim) {
     case 64:
-      DecodeMergeKernel<Dtype, 64><<<grid, kMergeWarps * 32, 0, stream>>>(p);
-      return hipGetLastError();
+      return LaunchKernelAfterPreceding(overlap_preceding, DecodeMergeKernel<Dtype, 64>, grid,
+                                        block, 0, stream, p);
     case 128:
-      DecodeMergeKernel<Dtype, 128><<<grid, kMergeWarps * 32, 0, stream>>>(p);
-      return hipGetLastError();
+      return LaunchKernelAfterPreceding(overlap_preceding, DecodeMergeKernel<Dtype, 128>, grid,
+                                        block, 0, stream, p);
     case 256:
-      DecodeMergeKernel<Dtype, 256><<<grid, kMergeWarps * 32, 0, stream>>>(p);
-      return hipGetLastError();
+      return LaunchKernelAfterPreceding(overlap_preceding, DecodeMergeKernel<Dtype, 256>, grid,
+                                        block, 0, stream, p);
   }
   return hipErrorInvalidValue;
 }
 
-hipError_t LaunchDecodeMergeKernel(const DecodeMergeParams& p, hipStream_t stream) {
+hipError_t LaunchDecodeMergeKernel(const DecodeMergeParams& p, bool overlap_preceding,
+                                   hipStream_t stream) {
   switch (p.dtype) {
     case kElementBf16:
-      return LaunchMerge<Bf16>(p, stream);
+      return LaunchMerge<Bf16>(p, overlap_preceding, stream);
     case kElementFp16:
-      return LaunchMerge<Fp16>(p, stream);
+      return LaunchMerge<Fp16>(p, overlap_preceding, stream);
   }
   return hipErrorInvalidValue;
 }

@@ -30,7 +30,7 @@
 //
 // Usage: paged_decode_attention_gpu_benchmark [OUT_DIR] [--variant=N|all] [--shape=BS,CTX]
 //        [--blocks-per-sm=N] [--max-items-per-sequence=N] [--min-chunk=N] [--no-sweep]
-//        [--dims=Q,KV,D] [--overlap-preceding]
+//        [--dims=Q,KV,D] [--overlap=none|wait-first|metadata-first]
 // --variant: the table with that variant (or each), no sweep; --shape: that shape only;
 // --dims: query heads, KV heads and head dim (default 32,8,128). Other dims run without the
 // variant sweep (the variants other than 0 are compiled for head dim 128 and groups of a
@@ -39,10 +39,11 @@
 // --blocks-per-sm: DecodeSplitOptions::blocks_per_multiprocessor of the split plans (default:
 // DecodeSplitOptionsForDevice's, the kernel's occupancy on this GPU); --max-items-per-sequence:
 // DecodeSplitOptions::max_items_per_sequence, --min-chunk: its min_chunk (defaults:
-// DecodeSplitOptionsForDevice's). --overlap-preceding: each timed attention launch may start
-// under the previous launch's tail (PagedDecodeArgs::overlap_preceding_kernel; its rows are
-// named "... overlapping"), the contiguous layout's included; the read, reads-alone and copy
-// references are timed as without it.
+// DecodeSplitOptionsForDevice's). --overlap: how each attention launch may overlap the one
+// before it (PagedDecodeArgs::overlap, DecodeLaunchOverlap; default wait-first, the launcher's
+// default), the contiguous layout's included; rows of the other modes are named "... plain"
+// and "... metadata first"; the read, reads-alone and copy references are timed the same in
+// every mode.
 // Writes OUT_DIR/paged_decode_attention.csv and .md besides stdout. Needs a GPU; exits non-zero
 // on any error or mismatch.
 
@@ -84,9 +85,20 @@ using testing::BenchDims;
 
 // The attention shape (--dims=Q,KV,D). Set by main before any shape runs.
 BenchDims dims;
-// --overlap-preceding: every attention launch overlaps the one before it
-// (PagedDecodeArgs::overlap_preceding_kernel), and its rows' names say so.
-bool overlap_preceding = false;
+// --overlap: PagedDecodeArgs::overlap of every attention launch.
+DecodeLaunchOverlap overlap = DecodeLaunchOverlap::kWaitFirst;
+// What a row's name says of a mode other than the default.
+std::string OverlapSuffix() {
+  switch (overlap) {
+    case DecodeLaunchOverlap::kNone:
+      return " plain";
+    case DecodeLaunchOverlap::kWaitFirst:
+      return "";
+    case DecodeLaunchOverlap::kMetadataFirst:
+      return " metadata first";
+  }
+  return "";
+}
 constexpr int64_t kRotationBytes = int64_t{256} << 20;  // 5x the L2
 constexpr int kMaxSets = 64;
 constexpr double kMaxKvBytes = 40e9;
@@ -297,7 +309,7 @@ class Bench {
   Row RowOf(const std::string& op, int32_t variant, const Shape& s, int64_t ps, double bytes,
             double us, const Refs& r, int64_t items = -1) const {
     return Row{
-        overlap_preceding ? op + " overlapping" : op,
+        op + OverlapSuffix(),
         variant, s.bs, s.ctx, ps, items < 0 ? last_items_ : items,
         bytes, us,      r.copy_us, r.contiguous_us, r.read_us, r.pattern_us};
   }
@@ -380,7 +392,7 @@ class Bench {
       a.out = out_.span();
       a.lse = lse_.span();
       a.variant = variant;
-      a.overlap_preceding_kernel = overlap_preceding;
+      a.overlap = overlap;
       BENCH_CHECK(PagedDecodeAttention(a, word_->device(), stream_));
     };
     BENCH_CHECK(word_->Reset(stream_));
@@ -567,8 +579,19 @@ int main(int argc, char** argv) {
       }
     } else if (arg == "--no-sweep") {
       sweep = false;
-    } else if (arg == "--overlap-preceding") {
-      overlap_preceding = true;
+    } else if (arg.rfind("--overlap=", 0) == 0) {
+      const std::string mode = arg.substr(10);
+      if (mode == "none") {
+        overlap = DecodeLaunchOverlap::kNone;
+      } else if (mode == "wait-first") {
+        overlap = DecodeLaunchOverlap::kWaitFirst;
+      } else if (mode == "metadata-first") {
+        overlap = DecodeLaunchOverlap::kMetadataFirst;
+      } else {
+        std::fprintf(stderr, "--overlap takes none, wait-first or metadata-first, not %s\n",
+                     mode.c_str());
+        return 2;
+      }
     } else if (arg.rfind("--dims=", 0) == 0) {
       if (!testing::ParseBenchDims(arg.substr(7), &dims)) {
         std::fprintf(stderr, "--dims=Q,KV,D takes three integers with Q >= KV >= 1\n");

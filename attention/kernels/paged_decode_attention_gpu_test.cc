@@ -183,20 +183,21 @@ DeviceSplitKvPlan DevicePlanOf(const SplitKvPlan& plan) {
                                      static_cast<int64_t>(plan.reduce.size()), plan.num_partials}};
 }
 
-// A kernel ahead of an overlapping launch: the decode is launched on `stream` with
-// overlap_preceding_kernel, right after a kernel that lets it start at once, spins for about
-// half a millisecond and then makes `copies` (LaunchSpinThenCopy); with `captured`, the two
-// launches are captured in a graph, replayed once.
+// A kernel ahead of the decode: the decode is launched on `stream` with `overlap`, right after
+// a kernel that lets it start at once, spins for about half a millisecond and then makes
+// `copies` (LaunchSpinThenCopy); with `captured`, the two launches are captured in a graph,
+// replayed once.
 struct KernelAhead {
   hipStream_t stream;
   testing::SpinCopies copies;
+  DecodeLaunchOverlap overlap;
   bool captured = false;  // both launches captured in a graph, which is then replayed once
 };
 constexpr int64_t kAheadSpinCycles = 1000000;
 
 // One call of the launcher on the problem's inputs through `kv` (split by `plan` when not
 // null, given as a plan held only on the device when `device_plan`, merged in the attention
-// launch when `merge_counters` is not empty, overlapping `ahead` when not null), into outputs
+// launch when `merge_counters` is not empty, after `ahead` when not null), into outputs
 // and partial buffers poisoned first.
 Result RunDecodeOnce(const DecodeAttentionDims& dims, const DeviceProblem& d, int64_t bs,
                      const DecodeKv& kv, const SplitKvPlan* plan, int32_t variant,
@@ -248,7 +249,7 @@ Result RunDecodeOnce(const DecodeAttentionDims& dims, const DeviceProblem& d, in
   const bool captured = ahead != nullptr && ahead->captured;
   if (ahead != nullptr) {
     stream = ahead->stream;
-    a.overlap_preceding_kernel = true;
+    a.overlap = ahead->overlap;
     if (captured) {
       EXPECT_EQ(hipStreamBeginCapture(stream, hipStreamCaptureModeThreadLocal), hipSuccess);
     }
@@ -1142,8 +1143,8 @@ TEST_F(GuardDecodeGpuTest, CorruptedDevicePlanIsRecorded) {
   }
 }
 
-// Launches that overlap the kernel ahead of them (PagedDecodeArgs::overlap_preceding_kernel).
-// The kernel ahead lets the decode start at once and writes only after half a millisecond.
+// Launches that may overlap the kernel ahead of them (PagedDecodeArgs::overlap). The kernel
+// ahead lets the decode start at once and writes only after half a millisecond.
 class OverlapDecodeGpuTest : public testing::ViolationWordGpuTest {
  protected:
   void SetUp() override {
@@ -1156,8 +1157,9 @@ class OverlapDecodeGpuTest : public testing::ViolationWordGpuTest {
       EXPECT_EQ(hipStreamDestroy(stream_), hipSuccess);
     }
   }
-  KernelAhead Ahead(std::initializer_list<testing::SpinCopy> copies, bool captured = false) const {
-    KernelAhead k{stream_, {}, captured};
+  KernelAhead Ahead(std::initializer_list<testing::SpinCopy> copies, DecodeLaunchOverlap overlap,
+                    bool captured = false) const {
+    KernelAhead k{stream_, {}, overlap, captured};
     EXPECT_LE(copies.size(), static_cast<size_t>(testing::kMaxSpinCopies));
     for (const testing::SpinCopy& c : copies) {
       if (k.copies.count == testing::kMaxSpinCopies) break;
@@ -1181,13 +1183,14 @@ class OverlapDecodeGpuTest : public testing::ViolationWordGpuTest {
     DeviceBuffer<int32_t> flag = Upload(std::vector<int32_t>{0});
     DeviceBuffer<int32_t> one = Upload(std::vector<int32_t>{1});
     DeviceBuffer<int32_t> seen = Upload(std::vector<int32_t>{-1});
-    ASSERT_EQ(testing::LaunchSpinThenCopy(0, Ahead({}).copies, stream_), hipSuccess);
+    ASSERT_EQ(testing::LaunchSpinThenCopy(0, testing::SpinCopies{}, stream_), hipSuccess);
     ASSERT_EQ(testing::LaunchOverlapProbe(flag.data(), seen.data(), stream_), hipSuccess);
     ASSERT_EQ(hipStreamSynchronize(stream_), hipSuccess);
     ASSERT_EQ(Download(seen), std::vector<int32_t>{0});
     ASSERT_EQ(hipMemset(seen.data(), 0xff, sizeof(int32_t)), hipSuccess);
-    ASSERT_EQ(testing::LaunchSpinThenCopy(kAheadSpinCycles, Ahead({CopyOf(flag, one)}).copies, stream_),
-              hipSuccess);
+    testing::SpinCopies set_flag;
+    set_flag.copy[set_flag.count++] = CopyOf(flag, one);
+    ASSERT_EQ(testing::LaunchSpinThenCopy(kAheadSpinCycles, set_flag, stream_), hipSuccess);
     ASSERT_EQ(testing::LaunchOverlapProbe(flag.data(), seen.data(), stream_), hipSuccess);
     ASSERT_EQ(hipStreamSynchronize(stream_), hipSuccess);
     EXPECT_EQ(Download(seen), std::vector<int32_t>{0}) << "the probe saw the flag set: no overlap";
@@ -1199,6 +1202,17 @@ class OverlapDecodeGpuTest : public testing::ViolationWordGpuTest {
   }
   static constexpr char kNoOverlapHere[] = "no overlapping launches here (AMD, a GPU before "
                                            "compute capability 9.0, or under compute-sanitizer)";
+  static const char* NameOf(DecodeLaunchOverlap overlap) {
+    switch (overlap) {
+      case DecodeLaunchOverlap::kNone:
+        return "plain launch";
+      case DecodeLaunchOverlap::kWaitFirst:
+        return "waits first";
+      case DecodeLaunchOverlap::kMetadataFirst:
+        return "metadata first";
+    }
+    return "?";
+  }
   hipStream_t stream_ = nullptr;
 };
 
@@ -1211,58 +1225,65 @@ TEST_F(OverlapDecodeGpuTest, AnOverlappingLaunchStartsBeforeTheKernelAheadEnds) 
 }
 
 // Q, K and V hold NaNs until the kernel ahead overwrites them at its end (as a kernel that
-// writes Q and the new tokens' K and V would): an overlapping launch reads them only after
-// waiting for it, and its results are the reference's, without a split, with the partials
-// merged in the launch and by a merge launch, through kv_indices and the page table, at head
-// dims 128 and 256 (Q in shared memory), launched on the stream and replayed from a graph.
+// writes Q and the new tokens' K and V would): an overlapping launch, either mode, reads them
+// only after waiting for it, and its results are the reference's, without a split, with the
+// partials merged in the launch and by a merge launch, through kv_indices and the page table,
+// at head dims 128 and 256 (Q in shared memory), launched on the stream and replayed from a
+// graph.
 TEST_F(OverlapDecodeGpuTest, OverlappingLaunchReadsWhatTheKernelAheadWritesAfterIt) {
   if (LaunchesOverlap()) ExpectAnOverlappingProbeStartsFirst();
-  for (const DecodeAttentionDims& dims :
-       {Dims(32, 8, 128, KvElementType::kBf16), Dims(16, 4, 256, KvElementType::kFp16)}) {
-    SCOPED_TRACE(::testing::Message() << "head dim " << dims.head_dim);
-    const Problem p = MakeProblem(dims, 16, {1000, 37, 300, 64}, 111);
-    const DeviceProblem d = ToDevice(p);
-    const DeviceProblem e{Upload(std::vector<uint8_t>(d.q.size(), 0xff)),
-                          Upload(std::vector<uint8_t>(d.k.size(), 0xff)),
-                          Upload(std::vector<uint8_t>(d.v.size(), 0xff)),
-                          Upload(p.metadata.kv_indptr),
-                          Upload(p.metadata.kv_indices),
-                          Upload(std::vector<PageId>(p.metadata.page_table.span().entries().begin(),
-                                                     p.metadata.page_table.span().entries().end())),
-                          Upload(p.metadata.kv_lens),
-                          d.cols,
-                          d.page_size};
-    auto blocks_per_item = DecodeBlocksPerWorkItem(dims, 0);
-    ASSERT_TRUE(blocks_per_item.ok()) << blocks_per_item.status();
-    for (const DecodeKv& kv : {e.TokenLevel(), e.PageLevel()}) {
-      auto plan = PlanDecodeSplitKv(p.metadata.kv_indptr, DecodeKvLayout(kv),
-                                    DecodeSplitOptions{132, *blocks_per_item});
-      ASSERT_TRUE(plan.ok()) << plan.status();
-      ASSERT_FALSE(plan->reduce.empty());
-      DeviceBuffer<uint32_t> counters =
-          Upload(std::vector<uint32_t>(plan->reduce.size() * p.dims.num_q_heads, 0));
-      struct Case {
-        const char* name;
-        const SplitKvPlan* plan;
-        DeviceSpan<uint32_t> counters;
-      } cases[] = {{"no split", nullptr, {}},
-                   {"merged in the launch", &*plan, counters.span()},
-                   {"merge launch", &*plan, {}}};
-      for (const Case& c : cases) {
-        // Each kernel loaded (and the real inputs checked) by a plain launch first.
-        ExpectMatches(p, RunDecodeOnce(p.dims, d, p.bs(), kv, c.plan, 0, nullptr, c.counters));
-        for (bool captured : {false, true}) {
-          SCOPED_TRACE(::testing::Message() << (kv.index() == 0 ? "token-level, " : "page table, ")
-                                            << c.name << (captured ? ", captured" : ""));
-          for (const DeviceBuffer<uint8_t>* b : {&e.q, &e.k, &e.v}) {
-            ASSERT_EQ(hipMemset(b->data(), 0xff, b->size()), hipSuccess);
+  for (const DecodeLaunchOverlap overlap :
+       {DecodeLaunchOverlap::kWaitFirst, DecodeLaunchOverlap::kMetadataFirst}) {
+    SCOPED_TRACE(NameOf(overlap));
+    for (const DecodeAttentionDims& dims :
+         {Dims(32, 8, 128, KvElementType::kBf16), Dims(16, 4, 256, KvElementType::kFp16)}) {
+      SCOPED_TRACE(::testing::Message() << "head dim " << dims.head_dim);
+      const Problem p = MakeProblem(dims, 16, {1000, 37, 300, 64}, 111);
+      const DeviceProblem d = ToDevice(p);
+      const std::vector<PageId> table(p.metadata.page_table.span().entries().begin(),
+                                      p.metadata.page_table.span().entries().end());
+      const DeviceProblem e{Upload(std::vector<uint8_t>(d.q.size(), 0xff)),
+                            Upload(std::vector<uint8_t>(d.k.size(), 0xff)),
+                            Upload(std::vector<uint8_t>(d.v.size(), 0xff)),
+                            Upload(p.metadata.kv_indptr),
+                            Upload(p.metadata.kv_indices),
+                            Upload(table),
+                            Upload(p.metadata.kv_lens),
+                            d.cols,
+                            d.page_size};
+      auto blocks_per_item = DecodeBlocksPerWorkItem(dims, 0);
+      ASSERT_TRUE(blocks_per_item.ok()) << blocks_per_item.status();
+      for (const DecodeKv& kv : {e.TokenLevel(), e.PageLevel()}) {
+        auto plan = PlanDecodeSplitKv(p.metadata.kv_indptr, DecodeKvLayout(kv),
+                                      DecodeSplitOptions{132, *blocks_per_item});
+        ASSERT_TRUE(plan.ok()) << plan.status();
+        ASSERT_FALSE(plan->reduce.empty());
+        DeviceBuffer<uint32_t> counters =
+            Upload(std::vector<uint32_t>(plan->reduce.size() * p.dims.num_q_heads, 0));
+        struct Case {
+          const char* name;
+          const SplitKvPlan* plan;
+          DeviceSpan<uint32_t> counters;
+        } cases[] = {{"no split", nullptr, {}},
+                     {"merged in the launch", &*plan, counters.span()},
+                     {"merge launch", &*plan, {}}};
+        for (const Case& c : cases) {
+          // Each kernel loaded (and the real inputs checked) by a launch with nothing ahead.
+          ExpectMatches(p, RunDecodeOnce(p.dims, d, p.bs(), kv, c.plan, 0, nullptr, c.counters));
+          for (bool captured : {false, true}) {
+            SCOPED_TRACE(::testing::Message()
+                         << (kv.index() == 0 ? "token-level, " : "page table, ") << c.name
+                         << (captured ? ", captured" : ""));
+            for (const DeviceBuffer<uint8_t>* b : {&e.q, &e.k, &e.v}) {
+              ASSERT_EQ(hipMemset(b->data(), 0xff, b->size()), hipSuccess);
+            }
+            const KernelAhead ahead =
+                Ahead({CopyOf(e.q, d.q), CopyOf(e.k, d.k), CopyOf(e.v, d.v)}, overlap, captured);
+            const Result r = RunDecodeOnce(p.dims, e, p.bs(), kv, c.plan, 0, word_->device(),
+                                           c.counters, /*device_plan=*/false, &ahead);
+            ExpectMatches(p, r);
+            EXPECT_TRUE(word_->Check(nullptr).ok());
           }
-          const KernelAhead ahead =
-              Ahead({CopyOf(e.q, d.q), CopyOf(e.k, d.k), CopyOf(e.v, d.v)}, captured);
-          const Result r = RunDecodeOnce(p.dims, e, p.bs(), kv, c.plan, 0, word_->device(),
-                                         c.counters, /*device_plan=*/false, &ahead);
-          ExpectMatches(p, r);
-          EXPECT_TRUE(word_->Check(nullptr).ok());
         }
       }
     }
@@ -1271,46 +1292,114 @@ TEST_F(OverlapDecodeGpuTest, OverlappingLaunchReadsWhatTheKernelAheadWritesAfter
 
 // Violations found before the wait are recorded after it: the kernel ahead clears the
 // violation word at its end (as the staged uploads' apply kernel does at the head of a replay),
-// and the violation is still there after the launch. Corrupted lengths (the block goes on) and
-// a device plan's work item naming a sequence outside the batch (the block stops).
+// and the violation is still there after the launch, in either mode. Corrupted lengths (the
+// block goes on) and a device plan's work item naming a sequence outside the batch (the block
+// stops).
 TEST_F(OverlapDecodeGpuTest, ViolationsFoundBeforeTheWaitAreRecordedAfterIt) {
   if (LaunchesOverlap()) ExpectAnOverlappingProbeStartsFirst();
   const Problem p = MakeProblem(Dims(32, 8, 128, KvElementType::kBf16), 16, {100, 60, 800}, 113);
   const DeviceProblem d = ToDevice(p);
   DeviceBuffer<uint8_t> zeros = Upload(std::vector<uint8_t>(sizeof(kernels::DeviceViolation), 0));
-  const KernelAhead ahead = Ahead({testing::SpinCopy{word_->device(), zeros.data(),
-                                                     static_cast<int64_t>(zeros.size())}});
-  {
-    SCOPED_TRACE("indptr decreasing");
-    const int32_t total = p.metadata.kv_indptr.back().value();
-    DeviceBuffer<TokenOffset> indptr = Upload(std::vector<TokenOffset>{
-        TokenOffset(0), TokenOffset(100), TokenOffset(50), TokenOffset(total)});
-    const DecodeKv kv = DecodeTokenLevelKv{indptr.const_span(), d.kv_indices.const_span()};
-    RunDecodeOnce(p.dims, d, p.bs(), kv, nullptr, 0, nullptr, {});  // loads the kernel
-    const Result r = RunDecodeOnce(p.dims, d, p.bs(), kv, nullptr, 0, word_->device(), {},
-                                   /*device_plan=*/false, &ahead);
-    ASSERT_TRUE(r.status.ok()) << r.status;
-    ExpectViolation("below the entry");
-    ExpectAllFinite(r);
-    ExpectRow(p, r, 0, 0);
-  }
-  {
-    SCOPED_TRACE("work item outside the batch");
-    auto plan = PlanDecodeSplitKv(p.metadata.kv_indptr, KvLayout::LinearPerToken(),
-                                  DecodeSplitOptions{132, 8});
-    ASSERT_TRUE(plan.ok()) << plan.status();
-    ASSERT_FALSE(plan->reduce.empty());
-    SplitKvPlan bad = *plan;
-    bad.work[0].sequence = 99;
-    RunDecodeOnce(p.dims, d, p.bs(), d.TokenLevel(), &*plan, 0, nullptr, {});  // loads the kernel
-    const Result r = RunDecodeOnce(p.dims, d, p.bs(), d.TokenLevel(), &bad, 0, word_->device(), {},
-                                   /*device_plan=*/true, &ahead);
-    ASSERT_TRUE(r.status.ok()) << r.status;
-    ExpectViolation("row 99 outside");
+  for (const DecodeLaunchOverlap overlap :
+       {DecodeLaunchOverlap::kWaitFirst, DecodeLaunchOverlap::kMetadataFirst}) {
+    SCOPED_TRACE(NameOf(overlap));
+    const KernelAhead ahead = Ahead({testing::SpinCopy{word_->device(), zeros.data(),
+                                                       static_cast<int64_t>(zeros.size())}},
+                                    overlap);
+    {
+      SCOPED_TRACE("indptr decreasing");
+      const int32_t total = p.metadata.kv_indptr.back().value();
+      DeviceBuffer<TokenOffset> indptr = Upload(std::vector<TokenOffset>{
+          TokenOffset(0), TokenOffset(100), TokenOffset(50), TokenOffset(total)});
+      const DecodeKv kv = DecodeTokenLevelKv{indptr.const_span(), d.kv_indices.const_span()};
+      RunDecodeOnce(p.dims, d, p.bs(), kv, nullptr, 0, nullptr, {});  // loads the kernel
+      const Result r = RunDecodeOnce(p.dims, d, p.bs(), kv, nullptr, 0, word_->device(), {},
+                                     /*device_plan=*/false, &ahead);
+      ASSERT_TRUE(r.status.ok()) << r.status;
+      ExpectViolation("below the entry");
+      ExpectAllFinite(r);
+      ExpectRow(p, r, 0, 0);
+    }
+    {
+      SCOPED_TRACE("work item outside the batch");
+      auto plan = PlanDecodeSplitKv(p.metadata.kv_indptr, KvLayout::LinearPerToken(),
+                                    DecodeSplitOptions{132, 8});
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      ASSERT_FALSE(plan->reduce.empty());
+      SplitKvPlan bad = *plan;
+      bad.work[0].sequence = 99;
+      RunDecodeOnce(p.dims, d, p.bs(), d.TokenLevel(), &*plan, 0, nullptr, {});  // loads it
+      const Result r = RunDecodeOnce(p.dims, d, p.bs(), d.TokenLevel(), &bad, 0, word_->device(),
+                                     {}, /*device_plan=*/true, &ahead);
+      ASSERT_TRUE(r.status.ok()) << r.status;
+      ExpectViolation("row 99 outside");
+    }
   }
 }
 
-// What overlap_preceding_kernel's REQUIRES is for: the metadata is read before the wait. Here
+// The default mode is safe after a kernel that writes the metadata (as the fused decode
+// metadata or a graph replay's writer does): the kernel ahead writes the lengths and the index
+// entries at its end (zero lengths and slots outside the pool before), and a launch that waits
+// first, or a plain launch, reads what it wrote, without a split and with the partials merged
+// in the launch, through kv_indices and the page table, on the stream and in a graph.
+TEST_F(OverlapDecodeGpuTest, WaitingFirstReadsTheMetadataTheKernelAheadWrites) {
+  if (LaunchesOverlap()) ExpectAnOverlappingProbeStartsFirst();
+  const Problem p = MakeProblem(Dims(32, 8, 128, KvElementType::kBf16), 16, {700, 60, 333}, 117);
+  const DeviceProblem d = ToDevice(p);
+  DeviceBuffer<TokenOffset> indptr = Upload(p.metadata.kv_indptr);
+  DeviceBuffer<TokenSlot> indices = Upload(p.metadata.kv_indices);
+  DeviceBuffer<PageId> table = Upload(Download(d.page_table));
+  DeviceBuffer<TokenLength> lens = Upload(p.metadata.kv_lens);
+  auto blocks_per_item = DecodeBlocksPerWorkItem(p.dims, 0);
+  ASSERT_TRUE(blocks_per_item.ok()) << blocks_per_item.status();
+  for (const DecodeKv& kv :
+       {DecodeKv(DecodeTokenLevelKv{indptr.const_span(), indices.const_span()}),
+        DecodeKv(DecodePageTableKv{table.const_span(), d.cols, lens.const_span(), d.page_size})}) {
+    auto plan = PlanDecodeSplitKv(p.metadata.kv_indptr, DecodeKvLayout(kv),
+                                  DecodeSplitOptions{132, *blocks_per_item});
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_FALSE(plan->reduce.empty());
+    DeviceBuffer<uint32_t> counters =
+        Upload(std::vector<uint32_t>(plan->reduce.size() * p.dims.num_q_heads, 0));
+    const SplitKvPlan* const splits[] = {nullptr, &*plan};
+    for (const SplitKvPlan* split : splits) {
+      const DeviceSpan<uint32_t> c = split != nullptr ? counters.span() : DeviceSpan<uint32_t>();
+      ExpectMatches(p, RunDecodeOnce(p.dims, d, p.bs(), kv, split, 0, nullptr, c));  // loads it
+      for (const DecodeLaunchOverlap overlap :
+           {DecodeLaunchOverlap::kWaitFirst, DecodeLaunchOverlap::kNone}) {
+        for (bool captured : {false, true}) {
+          SCOPED_TRACE(::testing::Message()
+                       << (kv.index() == 0 ? "token-level, " : "page table, ")
+                       << (split != nullptr ? "split, " : "no split, ") << NameOf(overlap)
+                       << (captured ? ", captured" : ""));
+          // Cleared here, rewritten by the kernel ahead: this source's two arrays.
+          if (kv.index() == 0) {
+            ASSERT_EQ(hipMemset(indptr.data(), 0, indptr.size() * sizeof(TokenOffset)),
+                      hipSuccess);
+            ASSERT_EQ(hipMemset(indices.data(), 0x7f, indices.size() * sizeof(TokenSlot)),
+                      hipSuccess);
+          } else {
+            ASSERT_EQ(hipMemset(lens.data(), 0, lens.size() * sizeof(TokenLength)), hipSuccess);
+            ASSERT_EQ(hipMemset(table.data(), 0x7f, table.size() * sizeof(PageId)), hipSuccess);
+          }
+          const KernelAhead ahead =
+              kv.index() == 0
+                  ? Ahead({CopyOf(indptr, d.kv_indptr), CopyOf(indices, d.kv_indices)}, overlap,
+                          captured)
+                  : Ahead({CopyOf(lens, d.kv_lens), CopyOf(table, d.page_table)}, overlap,
+                          captured);
+          const Result r = RunDecodeOnce(p.dims, d, p.bs(), kv, split, 0, word_->device(), c,
+                                         /*device_plan=*/false, &ahead);
+          ASSERT_TRUE(r.status.ok()) << r.status;
+          EXPECT_TRUE(word_->Check(nullptr).ok()) << word_->Check(nullptr);
+          ExpectMatches(p, r);
+        }
+      }
+    }
+  }
+}
+
+// What kMetadataFirst's REQUIRES is for: the metadata is read before the wait. Here
 // the kernel ahead writes the lengths (all zero before): the launch sees every sequence empty
 // (output 0, lse -inf), which also shows that the launcher asked for the overlap, on the stream
 // and in a graph.
@@ -1331,7 +1420,8 @@ TEST_F(OverlapDecodeGpuTest, OverlappingLaunchReadsTheLengthsBeforeTheWait) {
                                         << (captured ? ", captured" : ""));
       ASSERT_EQ(hipMemset(indptr.data(), 0, indptr.size() * sizeof(TokenOffset)), hipSuccess);
       ASSERT_EQ(hipMemset(lens.data(), 0, lens.size() * sizeof(TokenLength)), hipSuccess);
-      const KernelAhead ahead = Ahead({CopyOf(indptr, d.kv_indptr), CopyOf(lens, d.kv_lens)}, captured);
+      const KernelAhead ahead = Ahead({CopyOf(indptr, d.kv_indptr), CopyOf(lens, d.kv_lens)},
+                                      DecodeLaunchOverlap::kMetadataFirst, captured);
       const Result r = RunDecodeOnce(p.dims, d, p.bs(), kv, nullptr, 0, word_->device(), {},
                                      /*device_plan=*/false, &ahead);
       ASSERT_TRUE(r.status.ok()) << r.status;

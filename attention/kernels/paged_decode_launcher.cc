@@ -347,8 +347,9 @@ absl::Status PagedDecodeAttention(const PagedDecodeArgs& a, kernels::DeviceViola
   p.variant = a.variant;
   p.softmax_scale = a.dims.softmax_scale;
   p.violation = violation;
+  p.metadata_before_wait = a.overlap == DecodeLaunchOverlap::kMetadataFirst;
   bool overlap = false;
-  if (a.overlap_preceding_kernel) {
+  if (a.overlap != DecodeLaunchOverlap::kNone) {
     absl::StatusOr<bool> can = DeviceOverlapsLaunches();
     if (!can.ok()) return can.status();
     overlap = *can;
@@ -371,7 +372,7 @@ absl::Status PagedDecodeAttention(const PagedDecodeArgs& a, kernels::DeviceViola
   m.head_dim = p.head_dim;
   m.dtype = p.dtype;
   m.violation = violation;
-  return LaunchResult(kernels::LaunchDecodeMergeKernel(m, stream), "decode merge");
+  return LaunchResult(kernels::LaunchDecodeMergeKernel(m, overlap, stream), "decode merge");
 }
 
 absl::StatusOr<int32_t> DecodeBlocksPerWorkItem(const DecodeAttentionDims& dims, int32_t variant) {

@@ -107,6 +107,38 @@ struct DecodeSplitKv {
   DeviceSpan<uint32_t> merge_counters;
 };
 
+// How PagedDecodeAttention's attention launch may overlap the kernel ahead of it on the stream:
+// NVIDIA's programmatic dependent launch (compute capability 9.0 and later,
+// DeviceOverlapsLaunches); elsewhere every mode is a plain launch. Back to back on the H200
+// (docs/paged_decode_attention.md, "Overlapping the launch ahead"), bs 1 x 16k takes 23.4-23.9
+// us with kNone, 22.8-23.2 with kWaitFirst and 21.9-22.2 with kMetadataFirst.
+//
+// In both overlapping modes a split plan's merge launch (no merge counters) overlaps the
+// attention launch the same way, waiting for it before it reads anything.
+//
+// Whatever the mode, the kernel lets the next kernel start once its blocks have read K and V;
+// it still reads the reduce items, the merge counters and the partials and writes out, lse, the
+// partials, the counters and the violation word after that, so a kernel launched to overlap it
+// must not write those before its own wait.
+enum class DecodeLaunchOverlap {
+  // A plain launch: no block starts before the kernel ahead has ended.
+  kNone,
+  // Blocks may start under the kernel ahead's tail; each waits for that kernel before it reads
+  // or writes anything. Right after any kernel, whatever it writes.
+  kWaitFirst,
+  // As kWaitFirst, but a block reads its metadata before it waits (the plan's work item,
+  // kv_indptr or kv_lens, and its warps' first index entries in kv_indices or the page table),
+  // then Q, K and V and every write after.
+  // REQUIRES: no kernel that may still run when this launch starts writes the metadata. That
+  // is the kernel ahead, and, when that kernel was itself launched to overlap the one before
+  // it, the ones before too unless it waits for them before it lets this one start (the decode
+  // kernel itself does); in a captured graph, every kernel node this launch depends on. So not
+  // after a metadata kernel (the fused decode metadata, a DeviceMetadataWriter replay, the
+  // staged uploads' apply kernel, which writes the lengths). A kernel ahead that writes Q or
+  // the new tokens' K and V is fine.
+  kMetadataFirst,
+};
+
 struct PagedDecodeArgs {
   DecodeAttentionDims dims;
   DeviceSpan<const uint8_t> q;       // [bs][num_q_heads][head_dim] of dtype, 16-byte aligned
@@ -120,26 +152,9 @@ struct PagedDecodeArgs {
   // The kernel shape (kernels::kDecodeVariants). Variants other than 0 are compiled only for
   // head_dim 128 and run 4 query heads per block, so they need a group of a multiple of 4.
   int32_t variant = 0;
-  // True: the attention kernel may start under the tail of the kernel ahead of it on `stream`
-  // (NVIDIA's programmatic dependent launch, compute capability 9.0 and later; a plain launch
-  // elsewhere, DeviceOverlapsLaunches). Its blocks then read their metadata while that kernel
-  // ends (the plan's work items, kv_indptr or kv_lens, and their first index entries in
-  // kv_indices or the page table) and wait for it before anything else: before Q, K and V, and
-  // before any write. Back to back on the H200 that hides 1.0-1.7 us of a split launch (bs 1 x
-  // 16k: 23.7-24.1 -> 22.2-22.5 us) and 0.2-2.1 us of an unsplit one
-  // (docs/paged_decode_attention.md, "Overlapping the launch ahead").
-  // REQUIRES when true: no kernel that may still run when this launch starts writes the
-  // metadata. That is the kernel ahead, and, when that kernel was itself launched to overlap
-  // the one before it, the ones before too unless it waits for them before it lets this one
-  // start (the decode kernel itself does); in a captured graph, every kernel node this launch
-  // depends on. So leave this false after a metadata kernel (the fused decode metadata, a
-  // DeviceMetadataWriter replay, the staged uploads' apply kernel, which writes the lengths).
-  // A kernel ahead that writes Q or the new tokens' K and V is fine.
-  // Whether or not this is set, the kernel lets the next kernel start once its blocks have read
-  // K and V; it still reads the reduce items, the merge counters and the partials and writes
-  // out, lse, the partials, the counters and the violation word after that, so a kernel
-  // launched to overlap it must not write those before its own wait.
-  bool overlap_preceding_kernel = false;
+  // How the launch may overlap the kernel ahead of it on `stream` (DecodeLaunchOverlap). The
+  // default is safe after any kernel.
+  DecodeLaunchOverlap overlap = DecodeLaunchOverlap::kWaitFirst;
 };
 
 // Errors, before anything is launched: InvalidArgument for dims (head counts that do not
