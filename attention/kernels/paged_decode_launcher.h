@@ -124,7 +124,10 @@ enum class DecodeLaunchOverlap {
   // A plain launch: no block starts before the kernel ahead has ended.
   kNone,
   // Blocks may start under the kernel ahead's tail; each waits for that kernel before it reads
-  // or writes anything. Right after any kernel, whatever it writes.
+  // or writes anything. Right after any kernel, whatever it writes. (The wait is for the
+  // kernel ahead only: a kernel ahead that was itself launched to overlap the one before it
+  // must wait for that one before it ends, as every overlapping kernel here does, or the
+  // decode may run beside that one.)
   kWaitFirst,
   // As kWaitFirst, but a block reads its metadata before it waits (the plan's work item,
   // kv_indptr or kv_lens, and its warps' first index entries in kv_indices or the page table),
