@@ -512,6 +512,24 @@ inline hipError_t LaunchKernelAfterPreceding(bool overlap, void (*kernel)(Params
 #endif
 }
 
+// Whether the code of `kernel` that runs on the current device has WaitForPrecedingGrid's
+// instruction, into *waits: NVIDIA code compiled for a virtual architecture of 9.0 or later
+// (a build for older targets only, run through the driver's JIT, has none, and a launch
+// overlapping the kernel ahead would then not wait for it); never on AMD.
+template <typename... Params>
+inline hipError_t KernelWaitsForPrecedingGrid(void (*kernel)(Params...), bool* waits) {
+#if defined(ATTNMETA_GPU_CUDA)
+  cudaFuncAttributes attributes = {};
+  const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel);
+  *waits = err == cudaSuccess && attributes.ptxVersion >= 90;
+  return err;
+#else
+  (void)kernel;
+  *waits = false;
+  return hipSuccess;
+#endif
+}
+
 // *counter = (*counter >= limit) ? 0 : *counter + 1, returning the old value, as one atomic at
 // device scope with acquire-release order: it releases what the calling thread has seen
 // (the block's stores, after a barrier) and acquires what earlier counters released. Cheaper

@@ -222,6 +222,11 @@ struct GatherKvParams {
 };
 hipError_t LaunchGatherKvKernel(const GatherKvParams& p, int32_t blocks, hipStream_t stream);
 
+// Whether the kernels of this build, as they run on the current device, wait for the kernel
+// ahead where they call WaitForPrecedingGrid (KernelWaitsForPrecedingGrid in hip_port.h, asked
+// of a kernel compiled like all of them), into *waits.
+hipError_t KernelsWaitForPrecedingGrids(bool* waits);
+
 }  // namespace kernels
 }  // namespace attnmeta
 

@@ -875,5 +875,12 @@ hipError_t LaunchGatherKvKernel(const GatherKvParams& p, int32_t blocks, hipStre
   return hipGetLastError();
 }
 
+// Never launched: the build's code for this device is asked what it was compiled for.
+__global__ void CompiledTargetProbeKernel() {}
+
+hipError_t KernelsWaitForPrecedingGrids(bool* waits) {
+  return KernelWaitsForPrecedingGrid(CompiledTargetProbeKernel, waits);
+}
+
 }  // namespace kernels
 }  // namespace attnmeta

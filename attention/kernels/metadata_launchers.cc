@@ -122,7 +122,20 @@ absl::StatusOr<bool> DeviceOverlapsLaunches() {
   absl::StatusOr<int32_t> major = CachedDeviceAttribute(
       hipDeviceAttributeComputeCapabilityMajor, "hipDeviceGetAttribute(compute capability)");
   if (!major.ok()) return major.status();
-  return *major >= 9;
+  if (*major < 9) return false;
+  // A build for older targets only runs here through the driver's JIT, and its kernels do not
+  // wait: an overlapping launch would read what the kernel ahead has yet to write.
+  static internal::DeviceValueCache* const cache = new internal::DeviceValueCache();
+  absl::StatusOr<int32_t> waits = internal::CachedDeviceQuery(
+      *cache, 0, "the kernels' compiled target (hipFuncGetAttributes)",
+      [](int, int32_t* value) {
+        bool w = false;
+        const hipError_t err = kernels::KernelsWaitForPrecedingGrids(&w);
+        *value = w ? 1 : 0;
+        return err;
+      });
+  if (!waits.ok()) return waits.status();
+  return *waits != 0;
 }
 
 absl::Status CheckDecodeMetadataArgs(const DecodeMetadataDeviceArgs& a) {

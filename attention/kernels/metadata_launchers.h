@@ -54,8 +54,10 @@ absl::Status BuildPageTableOnDevice(const DeviceReqToToken& req_to_token, TokenC
 absl::StatusOr<int32_t> DeviceMultiprocessorCount();
 
 // Whether a launch on the current device can overlap the kernel ahead of it
-// (LaunchKernelAfterPreceding in hip_port.h): an NVIDIA GPU of compute capability 9.0 or later.
-// Asked of the runtime once per device. Internal when the runtime fails.
+// (LaunchKernelAfterPreceding in hip_port.h): an NVIDIA GPU of compute capability 9.0 or
+// later, running code of this build compiled for such a target (kernels that wait:
+// KernelsWaitForPrecedingGrids). Asked of the runtime once per device. Internal when the
+// runtime fails.
 absl::StatusOr<bool> DeviceOverlapsLaunches();
 
 // Every array of a decode (or fixed-row extend) replay from the staged inputs of a padded

@@ -304,8 +304,10 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDe
   // Launched to overlap the kernel ahead (PagedDecodeArgs::overlap), the block waits for it
   // here, or with p.metadata_before_wait reads its metadata under that kernel's tail (the
   // plan's item, the length, the first step's index entries) and waits before Q, K and V and
-  // before any write. Every address the block reads derives from `block`: after the wait, it
-  // is opaque, so that no read-only load can be moved above the wait.
+  // before any write. Every address the block reads through its steps derives from `block`:
+  // after the wait it is opaque, so that no read-only load can be moved above the wait. (What
+  // a block reads after its steps, the reduce items and partials of a merge, follows atomics
+  // and plain loads that the wait orders anyway.)
   int32_t block = static_cast<int32_t>(blockIdx.x);
   if (!p.metadata_before_wait) {
     WaitForPrecedingGrid();

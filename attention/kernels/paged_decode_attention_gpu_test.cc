@@ -192,6 +192,9 @@ struct KernelAhead {
   testing::SpinCopies copies;
   DecodeLaunchOverlap overlap;
   bool captured = false;  // both launches captured in a graph, which is then replayed once
+  // With a device plan: its work and reduce items too are written by the kernel ahead (cleared
+  // before), as a graph replay's metadata writer does (at most two other copies then).
+  bool writes_plan = false;
 };
 constexpr int64_t kAheadSpinCycles = 1000000;
 
@@ -231,6 +234,25 @@ Result RunDecodeOnce(const DecodeAttentionDims& dims, const DeviceProblem& d, in
   }
   DeviceBuffer<SplitKvWorkItem> d_work = Upload(work);
   DeviceBuffer<SplitKvReduceItem> d_reduce = Upload(reduce);
+  DeviceBuffer<SplitKvWorkItem> ahead_work = Upload(work);
+  DeviceBuffer<SplitKvReduceItem> ahead_reduce = Upload(reduce);
+  testing::SpinCopies ahead_copies;
+  if (ahead != nullptr) {
+    ahead_copies = ahead->copies;
+    if (ahead->writes_plan && device_plan && ahead_copies.count + 2 > testing::kMaxSpinCopies) {
+      ADD_FAILURE() << "no room for the plan's two copies beside " << ahead_copies.count;
+    } else if (ahead->writes_plan && device_plan) {
+      EXPECT_EQ(hipMemset(d_work.data(), 0xff, d_work.size() * sizeof(SplitKvWorkItem)), hipSuccess);
+      EXPECT_EQ(hipMemset(d_reduce.data(), 0xff, d_reduce.size() * sizeof(SplitKvReduceItem)),
+                hipSuccess);
+      ahead_copies.copy[ahead_copies.count++] = testing::SpinCopy{
+          d_work.data(), ahead_work.data(),
+          static_cast<int64_t>(d_work.size() * sizeof(SplitKvWorkItem))};
+      ahead_copies.copy[ahead_copies.count++] = testing::SpinCopy{
+          d_reduce.data(), ahead_reduce.data(),
+          static_cast<int64_t>(d_reduce.size() * sizeof(SplitKvReduceItem))};
+    }
+  }
   PagedDecodeArgs a;
   a.dims = dims;
   a.q = d.q.const_span();
@@ -253,7 +275,7 @@ Result RunDecodeOnce(const DecodeAttentionDims& dims, const DeviceProblem& d, in
     if (captured) {
       EXPECT_EQ(hipStreamBeginCapture(stream, hipStreamCaptureModeThreadLocal), hipSuccess);
     }
-    EXPECT_EQ(testing::LaunchSpinThenCopy(kAheadSpinCycles, ahead->copies, stream), hipSuccess);
+    EXPECT_EQ(testing::LaunchSpinThenCopy(kAheadSpinCycles, ahead_copies, stream), hipSuccess);
   }
   Result r;
   r.status = PagedDecodeAttention(a, violation, stream);
@@ -1171,9 +1193,19 @@ class OverlapDecodeGpuTest : public testing::ViolationWordGpuTest {
   // compute-sanitizer, which runs launches one after the other (seen with memcheck on the
   // H200): `run_all.sh --memcheck` sets ATTNMETA_GPU_SANITIZER, and the tests that need an
   // overlap skip under it.
+  // On a GPU of compute capability 9.0 or later the answer must be yes: these tests are built
+  // for such a target (the default cuda_archs), so a no there is a broken check that would make
+  // the overlap tests skip.
   static bool LaunchesOverlap() {
     absl::StatusOr<bool> can = DeviceOverlapsLaunches();
     EXPECT_TRUE(can.ok()) << can.status();
+    int major = 0;
+    EXPECT_EQ(hipDeviceGetAttribute(&major, hipDeviceAttributeComputeCapabilityMajor, 0),
+              hipSuccess);
+    if (kOverlappingLaunches && major >= 9) {
+      EXPECT_TRUE(can.ok() && *can) << "compute capability " << major
+                                    << " but DeviceOverlapsLaunches says no";
+    }
     return can.ok() && *can && std::getenv("ATTNMETA_GPU_SANITIZER") == nullptr;
   }
   // An overlapping probe starts before the kernel ahead ends: it reads the flag that kernel
@@ -1339,9 +1371,11 @@ TEST_F(OverlapDecodeGpuTest, ViolationsFoundBeforeTheWaitAreRecordedAfterIt) {
 
 // The default mode is safe after a kernel that writes the metadata (as the fused decode
 // metadata or a graph replay's writer does): the kernel ahead writes the lengths and the index
-// entries at its end (zero lengths and slots outside the pool before), and a launch that waits
+// entries at its end (zero lengths and slots outside the pool before), and, for a plan held on
+// the device, the plan's work and reduce items (cleared to -1 before); a launch that waits
 // first, or a plain launch, reads what it wrote, without a split and with the partials merged
-// in the launch, through kv_indices and the page table, on the stream and in a graph.
+// in the launch, through kv_indices and the page table, on the stream and in a graph. Where
+// launches cannot overlap (LaunchesOverlap) every launch here is a plain one.
 TEST_F(OverlapDecodeGpuTest, WaitingFirstReadsTheMetadataTheKernelAheadWrites) {
   if (LaunchesOverlap()) ExpectAnOverlappingProbeStartsFirst();
   const Problem p = MakeProblem(Dims(32, 8, 128, KvElementType::kBf16), 16, {700, 60, 333}, 117);
@@ -1361,16 +1395,23 @@ TEST_F(OverlapDecodeGpuTest, WaitingFirstReadsTheMetadataTheKernelAheadWrites) {
     ASSERT_FALSE(plan->reduce.empty());
     DeviceBuffer<uint32_t> counters =
         Upload(std::vector<uint32_t>(plan->reduce.size() * p.dims.num_q_heads, 0));
-    const SplitKvPlan* const splits[] = {nullptr, &*plan};
-    for (const SplitKvPlan* split : splits) {
-      const DeviceSpan<uint32_t> c = split != nullptr ? counters.span() : DeviceSpan<uint32_t>();
-      ExpectMatches(p, RunDecodeOnce(p.dims, d, p.bs(), kv, split, 0, nullptr, c));  // loads it
+    struct Case {
+      const char* name;
+      const SplitKvPlan* plan;
+      bool device_plan;  // the plan held on the device and written by the kernel ahead
+    } cases[] = {{"no split", nullptr, false},
+                 {"split", &*plan, false},
+                 {"split, the plan written ahead", &*plan, true}};
+    for (const Case& k : cases) {
+      const DeviceSpan<uint32_t> c = k.plan != nullptr ? counters.span() : DeviceSpan<uint32_t>();
+      ExpectMatches(p, RunDecodeOnce(p.dims, d, p.bs(), kv, k.plan, 0, nullptr, c,
+                                     k.device_plan));  // loads it
       for (const DecodeLaunchOverlap overlap :
            {DecodeLaunchOverlap::kWaitFirst, DecodeLaunchOverlap::kNone}) {
         for (bool captured : {false, true}) {
           SCOPED_TRACE(::testing::Message()
                        << (kv.index() == 0 ? "token-level, " : "page table, ")
-                       << (split != nullptr ? "split, " : "no split, ") << NameOf(overlap)
+                       << k.name << ", " << NameOf(overlap)
                        << (captured ? ", captured" : ""));
           // Cleared here, rewritten by the kernel ahead: this source's two arrays.
           if (kv.index() == 0) {
@@ -1382,14 +1423,15 @@ TEST_F(OverlapDecodeGpuTest, WaitingFirstReadsTheMetadataTheKernelAheadWrites) {
             ASSERT_EQ(hipMemset(lens.data(), 0, lens.size() * sizeof(TokenLength)), hipSuccess);
             ASSERT_EQ(hipMemset(table.data(), 0x7f, table.size() * sizeof(PageId)), hipSuccess);
           }
-          const KernelAhead ahead =
+          KernelAhead ahead =
               kv.index() == 0
                   ? Ahead({CopyOf(indptr, d.kv_indptr), CopyOf(indices, d.kv_indices)}, overlap,
                           captured)
                   : Ahead({CopyOf(lens, d.kv_lens), CopyOf(table, d.page_table)}, overlap,
                           captured);
-          const Result r = RunDecodeOnce(p.dims, d, p.bs(), kv, split, 0, word_->device(), c,
-                                         /*device_plan=*/false, &ahead);
+          ahead.writes_plan = k.device_plan;
+          const Result r = RunDecodeOnce(p.dims, d, p.bs(), kv, k.plan, 0, word_->device(), c,
+                                         k.device_plan, &ahead);
           ASSERT_TRUE(r.status.ok()) << r.status;
           EXPECT_TRUE(word_->Check(nullptr).ok()) << word_->Check(nullptr);
           ExpectMatches(p, r);

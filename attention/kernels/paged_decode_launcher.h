@@ -110,8 +110,8 @@ struct DecodeSplitKv {
 // How PagedDecodeAttention's attention launch may overlap the kernel ahead of it on the stream:
 // NVIDIA's programmatic dependent launch (compute capability 9.0 and later,
 // DeviceOverlapsLaunches); elsewhere every mode is a plain launch. Back to back on the H200
-// (docs/paged_decode_attention.md, "Overlapping the launch ahead"), bs 1 x 16k takes 23.4-23.9
-// us with kNone, 22.8-23.2 with kWaitFirst and 21.9-22.2 with kMetadataFirst.
+// (docs/paged_decode_attention.md, "Waiting first, the default"), bs 1 x 16k takes 23.67-24.07
+// us with kNone, 22.94-23.19 with kWaitFirst and 22.25-22.45 with kMetadataFirst (one call).
 //
 // In both overlapping modes a split plan's merge launch (no merge counters) overlaps the
 // attention launch the same way, waiting for it before it reads anything.
