@@ -69,6 +69,12 @@ inline hipError_t GetL2FetchGranularity(size_t* bytes) {
   return hipErrorNotSupported;
 }
 inline hipError_t SetL2FetchGranularity(size_t) { return hipErrorNotSupported; }
+// CountProgrammaticGraphEdges (below for NVIDIA): no edge of a HIP graph lets a node start
+// before the node ahead has ended.
+inline hipError_t CountProgrammaticGraphEdges(hipGraph_t, int64_t* count) {
+  *count = 0;
+  return hipSuccess;
+}
 }  // namespace attnmeta
 
 #if defined(__HIPCC__)
@@ -158,6 +164,28 @@ inline hipError_t GetL2FetchGranularity(size_t* bytes) {
 }
 inline hipError_t SetL2FetchGranularity(size_t bytes) {
   return cudaDeviceSetLimit(cudaLimitMaxL2FetchGranularity, bytes);
+}
+// The edges of `graph` along which a node may start before the node ahead has ended (what a
+// captured LaunchKernelAfterPreceding with `overlap` becomes), into *count: at most
+// kMaxCountedGraphEdges edges in all (hipErrorInvalidValue beyond).
+inline constexpr int kMaxCountedGraphEdges = 64;
+inline hipError_t CountProgrammaticGraphEdges(hipGraph_t graph, int64_t* count) {
+  *count = 0;
+  cudaGraphNode_t from[kMaxCountedGraphEdges];
+  cudaGraphNode_t to[kMaxCountedGraphEdges];
+  cudaGraphEdgeData edges[kMaxCountedGraphEdges];
+  size_t n = 0;
+  if (cudaError_t err = cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &n); err != cudaSuccess) {
+    return err;
+  }
+  if (n > static_cast<size_t>(kMaxCountedGraphEdges)) return hipErrorInvalidValue;
+  if (cudaError_t err = cudaGraphGetEdges(graph, from, to, edges, &n); err != cudaSuccess) {
+    return err;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (edges[i].type == cudaGraphDependencyTypeProgrammatic) ++*count;
+  }
+  return hipSuccess;
 }
 }  // namespace attnmeta
 inline hipError_t hipMalloc(void** p, size_t bytes) { return cudaMalloc(p, bytes); }

@@ -1441,6 +1441,66 @@ TEST_F(OverlapDecodeGpuTest, WaitingFirstReadsTheMetadataTheKernelAheadWrites) {
   }
 }
 
+// Which launches ask to overlap the node ahead: captured in a graph after a kernel, the
+// attention launch of either overlapping mode hangs on a programmatic edge, and so does a split
+// plan's merge launch after it; a plain launch on none. Deterministic, unlike the tests above,
+// and so run under the sanitizer too. (No launch asks where launches cannot overlap.)
+TEST_F(OverlapDecodeGpuTest, CapturedLaunchesAskToOverlapInTheOverlappingModesOnly) {
+  absl::StatusOr<bool> can = DeviceOverlapsLaunches();
+  ASSERT_TRUE(can.ok()) << can.status();
+  const Problem p = MakeProblem(Dims(32, 8, 128, KvElementType::kBf16), 16, {900, 60, 333}, 119);
+  const DeviceProblem d = ToDevice(p);
+  auto plan = PlanDecodeSplitKv(p.metadata.kv_indptr, KvLayout::LinearPerToken(),
+                                DecodeSplitOptions{132, 8});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_FALSE(plan->reduce.empty());
+  DeviceBuffer<SplitKvWorkItem> work = Upload(plan->work);
+  DeviceBuffer<SplitKvReduceItem> reduce = Upload(plan->reduce);
+  DeviceBuffer<float> partial_out =
+      *DeviceBuffer<float>::Create(plan->num_partials * p.dims.num_q_heads * p.dims.head_dim);
+  DeviceBuffer<float> partial_lse =
+      *DeviceBuffer<float>::Create(plan->num_partials * p.dims.num_q_heads);
+  DeviceBuffer<uint8_t> out =
+      *DeviceBuffer<uint8_t>::Create(p.bs() * p.dims.num_q_heads * p.dims.head_dim * 2);
+  DeviceBuffer<float> lse = *DeviceBuffer<float>::Create(p.bs() * p.dims.num_q_heads);
+  for (const DecodeLaunchOverlap overlap : {DecodeLaunchOverlap::kNone,
+                                            DecodeLaunchOverlap::kWaitFirst,
+                                            DecodeLaunchOverlap::kMetadataFirst}) {
+    for (bool merge_launch : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << NameOf(overlap)
+                                        << (merge_launch ? ", merge launch" : ", no split"));
+      PagedDecodeArgs a;
+      a.dims = p.dims;
+      a.q = d.q.const_span();
+      a.k_pool = d.k.const_span();
+      a.v_pool = d.v.const_span();
+      a.kv = d.TokenLevel();
+      if (merge_launch) {
+        a.split = DecodeSplitKv{&*plan, work.const_span(), reduce.const_span(),
+                                partial_out.span(), partial_lse.span(), {}};
+      }
+      a.out = out.span();
+      a.lse = lse.span();
+      a.overlap = overlap;
+      ASSERT_EQ(hipStreamBeginCapture(stream_, hipStreamCaptureModeThreadLocal), hipSuccess);
+      const hipError_t ahead = testing::LaunchSpinThenCopy(0, testing::SpinCopies{}, stream_);
+      const absl::Status launched = PagedDecodeAttention(a, word_->device(), stream_);
+      hipGraph_t graph = nullptr;
+      ASSERT_EQ(hipStreamEndCapture(stream_, &graph), hipSuccess);
+      ASSERT_EQ(ahead, hipSuccess);
+      ASSERT_TRUE(launched.ok()) << launched;
+      int64_t programmatic = -1;
+      EXPECT_EQ(CountProgrammaticGraphEdges(graph, &programmatic), hipSuccess);
+      const int64_t want =
+          overlap == DecodeLaunchOverlap::kNone || !*can ? 0 : (merge_launch ? 2 : 1);
+      EXPECT_EQ(programmatic, want);
+      EXPECT_EQ(hipGraphDestroy(graph), hipSuccess);
+    }
+  }
+  EXPECT_EQ(hipStreamSynchronize(stream_), hipSuccess);
+  EXPECT_TRUE(word_->Check(nullptr).ok());
+}
+
 // What kMetadataFirst's REQUIRES is for: the metadata is read before the wait. Here
 // the kernel ahead writes the lengths (all zero before): the launch sees every sequence empty
 // (output 0, lse -inf), which also shows that the launcher asked for the overlap, on the stream
