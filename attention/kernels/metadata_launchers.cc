@@ -119,23 +119,27 @@ absl::StatusOr<int32_t> DeviceMultiprocessorCount() {
 
 absl::StatusOr<bool> DeviceOverlapsLaunches() {
   if (!kOverlappingLaunches) return false;
-  absl::StatusOr<int32_t> major = CachedDeviceAttribute(
-      hipDeviceAttributeComputeCapabilityMajor, "hipDeviceGetAttribute(compute capability)");
-  if (!major.ok()) return major.status();
-  if (*major < 9) return false;
-  // A build for older targets only runs here through the driver's JIT, and its kernels do not
-  // wait: an overlapping launch would read what the kernel ahead has yet to write.
+  // One answer per device, as every overlapping launch asks. A build for older targets only
+  // runs on a newer device through the driver's JIT, and its kernels do not wait: an
+  // overlapping launch would read what the kernel ahead has yet to write.
   static internal::DeviceValueCache* const cache = new internal::DeviceValueCache();
-  absl::StatusOr<int32_t> waits = internal::CachedDeviceQuery(
-      *cache, 0, "the kernels' compiled target (hipFuncGetAttributes)",
-      [](int, int32_t* value) {
-        bool w = false;
-        const hipError_t err = kernels::KernelsWaitForPrecedingGrids(&w);
-        *value = w ? 1 : 0;
+  absl::StatusOr<int32_t> overlaps = internal::CachedDeviceQuery(
+      *cache, 0, "the compute capability or the kernels' compiled target",
+      [](int device, int32_t* value) {
+        *value = 0;
+        int major = 0;
+        if (const hipError_t err =
+                hipDeviceGetAttribute(&major, hipDeviceAttributeComputeCapabilityMajor, device);
+            err != hipSuccess || major < 9) {
+          return err;
+        }
+        bool waits = false;
+        const hipError_t err = kernels::KernelsWaitForPrecedingGrids(&waits);
+        *value = waits ? 1 : 0;
         return err;
       });
-  if (!waits.ok()) return waits.status();
-  return *waits != 0;
+  if (!overlaps.ok()) return overlaps.status();
+  return *overlaps != 0;
 }
 
 absl::Status CheckDecodeMetadataArgs(const DecodeMetadataDeviceArgs& a) {
