@@ -180,6 +180,10 @@ absl::Status DeviceMetadataWriter::Launch(const MetadataWriteRequest& r, const G
     }
     // The grid covers the longest row req_to_token holds, so that one capture serves any batch.
     a.max_kv_len = req_to_token_.max_context_len;
+    // Under the apply kernel's tail, which writes the staged inputs: the launch waits for it
+    // before reading them. (Otherwise a memset of the violation word is ahead: no kernel to
+    // overlap.)
+    a.overlap_preceding_kernel = options_.overlap_launches && options_.uploads != nullptr;
     if (absl::Status s = CheckDecodeMetadataArgs(a); !s.ok()) return s;
     if (r.split_kv) {
       plan.emplace();

@@ -48,6 +48,10 @@ class DeviceMetadataWriter : public MetadataWriter {
     // when another consumer is attached), applied at the head of every launch. Must outlive
     // the writer and be on the writer's stream.
     StagedUploads* uploads = nullptr;
+    // With staged uploads: the fused metadata launch starts under the tail of the apply kernel
+    // ahead of it and waits for it before reading anything
+    // (DecodeMetadataDeviceArgs::overlap_preceding_kernel). False: plain launches.
+    bool overlap_launches = true;
   };
 
   // `req_to_token` is the device copy of the table the replays' rows index (it must mirror

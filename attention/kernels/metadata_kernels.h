@@ -105,6 +105,9 @@ hipError_t LaunchTokenKvIndicesKernel(const TokenKvIndicesParams& p, int32_t pas
 // kFusedMetadataPageTableColumnsPerPass; the grid depends only on the padded batch and the
 // buffers, so a captured graph replays any real batch.
 // Violations: those of the kernels above, and q_len > kv_len (q clamped).
+// With overlap_preceding (LaunchKernelAfterPreceding in hip_port.h) its blocks may start under
+// the tail of the kernel ahead on the stream; each waits for that kernel before it reads
+// anything, so the launch is right after any kernel.
 struct FusedMetadataParams {
   SlotSource src;
   const int32_t* rows;     // [padded_batch], kPaddedRow for padded rows
@@ -121,7 +124,7 @@ struct FusedMetadataParams {
   DeviceViolation* violation;
 };
 hipError_t LaunchFusedMetadataKernel(const FusedMetadataParams& p, int32_t row_blocks,
-                                     hipStream_t stream);
+                                     bool overlap_preceding, hipStream_t stream);
 // The fused kernel's blocks that one multiprocessor of the current device runs at once.
 hipError_t FusedMetadataBlocksPerMultiprocessor(int32_t* blocks);
 

@@ -415,8 +415,16 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kFusedMetadataThreads, 12)
     FusedMetadataKernel(FusedMetadataParams p) {
   constexpr int kBlock = kFusedMetadataThreads;
   __shared__ internal::BlockScratch<kBlock> scratch;
-  const int32_t i = blockIdx.x;
-  const bool first_pass = blockIdx.y == 0;
+  // Launched to overlap the kernel ahead, the block waits for it before it reads anything:
+  // the staged rows and lengths and req_to_token are what kernels ahead write. Every address
+  // the block reads derives from its row and share, opaque after the wait (as in the decode
+  // kernel). A kernel launched to overlap this one may start once every block of this grid
+  // has started; its blocks then wait in the slots this grid leaves free.
+  WaitForPrecedingGrid();
+  AllowDependentGridLaunch();
+  const int32_t i = static_cast<int32_t>(OpaqueAfter(int64_t{blockIdx.x}));
+  const int32_t block_y = static_cast<int32_t>(OpaqueAfter(int64_t{blockIdx.y}));
+  const bool first_pass = block_y == 0;
   DeviceViolation* v = p.violation;
   const int32_t* row = RowSlots(p.src, p.rows[i], i, v);
   const int64_t len = CheckedLength(p.kv_lens[i], p.src.stride, i, v);
@@ -432,13 +440,12 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kFusedMetadataThreads, 12)
   const int32_t row_passes = RowPasses<kUnroll, kBlock>(f);
   const int32_t share =
       (row_passes + static_cast<int32_t>(gridDim.y) - 1) / static_cast<int32_t>(gridDim.y);
-  const int32_t k = static_cast<int32_t>(blockIdx.y) * share;
+  const int32_t k = block_y * share;
   // A block past the row's tokens and the table's columns (a wide table, a short row) has
   // nothing to write: it skips the sum below.
   if (!first_pass && k >= row_passes &&
       (p.page_table == nullptr ||
-       static_cast<int32_t>(blockIdx.y) * kFusedMetadataPageTableColumnsPerPass >=
-           p.page_table_cols)) {
+       block_y * kFusedMetadataPageTableColumnsPerPass >= p.page_table_cols)) {
     return;
   }
   Pass<kUnroll, kBlock> pass = BeginPass<kUnroll, kBlock>(f, k);
@@ -822,9 +829,10 @@ hipError_t LaunchTokenKvIndicesKernel(const TokenKvIndicesParams& p, int32_t pas
 }
 
 hipError_t LaunchFusedMetadataKernel(const FusedMetadataParams& p, int32_t row_blocks,
-                                     hipStream_t stream) {
-  FusedMetadataKernel<<<dim3(p.padded_batch, row_blocks), kFusedMetadataThreads, 0, stream>>>(p);
-  return hipGetLastError();
+                                     bool overlap_preceding, hipStream_t stream) {
+  return LaunchKernelAfterPreceding(overlap_preceding, FusedMetadataKernel,
+                                    dim3(p.padded_batch, row_blocks), dim3(kFusedMetadataThreads),
+                                    0, stream, p);
 }
 
 hipError_t FusedMetadataBlocksPerMultiprocessor(int32_t* blocks) {

@@ -1,6 +1,8 @@
 // Bandwidth of the metadata kernels against a device-to-device copy of the same bytes measured
 // in the same run, the fused decode-metadata launch against the separate launches it replaces
-// and against the kv_indices kernel alone, and the host time of one graph replay step.
+// and against the kv_indices kernel alone, and the host time of one graph replay step. The
+// fused launch is timed as launched by default (overlapping the launch ahead of it, here the
+// previous one) and as a plain launch, as every other kernel here is launched.
 //
 // Method (METHOD.md): every launch's status checked; outputs poisoned before timing and
 // checked against host-computed arrays after; medians of CUDA-event-timed samples after
@@ -221,6 +223,11 @@ void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceV
     BENCH_CHECK(BuildDecodeMetadataOnDevice(FusedArgs(s[k], ctx, cols, pool_slots, page_size),
                                             word.device(), nullptr));
   };
+  auto fused_plain = [&](int k) {
+    DecodeMetadataDeviceArgs a = FusedArgs(s[k], ctx, cols, pool_slots, page_size);
+    a.overlap_preceding_kernel = false;
+    BENCH_CHECK(BuildDecodeMetadataOnDevice(a, word.device(), nullptr));
+  };
   BENCH_CHECK(word.Reset(nullptr));
   const double token_bytes = 8.0 * tokens;
   const double page_bytes = (4.0 * std::min<int64_t>(ps, 8) + 4.0) * bs * cols;
@@ -259,15 +266,20 @@ void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceV
   Report({"separate (3 launches)", bs, ctx, ps, separate_bytes, sep_us,
           copy_us(static_cast<int64_t>(separate_bytes / 2))});
 
-  poison();
   // The fused launch rewrites kv_indptr from the lengths: the kernels above read it, so it is
-  // timed last.
+  // timed last. Its default launch overlaps the launch ahead (the one before it here); the
+  // plain launch is timed too, as the kernels above are launched.
+  poison();
+  const double plain_us = TimeUs(sets, fused_plain);
+  check(true, true, true, "fused, plain launch");
+  poison();
   const double fused_us = TimeUs(sets, fused);
   check(true, true, true, "fused");
-  Report({"fused (1 launch)", bs, ctx, ps, fused_bytes, fused_us,
-          copy_us(static_cast<int64_t>(fused_bytes / 2))});
-  std::printf("    fused / kv_indices alone = %.3f, fused / separate = %.3f\n", fused_us / kv_us,
-              fused_us / sep_us);
+  const double fused_copy_us = copy_us(static_cast<int64_t>(fused_bytes / 2));
+  Report({"fused (1 launch)", bs, ctx, ps, fused_bytes, fused_us, fused_copy_us});
+  Report({"fused (1 launch), plain", bs, ctx, ps, fused_bytes, plain_us, fused_copy_us});
+  std::printf("    fused / kv_indices alone = %.3f (plain launch %.3f), fused / separate = %.3f\n",
+              fused_us / kv_us, plain_us / kv_us, fused_us / sep_us);
 }
 
 void RunGather(int64_t tokens, int heads, int head_dim, std::mt19937_64& rng, DeviceViolationWord& word) {
@@ -315,8 +327,9 @@ void RunGather(int64_t tokens, int heads, int head_dim, std::mt19937_64& rng, De
 
 // The host time of one decode replay step: GraphState::Replay staging the batch and launching
 // the captured graph, and the GPU time of the step. `staged`: the inputs ride in the graph
-// launch (StagedUploads); else a copy call through a pinned slot precedes it.
-void RunReplayStep(bool staged) {
+// launch (StagedUploads); else a copy call through a pinned slot precedes it. `overlap`: the
+// writer's Options::overlap_launches.
+void RunReplayStep(bool staged, bool overlap = true) {
   const int bs = 256;
   const int64_t ctx = 4096, ps = 16;
   testing::BatchFixture f(ps, 7, bs * (ctx / ps + 1) + 64, bs + 8, ctx + 16);
@@ -331,6 +344,7 @@ void RunReplayStep(bool staged) {
   HipDeviceMemory memory(stream, uploads.get());
   DeviceMetadataWriter::Options options;
   options.uploads = uploads.get();
+  options.overlap_launches = overlap;
   auto writer = Unwrap(DeviceMetadataWriter::Create(
       DeviceReqToToken{d_table.const_span(), f.pool().max_context_len()}, f.pool_slots(), stream,
       options));
@@ -381,7 +395,9 @@ void RunReplayStep(bool staged) {
   }
   BENCH_CHECK(writer->CheckViolations());
   std::sort(copy_us.begin(), copy_us.end());
-  const char* how = staged ? "inputs applied in the graph launch" : "inputs by a copy call";
+  const char* how = !staged   ? "inputs by a copy call"
+                    : overlap ? "inputs applied in the graph launch"
+                              : "inputs applied in the graph launch, plain launches";
   std::printf("[%s] the writer alone (its graph launch): host %.2f us median\n", how,
               copy_us[kSteps / 2]);
   std::sort(host_us.begin(), host_us.end());
@@ -390,10 +406,11 @@ void RunReplayStep(bool staged) {
               "%.2f us median (event to event); graphs captured: %lld\n",
               how, bs, (long long)ctx, (long long)ps, host_us[kSteps / 2],
               host_us[kSteps * 9 / 10], gpu_us[kSteps / 2], (long long)writer->graphs_captured());
-  Report({staged ? "replay step: staged uploads (host us)" : "replay step: copy call (host us)",
-          bs, ctx, ps, 0, host_us[kSteps / 2], 0});
-  Report({staged ? "replay step: staged uploads (GPU us)" : "replay step: copy call (GPU us)",
-          bs, ctx, ps, 0, gpu_us[kSteps / 2], 0});
+  const std::string name = !staged   ? "replay step: copy call"
+                           : overlap ? "replay step: staged uploads"
+                                     : "replay step: staged uploads, plain launches";
+  Report({name + " (host us)", bs, ctx, ps, 0, host_us[kSteps / 2], 0});
+  Report({name + " (GPU us)", bs, ctx, ps, 0, gpu_us[kSteps / 2], 0});
   BENCH_CHECK(GpuStatus(hipEventDestroy(start), "event"));
   BENCH_CHECK(GpuStatus(hipEventDestroy(stop), "event"));
   }
@@ -530,6 +547,7 @@ int main(int argc, char** argv) {
     RunHostBookkeeping();
     RunEagerLaunchHostTime(word);
     RunReplayStep(/*staged=*/false);
+    RunReplayStep(/*staged=*/true, /*overlap=*/false);
     RunReplayStep(/*staged=*/true);
     return 0;
   }
@@ -553,6 +571,7 @@ int main(int argc, char** argv) {
   RunHostBookkeeping();
   RunEagerLaunchHostTime(word);
   RunReplayStep(/*staged=*/false);
+  RunReplayStep(/*staged=*/true, /*overlap=*/false);
   RunReplayStep(/*staged=*/true);
   Write(arg < argc ? argv[arg] : "");
   return 0;

@@ -19,6 +19,8 @@
 #include "attention/kernels/metadata_launchers.h"
 #include "attention/kernels/testing/device_buffer.h"
 #include "attention/kernels/testing/gpu_test.h"
+#include "attention/kernels/testing/overlap.h"
+#include "attention/kernels/testing/spin.h"
 #include "attention/kernels/testing/upload.h"
 #include "attention/kernels/token_kv_indices.h"
 #include "attention/metadata/builders.h"
@@ -114,15 +116,28 @@ TEST_P(PageSizeGpuTest, PageTableEqualsTheHostBuilderAndKeepsRowsPastTheBatch) {
   EXPECT_TRUE(Violations().ok()) << Violations();
 }
 
+// A kernel ahead of the fused launch on `stream`: it spins for about half a millisecond and
+// then writes the launch's inputs (rows, lengths and req_to_token, zero until then), as the
+// kernels of a step write them; the launch follows with overlap_preceding_kernel = `overlap`.
+// `captured`: both are captured in a graph (whose programmatic edges are counted), replayed
+// once. `memset_between`: a memset right before the launch, so that the node ahead of it is
+// not a kernel (no programmatic edge then, and the launch waits for everything ahead).
+struct FusedAhead {
+  hipStream_t stream = nullptr;
+  bool overlap = true;
+  bool captured = false;
+  bool memset_between = false;
+};
+
 // The fused launch against the host writer over the same padded batch (real rows, then
 // padded rows staged as kPaddedRow with the fill length and no query rows).
 // The fused launch over `real` random sequences (cached lengths up to max_cached, q new tokens
 // each) padded to `padded` rows equals the host writer, every output poisoned first.
-// row_blocks 0: through BuildDecodeMetadataOnDevice (its grid); else the kernel launched
-// directly with that many blocks per row.
+// row_blocks 0: through BuildDecodeMetadataOnDevice (its grid), after `ahead` when not null;
+// else the kernel launched directly with that many blocks per row.
 void ExpectFusedEqualsTheHostWriter(GpuTest& test, int64_t ps, int real, int64_t padded,
                                     int64_t max_cached, int64_t q, uint64_t seed,
-                                    int32_t row_blocks = 0) {
+                                    int32_t row_blocks = 0, const FusedAhead* ahead = nullptr) {
   SCOPED_TRACE(::testing::Message() << "q " << q << " page_size " << ps << " rows " << real
                                     << " seed " << seed << " row_blocks " << row_blocks);
   {
@@ -169,6 +184,25 @@ void ExpectFusedEqualsTheHostWriter(GpuTest& test, int64_t ps, int real, int64_t
     a.page_size = f.page_size();
     DeviceBuffer<ReqPoolIndex> d_rows = Upload(rows);
     DeviceBuffer<TokenLength> d_kv = Upload(kv), d_q = Upload(qs);
+    // With a kernel ahead: the inputs the launch reads are zero until that kernel copies these
+    // over them.
+    DeviceBuffer<TokenSlot> real_table = Upload(std::vector<TokenSlot>{});
+    DeviceBuffer<ReqPoolIndex> real_rows = Upload(std::vector<ReqPoolIndex>{});
+    DeviceBuffer<TokenLength> real_kv = Upload(std::vector<TokenLength>{});
+    DeviceBuffer<TokenLength> real_q = Upload(std::vector<TokenLength>{});
+    if (ahead != nullptr) {
+      real_table = Upload(Download(table));
+      real_rows = Upload(rows);
+      real_kv = Upload(kv);
+      real_q = Upload(qs);
+      for (const auto& [ptr, bytes] :
+           {std::pair<void*, size_t>{table.data(), table.size() * sizeof(TokenSlot)},
+            {d_rows.data(), d_rows.size() * sizeof(ReqPoolIndex)},
+            {d_kv.data(), d_kv.size() * sizeof(TokenLength)},
+            {d_q.data(), d_q.size() * sizeof(TokenLength)}}) {
+        ASSERT_EQ(hipMemset(ptr, 0, bytes), hipSuccess);
+      }
+    }
     DeviceBuffer<TokenOffset> d_kv_indptr = Upload(std::vector<TokenOffset>(padded + 1, TokenOffset(-9)));
     DeviceBuffer<TokenOffset> d_qo_indptr = Upload(std::vector<TokenOffset>(padded + 1, TokenOffset(-9)));
     DeviceBuffer<TokenLength> d_last = Upload(std::vector<TokenLength>(padded, TokenLength(-9)));
@@ -184,7 +218,39 @@ void ExpectFusedEqualsTheHostWriter(GpuTest& test, int64_t ps, int real, int64_t
     a.page_table = d_table.span();
     a.page_table_cols = cols;
     a.max_kv_len = f.pool().max_context_len();
-    if (row_blocks == 0) {
+    if (ahead != nullptr) {
+      a.overlap_preceding_kernel = ahead->overlap;
+      const testing::SpinCopies copies =
+          testing::CopiesOf({testing::CopyOf(table, real_table), testing::CopyOf(d_rows, real_rows),
+                             testing::CopyOf(d_kv, real_kv), testing::CopyOf(d_q, real_q)});
+      if (ahead->captured) {
+        ASSERT_EQ(hipStreamBeginCapture(ahead->stream, hipStreamCaptureModeThreadLocal), hipSuccess);
+      }
+      hipError_t spun = testing::LaunchSpinThenCopy(testing::kAheadSpinCycles, copies, ahead->stream);
+      if (spun == hipSuccess && ahead->memset_between) {
+        spun = hipMemsetAsync(real_q.data(), 0, sizeof(TokenLength), ahead->stream);
+      }
+      const absl::Status launched = BuildDecodeMetadataOnDevice(a, test.violation(), ahead->stream);
+      if (ahead->captured) {
+        hipGraph_t graph = nullptr;
+        ASSERT_EQ(hipStreamEndCapture(ahead->stream, &graph), hipSuccess);
+        // The launch asked for the overlap where the device runs one: a programmatic edge.
+        int64_t programmatic = -1;
+        EXPECT_EQ(CountProgrammaticGraphEdges(graph, &programmatic), hipSuccess);
+        const absl::StatusOr<bool> can = DeviceOverlapsLaunches();
+        ASSERT_TRUE(can.ok()) << can.status();
+        EXPECT_EQ(programmatic, ahead->overlap && *can && !ahead->memset_between ? 1 : 0);
+        hipGraphExec_t exec = nullptr;
+        ASSERT_EQ(hipGraphInstantiate(&exec, graph, nullptr, nullptr, 0), hipSuccess);
+        EXPECT_EQ(hipGraphLaunch(exec, ahead->stream), hipSuccess);
+        EXPECT_EQ(hipStreamSynchronize(ahead->stream), hipSuccess);
+        EXPECT_EQ(hipGraphExecDestroy(exec), hipSuccess);
+        EXPECT_EQ(hipGraphDestroy(graph), hipSuccess);
+      }
+      ASSERT_EQ(spun, hipSuccess);
+      ASSERT_TRUE(launched.ok()) << launched;
+      ASSERT_EQ(hipStreamSynchronize(ahead->stream), hipSuccess);
+    } else if (row_blocks == 0) {
       ASSERT_TRUE(BuildDecodeMetadataOnDevice(a, test.violation(), nullptr).ok());
     } else {
       kernels::FusedMetadataParams p;
@@ -207,7 +273,7 @@ void ExpectFusedEqualsTheHostWriter(GpuTest& test, int64_t ps, int real, int64_t
       p.page_table_cols = static_cast<int32_t>(cols);
       p.padded_batch = static_cast<int32_t>(padded);
       p.violation = test.violation();
-      ASSERT_EQ(kernels::LaunchFusedMetadataKernel(p, row_blocks, nullptr), hipSuccess);
+      ASSERT_EQ(kernels::LaunchFusedMetadataKernel(p, row_blocks, /*overlap_preceding=*/false, nullptr), hipSuccess);
     }
     EXPECT_EQ(Download(d_kv_indptr), h_kv_indptr);
     EXPECT_EQ(Download(d_qo_indptr), h_qo_indptr);
@@ -237,6 +303,31 @@ TEST_P(PageSizeGpuTest, FusedKernelCoversEveryPassForAnyRowBlocks) {
   for (int32_t row_blocks : {1, 2, 3, 5, 11, 40}) {
     ExpectFusedEqualsTheHostWriter(*this, GetParam(), 30, 33, 9000, 1, 90 + GetParam(), row_blocks);
   }
+}
+
+// The fused launch after a kernel that writes its inputs at its end (rows, lengths,
+// req_to_token), as a step's kernels and a replay's staged uploads do: launched to overlap
+// that kernel (the default) it waits for it before reading them, on the stream and in a
+// graph, and its arrays are the host writer's. Where launches overlap (LaunchesOverlap) the
+// launch starts while that kernel spins, so a read before the wait would see zeros; a plain
+// launch is checked too.
+TEST_P(PageSizeGpuTest, FusedLaunchWaitsForTheKernelAheadThatWritesItsInputs) {
+  hipStream_t stream = nullptr;
+  ASSERT_EQ(hipStreamCreate(&stream), hipSuccess);
+  if (testing::LaunchesOverlap()) testing::ExpectAnOverlappingProbeStartsFirst(stream);
+  for (bool overlap : {true, false}) {
+    for (bool captured : {false, true}) {
+      for (bool memset_between : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << (overlap ? "overlapping" : "plain")
+                                          << (captured ? ", captured" : ", on the stream")
+                                          << (memset_between ? ", a memset between" : ""));
+        const FusedAhead ahead{stream, overlap, captured, memset_between};
+        ExpectFusedEqualsTheHostWriter(*this, GetParam(), 40, 45, 3000, 1, 110 + GetParam(),
+                                       /*row_blocks=*/0, &ahead);
+      }
+    }
+  }
+  EXPECT_EQ(hipStreamDestroy(stream), hipSuccess);
 }
 
 INSTANTIATE_TEST_SUITE_P(PageSizes, PageSizeGpuTest, ::testing::Values(1, 7, 16, 64));

@@ -210,7 +210,14 @@ absl::Status BuildDecodeMetadataOnDevice(const DecodeMetadataDeviceArgs& a,
                    ? 1
                    : Passes(a.page_table_cols, kernels::kFusedMetadataPageTableColumnsPerPass));
   const int32_t row_blocks = FusedMetadataRowBlocks(static_cast<int64_t>(b), needed, wave_blocks);
-  return LaunchResult(kernels::LaunchFusedMetadataKernel(p, row_blocks, stream), "decode metadata");
+  bool overlap = false;
+  if (a.overlap_preceding_kernel) {
+    absl::StatusOr<bool> can = DeviceOverlapsLaunches();
+    if (!can.ok()) return can.status();
+    overlap = *can;
+  }
+  return LaunchResult(kernels::LaunchFusedMetadataKernel(p, row_blocks, overlap, stream),
+                      "decode metadata");
 }
 
 absl::Status CheckTreeMaskArgs(const TreeMaskDeviceArgs& a) {

@@ -78,6 +78,11 @@ struct DecodeMetadataDeviceArgs {
   // The longest row the grid covers: a captured graph passes max_context_len so that it
   // replays any batch; 1 <= max_kv_len <= max_context_len (OutOfRange otherwise).
   TokenCount max_kv_len;
+  // The launch's blocks may start under the tail of the kernel ahead on the stream (where
+  // DeviceOverlapsLaunches says so; a plain launch elsewhere) and wait for it before they read
+  // anything: right after any kernel, including one that writes these inputs. False: a plain
+  // launch.
+  bool overlap_preceding_kernel = true;
 };
 // The checks BuildDecodeMetadataOnDevice makes before it launches, alone: a caller that
 // launches several kernels checks them all before it enqueues anything.

@@ -35,6 +35,7 @@
 #include "attention/kernels/testing/attention_inputs.h"
 #include "attention/kernels/testing/device_buffer.h"
 #include "attention/kernels/testing/gpu_test.h"
+#include "attention/kernels/testing/overlap.h"
 #include "attention/kernels/testing/spin.h"
 #include "attention/kernels/testing/upload.h"
 #include "attention/metadata/builders.h"
@@ -48,10 +49,12 @@ namespace {
 
 using testing::BatchFixture;
 using testing::Bytes;
+using testing::CopyOf;
 using testing::DeviceBuffer;
 using testing::Dims;
 using testing::Download;
 using testing::FromBits;
+using testing::LaunchesOverlap;
 using testing::Poison;
 using testing::ToBits;
 using testing::Upload;
@@ -196,7 +199,6 @@ struct KernelAhead {
   // before), as a graph replay's metadata writer does (at most two other copies then).
   bool writes_plan = false;
 };
-constexpr int64_t kAheadSpinCycles = 1000000;
 
 // One call of the launcher on the problem's inputs through `kv` (split by `plan` when not
 // null, given as a plan held only on the device when `device_plan`, merged in the attention
@@ -275,7 +277,7 @@ Result RunDecodeOnce(const DecodeAttentionDims& dims, const DeviceProblem& d, in
     if (captured) {
       EXPECT_EQ(hipStreamBeginCapture(stream, hipStreamCaptureModeThreadLocal), hipSuccess);
     }
-    EXPECT_EQ(testing::LaunchSpinThenCopy(kAheadSpinCycles, ahead_copies, stream), hipSuccess);
+    EXPECT_EQ(testing::LaunchSpinThenCopy(testing::kAheadSpinCycles, ahead_copies, stream), hipSuccess);
   }
   Result r;
   r.status = PagedDecodeAttention(a, violation, stream);
@@ -1181,59 +1183,9 @@ class OverlapDecodeGpuTest : public testing::ViolationWordGpuTest {
   }
   KernelAhead Ahead(std::initializer_list<testing::SpinCopy> copies, DecodeLaunchOverlap overlap,
                     bool captured = false) const {
-    KernelAhead k{stream_, {}, overlap, captured};
-    EXPECT_LE(copies.size(), static_cast<size_t>(testing::kMaxSpinCopies));
-    for (const testing::SpinCopy& c : copies) {
-      if (k.copies.count == testing::kMaxSpinCopies) break;
-      k.copies.copy[k.copies.count++] = c;
-    }
-    return k;
+    return KernelAhead{stream_, testing::CopiesOf(copies), overlap, captured};
   }
-  // Whether launches overlap here: a device that can (DeviceOverlapsLaunches), and not under
-  // compute-sanitizer, which runs launches one after the other (seen with memcheck on the
-  // H200): `run_all.sh --memcheck` sets ATTNMETA_GPU_SANITIZER, and the tests that need an
-  // overlap skip under it.
-  // On a GPU of compute capability 9.0 or later the answer must be yes: these tests are built
-  // for such a target (the default cuda_archs), so a no there is a broken check that would make
-  // the overlap tests skip.
-  static bool LaunchesOverlap() {
-    absl::StatusOr<bool> can = DeviceOverlapsLaunches();
-    EXPECT_TRUE(can.ok()) << can.status();
-    int major = 0;
-    EXPECT_EQ(hipDeviceGetAttribute(&major, hipDeviceAttributeComputeCapabilityMajor, 0),
-              hipSuccess);
-    if (kOverlappingLaunches && major >= 9) {
-      EXPECT_TRUE(can.ok() && *can) << "compute capability " << major
-                                    << " but DeviceOverlapsLaunches says no";
-    }
-    return can.ok() && *can && std::getenv("ATTNMETA_GPU_SANITIZER") == nullptr;
-  }
-  // An overlapping probe starts before the kernel ahead ends: it reads the flag that kernel
-  // sets at its end before waiting for it. Both kernels run once first: a kernel is loaded at
-  // its first launch (lazy loading), which waits for the kernels running.
-  void ExpectAnOverlappingProbeStartsFirst() {
-    DeviceBuffer<int32_t> flag = Upload(std::vector<int32_t>{0});
-    DeviceBuffer<int32_t> one = Upload(std::vector<int32_t>{1});
-    DeviceBuffer<int32_t> seen = Upload(std::vector<int32_t>{-1});
-    ASSERT_EQ(testing::LaunchSpinThenCopy(0, testing::SpinCopies{}, stream_), hipSuccess);
-    ASSERT_EQ(testing::LaunchOverlapProbe(flag.data(), seen.data(), stream_), hipSuccess);
-    ASSERT_EQ(hipStreamSynchronize(stream_), hipSuccess);
-    ASSERT_EQ(Download(seen), std::vector<int32_t>{0});
-    ASSERT_EQ(hipMemset(seen.data(), 0xff, sizeof(int32_t)), hipSuccess);
-    testing::SpinCopies set_flag;
-    set_flag.copy[set_flag.count++] = CopyOf(flag, one);
-    ASSERT_EQ(testing::LaunchSpinThenCopy(kAheadSpinCycles, set_flag, stream_), hipSuccess);
-    ASSERT_EQ(testing::LaunchOverlapProbe(flag.data(), seen.data(), stream_), hipSuccess);
-    ASSERT_EQ(hipStreamSynchronize(stream_), hipSuccess);
-    EXPECT_EQ(Download(seen), std::vector<int32_t>{0}) << "the probe saw the flag set: no overlap";
-    EXPECT_EQ(Download(flag), std::vector<int32_t>{1});
-  }
-  template <typename T>
-  static testing::SpinCopy CopyOf(const DeviceBuffer<T>& dst, const DeviceBuffer<T>& src) {
-    return testing::SpinCopy{dst.data(), src.data(), static_cast<int64_t>(src.size() * sizeof(T))};
-  }
-  static constexpr char kNoOverlapHere[] = "no overlapping launches here (AMD, a GPU before "
-                                           "compute capability 9.0, or under compute-sanitizer)";
+  void ExpectAnOverlappingProbeStartsFirst() { testing::ExpectAnOverlappingProbeStartsFirst(stream_); }
   static const char* NameOf(DecodeLaunchOverlap overlap) {
     switch (overlap) {
       case DecodeLaunchOverlap::kNone:
@@ -1251,7 +1203,7 @@ class OverlapDecodeGpuTest : public testing::ViolationWordGpuTest {
 // The premise of the tests below, on its own.
 TEST_F(OverlapDecodeGpuTest, AnOverlappingLaunchStartsBeforeTheKernelAheadEnds) {
   if (!LaunchesOverlap()) {
-    GTEST_SKIP() << kNoOverlapHere;
+    GTEST_SKIP() << testing::kNoOverlapHere;
   }
   ExpectAnOverlappingProbeStartsFirst();
 }
@@ -1507,7 +1459,7 @@ TEST_F(OverlapDecodeGpuTest, CapturedLaunchesAskToOverlapInTheOverlappingModesOn
 // and in a graph.
 TEST_F(OverlapDecodeGpuTest, OverlappingLaunchReadsTheLengthsBeforeTheWait) {
   if (!LaunchesOverlap()) {
-    GTEST_SKIP() << kNoOverlapHere;
+    GTEST_SKIP() << testing::kNoOverlapHere;
   }
   const Problem p = MakeProblem(Dims(32, 8, 128, KvElementType::kBf16), 16, {100, 60, 80}, 115);
   const DeviceProblem d = ToDevice(p);
