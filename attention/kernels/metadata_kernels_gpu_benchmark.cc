@@ -277,7 +277,7 @@ void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceV
   check(true, true, true, "fused");
   const double fused_copy_us = copy_us(static_cast<int64_t>(fused_bytes / 2));
   Report({"fused (1 launch)", bs, ctx, ps, fused_bytes, fused_us, fused_copy_us});
-  Report({"fused (1 launch), plain", bs, ctx, ps, fused_bytes, plain_us, fused_copy_us});
+  Report({"fused (1 launch) without overlap", bs, ctx, ps, fused_bytes, plain_us, fused_copy_us});
   std::printf("    fused / kv_indices alone = %.3f (plain launch %.3f), fused / separate = %.3f\n",
               fused_us / kv_us, plain_us / kv_us, fused_us / sep_us);
 }
@@ -397,7 +397,7 @@ void RunReplayStep(bool staged, bool overlap = true) {
   std::sort(copy_us.begin(), copy_us.end());
   const char* how = !staged   ? "inputs by a copy call"
                     : overlap ? "inputs applied in the graph launch"
-                              : "inputs applied in the graph launch, plain launches";
+                              : "inputs applied in the graph launch, launches without overlap";
   std::printf("[%s] the writer alone (its graph launch): host %.2f us median\n", how,
               copy_us[kSteps / 2]);
   std::sort(host_us.begin(), host_us.end());
@@ -408,7 +408,7 @@ void RunReplayStep(bool staged, bool overlap = true) {
               host_us[kSteps * 9 / 10], gpu_us[kSteps / 2], (long long)writer->graphs_captured());
   const std::string name = !staged   ? "replay step: copy call"
                            : overlap ? "replay step: staged uploads"
-                                     : "replay step: staged uploads, plain launches";
+                                     : "replay step: staged uploads without overlap";
   Report({name + " (host us)", bs, ctx, ps, 0, host_us[kSteps / 2], 0});
   Report({name + " (GPU us)", bs, ctx, ps, 0, gpu_us[kSteps / 2], 0});
   BENCH_CHECK(GpuStatus(hipEventDestroy(start), "event"));
