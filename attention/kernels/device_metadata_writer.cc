@@ -159,6 +159,7 @@ absl::Status DeviceMetadataWriter::Launch(const MetadataWriteRequest& r, const G
       s.qo_indptr = Device(b.draft_qo_indptr, branches + 1);
       s.kv_last_page_len = Device(d.kv_last_page_len, branches);
       s.kv_indices = Device(d.kv_indices, d.kv_indices.size());
+      s.overlap_preceding_kernel = options_.overlap_launches;
       if (absl::Status st = CheckDraftStepArgs(s); !st.ok()) return st;
       draft_steps.push_back(s);
     }
@@ -180,10 +181,7 @@ absl::Status DeviceMetadataWriter::Launch(const MetadataWriteRequest& r, const G
     }
     // The grid covers the longest row req_to_token holds, so that one capture serves any batch.
     a.max_kv_len = req_to_token_.max_context_len;
-    // Under the apply kernel's tail, which writes the staged inputs: the launch waits for it
-    // before reading them. (Otherwise a memset of the violation word is ahead: no kernel to
-    // overlap.)
-    a.overlap_preceding_kernel = options_.overlap_launches && options_.uploads != nullptr;
+    a.overlap_preceding_kernel = options_.overlap_launches;
     if (absl::Status s = CheckDecodeMetadataArgs(a); !s.ok()) return s;
     if (r.split_kv) {
       plan.emplace();
@@ -193,6 +191,7 @@ absl::Status DeviceMetadataWriter::Launch(const MetadataWriteRequest& r, const G
       plan->work = Device(b.split_kv.work, b.split_kv.work.size());
       plan->unit_indptr = Device(b.split_kv.unit_indptr, b.split_kv.unit_indptr.size());
       plan->reduce = Device(b.split_kv.reduce, b.split_kv.reduce.size());
+      plan->overlap_preceding_kernel = options_.overlap_launches;
       if (absl::Status s = CheckSplitKvPlanArgs(*plan); !s.ok()) return s;
     }
     if (r.mask_layout != MaskLayout::kNone) {
@@ -204,6 +203,7 @@ absl::Status DeviceMetadataWriter::Launch(const MetadataWriteRequest& r, const G
       mask->mask = Device(b.custom_mask, b.custom_mask.size());
       mask->max_mask_bytes_per_row = std::max<int64_t>(
           1, int64_t{r.q_len_per_request.value()} * req_to_token_.max_context_len.value());
+      mask->overlap_preceding_kernel = options_.overlap_launches;
       if (absl::Status s = CheckTreeMaskArgs(*mask); !s.ok()) return s;
     }
   }

@@ -48,9 +48,9 @@ class DeviceMetadataWriter : public MetadataWriter {
     // when another consumer is attached), applied at the head of every launch. Must outlive
     // the writer and be on the writer's stream.
     StagedUploads* uploads = nullptr;
-    // With staged uploads: the fused metadata launch starts under the tail of the apply kernel
-    // ahead of it and waits for it before reading anything
-    // (DecodeMetadataDeviceArgs::overlap_preceding_kernel). False: plain launches.
+    // Each metadata launch may start under the tail of the kernel ahead of it (the apply
+    // kernel of the staged uploads, or the launch before it) and waits for it before reading
+    // anything (overlap_preceding_kernel in metadata_launchers.h). False: plain launches.
     bool overlap_launches = true;
   };
 

@@ -3,6 +3,11 @@
 // Abseil, no glog. Every kernel bounds-checks what it reads from device memory (request
 // rows, lengths, slots, indptr totals) against the bounds given here, clamps, and records the
 // first violation in `violation` (device_violation.h; may be null).
+//
+// A launch function with `overlap_preceding` launches through LaunchKernelAfterPreceding
+// (hip_port.h): the blocks may start under the tail of the kernel ahead on the stream, and each
+// waits for it (WaitForPrecedingGrid) before it reads anything, so such a launch is right after
+// any kernel, one that writes its inputs included. Without it, a plain launch.
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_METADATA_KERNELS_H_
 #define ATTNMETA_ATTENTION_KERNELS_METADATA_KERNELS_H_
@@ -105,9 +110,6 @@ hipError_t LaunchTokenKvIndicesKernel(const TokenKvIndicesParams& p, int32_t pas
 // kFusedMetadataPageTableColumnsPerPass; the grid depends only on the padded batch and the
 // buffers, so a captured graph replays any real batch.
 // Violations: those of the kernels above, and q_len > kv_len (q clamped).
-// With overlap_preceding (LaunchKernelAfterPreceding in hip_port.h) its blocks may start under
-// the tail of the kernel ahead on the stream; each waits for that kernel before it reads
-// anything, so the launch is right after any kernel.
 struct FusedMetadataParams {
   SlotSource src;
   const int32_t* rows;     // [padded_batch], kPaddedRow for padded rows
@@ -153,7 +155,8 @@ struct DraftStepParams {
   int64_t kv_indices_capacity;
   DeviceViolation* violation;
 };
-hipError_t LaunchDraftStepKernels(const DraftStepParams& p, int32_t passes, hipStream_t stream);
+hipError_t LaunchDraftStepKernels(const DraftStepParams& p, int32_t passes, bool overlap_preceding,
+                                  hipStream_t stream);
 
 // A split-KV plan's work and reduce items as the host planner lays them out (SplitKvWorkItem
 // and SplitKvReduceItem of attention/metadata/split_kv_planner.h; the device writer checks
@@ -183,7 +186,8 @@ struct SplitKvPlanParams {
   int64_t reduce_capacity;
   DeviceViolation* violation;
 };
-hipError_t LaunchSplitKvPlanKernel(const SplitKvPlanParams& p, hipStream_t stream);
+hipError_t LaunchSplitKvPlanKernel(const SplitKvPlanParams& p, bool overlap_preceding,
+                                   hipStream_t stream);
 
 // Target-verify's FULL mask from tree rows: mask_indptr = [0] + cumsum(q_len * kv_len) and,
 // per request, [q_len][kv_len] bytes: 1 for the kv_len - q_len prefix columns, then the tree
@@ -201,7 +205,8 @@ struct TreeMaskParams {
   int32_t padded_batch;
   DeviceViolation* violation;
 };
-hipError_t LaunchTreeMaskKernel(const TreeMaskParams& p, int32_t passes, hipStream_t stream);
+hipError_t LaunchTreeMaskKernel(const TreeMaskParams& p, int32_t passes, bool overlap_preceding,
+                                hipStream_t stream);
 
 // The paged-to-linear K/V gather: row r < cu_k[batch_size] of k_out / v_out is row tok_idx[r]
 // of k_pool / v_pool, row_bytes bytes each (any dtype and head layout). Rows move in 16-byte

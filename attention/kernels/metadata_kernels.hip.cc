@@ -509,6 +509,8 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kFusedMetadataThreads, 12)
 }
 
 __global__ void __launch_bounds__(kThreads) TreeMaskKernel(TreeMaskParams p) {
+  WaitForPrecedingGrid();  // launched to overlap the kernel ahead: before any read
+  AllowDependentGridLaunch();
   __shared__ internal::BlockScratch<kThreads> scratch;
   const int32_t i = blockIdx.x;
   DeviceViolation* v = p.violation;
@@ -625,6 +627,8 @@ __device__ inline DraftBranch LoadDraftBranch(const DraftStepParams& p, int32_t 
 }
 
 __global__ void __launch_bounds__(kIndptrThreads) DraftStepIndptrKernel(DraftStepParams p) {
+  WaitForPrecedingGrid();  // launched to overlap the kernel ahead: before any read
+  AllowDependentGridLaunch();
   __shared__ internal::BlockScratch<kIndptrThreads> scratch;
   const int32_t branches = p.padded_batch * p.topk;
   const int64_t iters = p.step + 1;
@@ -660,6 +664,8 @@ __global__ void __launch_bounds__(kIndptrThreads) DraftStepIndptrKernel(DraftSte
 }
 
 __global__ void __launch_bounds__(kThreads) DraftStepIndicesKernel(DraftStepParams p) {
+  WaitForPrecedingGrid();  // launched to overlap the kernel ahead: before any read
+  AllowDependentGridLaunch();
   const int32_t z = blockIdx.x;
   const int64_t begin = p.kv_indptr[z];
   int64_t n = p.kv_indptr[z + 1] - begin;
@@ -738,6 +744,8 @@ __device__ inline int64_t ExclusiveScan(int64_t v, int64_t& carry,
 }
 
 __global__ void __launch_bounds__(kIndptrThreads) SplitKvPlanKernel(SplitKvPlanParams p) {
+  WaitForPrecedingGrid();  // launched to overlap the kernel ahead: before any read
+  AllowDependentGridLaunch();
   __shared__ internal::BlockScratch<kIndptrThreads> scratch;
   int64_t total_chunks = 0;
   for (int32_t k0 = 0; k0 < p.n; k0 += kIndptrThreads) {
@@ -843,21 +851,28 @@ hipError_t FusedMetadataBlocksPerMultiprocessor(int32_t* blocks) {
   return err;
 }
 
-hipError_t LaunchTreeMaskKernel(const TreeMaskParams& p, int32_t passes, hipStream_t stream) {
-  TreeMaskKernel<<<dim3(p.padded_batch, passes), kThreads, 0, stream>>>(p);
-  return hipGetLastError();
+hipError_t LaunchTreeMaskKernel(const TreeMaskParams& p, int32_t passes, bool overlap_preceding,
+                                hipStream_t stream) {
+  return LaunchKernelAfterPreceding(overlap_preceding, TreeMaskKernel, dim3(p.padded_batch, passes),
+                                    dim3(kThreads), 0, stream, p);
 }
 
-hipError_t LaunchDraftStepKernels(const DraftStepParams& p, int32_t passes, hipStream_t stream) {
-  DraftStepIndptrKernel<<<1, kIndptrThreads, 0, stream>>>(p);
-  if (const hipError_t err = hipGetLastError(); err != hipSuccess) return err;
-  DraftStepIndicesKernel<<<dim3(p.padded_batch * p.topk, passes), kThreads, 0, stream>>>(p);
-  return hipGetLastError();
+hipError_t LaunchDraftStepKernels(const DraftStepParams& p, int32_t passes, bool overlap_preceding,
+                                  hipStream_t stream) {
+  if (const hipError_t err = LaunchKernelAfterPreceding(overlap_preceding, DraftStepIndptrKernel,
+                                                        dim3(1), dim3(kIndptrThreads), 0, stream, p);
+      err != hipSuccess) {
+    return err;
+  }
+  return LaunchKernelAfterPreceding(overlap_preceding, DraftStepIndicesKernel,
+                                    dim3(p.padded_batch * p.topk, passes), dim3(kThreads), 0,
+                                    stream, p);
 }
 
-hipError_t LaunchSplitKvPlanKernel(const SplitKvPlanParams& p, hipStream_t stream) {
-  SplitKvPlanKernel<<<1, kIndptrThreads, 0, stream>>>(p);
-  return hipGetLastError();
+hipError_t LaunchSplitKvPlanKernel(const SplitKvPlanParams& p, bool overlap_preceding,
+                                   hipStream_t stream) {
+  return LaunchKernelAfterPreceding(overlap_preceding, SplitKvPlanKernel, dim3(1),
+                                    dim3(kIndptrThreads), 0, stream, p);
 }
 
 hipError_t LaunchGatherKvKernel(const GatherKvParams& p, int32_t blocks, hipStream_t stream) {

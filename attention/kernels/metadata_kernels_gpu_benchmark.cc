@@ -48,6 +48,7 @@
 #include "attention/kernels/testing/device_buffer.h"
 #include "attention/kernels/testing/kv_bench.h"
 #include "attention/kernels/token_kv_indices.h"
+#include "attention/metadata/draft_decode_layout.h"
 #include "attention/metadata/testing/batch_fixture.h"
 
 namespace attnmeta {
@@ -417,6 +418,81 @@ void RunReplayStep(bool staged, bool overlap = true) {
   BENCH_CHECK(GpuStatus(hipStreamDestroy(stream), "stream"));
 }
 
+// The GPU time of one draft-decode replay step (bs 64, top-k 4, 3 steps, committed lengths
+// 2000, page size 16, staged uploads): the apply kernel, then two launches per step, each
+// overlapping the one ahead or not (the writer's Options::overlap_launches).
+void RunDraftReplayStep(bool overlap) {
+  const int bs = 64;
+  const int64_t ps = 16, committed = 2000;
+  const DraftDecodeShape shape{4, 3};
+  const TokenLength max_len(4096);
+  const PageSize page_size = *PageSize::Create(ps);
+  const int64_t row = MaxDraftRowTokens(max_len, shape, page_size);
+  testing::BatchFixture f(ps, 11, bs * (row / ps + 1) + 64, bs + 8, row);
+  const TokenLength len(static_cast<int32_t>(committed));
+  for (int i = 0; i < bs; ++i) {
+    f.AddSequence(committed, DraftRowTokens(len, shape, page_size) - committed);
+  }
+  std::vector<TokenSlot> table(f.pool().table().begin(), f.pool().table().end());
+  auto d_table = Unwrap(DeviceBuffer<TokenSlot>::FromHost(table));
+  hipStream_t stream;
+  BENCH_CHECK(GpuStatus(hipStreamCreate(&stream), "stream"));
+  {  // everything that uses the stream goes before it
+  std::unique_ptr<StagedUploads> uploads = Unwrap(StagedUploads::Create(stream));
+  HipDeviceMemory memory(stream, uploads.get());
+  DeviceMetadataWriter::Options options;
+  options.uploads = uploads.get();
+  options.overlap_launches = overlap;
+  auto writer = Unwrap(DeviceMetadataWriter::Create(
+      DeviceReqToToken{d_table.const_span(), f.pool().max_context_len()}, f.pool_slots(), stream,
+      options));
+  const BackendConfig config = testing::MakeTestConfig(
+      ps, {.max_batch_size = bs, .max_context_len = max_len.value(), .split_kv = false,
+           .topk = shape.topk, .steps = shape.steps});
+  auto state = Unwrap(GraphState::Create(config, &f.pool(), f.page_size(), &memory, writer.get()));
+  const CaptureHandle h = Unwrap(state->Capture(bs, ForwardMode::kDraftDecode));
+  const std::vector<TokenLength> lens(bs, len);
+  const ReplayBatch batch{f.rows(), lens};
+  for (int w = 0; w < 10; ++w) BENCH_CHECK(state->Replay(h, batch).status());
+  constexpr int kSteps = 200;
+  std::vector<float> gpu_us;
+  hipEvent_t start, stop;
+  BENCH_CHECK(GpuStatus(hipEventCreate(&start), "event"));
+  BENCH_CHECK(GpuStatus(hipEventCreate(&stop), "event"));
+  for (int step = 0; step < kSteps; ++step) {
+    BENCH_CHECK(GpuStatus(hipEventRecord(start, stream), "record"));
+    BENCH_CHECK(state->Replay(h, batch).status());
+    BENCH_CHECK(GpuStatus(hipEventRecord(stop, stream), "record"));
+    BENCH_CHECK(GpuStatus(hipEventSynchronize(stop), "sync"));
+    float ms = 0;
+    BENCH_CHECK(GpuStatus(hipEventElapsedTime(&ms, start, stop), "elapsed"));
+    gpu_us.push_back(ms * 1e3f);
+  }
+  BENCH_CHECK(writer->CheckViolations());
+  // The last step's kv_indptr end: what the layout says (draft_decode_layout.h).
+  const DraftStepBuffers& last = state->buffers().draft_steps[shape.steps - 1];
+  const size_t branches = static_cast<size_t>(bs) * shape.topk;
+  TokenOffset end(0);
+  BENCH_CHECK(GpuStatus(hipMemcpy(&end, last.kv_indptr.data() + branches, sizeof(end),
+                                  hipMemcpyDeviceToHost),
+                        "read kv_indptr"));
+  if (end.value() != DraftStepTokens(lens, shape, shape.steps - 1)) {
+    std::fprintf(stderr, "MISMATCH draft replay: kv_indptr[%zu] = %d\n", branches, end.value());
+    std::exit(1);
+  }
+  std::sort(gpu_us.begin(), gpu_us.end());
+  const std::string name = overlap ? "draft replay step (GPU us)"
+                                   : "draft replay step without overlap (GPU us)";
+  std::printf("%s bs=%d topk=%d steps=%d committed=%lld ps=%lld: %.2f us median (p90 %.2f)\n",
+              name.c_str(), bs, shape.topk, shape.steps, (long long)committed, (long long)ps,
+              gpu_us[kSteps / 2], gpu_us[kSteps * 9 / 10]);
+  Report({name, bs, committed, ps, 0, gpu_us[kSteps / 2], 0});
+  BENCH_CHECK(GpuStatus(hipEventDestroy(start), "event"));
+  BENCH_CHECK(GpuStatus(hipEventDestroy(stop), "event"));
+  }
+  BENCH_CHECK(GpuStatus(hipStreamDestroy(stream), "stream"));
+}
+
 // The host time of one eager BuildDecodeMetadataOnDevice call (no graph: the launcher's checks,
 // its grid and the kernel launch), as a step that runs without a captured graph pays it.
 void RunEagerLaunchHostTime(DeviceViolationWord& word) {
@@ -549,6 +625,8 @@ int main(int argc, char** argv) {
     RunReplayStep(/*staged=*/false);
     RunReplayStep(/*staged=*/true, /*overlap=*/false);
     RunReplayStep(/*staged=*/true);
+    RunDraftReplayStep(/*overlap=*/false);
+    RunDraftReplayStep(/*overlap=*/true);
     return 0;
   }
   // --shape=BS,CTX,PS runs that one shape (for a profiler).
@@ -573,6 +651,8 @@ int main(int argc, char** argv) {
   RunReplayStep(/*staged=*/false);
   RunReplayStep(/*staged=*/true, /*overlap=*/false);
   RunReplayStep(/*staged=*/true);
+  RunDraftReplayStep(/*overlap=*/false);
+  RunDraftReplayStep(/*overlap=*/true);
   Write(arg < argc ? argv[arg] : "");
   return 0;
 }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -461,6 +462,177 @@ TEST_F(GpuTest, SplitKvPlanEqualsTheHostPlanner) {
     ASSERT_EQ(Words(Download(d_work)), Words(work)) << at;
     ASSERT_EQ(Download(d_units), unit_indptr) << at;
     ASSERT_EQ(Words(Download(d_reduce)), Words(reduce)) << at;
+  }
+}
+
+// A device buffer's bytes, for the check below.
+struct DeviceBytes {
+  void* data;
+  size_t size;
+};
+template <typename T>
+DeviceBytes BytesOf(const DeviceBuffer<T>& b) {
+  return DeviceBytes{b.data(), b.size() * sizeof(T)};
+}
+std::vector<uint8_t> Read(DeviceBytes b) {
+  std::vector<uint8_t> host(b.size);
+  EXPECT_EQ(hipMemcpy(host.data(), b.data, b.size, hipMemcpyDeviceToHost), hipSuccess);
+  return host;
+}
+
+// `launch(overlap, stream)` makes `launches` kernel launches that read `inputs` (at most
+// testing::kMaxSpinCopies buffers) and write `outputs`. A plain launch on the inputs gives the
+// reference outputs. Then the launch runs after a kernel that spins for about half a
+// millisecond and only then writes the inputs (zero until then): overlapping and plain, on the
+// stream and captured in a graph (which holds `launches` programmatic edges when the launch
+// overlaps, none when it is plain), outputs poisoned first. They must equal the reference.
+void ExpectTheLaunchWaitsForItsInputs(GpuTest& test, std::vector<DeviceBytes> inputs,
+                                      std::vector<DeviceBytes> outputs, int64_t launches,
+                                      const std::function<absl::Status(bool, hipStream_t)>& launch) {
+  ASSERT_LE(inputs.size(), static_cast<size_t>(testing::kMaxSpinCopies));
+  hipStream_t stream = nullptr;
+  ASSERT_EQ(hipStreamCreate(&stream), hipSuccess);
+  const auto poison = [&] {
+    for (const DeviceBytes& o : outputs) ASSERT_EQ(hipMemset(o.data, 0xa5, o.size), hipSuccess);
+  };
+  poison();
+  ASSERT_TRUE(launch(false, stream).ok());
+  ASSERT_EQ(hipStreamSynchronize(stream), hipSuccess);
+  ASSERT_TRUE(test.Violations().ok()) << test.Violations();
+  std::vector<std::vector<uint8_t>> want;
+  for (const DeviceBytes& o : outputs) want.push_back(Read(o));
+  std::vector<DeviceBuffer<uint8_t>> real;
+  testing::SpinCopies copies;
+  for (const DeviceBytes& in : inputs) {
+    real.push_back(Upload(Read(in)));
+    copies.copy[copies.count++] =
+        testing::SpinCopy{in.data, real.back().data(), static_cast<int64_t>(in.size)};
+  }
+  const absl::StatusOr<bool> can = DeviceOverlapsLaunches();
+  ASSERT_TRUE(can.ok()) << can.status();
+  for (bool overlap : {true, false}) {
+    for (bool captured : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << (overlap ? "overlapping" : "plain")
+                                        << (captured ? ", captured" : ", on the stream"));
+      for (const DeviceBytes& in : inputs) ASSERT_EQ(hipMemset(in.data, 0, in.size), hipSuccess);
+      poison();
+      if (captured) {
+        ASSERT_EQ(hipStreamBeginCapture(stream, hipStreamCaptureModeThreadLocal), hipSuccess);
+      }
+      const hipError_t spun = testing::LaunchSpinThenCopy(testing::kAheadSpinCycles, copies, stream);
+      const absl::Status launched = launch(overlap, stream);
+      if (captured) {
+        hipGraph_t graph = nullptr;
+        ASSERT_EQ(hipStreamEndCapture(stream, &graph), hipSuccess);
+        int64_t programmatic = -1;
+        EXPECT_EQ(CountProgrammaticGraphEdges(graph, &programmatic), hipSuccess);
+        EXPECT_EQ(programmatic, overlap && *can ? launches : 0);
+        hipGraphExec_t exec = nullptr;
+        ASSERT_EQ(hipGraphInstantiate(&exec, graph, nullptr, nullptr, 0), hipSuccess);
+        EXPECT_EQ(hipGraphLaunch(exec, stream), hipSuccess);
+        EXPECT_EQ(hipStreamSynchronize(stream), hipSuccess);
+        EXPECT_EQ(hipGraphExecDestroy(exec), hipSuccess);
+        EXPECT_EQ(hipGraphDestroy(graph), hipSuccess);
+      }
+      ASSERT_EQ(spun, hipSuccess);
+      ASSERT_TRUE(launched.ok()) << launched;
+      ASSERT_EQ(hipStreamSynchronize(stream), hipSuccess);
+      for (size_t i = 0; i < outputs.size(); ++i) EXPECT_EQ(Read(outputs[i]), want[i]) << "output " << i;
+      EXPECT_TRUE(test.Violations().ok()) << test.Violations();
+    }
+  }
+  EXPECT_EQ(hipStreamDestroy(stream), hipSuccess);
+}
+
+// The launches of a graph replay after the fused one (the tree mask, the draft steps, the
+// split-KV plan) wait for the kernel ahead, which writes what they read (lengths, rows,
+// req_to_token, indptrs), when they overlap it (the default), on the stream and in a graph.
+// Where launches overlap (LaunchesOverlap) they start while that kernel spins: a read before
+// the wait would see zeros.
+TEST_F(GpuTest, ReplayLaunchesWaitForTheKernelAheadThatWritesTheirInputs) {
+  {
+    hipStream_t stream = nullptr;
+    ASSERT_EQ(hipStreamCreate(&stream), hipSuccess);
+    if (testing::LaunchesOverlap()) testing::ExpectAnOverlappingProbeStartsFirst(stream);
+    EXPECT_EQ(hipStreamDestroy(stream), hipSuccess);
+  }
+  {
+    SCOPED_TRACE("tree mask");
+    const std::vector<TokenLength> q = {TokenLength(3), TokenLength(4), TokenLength(2)};
+    const std::vector<TokenLength> kv = {TokenLength(10), TokenLength(7), TokenLength(9)};
+    std::vector<uint8_t> tree;
+    for (TokenLength l : q) {
+      for (int r = 0; r < l.value(); ++r) {
+        for (int c = 0; c < l.value(); ++c) tree.push_back(c <= r ? 1 : 0);
+      }
+    }
+    DeviceBuffer<TokenLength> d_q = Upload(q), d_kv = Upload(kv);
+    DeviceBuffer<uint8_t> d_tree = Upload(tree);
+    DeviceBuffer<int64_t> d_indptr = Upload(std::vector<int64_t>(4));
+    DeviceBuffer<uint8_t> d_mask = Upload(std::vector<uint8_t>(80));
+    ExpectTheLaunchWaitsForItsInputs(
+        *this, {BytesOf(d_q), BytesOf(d_kv), BytesOf(d_tree)}, {BytesOf(d_indptr), BytesOf(d_mask)},
+        1, [&](bool overlap, hipStream_t stream) {
+          TreeMaskDeviceArgs a{d_q.const_span(), d_kv.const_span(), d_tree.const_span(),
+                               d_indptr.span(),  d_mask.span(),     40};
+          a.overlap_preceding_kernel = overlap;
+          return BuildTreeMaskOnDevice(a, violation(), stream);
+        });
+  }
+  {
+    SCOPED_TRACE("draft step");
+    const BatchFixture f = MakeBatch(16, 3, 100, 40, 48);
+    DeviceBuffer<TokenSlot> d_table = Upload(std::vector<TokenSlot>{});
+    const DeviceReqToToken src = DeviceTable(f, d_table);
+    const DraftDecodeShape shape{2, 3};
+    DeviceBuffer<ReqPoolIndex> rows = Upload(f.rows());
+    // Committed lengths whose draft positions stay well inside the rows.
+    DeviceBuffer<TokenLength> lens =
+        Upload(std::vector<TokenLength>{TokenLength(20), TokenLength(35), TokenLength(50)});
+    const int64_t branches = 3 * shape.topk;
+    DeviceBuffer<TokenLength> kv_lens = Upload(std::vector<TokenLength>(branches));
+    DeviceBuffer<TokenOffset> kv_indptr = Upload(std::vector<TokenOffset>(branches + 1));
+    DeviceBuffer<TokenOffset> qo_indptr = Upload(std::vector<TokenOffset>(branches + 1));
+    DeviceBuffer<TokenLength> last = Upload(std::vector<TokenLength>(branches));
+    DeviceBuffer<TokenSlot> indices =
+        Upload(std::vector<TokenSlot>(branches * f.pool().max_context_len().value()));
+    ExpectTheLaunchWaitsForItsInputs(
+        *this, {BytesOf(d_table), BytesOf(rows), BytesOf(lens)},
+        {BytesOf(kv_lens), BytesOf(kv_indptr), BytesOf(qo_indptr), BytesOf(last), BytesOf(indices)},
+        2, [&](bool overlap, hipStream_t stream) {
+          DraftStepDeviceArgs a{src, f.pool_slots(), f.page_size(), rows.const_span(),
+                                lens.const_span(), shape, 2, kv_lens.span(), kv_indptr.span(),
+                                qo_indptr.span(), last.span(), indices.span()};
+          a.overlap_preceding_kernel = overlap;
+          return BuildDraftStepOnDevice(a, violation(), stream);
+        });
+  }
+  {
+    SCOPED_TRACE("split-KV plan");
+    std::vector<TokenOffset> qo = {TokenOffset(0)}, kv = {TokenOffset(0)};
+    for (int32_t i = 0; i < 30; ++i) {
+      qo.push_back(TokenOffset(qo.back().value() + 1 + i % 3));
+      kv.push_back(TokenOffset(kv.back().value() + 200 + 97 * i));
+    }
+    SplitKvOptions opt;
+    opt.layout = KvLayout::LinearPerToken();
+    opt.num_units = 16;
+    opt.kv_granularity = TokenCount(64);
+    opt.q_tile = TokenCount(2);
+    const SplitKvCapacity cap = SplitKvCapacityFor(NumQueryTiles(qo, opt.q_tile), opt.num_units);
+    DeviceBuffer<TokenOffset> d_qo = Upload(qo), d_kv = Upload(kv);
+    DeviceBuffer<SplitKvWorkItem> d_work = Upload(std::vector<SplitKvWorkItem>(cap.work_items, kPoisonItem));
+    DeviceBuffer<int32_t> d_units = Upload(std::vector<int32_t>(opt.num_units + 1));
+    DeviceBuffer<SplitKvReduceItem> d_reduce =
+        Upload(std::vector<SplitKvReduceItem>(cap.reduce_items, kPoisonReduce));
+    ExpectTheLaunchWaitsForItsInputs(
+        *this, {BytesOf(d_qo), BytesOf(d_kv)}, {BytesOf(d_work), BytesOf(d_units), BytesOf(d_reduce)},
+        1, [&](bool overlap, hipStream_t stream) {
+          SplitKvPlanDeviceArgs a{d_qo.const_span(), d_kv.const_span(), opt,
+                                  d_work.span(),      d_units.span(),    d_reduce.span()};
+          a.overlap_preceding_kernel = overlap;
+          return BuildSplitKvPlanOnDevice(a, violation(), stream);
+        });
   }
 }
 

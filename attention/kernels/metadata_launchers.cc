@@ -74,6 +74,12 @@ absl::StatusOr<int32_t> CachedDeviceAttribute(hipDeviceAttribute_t attr, absl::s
   return internal::CachedDeviceQuery(*cache, static_cast<int64_t>(attr), what, query);
 }
 
+// Whether a launch asked to overlap the kernel ahead does: where the device allows it.
+absl::StatusOr<bool> OverlapIfAsked(bool asked) {
+  if (!asked) return false;
+  return DeviceOverlapsLaunches();
+}
+
 }  // namespace
 
 absl::Status BuildPageTableOnDevice(const DeviceReqToToken& req_to_token, TokenCount pool_slots,
@@ -210,13 +216,9 @@ absl::Status BuildDecodeMetadataOnDevice(const DecodeMetadataDeviceArgs& a,
                    ? 1
                    : Passes(a.page_table_cols, kernels::kFusedMetadataPageTableColumnsPerPass));
   const int32_t row_blocks = FusedMetadataRowBlocks(static_cast<int64_t>(b), needed, wave_blocks);
-  bool overlap = false;
-  if (a.overlap_preceding_kernel) {
-    absl::StatusOr<bool> can = DeviceOverlapsLaunches();
-    if (!can.ok()) return can.status();
-    overlap = *can;
-  }
-  return LaunchResult(kernels::LaunchFusedMetadataKernel(p, row_blocks, overlap, stream),
+  absl::StatusOr<bool> overlap = OverlapIfAsked(a.overlap_preceding_kernel);
+  if (!overlap.ok()) return overlap.status();
+  return LaunchResult(kernels::LaunchFusedMetadataKernel(p, row_blocks, *overlap, stream),
                       "decode metadata");
 }
 
@@ -256,9 +258,11 @@ absl::Status BuildTreeMaskOnDevice(const TreeMaskDeviceArgs& a, kernels::DeviceV
   p.mask_capacity = static_cast<int64_t>(a.mask.size());
   p.padded_batch = static_cast<int32_t>(b);
   p.violation = violation;
+  absl::StatusOr<bool> overlap = OverlapIfAsked(a.overlap_preceding_kernel);
+  if (!overlap.ok()) return overlap.status();
   return LaunchResult(
       kernels::LaunchTreeMaskKernel(p, Passes(a.max_mask_bytes_per_row, kernels::kMetadataThreads),
-                                    stream),
+                                    *overlap, stream),
       "tree mask");
 }
 
@@ -316,7 +320,9 @@ absl::Status BuildDraftStepOnDevice(const DraftStepDeviceArgs& a,
   p.violation = violation;
   // A branch is at most a row of req_to_token; the grid-stride loop covers any length.
   const int32_t passes = std::min<int32_t>(64, Passes(src->stride, kernels::kMetadataThreads));
-  return LaunchResult(kernels::LaunchDraftStepKernels(p, passes, stream), "draft step");
+  absl::StatusOr<bool> overlap = OverlapIfAsked(a.overlap_preceding_kernel);
+  if (!overlap.ok()) return overlap.status();
+  return LaunchResult(kernels::LaunchDraftStepKernels(p, passes, *overlap, stream), "draft step");
 }
 
 // The kernel writes the host planner's items through its own plain structs.
@@ -376,7 +382,9 @@ absl::Status BuildSplitKvPlanOnDevice(const SplitKvPlanDeviceArgs& a,
   p.reduce = reinterpret_cast<kernels::SplitKvReduceEntry*>(a.reduce.data());
   p.reduce_capacity = static_cast<int64_t>(a.reduce.size());
   p.violation = violation;
-  return LaunchResult(kernels::LaunchSplitKvPlanKernel(p, stream), "split-KV plan");
+  absl::StatusOr<bool> overlap = OverlapIfAsked(a.overlap_preceding_kernel);
+  if (!overlap.ok()) return overlap.status();
+  return LaunchResult(kernels::LaunchSplitKvPlanKernel(p, *overlap, stream), "split-KV plan");
 }
 
 absl::Status GatherKvOnDevice(const GatherKvDeviceArgs& a, kernels::DeviceViolation* violation,

@@ -60,6 +60,12 @@ absl::StatusOr<int32_t> DeviceMultiprocessorCount();
 // runtime fails.
 absl::StatusOr<bool> DeviceOverlapsLaunches();
 
+// Overlapping the kernel ahead: a launcher whose args hold `overlap_preceding_kernel` (on by
+// default) lets the blocks of its launches start under the tail of the kernel ahead on the
+// stream where DeviceOverlapsLaunches says so (a plain launch elsewhere), and each block waits
+// for that kernel before it reads anything: right after any kernel, including one that writes
+// these inputs. False: plain launches.
+
 // Every array of a decode (or fixed-row extend) replay from the staged inputs of a padded
 // batch of B rows, in one kernel launch (kernels/metadata_kernels.h, FusedMetadataParams).
 struct DecodeMetadataDeviceArgs {
@@ -78,10 +84,7 @@ struct DecodeMetadataDeviceArgs {
   // The longest row the grid covers: a captured graph passes max_context_len so that it
   // replays any batch; 1 <= max_kv_len <= max_context_len (OutOfRange otherwise).
   TokenCount max_kv_len;
-  // The launch's blocks may start under the tail of the kernel ahead on the stream (where
-  // DeviceOverlapsLaunches says so; a plain launch elsewhere) and wait for it before they read
-  // anything: right after any kernel, including one that writes these inputs. False: a plain
-  // launch.
+  // See "Overlapping the kernel ahead" above.
   bool overlap_preceding_kernel = true;
 };
 // The checks BuildDecodeMetadataOnDevice makes before it launches, alone: a caller that
@@ -99,6 +102,7 @@ struct TreeMaskDeviceArgs {
   DeviceSpan<int64_t> mask_indptr;        // [B + 1]
   DeviceSpan<uint8_t> mask;               // capacity
   int64_t max_mask_bytes_per_row = 1;     // the grid's bound: max q_len * kv_len of a request
+  bool overlap_preceding_kernel = true;   // see "Overlapping the kernel ahead" above
 };
 absl::Status CheckTreeMaskArgs(const TreeMaskDeviceArgs& args);  // BuildTreeMaskOnDevice's checks
 absl::Status BuildTreeMaskOnDevice(const TreeMaskDeviceArgs& args,
@@ -122,6 +126,7 @@ struct DraftStepDeviceArgs {
   DeviceSpan<TokenOffset> qo_indptr;          // [B * topk + 1]
   DeviceSpan<TokenLength> kv_last_page_len;   // [B * topk]
   DeviceSpan<TokenSlot> kv_indices;           // capacity; entries past kv_indptr[B * topk] untouched
+  bool overlap_preceding_kernel = true;       // see "Overlapping the kernel ahead" above
 };
 absl::Status CheckDraftStepArgs(const DraftStepDeviceArgs& args);  // BuildDraftStepOnDevice's checks
 absl::Status BuildDraftStepOnDevice(const DraftStepDeviceArgs& args,
@@ -141,6 +146,7 @@ struct SplitKvPlanDeviceArgs {
   DeviceSpan<SplitKvWorkItem> work;         // the work buffer's capacity
   DeviceSpan<int32_t> unit_indptr;          // >= num_units + 1
   DeviceSpan<SplitKvReduceItem> reduce;     // the reduce buffer's capacity
+  bool overlap_preceding_kernel = true;     // see "Overlapping the kernel ahead" above
 };
 // BuildSplitKvPlanOnDevice's checks, alone.
 absl::Status CheckSplitKvPlanArgs(const SplitKvPlanDeviceArgs& args);
