@@ -62,7 +62,7 @@ struct IndptrParams {
   int32_t page_size;       // >= 1
   DeviceViolation* violation;
 };
-hipError_t LaunchIndptrKernel(const IndptrParams& p, hipStream_t stream);
+hipError_t LaunchIndptrKernel(const IndptrParams& p, bool overlap_preceding, hipStream_t stream);
 
 // page_table[i][j] = req_to_token[rows[i]][j * page_size] / page_size for
 // j < ceil(kv_lens[i] / page_size), else 0 (the padding page), for rows i < batch_size; rows
@@ -81,7 +81,8 @@ struct PageTableParams {
 // Columns one block pass of the page-table kernel covers.
 inline constexpr int32_t kPageTableThreads = 128;
 inline constexpr int32_t kPageTableColumnsPerPass = kPageTableThreads * 8;
-hipError_t LaunchPageTableKernel(const PageTableParams& p, int32_t passes, hipStream_t stream);
+hipError_t LaunchPageTableKernel(const PageTableParams& p, int32_t passes, bool overlap_preceding,
+                                 hipStream_t stream);
 
 // kv_indices[kv_indptr[i] + t] = req_to_token[rows[i]][start[i] + t], t < kv_indptr[i + 1] -
 // kv_indptr[i]. Grid (batch_size, passes). Violations: a row outside the table, a range past
@@ -98,7 +99,7 @@ struct TokenKvIndicesParams {
   DeviceViolation* violation;
 };
 hipError_t LaunchTokenKvIndicesKernel(const TokenKvIndicesParams& p, int32_t passes,
-                                      hipStream_t stream);
+                                      bool overlap_preceding, hipStream_t stream);
 
 // Everything a decode (or fixed-row extend) replay writes, in one launch, from the staged
 // rows and lengths of a padded batch: kv_indptr, qo_indptr, kv_last_page_len, kv_indices
@@ -228,7 +229,8 @@ struct GatherKvParams {
   DeviceViolation* violation;
   int32_t lanes_per_row;  // set by the launch function
 };
-hipError_t LaunchGatherKvKernel(const GatherKvParams& p, int32_t blocks, hipStream_t stream);
+hipError_t LaunchGatherKvKernel(const GatherKvParams& p, int32_t blocks, bool overlap_preceding,
+                                hipStream_t stream);
 
 // Whether the kernels of this build, as they run on the current device, wait for the kernel
 // ahead where they call WaitForPrecedingGrid (KernelWaitsForPrecedingGrid in hip_port.h, asked

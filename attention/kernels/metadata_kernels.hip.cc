@@ -330,6 +330,8 @@ __device__ inline void WritePageTableRow(const SlotSource& s, const int32_t* row
 }
 
 __global__ void __launch_bounds__(kIndptrThreads) IndptrKernel(IndptrParams p) {
+  WaitForPrecedingGrid();  // launched to overlap the kernel ahead: before any read
+  AllowDependentGridLaunch();
   __shared__ internal::BlockScratch<kIndptrThreads> scratch;
   int64_t carry = 0;
   if (threadIdx.x == 0) p.indptr[0] = 0;
@@ -357,6 +359,8 @@ __global__ void __launch_bounds__(kIndptrThreads) IndptrKernel(IndptrParams p) {
 }
 
 __global__ void __launch_bounds__(kPageTableThreads) PageTableKernel(PageTableParams p) {
+  WaitForPrecedingGrid();  // launched to overlap the kernel ahead: before any read
+  AllowDependentGridLaunch();
   const int32_t i = blockIdx.x;
   const int32_t* row = RowSlots(p.src, p.rows[i], i, p.violation);
   const int64_t len = CheckedLength(p.kv_lens[i], p.src.stride, i, p.violation);
@@ -367,6 +371,8 @@ __global__ void __launch_bounds__(kPageTableThreads) PageTableKernel(PageTablePa
 
 __global__ void __launch_bounds__(kTokenKvIndicesThreads)
     TokenKvIndicesKernel(TokenKvIndicesParams p) {
+  WaitForPrecedingGrid();  // launched to overlap the kernel ahead: before any read
+  AllowDependentGridLaunch();
   const int32_t i = blockIdx.x;
   const int64_t begin = p.kv_indptr[i];
   const int64_t end = p.kv_indptr[i + 1];
@@ -554,6 +560,8 @@ __global__ void __launch_bounds__(kThreads) TreeMaskKernel(TreeMaskParams p) {
 
 template <typename Word>
 __global__ void __launch_bounds__(kGatherThreads) GatherKvKernel(GatherKvParams p) {
+  WaitForPrecedingGrid();  // launched to overlap the kernel ahead: before any read
+  AllowDependentGridLaunch();
   int64_t total = p.cu_k[p.batch_size];
   const int64_t rows_ok = p.tok_capacity < p.out_rows ? p.tok_capacity : p.out_rows;
   if (total < 0 || total > rows_ok) {
@@ -820,20 +828,22 @@ __global__ void __launch_bounds__(kIndptrThreads) SplitKvPlanKernel(SplitKvPlanP
 
 }  // namespace
 
-hipError_t LaunchIndptrKernel(const IndptrParams& p, hipStream_t stream) {
-  IndptrKernel<<<1, kIndptrThreads, 0, stream>>>(p);
-  return hipGetLastError();
+hipError_t LaunchIndptrKernel(const IndptrParams& p, bool overlap_preceding, hipStream_t stream) {
+  return LaunchKernelAfterPreceding(overlap_preceding, IndptrKernel, dim3(1), dim3(kIndptrThreads),
+                                    0, stream, p);
 }
 
-hipError_t LaunchPageTableKernel(const PageTableParams& p, int32_t passes, hipStream_t stream) {
-  PageTableKernel<<<dim3(p.batch_size, passes), kPageTableThreads, 0, stream>>>(p);
-  return hipGetLastError();
+hipError_t LaunchPageTableKernel(const PageTableParams& p, int32_t passes, bool overlap_preceding,
+                                 hipStream_t stream) {
+  return LaunchKernelAfterPreceding(overlap_preceding, PageTableKernel, dim3(p.batch_size, passes),
+                                    dim3(kPageTableThreads), 0, stream, p);
 }
 
 hipError_t LaunchTokenKvIndicesKernel(const TokenKvIndicesParams& p, int32_t passes,
-                                      hipStream_t stream) {
-  TokenKvIndicesKernel<<<dim3(p.batch_size, passes), kTokenKvIndicesThreads, 0, stream>>>(p);
-  return hipGetLastError();
+                                      bool overlap_preceding, hipStream_t stream) {
+  return LaunchKernelAfterPreceding(overlap_preceding, TokenKvIndicesKernel,
+                                    dim3(p.batch_size, passes), dim3(kTokenKvIndicesThreads), 0,
+                                    stream, p);
 }
 
 hipError_t LaunchFusedMetadataKernel(const FusedMetadataParams& p, int32_t row_blocks,
@@ -875,7 +885,8 @@ hipError_t LaunchSplitKvPlanKernel(const SplitKvPlanParams& p, bool overlap_prec
                                     dim3(kIndptrThreads), 0, stream, p);
 }
 
-hipError_t LaunchGatherKvKernel(const GatherKvParams& p, int32_t blocks, hipStream_t stream) {
+hipError_t LaunchGatherKvKernel(const GatherKvParams& p, int32_t blocks, bool overlap_preceding,
+                                hipStream_t stream) {
   GatherKvParams q = p;
   const bool words16 = p.row_bytes % 16 == 0 &&
                        (reinterpret_cast<uintptr_t>(p.k_pool) | reinterpret_cast<uintptr_t>(p.v_pool) |
@@ -890,12 +901,10 @@ hipError_t LaunchGatherKvKernel(const GatherKvParams& p, int32_t blocks, hipStre
   const int64_t rows_per_block = kGatherThreads / q.lanes_per_row;
   const int32_t grid = static_cast<int32_t>(
       std::min<int64_t>(blocks, (p.out_rows + rows_per_block - 1) / rows_per_block + 1));
-  if (words16) {
-    GatherKvKernel<Word16><<<grid, kGatherThreads, 0, stream>>>(q);
-  } else {
-    GatherKvKernel<uint16_t><<<grid, kGatherThreads, 0, stream>>>(q);
-  }
-  return hipGetLastError();
+  return words16 ? LaunchKernelAfterPreceding(overlap_preceding, GatherKvKernel<Word16>, dim3(grid),
+                                               dim3(kGatherThreads), 0, stream, q)
+                 : LaunchKernelAfterPreceding(overlap_preceding, GatherKvKernel<uint16_t>,
+                                              dim3(grid), dim3(kGatherThreads), 0, stream, q);
 }
 
 // Never launched: the build's code for this device is asked what it was compiled for.

@@ -636,6 +636,87 @@ TEST_F(GpuTest, ReplayLaunchesWaitForTheKernelAheadThatWritesTheirInputs) {
   }
 }
 
+// The device twins launched on their own (kv_indices, the page table, indptr and last-page
+// lengths, the K/V gather) wait for the kernel ahead, which writes what they read, when they
+// overlap it (the default), on the stream and in a graph.
+TEST_F(GpuTest, TwinLaunchesWaitForTheKernelAheadThatWritesTheirInputs) {
+  {
+    hipStream_t stream = nullptr;
+    ASSERT_EQ(hipStreamCreate(&stream), hipSuccess);
+    if (testing::LaunchesOverlap()) testing::ExpectAnOverlappingProbeStartsFirst(stream);
+    EXPECT_EQ(hipStreamDestroy(stream), hipSuccess);
+  }
+  const BatchFixture f = MakeBatch(16, 5, 300, 7, 52);
+  auto m = BuildForwardMetadata(f.Batch(ForwardMode::kExtend), f.pool(), f.page_size());
+  ASSERT_TRUE(m.ok()) << m.status();
+  DeviceBuffer<TokenSlot> d_table = Upload(std::vector<TokenSlot>{});
+  const DeviceReqToToken src = DeviceTable(f, d_table);
+  DeviceBuffer<ReqPoolIndex> rows = Upload(f.rows());
+  DeviceBuffer<TokenLength> lens = Upload(f.kv_lens());
+  {
+    SCOPED_TRACE("kv_indices");
+    DeviceBuffer<TokenOffset> indptr = Upload(m->kv_indptr);
+    DeviceBuffer<TokenSlot> out = Upload(std::vector<TokenSlot>(m->kv_indices.size()));
+    ExpectTheLaunchWaitsForItsInputs(
+        *this, {BytesOf(d_table), BytesOf(rows), BytesOf(indptr)}, {BytesOf(out)}, 1,
+        [&](bool overlap, hipStream_t stream) {
+          TokenKvIndicesDeviceInputs in{src.table,       src.max_context_len, rows.const_span(),
+                                        indptr.const_span(), {}, f.pool().max_context_len(),
+                                        f.pool_slots()};
+          in.overlap_preceding_kernel = overlap;
+          return BuildTokenKvIndicesOnDevice(in, out.span(), stream, violation());
+        });
+  }
+  {
+    SCOPED_TRACE("page table");
+    const int64_t cols = f.pool().max_context_len().value() / 16 + 1;
+    DeviceBuffer<PageId> out = Upload(std::vector<PageId>(f.rows().size() * cols));
+    ExpectTheLaunchWaitsForItsInputs(
+        *this, {BytesOf(d_table), BytesOf(rows), BytesOf(lens)}, {BytesOf(out)}, 1,
+        [&](bool overlap, hipStream_t stream) {
+          return BuildPageTableOnDevice(src, f.pool_slots(), rows.const_span(), lens.const_span(),
+                                        f.page_size(), out.span(), cols, violation(), stream,
+                                        overlap);
+        });
+  }
+  {
+    SCOPED_TRACE("indptr and last-page lengths");
+    DeviceBuffer<TokenOffset> indptr = Upload(std::vector<TokenOffset>(f.rows().size() + 1));
+    DeviceBuffer<TokenLength> last = Upload(std::vector<TokenLength>(f.rows().size()));
+    ExpectTheLaunchWaitsForItsInputs(
+        *this, {BytesOf(lens)}, {BytesOf(indptr), BytesOf(last)}, 1,
+        [&](bool overlap, hipStream_t stream) {
+          return BuildIndptrOnDevice(lens.const_span(), indptr.span(), last.span(), f.page_size(),
+                                     violation(), stream, overlap);
+        });
+  }
+  {
+    SCOPED_TRACE("K/V gather");
+    auto g = GatherContextTokens(ContextGatherInputs{ForwardMode::kExtend, m->kv_indptr,
+                                                     m->kv_indices, m->kv_lens, f.pool_slots()});
+    ASSERT_TRUE(g.ok()) << g.status();
+    constexpr int32_t kHeads = 2, kHeadDim = 64;
+    const int64_t row = int64_t{kHeads} * kHeadDim * 2;
+    std::vector<uint8_t> pool(f.pool_slots().value() * row);
+    std::mt19937_64 rng(53);
+    for (uint8_t& b : pool) b = static_cast<uint8_t>(rng());
+    DeviceBuffer<uint8_t> k = Upload(pool), v = Upload(pool);
+    DeviceBuffer<TokenSlot> tok = Upload(g->tok_idx);
+    DeviceBuffer<TokenOffset> cu = Upload(g->cu_k);
+    DeviceBuffer<uint8_t> k_out = Upload(std::vector<uint8_t>(g->tok_idx.size() * row));
+    DeviceBuffer<uint8_t> v_out = Upload(std::vector<uint8_t>(g->tok_idx.size() * row));
+    ExpectTheLaunchWaitsForItsInputs(
+        *this, {BytesOf(k), BytesOf(v), BytesOf(tok), BytesOf(cu)}, {BytesOf(k_out), BytesOf(v_out)},
+        1, [&](bool overlap, hipStream_t stream) {
+          GatherKvDeviceArgs a{k.const_span(),   v.const_span(),  kHeads,          kHeadDim,
+                               KvElementType::kBf16, tok.const_span(), cu.const_span(),
+                               k_out.span(),     v_out.span()};
+          a.overlap_preceding_kernel = overlap;
+          return GatherKvOnDevice(a, violation(), stream);
+        });
+  }
+}
+
 class GuardGpuTest : public GpuTest {};
 
 // The draft-step kernels name a row outside the table, a negative committed length, draft

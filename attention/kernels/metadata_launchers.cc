@@ -16,11 +16,13 @@ namespace attnmeta {
 
 using internal::CheckNotNull;
 using internal::LaunchResult;
+using internal::OverlapIfAsked;
 using internal::Passes;
 
 absl::Status BuildIndptrOnDevice(DeviceSpan<const TokenLength> lens, DeviceSpan<TokenOffset> indptr,
                                  DeviceSpan<TokenLength> last_page_len, PageSize page_size,
-                                 kernels::DeviceViolation* violation, hipStream_t stream) {
+                                 kernels::DeviceViolation* violation, hipStream_t stream,
+                                 bool overlap_preceding_kernel) {
   if (indptr.size() != lens.size() + 1) {
     return absl::InvalidArgumentError(absl::StrCat("indptr has ", indptr.size(),
                                                    " entries, want lens + 1 = ", lens.size() + 1));
@@ -43,7 +45,9 @@ absl::Status BuildIndptrOnDevice(DeviceSpan<const TokenLength> lens, DeviceSpan<
   p.n = static_cast<int32_t>(lens.size());
   p.page_size = static_cast<int32_t>(page_size.tokens());
   p.violation = violation;
-  return LaunchResult(kernels::LaunchIndptrKernel(p, stream), "indptr");
+  absl::StatusOr<bool> overlap = OverlapIfAsked(overlap_preceding_kernel);
+  if (!overlap.ok()) return overlap.status();
+  return LaunchResult(kernels::LaunchIndptrKernel(p, *overlap, stream), "indptr");
 }
 
 namespace {
@@ -74,19 +78,14 @@ absl::StatusOr<int32_t> CachedDeviceAttribute(hipDeviceAttribute_t attr, absl::s
   return internal::CachedDeviceQuery(*cache, static_cast<int64_t>(attr), what, query);
 }
 
-// Whether a launch asked to overlap the kernel ahead does: where the device allows it.
-absl::StatusOr<bool> OverlapIfAsked(bool asked) {
-  if (!asked) return false;
-  return DeviceOverlapsLaunches();
-}
-
 }  // namespace
 
 absl::Status BuildPageTableOnDevice(const DeviceReqToToken& req_to_token, TokenCount pool_slots,
                                     DeviceSpan<const ReqPoolIndex> rows,
                                     DeviceSpan<const TokenLength> kv_lens, PageSize page_size,
                                     DeviceSpan<PageId> page_table, int64_t cols,
-                                    kernels::DeviceViolation* violation, hipStream_t stream) {
+                                    kernels::DeviceViolation* violation, hipStream_t stream,
+                                    bool overlap_preceding_kernel) {
   absl::StatusOr<kernels::SlotSource> src = Source(req_to_token, pool_slots, page_size);
   if (!src.ok()) return src.status();
   const int64_t bs = static_cast<int64_t>(rows.size());
@@ -113,9 +112,11 @@ absl::Status BuildPageTableOnDevice(const DeviceReqToToken& req_to_token, TokenC
   p.batch_size = static_cast<int32_t>(bs);
   p.cols = static_cast<int32_t>(cols);
   p.violation = violation;
-  return LaunchResult(
-      kernels::LaunchPageTableKernel(p, Passes(cols, kernels::kPageTableColumnsPerPass), stream),
-      "page table");
+  absl::StatusOr<bool> overlap = OverlapIfAsked(overlap_preceding_kernel);
+  if (!overlap.ok()) return overlap.status();
+  return LaunchResult(kernels::LaunchPageTableKernel(
+                          p, Passes(cols, kernels::kPageTableColumnsPerPass), *overlap, stream),
+                      "page table");
 }
 
 absl::StatusOr<int32_t> DeviceMultiprocessorCount() {
@@ -123,30 +124,7 @@ absl::StatusOr<int32_t> DeviceMultiprocessorCount() {
                                "hipDeviceGetAttribute(multiprocessor count)");
 }
 
-absl::StatusOr<bool> DeviceOverlapsLaunches() {
-  if (!kOverlappingLaunches) return false;
-  // One answer per device, as every overlapping launch asks. A build for older targets only
-  // runs on a newer device through the driver's JIT, and its kernels do not wait: an
-  // overlapping launch would read what the kernel ahead has yet to write.
-  static internal::DeviceValueCache* const cache = new internal::DeviceValueCache();
-  absl::StatusOr<int32_t> overlaps = internal::CachedDeviceQuery(
-      *cache, 0, "the compute capability or the kernels' compiled target",
-      [](int device, int32_t* value) {
-        *value = 0;
-        int major = 0;
-        if (const hipError_t err =
-                hipDeviceGetAttribute(&major, hipDeviceAttributeComputeCapabilityMajor, device);
-            err != hipSuccess || major < 9) {
-          return err;
-        }
-        bool waits = false;
-        const hipError_t err = kernels::KernelsWaitForPrecedingGrids(&waits);
-        *value = waits ? 1 : 0;
-        return err;
-      });
-  if (!overlaps.ok()) return overlaps.status();
-  return *overlaps != 0;
-}
+absl::StatusOr<bool> DeviceOverlapsLaunches() { return internal::DeviceOverlapsLaunches(); }
 
 absl::Status CheckDecodeMetadataArgs(const DecodeMetadataDeviceArgs& a) {
   absl::StatusOr<kernels::SlotSource> src = Source(a.req_to_token, a.pool_slots, a.page_size);
@@ -442,7 +420,9 @@ absl::Status GatherKvOnDevice(const GatherKvDeviceArgs& a, kernels::DeviceViolat
   p.violation = violation;
   // Enough blocks to fill a large GPU; each loops over rows.
   const int32_t blocks = static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(p.out_rows, 4096)));
-  return LaunchResult(kernels::LaunchGatherKvKernel(p, blocks, stream), "K/V gather");
+  absl::StatusOr<bool> overlap = OverlapIfAsked(a.overlap_preceding_kernel);
+  if (!overlap.ok()) return overlap.status();
+  return LaunchResult(kernels::LaunchGatherKvKernel(p, blocks, *overlap, stream), "K/V gather");
 }
 
 }  // namespace attnmeta

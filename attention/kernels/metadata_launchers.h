@@ -8,6 +8,12 @@
 // failed. What lives in device memory (rows, lengths, slots) is bounds-checked by the kernels:
 // they never read or write outside a buffer and record the first violation in `violation`
 // (DeviceViolationWord; may be null), which the caller checks after the stream.
+//
+// Overlapping the kernel ahead: every launcher here takes `overlap_preceding_kernel` (in its
+// args, or as its last parameter), on by default. Its launches' blocks may then start under the
+// tail of the kernel ahead on the stream where DeviceOverlapsLaunches says so (a plain launch
+// elsewhere), and each block waits for that kernel before it reads anything: right after any
+// kernel, including one that writes these inputs. False: plain launches.
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_METADATA_LAUNCHERS_H_
 #define ATTNMETA_ATTENTION_KERNELS_METADATA_LAUNCHERS_H_
@@ -38,7 +44,8 @@ struct DeviceReqToToken {
 // than INT32_MAX lengths.
 absl::Status BuildIndptrOnDevice(DeviceSpan<const TokenLength> lens, DeviceSpan<TokenOffset> indptr,
                                  DeviceSpan<TokenLength> last_page_len, PageSize page_size,
-                                 kernels::DeviceViolation* violation, hipStream_t stream);
+                                 kernels::DeviceViolation* violation, hipStream_t stream,
+                                 bool overlap_preceding_kernel = true);
 
 // The device twin of BuildPageTable: rows [0, bs) of `page_table` ([>= bs][cols] row-major),
 // the padding page past each row's pages. `pool_slots` bounds the slots read (0: unchecked).
@@ -47,7 +54,8 @@ absl::Status BuildPageTableOnDevice(const DeviceReqToToken& req_to_token, TokenC
                                     DeviceSpan<const ReqPoolIndex> rows,
                                     DeviceSpan<const TokenLength> kv_lens, PageSize page_size,
                                     DeviceSpan<PageId> page_table, int64_t cols,
-                                    kernels::DeviceViolation* violation, hipStream_t stream);
+                                    kernels::DeviceViolation* violation, hipStream_t stream,
+                                    bool overlap_preceding_kernel = true);
 
 // The multiprocessor count of the current device, asked of the runtime once per device (a
 // launcher sizes its grid by it on every call). Internal when the runtime fails.
@@ -59,12 +67,6 @@ absl::StatusOr<int32_t> DeviceMultiprocessorCount();
 // KernelsWaitForPrecedingGrids). Asked of the runtime once per device. Internal when the
 // runtime fails.
 absl::StatusOr<bool> DeviceOverlapsLaunches();
-
-// Overlapping the kernel ahead: a launcher whose args hold `overlap_preceding_kernel` (on by
-// default) lets the blocks of its launches start under the tail of the kernel ahead on the
-// stream where DeviceOverlapsLaunches says so (a plain launch elsewhere), and each block waits
-// for that kernel before it reads anything: right after any kernel, including one that writes
-// these inputs. False: plain launches.
 
 // Every array of a decode (or fixed-row extend) replay from the staged inputs of a padded
 // batch of B rows, in one kernel launch (kernels/metadata_kernels.h, FusedMetadataParams).
@@ -84,8 +86,7 @@ struct DecodeMetadataDeviceArgs {
   // The longest row the grid covers: a captured graph passes max_context_len so that it
   // replays any batch; 1 <= max_kv_len <= max_context_len (OutOfRange otherwise).
   TokenCount max_kv_len;
-  // See "Overlapping the kernel ahead" above.
-  bool overlap_preceding_kernel = true;
+    bool overlap_preceding_kernel = true;  // see "Overlapping the kernel ahead" above
 };
 // The checks BuildDecodeMetadataOnDevice makes before it launches, alone: a caller that
 // launches several kernels checks them all before it enqueues anything.
@@ -170,6 +171,7 @@ struct GatherKvDeviceArgs {
   DeviceSpan<const TokenOffset> cu_k;   // [bs + 1]
   DeviceSpan<uint8_t> k_out;            // [rows][num_kv_heads][head_dim]
   DeviceSpan<uint8_t> v_out;
+  bool overlap_preceding_kernel = true;  // see "Overlapping the kernel ahead" above
 };
 absl::Status GatherKvOnDevice(const GatherKvDeviceArgs& args, kernels::DeviceViolation* violation,
                               hipStream_t stream);

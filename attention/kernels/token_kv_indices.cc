@@ -63,9 +63,12 @@ absl::Status BuildTokenKvIndicesOnDevice(const TokenKvIndicesDeviceInputs& in,
   params.kv_indices_capacity = static_cast<int64_t>(kv_indices.size());
   params.batch_size = static_cast<int32_t>(bs);
   params.violation = violation;
+  absl::StatusOr<bool> overlap = internal::OverlapIfAsked(in.overlap_preceding_kernel);
+  if (!overlap.ok()) return overlap.status();
   return internal::LaunchResult(
       kernels::LaunchTokenKvIndicesKernel(
-          params, internal::Passes(in.max_kv_len.value(), kernels::kTokenKvIndicesTokensPerPass), stream),
+          params, internal::Passes(in.max_kv_len.value(), kernels::kTokenKvIndicesTokensPerPass),
+          *overlap, stream),
       "token kv_indices");
 }
 

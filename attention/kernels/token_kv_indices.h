@@ -30,6 +30,11 @@ struct TokenKvIndicesDeviceInputs {
   TokenCount max_kv_len;
   // Slots of the KV pool: slots read are checked against it (0: not checked).
   TokenCount pool_slots;
+  // The launch's blocks may start under the tail of the kernel ahead on the stream (where
+  // DeviceOverlapsLaunches in metadata_launchers.h says so; a plain launch elsewhere) and wait
+  // for it before they read anything: right after any kernel, including one that writes these
+  // inputs. False: a plain launch.
+  bool overlap_preceding_kernel = true;
 };
 
 // Checks the shapes, launches on `stream` and returns the launch error.

@@ -58,6 +58,38 @@ absl::StatusOr<int32_t> CachedDeviceQuery(DeviceValueCache& cache, int64_t key,
   });
 }
 
+// DeviceOverlapsLaunches (metadata_launchers.h), for every launcher: one answer per device. A
+// build for older targets only runs on a newer device through the driver's JIT, and its
+// kernels do not wait: an overlapping launch would read what the kernel ahead has yet to write.
+inline absl::StatusOr<bool> DeviceOverlapsLaunches() {
+  if (!kOverlappingLaunches) return false;
+  static DeviceValueCache* const cache = new DeviceValueCache();
+  absl::StatusOr<int32_t> overlaps = CachedDeviceQuery(
+      *cache, 0, "the compute capability or the kernels' compiled target",
+      [](int device, int32_t* value) {
+        *value = 0;
+        int major = 0;
+        if (const hipError_t err =
+                hipDeviceGetAttribute(&major, hipDeviceAttributeComputeCapabilityMajor, device);
+            err != hipSuccess || major < 9) {
+          return err;
+        }
+        bool waits = false;
+        const hipError_t err = kernels::KernelsWaitForPrecedingGrids(&waits);
+        *value = waits ? 1 : 0;
+        return err;
+      });
+  if (!overlaps.ok()) return overlaps.status();
+  return *overlaps != 0;
+}
+
+// Whether a launch asked to overlap the kernel ahead (overlap_preceding_kernel) does: where
+// the device allows it.
+inline absl::StatusOr<bool> OverlapIfAsked(bool asked) {
+  if (!asked) return false;
+  return DeviceOverlapsLaunches();
+}
+
 // Internal naming the kernel when its launch failed.
 inline absl::Status LaunchResult(hipError_t err, absl::string_view kernel) {
   if (err == hipSuccess) return absl::OkStatus();
