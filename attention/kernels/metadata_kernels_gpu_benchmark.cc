@@ -340,6 +340,19 @@ void RunGather(int64_t tokens, int heads, int head_dim, std::mt19937_64& rng, De
           copy});
 }
 
+// A device writer over `table` (the device copy of f's req_to_token) on `stream`.
+std::unique_ptr<DeviceMetadataWriter> MakeWriter(const testing::BatchFixture& f,
+                                                 const DeviceBuffer<TokenSlot>& table,
+                                                 hipStream_t stream, StagedUploads* uploads,
+                                                 bool overlap) {
+  DeviceMetadataWriter::Options options;
+  options.uploads = uploads;
+  options.overlap_launches = overlap;
+  return Unwrap(DeviceMetadataWriter::Create(
+      DeviceReqToToken{table.const_span(), f.pool().max_context_len()}, f.pool_slots(), stream,
+      options));
+}
+
 // The host time of one decode replay step: GraphState::Replay staging the batch and launching
 // the captured graph, and the GPU time of the step. `staged`: the inputs ride in the graph
 // launch (StagedUploads); else a copy call through a pinned slot precedes it. `overlap`: the
@@ -357,12 +370,7 @@ void RunReplayStep(bool staged, bool overlap = true) {
   std::unique_ptr<StagedUploads> uploads;
   if (staged) uploads = Unwrap(StagedUploads::Create(stream));
   HipDeviceMemory memory(stream, uploads.get());
-  DeviceMetadataWriter::Options options;
-  options.uploads = uploads.get();
-  options.overlap_launches = overlap;
-  auto writer = Unwrap(DeviceMetadataWriter::Create(
-      DeviceReqToToken{d_table.const_span(), f.pool().max_context_len()}, f.pool_slots(), stream,
-      options));
+  auto writer = MakeWriter(f, d_table, stream, uploads.get(), overlap);
   const BackendConfig config = testing::MakeTestConfig(
       ps, {.max_batch_size = bs, .max_context_len = ctx, .split_kv = false});
   auto state = Unwrap(GraphState::Create(config, &f.pool(), f.page_size(), &memory, writer.get()));
@@ -454,12 +462,7 @@ void RunDraftReplayStep(bool overlap) {
   {  // everything that uses the stream goes before it
   std::unique_ptr<StagedUploads> uploads = Unwrap(StagedUploads::Create(stream));
   HipDeviceMemory memory(stream, uploads.get());
-  DeviceMetadataWriter::Options options;
-  options.uploads = uploads.get();
-  options.overlap_launches = overlap;
-  auto writer = Unwrap(DeviceMetadataWriter::Create(
-      DeviceReqToToken{d_table.const_span(), f.pool().max_context_len()}, f.pool_slots(), stream,
-      options));
+  auto writer = MakeWriter(f, d_table, stream, uploads.get(), overlap);
   const BackendConfig config = testing::MakeTestConfig(
       ps, {.max_batch_size = bs, .max_context_len = max_len.value(), .split_kv = false,
            .topk = shape.topk, .steps = shape.steps});
