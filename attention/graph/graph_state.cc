@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "attention/metadata/lengths.h"
 
 namespace attnmeta {
 namespace {
@@ -470,7 +469,7 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
                                    views_.mask_indptr.subspan(0, bs + 1)};
   }
   v.max_q_len = TokenCount(max_q);
-  v.max_kv_len = MaxLength(batch.kv_lens);
+  v.max_kv_len = TokenCount(longest);
   r.split_kv = *counts;
   return r;
 }
