@@ -21,6 +21,8 @@
 #include "attention/graph/testing/graph_harness.h"
 #include "attention/kernels/device_metadata_writer.h"
 #include "attention/kernels/hip_device_memory.h"
+#include "attention/kernels/hip_port.h"
+#include "attention/kernels/metadata_launchers.h"
 #include "attention/kernels/staged_uploads.h"
 #include "attention/kernels/testing/spin.h"
 #include "attention/kernels/testing/device_buffer.h"
@@ -76,7 +78,8 @@ class DeviceGraphTest : public ::testing::TestWithParam<std::tuple<int64_t, bool
     std::unique_ptr<DeviceMetadataWriter> writer;
     std::unique_ptr<GraphState> state;
   };
-  void MakeDevice(const BatchFixture& f, const BackendConfig& config, bool staged) {
+  void MakeDevice(const BatchFixture& f, const BackendConfig& config, bool staged,
+                  DeviceMetadataWriter::Options options = {}) {
     device_ = std::make_unique<Device>();
     std::vector<TokenSlot> table(f.pool().table().begin(), f.pool().table().end());
     auto d_table = DeviceBuffer<TokenSlot>::FromHost(table);
@@ -88,7 +91,6 @@ class DeviceGraphTest : public ::testing::TestWithParam<std::tuple<int64_t, bool
       device_->uploads = *std::move(u);
     }
     device_->memory = std::make_unique<HipDeviceMemory>(stream_, device_->uploads.get());
-    DeviceMetadataWriter::Options options;
     options.uploads = device_->uploads.get();
     auto writer = DeviceMetadataWriter::Create(
         DeviceReqToToken{device_->table->const_span(), f.pool().max_context_len()}, f.pool_slots(),
@@ -222,6 +224,77 @@ TEST_P(DeviceGraphTest, ReplaysEqualTheHostWriterAndARegrowRecaptures) {
         EXPECT_EQ(d.Replay(stale, ReplayBatch{}).status().code(),
                   absl::StatusCode::kFailedPrecondition);
       }
+    }
+  }
+}
+
+// The writer's Options::overlap_launches reaches every launch it makes. A write captured from
+// the stream (the writer launching directly, without its own graphs) holds one programmatic
+// edge per launch after the first where launches overlap (the first follows the violation
+// word's memset, which nothing overlaps), and none with the option off: a decode write with the
+// split-KV plan (the fused launch, then the plan) and a draft-decode write of 3 steps (two
+// launches each).
+class WriterOverlapTest : public DeviceGraphTest {};
+
+TEST_F(WriterOverlapTest, OverlapLaunchesReachesEveryLaunch) {
+  constexpr int64_t kPs = 16;
+  const DraftDecodeShape shape{2, 3};
+  const int64_t row = MaxDraftRowTokens(TokenLength(512), shape, *PageSize::Create(kPs));
+  BatchFixture f(kPs, 71, /*num_pages=*/4000 / kPs + 64, /*max_reqs=*/12, /*max_context=*/row);
+  for (int i = 0; i < 8; ++i) f.AddSequence(100 + 30 * i, 1);
+  const absl::StatusOr<bool> can = DeviceOverlapsLaunches();
+  ASSERT_TRUE(can.ok()) << can.status();
+  for (bool overlap : {true, false}) {
+    for (bool draft : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << (overlap ? "overlapping" : "plain")
+                                        << (draft ? ", draft decode" : ", decode with split-KV"));
+      const BackendConfig config =
+          draft ? MakeTestConfig(kPs, {.max_batch_size = 8, .max_context_len = 512,
+                                       .split_kv = false, .topk = shape.topk, .steps = shape.steps})
+                : MakeTestConfig(kPs, {.max_batch_size = 8, .max_context_len = 512});
+      DeviceMetadataWriter::Options options;
+      options.use_graphs = false;
+      options.overlap_launches = overlap;
+      MakeDevice(f, config, /*staged=*/false, options);
+      ASSERT_FALSE(HasFatalFailure());
+      GraphState& d = *device_->state;
+      const ForwardMode mode = draft ? ForwardMode::kDraftDecode : ForwardMode::kDecode;
+      auto h = d.Capture(8, mode);
+      ASSERT_TRUE(h.ok()) << h.status();
+      ASSERT_TRUE(d.Replay(*h, ReplayBatch{f.rows(), f.kv_lens()}).ok());
+      ASSERT_EQ(hipStreamSynchronize(stream_), hipSuccess);
+      // The same write again, its launches captured from the stream.
+      const std::vector<TokenLength> host_kv(f.kv_lens().begin(), f.kv_lens().end());
+      const std::vector<TokenLength> host_q(8, TokenLength(1));
+      MetadataWriteRequest r;
+      r.mode = mode;
+      r.real_batch_size = 8;
+      r.padded_batch_size = 8;
+      r.padded_kv_len = GraphState::kPaddedKvLen;
+      r.page_size = f.page_size();
+      r.req_to_token = &f.pool();
+      r.page_table = !draft;
+      r.split_kv = !draft;
+      r.split_kv_options.layout = KvLayout::Paged(f.page_size());
+      r.split_kv_options.num_units = 7;
+      r.split_kv_options.kv_granularity = TokenCount(32);
+      r.split_kv_options.q_tile = TokenCount(4);
+      if (draft) r.draft_decode = shape;
+      r.q_len_per_request = TokenLength(1);
+      r.host_kv_lens = host_kv;
+      r.host_q_lens = host_q;
+      r.generation = d.generation();
+      ASSERT_EQ(hipStreamBeginCapture(stream_, hipStreamCaptureModeThreadLocal), hipSuccess);
+      const absl::Status written = device_->writer->WriteBatchArrays(r, d.buffers());
+      hipGraph_t graph = nullptr;
+      ASSERT_EQ(hipStreamEndCapture(stream_, &graph), hipSuccess);
+      EXPECT_TRUE(written.ok()) << written;
+      int64_t programmatic = -1;
+      EXPECT_EQ(CountProgrammaticGraphEdges(graph, &programmatic), hipSuccess);
+      const int64_t launches = draft ? 2 * shape.steps : 2;
+      EXPECT_EQ(programmatic, overlap && *can ? launches - 1 : 0);
+      EXPECT_EQ(hipGraphDestroy(graph), hipSuccess);
+      device_.reset();
     }
   }
 }

@@ -50,7 +50,9 @@ class DeviceMetadataWriter : public MetadataWriter {
     StagedUploads* uploads = nullptr;
     // Each metadata launch may start under the tail of the kernel ahead of it (the apply
     // kernel of the staged uploads, or the launch before it) and waits for it before reading
-    // anything (overlap_preceding_kernel in metadata_launchers.h). False: plain launches.
+    // anything (overlap_preceding_kernel in metadata_launchers.h). Without staged uploads the
+    // first launch follows the violation word's memset, which nothing overlaps. False: plain
+    // launches.
     bool overlap_launches = true;
   };
 

@@ -7,7 +7,8 @@
 // A launch function with `overlap_preceding` launches through LaunchKernelAfterPreceding
 // (hip_port.h): the blocks may start under the tail of the kernel ahead on the stream, and each
 // waits for it (WaitForPrecedingGrid) before it reads anything, so such a launch is right after
-// any kernel, one that writes its inputs included. Without it, a plain launch.
+// any kernel, one that writes its inputs included, provided that a kernel ahead which was itself
+// launched to overlap waits before it ends. Without it, a plain launch.
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_METADATA_KERNELS_H_
 #define ATTNMETA_ATTENTION_KERNELS_METADATA_KERNELS_H_

@@ -8,6 +8,11 @@ namespace attnmeta {
 namespace kernels {
 namespace {
 
+// Every kernel here starts with WaitForPrecedingGrid (it may be launched to overlap the kernel
+// ahead) and reads global memory with plain loads only, which the wait orders. A read-only
+// load (__ldg, LoadReadOnceGlobal16) must take its address from an OpaqueAfter value after
+// the wait (hip_port.h), or the compiler may move it above the wait.
+
 constexpr int kThreads = kMetadataThreads;
 // A pass of a kernel with kTokensPerPass and blocks of kBlock threads: kGroupUnroll groups
 // of 4 tokens per thread.
@@ -422,10 +427,11 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kFusedMetadataThreads, 12)
   constexpr int kBlock = kFusedMetadataThreads;
   __shared__ internal::BlockScratch<kBlock> scratch;
   // Launched to overlap the kernel ahead, the block waits for it before it reads anything:
-  // the staged rows and lengths and req_to_token are what kernels ahead write. Every address
-  // the block reads derives from its row and share, opaque after the wait (as in the decode
-  // kernel). A kernel launched to overlap this one may start once every block of this grid
-  // has started; its blocks then wait in the slots this grid leaves free.
+  // the staged rows and lengths and req_to_token are what kernels ahead write. Its loads are
+  // plain ones, which the wait orders; the row and share pass through OpaqueAfter too, so
+  // that a read-only load added to the helpers later still cannot move above the wait. A
+  // kernel launched to overlap this one may start once every block of this grid has started;
+  // its blocks then wait in the slots this grid leaves free.
   WaitForPrecedingGrid();
   AllowDependentGridLaunch();
   const int32_t i = static_cast<int32_t>(OpaqueAfter(int64_t{blockIdx.x}));
@@ -677,6 +683,9 @@ __global__ void __launch_bounds__(kThreads) DraftStepIndicesKernel(DraftStepPara
   const int32_t z = blockIdx.x;
   const int64_t begin = p.kv_indptr[z];
   int64_t n = p.kv_indptr[z + 1] - begin;
+  // The indptr launch ahead wrote these: a negative or decreasing entry can only come from a
+  // broken launch order, and still writes nothing outside kv_indices.
+  if (begin < 0 || n < 0) return;
   if (begin + n > p.kv_indices_capacity) {
     if (blockIdx.y == 0 && threadIdx.x == 0) {
       RecordViolation(p.violation, kTotalPastCapacity, z, begin + n, p.kv_indices_capacity);

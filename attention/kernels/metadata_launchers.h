@@ -13,7 +13,9 @@
 // args, or as its last parameter), on by default. Its launches' blocks may then start under the
 // tail of the kernel ahead on the stream where DeviceOverlapsLaunches says so (a plain launch
 // elsewhere), and each block waits for that kernel before it reads anything: right after any
-// kernel, including one that writes these inputs. False: plain launches.
+// kernel, including one that writes these inputs, provided that a kernel ahead which was
+// itself launched to overlap waits before it ends (every kernel of this project does; the
+// wait covers the kernel directly ahead only). False: plain launches.
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_METADATA_LAUNCHERS_H_
 #define ATTNMETA_ATTENTION_KERNELS_METADATA_LAUNCHERS_H_
@@ -86,7 +88,7 @@ struct DecodeMetadataDeviceArgs {
   // The longest row the grid covers: a captured graph passes max_context_len so that it
   // replays any batch; 1 <= max_kv_len <= max_context_len (OutOfRange otherwise).
   TokenCount max_kv_len;
-    bool overlap_preceding_kernel = true;  // see "Overlapping the kernel ahead" above
+  bool overlap_preceding_kernel = true;  // see "Overlapping the kernel ahead" above
 };
 // The checks BuildDecodeMetadataOnDevice makes before it launches, alone: a caller that
 // launches several kernels checks them all before it enqueues anything.

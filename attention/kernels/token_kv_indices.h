@@ -33,7 +33,7 @@ struct TokenKvIndicesDeviceInputs {
   // The launch's blocks may start under the tail of the kernel ahead on the stream (where
   // DeviceOverlapsLaunches in metadata_launchers.h says so; a plain launch elsewhere) and wait
   // for it before they read anything: right after any kernel, including one that writes these
-  // inputs. False: a plain launch.
+  // inputs (see metadata_launchers.h for the kernel ahead's part). False: a plain launch.
   bool overlap_preceding_kernel = true;
 };
 

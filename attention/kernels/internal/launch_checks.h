@@ -1,4 +1,5 @@
-// Checks every host launcher shares (no device code), and those the attention launchers
+// Checks every host launcher shares (no device code), whether a launch may overlap the kernel
+// ahead (DeviceOverlapsLaunches, OverlapIfAsked), and the checks the attention launchers
 // (paged_decode_launcher.cc, varlen_attention_launcher.cc) share: dims, the KV source, the
 // K/V pools and the vector-loaded buffers. Messages start with the caller's `op` name
 // ("decode attention", "varlen attention").
