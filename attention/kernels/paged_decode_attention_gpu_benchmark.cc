@@ -132,7 +132,7 @@ struct Row {
   int64_t bs, ctx, ps;
   int64_t items;  // work items of the plan (bs when not split)
   double bytes, us, copy_us, contiguous_us, read_us;
-  double pattern_us;  // the attention kernel's reads alone (LaunchHeadRowsRead)
+  double pattern_us;  // the attention kernel's reads alone through the row's slots (LaunchHeadRowsRead)
 };
 std::vector<Row> rows;
 
@@ -259,25 +259,8 @@ class Bench {
 
     Layout contiguous = MakeLayout("contiguous", s, sets, 1, false, /*shuffled=*/false);
     const double contiguous_us = TimeLayout(s, sets, launches, contiguous, variant, Split::kInLaunch);
-    // The kernel's reads alone over the contiguous layout's slots (set k's token (i, t) is slot
-    // 1 + k * tokens + i * ctx + t), the plan's items per sequence as equal chunks, as many
-    // blocks resident per multiprocessor as the plan is sized for. LaunchHeadRowsRead reads
-    // 256-byte rows with one block per KV head: head dim 128 and blocks of a whole group only
-    // (NaN, printed as -, otherwise).
-    double pattern_us = std::numeric_limits<double>::quiet_NaN();
-    if (dims.head_dim == 128 &&
-        Unwrap(DecodeBlocksPerWorkItem(dims.Attention(), variant)) == dims.kv_heads) {
-      const int32_t chunks = static_cast<int32_t>((last_items_ + s.bs - 1) / s.bs);
-      const int32_t resident = SplitOptions(variant).blocks_per_multiprocessor;
-      pattern_us = TimeUs(stream_, launches, [&](int i) {
-        BENCH_CHECK(GpuStatus(testing::LaunchHeadRowsRead(
-                                  pool_.k().data(), pool_.v().data(), 1 + (i % sets) * s.bs * s.ctx,
-                                  static_cast<int32_t>(s.bs), s.ctx, chunks, dims.kv_heads, sms_,
-                                  resident, pattern_sink_.data(), stream_),
-                              "LaunchHeadRowsRead"));
-      });
-    }
-    const Refs refs{copy_us_scaled, contiguous_us, read_us_scaled, pattern_us};
+    const Refs refs{copy_us_scaled, contiguous_us, read_us_scaled,
+                    ReadsAloneUs(s, sets, launches, contiguous, variant)};
     Report(RowOf(contiguous.name, variant, s, 1, bytes, contiguous_us, refs));
     struct Config {
       int64_t ps;
@@ -289,13 +272,15 @@ class Bench {
       Layout l = MakeLayout(absl::StrFormat("%s ps%d", c.page_table ? "page_table" : "kv_indices", c.ps),
                             s, sets, c.ps, c.page_table, true);
       const double us = TimeLayout(s, sets, launches, l, variant, Split::kInLaunch);
-      Report(RowOf(l.name, variant, s, c.ps, bytes, us, refs));
+      Refs layout_refs = refs;
+      layout_refs.pattern_us = ReadsAloneUs(s, sets, launches, l, variant);
+      Report(RowOf(l.name, variant, s, c.ps, bytes, us, layout_refs));
       if (last_items_ != s.bs && c.ps == 16 && !c.page_table) {
         const int64_t items = last_items_;
         const double launch_us = TimeLayout(s, sets, launches, l, variant, Split::kMergeLaunch);
-        Report(RowOf(l.name + " merge launch", variant, s, c.ps, bytes, launch_us, refs, items));
+        Report(RowOf(l.name + " merge launch", variant, s, c.ps, bytes, launch_us, layout_refs, items));
         const double nosplit_us = TimeLayout(s, sets, launches, l, variant, Split::kNone);
-        Report(RowOf(l.name + " nosplit", variant, s, c.ps, bytes, nosplit_us, refs, s.bs));
+        Report(RowOf(l.name + " nosplit", variant, s, c.ps, bytes, nosplit_us, layout_refs, s.bs));
       }
     }
   }
@@ -360,6 +345,29 @@ class Bench {
   // How a shape's plan is run: no split; split, merged by a second launch; split, merged in the
   // attention launch (merge counters).
   enum class Split { kNone, kMergeLaunch, kInLaunch };
+
+  // The kernel's reads alone through the layout's token slots (its kv_indices, which a
+  // page-table layout has too: the same slots), the last plan's items per sequence as equal
+  // chunks, as many blocks resident per multiprocessor as the plan is sized for.
+  // LaunchHeadRowsRead reads 256-byte rows with one block per KV head: head dim 128 and blocks
+  // of a whole group only (NaN, printed as -, otherwise).
+  double ReadsAloneUs(const Shape& s, int sets, int launches, const Layout& l, int32_t variant) {
+    if (dims.head_dim != 128 ||
+        Unwrap(DecodeBlocksPerWorkItem(dims.Attention(), variant)) != dims.kv_heads) {
+      return std::numeric_limits<double>::quiet_NaN();
+    }
+    const int64_t tokens = s.bs * s.ctx;
+    const int32_t chunks = static_cast<int32_t>((last_items_ + s.bs - 1) / s.bs);
+    const int32_t resident = SplitOptions(variant).blocks_per_multiprocessor;
+    return TimeUs(stream_, launches, [&](int i) {
+      const int32_t* slots = reinterpret_cast<const int32_t*>(l.kv_indices.data() + (i % sets) * tokens);
+      BENCH_CHECK(GpuStatus(testing::LaunchHeadRowsRead(
+                                pool_.k().data(), pool_.v().data(), slots,
+                                static_cast<int32_t>(s.bs), s.ctx, chunks, dims.kv_heads, sms_,
+                                resident, pattern_sink_.data(), stream_),
+                            "LaunchHeadRowsRead"));
+    });
+  }
 
   // Checks once, then times, the layout with the plan PlanDecodeSplitKv makes (unless kNone);
   // last_items_ is the plan's work items.

@@ -33,7 +33,7 @@ constexpr int kStepTokens = 32;  // tokens a warp reads per step
 constexpr int kRowWarps = 4;
 
 __global__ void __launch_bounds__(kRowWarps * 32)
-    HeadRowsReadKernel(const uint4* k, const uint4* v, int64_t first_slot, int32_t seqs,
+    HeadRowsReadKernel(const uint4* k, const uint4* v, const int32_t* token_slots, int32_t seqs,
                        int64_t ctx, int32_t chunks, int32_t kv_heads, uint32_t* sink) {
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -48,18 +48,24 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     const int64_t i = u / kv_heads / chunks;
     const int64_t lo = c * chunk_len;
     const int64_t hi = lo + chunk_len < ctx ? lo + chunk_len : ctx;
+    const int32_t* slots = token_slots + i * ctx;
     for (int64_t t0 = lo + kStepTokens * warp; t0 < hi; t0 += kStepTokens * kRowWarps) {
-      const uint4* row =
-          pool + ((first_slot + i * ctx + t0) * kv_heads + h) * kRowWords + lane % kRowWords;
+      // As in the attention kernel: lane j resolves token t0 + j's slot, then every lane reads
+      // its 16 bytes of each token's row.
+      const int32_t slot = t0 + lane < hi ? slots[t0 + lane] : 0;
+      const uint4* column = pool + h * kRowWords + lane % kRowWords;
       const int64_t token_words = int64_t{kv_heads} * kRowWords;
       uint4 x[kStepTokens];
       if (t0 + kStepTokens <= hi) {  // a whole step: every load unpredicated, all in flight
 #pragma unroll
-        for (int j = 0; j < kStepTokens; ++j) x[j] = row[j * token_words];
+        for (int j = 0; j < kStepTokens; ++j) {
+          x[j] = column[ATTNMETA_SHFL_IDX32(slot, j) * token_words];
+        }
       } else {
 #pragma unroll
         for (int j = 0; j < kStepTokens; ++j) {
-          x[j] = t0 + j < hi ? row[j * token_words] : make_uint4(0, 0, 0, 0);
+          const int32_t s = ATTNMETA_SHFL_IDX32(slot, j);
+          x[j] = t0 + j < hi ? column[s * token_words] : make_uint4(0, 0, 0, 0);
         }
       }
 #pragma unroll
@@ -71,7 +77,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
 
 }  // namespace
 
-hipError_t LaunchHeadRowsRead(const void* k_pool, const void* v_pool, int64_t first_slot,
+hipError_t LaunchHeadRowsRead(const void* k_pool, const void* v_pool, const int32_t* token_slots,
                               int32_t seqs, int64_t ctx, int32_t chunks, int32_t kv_heads,
                               int32_t multiprocessors, int32_t blocks_per_multiprocessor,
                               uint32_t* sink, hipStream_t stream) {
@@ -87,7 +93,7 @@ hipError_t LaunchHeadRowsRead(const void* k_pool, const void* v_pool, int64_t fi
       units, int64_t{multiprocessors} * std::min<int64_t>(blocks_per_multiprocessor, resident));
   if (blocks < 1) return hipErrorInvalidValue;
   HeadRowsReadKernel<<<static_cast<uint32_t>(blocks), kRowWarps * 32, 0, stream>>>(
-      static_cast<const uint4*>(k_pool), static_cast<const uint4*>(v_pool), first_slot, seqs, ctx,
+      static_cast<const uint4*>(k_pool), static_cast<const uint4*>(v_pool), token_slots, seqs, ctx,
       chunks, kv_heads, sink);
   return hipGetLastError();
 }
