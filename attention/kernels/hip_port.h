@@ -501,6 +501,16 @@ __device__ inline void AllowDependentGridLaunch() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
+// Whether the calling code has WaitForPrecedingGrid's instruction, as its compiler knew it:
+// what KernelWaitsForPrecedingGrid asks the runtime of a kernel, known at compile time (tests
+// compare the two).
+__device__ inline bool CompiledToWaitForPrecedingGrid() {
+#if defined(ATTNMETA_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return true;
+#else
+  return false;
+#endif
+}
 // `x` unchanged, as a value the compiler cannot know before this point. WaitForPrecedingGrid
 // orders what the compiler sees as memory accesses, and a load it takes as read-only (__ldg,
 // LoadReadOnceGlobal16) is not one of them: it may be moved above the wait. An address

@@ -25,24 +25,43 @@ namespace testing {
 inline constexpr int64_t kAheadSpinCycles = 1000000;
 
 inline constexpr char kNoOverlapHere[] =
-    "no overlapping launches here (AMD, a GPU before compute capability 9.0, or under "
-    "compute-sanitizer)";
+    "no overlapping launches here (AMD, a GPU before compute capability 9.0, a build for "
+    "targets before 9.0, or under compute-sanitizer)";
+
+// Whether this binary's device code that runs here waits for the kernel ahead (a build for
+// targets before 9.0, run on a newer GPU through the driver's JIT, does not), as a kernel
+// compiled with it reports.
+inline bool CompiledKernelsWait() {
+  DeviceBuffer<int32_t> waits = Upload(std::vector<int32_t>{-1});
+  EXPECT_EQ(LaunchCompiledWaitProbe(waits.data(), nullptr), hipSuccess);
+  EXPECT_EQ(hipDeviceSynchronize(), hipSuccess);
+  const std::vector<int32_t> w = Download(waits);
+  EXPECT_TRUE(w[0] == 0 || w[0] == 1) << w[0];
+  return w[0] == 1;
+}
 
 // Whether launches overlap here: a device that can (DeviceOverlapsLaunches), and not under
 // compute-sanitizer, which runs launches one after the other (seen with memcheck on the H200):
 // `run_all.sh --memcheck` sets ATTNMETA_GPU_SANITIZER, and the tests that need an overlap skip
-// under it. On a GPU of compute capability 9.0 or later the answer must be yes: the tests are
-// built for such a target (the default cuda_archs), so a no there is a broken check that would
-// make the overlap tests skip.
+// under it. DeviceOverlapsLaunches is held to what the device and the compiled code say: yes
+// on a GPU of compute capability 9.0 or later running code built to wait (the default
+// cuda_archs; a no there is a broken check that would make the overlap tests skip), and no
+// wherever the code does not wait (an overlapping launch would then read what the kernel
+// ahead has yet to write).
 inline bool LaunchesOverlap() {
   absl::StatusOr<bool> can = DeviceOverlapsLaunches();
   EXPECT_TRUE(can.ok()) << can.status();
   int major = 0;
   EXPECT_EQ(hipDeviceGetAttribute(&major, hipDeviceAttributeComputeCapabilityMajor, 0),
             hipSuccess);
-  if (kOverlappingLaunches && major >= 9) {
+  const bool waits = CompiledKernelsWait();
+  if (kOverlappingLaunches && major >= 9 && waits) {
     EXPECT_TRUE(can.ok() && *can) << "compute capability " << major
-                                  << " but DeviceOverlapsLaunches says no";
+                                  << ", kernels built to wait, but DeviceOverlapsLaunches says no";
+  }
+  if (!waits) {
+    EXPECT_FALSE(can.ok() && *can)
+        << "the kernels do not wait for the kernel ahead, but DeviceOverlapsLaunches says yes";
   }
   return can.ok() && *can && std::getenv("ATTNMETA_GPU_SANITIZER") == nullptr;
 }

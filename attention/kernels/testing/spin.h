@@ -37,6 +37,10 @@ hipError_t LaunchSpinThenCopy(int64_t cycles, const SpinCopies& copies, hipStrea
 // before that kernel ended.
 hipError_t LaunchOverlapProbe(const int32_t* flag, int32_t* seen, hipStream_t stream);
 
+// One thread stores in *waits whether the device code of this binary that runs here has
+// WaitForPrecedingGrid's instruction (CompiledToWaitForPrecedingGrid): 1 or 0.
+hipError_t LaunchCompiledWaitProbe(int32_t* waits, hipStream_t stream);
+
 }  // namespace testing
 }  // namespace attnmeta
 

@@ -41,6 +41,10 @@ __global__ void OverlapProbeKernel(const int32_t* flag, int32_t* seen) {
   *seen = before;
 }
 
+__global__ void CompiledWaitProbeKernel(int32_t* waits) {
+  *waits = CompiledToWaitForPrecedingGrid() ? 1 : 0;
+}
+
 }  // namespace
 
 hipError_t LaunchSpin(int64_t cycles, hipStream_t stream) {
@@ -57,6 +61,11 @@ hipError_t LaunchSpinThenCopy(int64_t cycles, const SpinCopies& copies, hipStrea
 hipError_t LaunchOverlapProbe(const int32_t* flag, int32_t* seen, hipStream_t stream) {
   return LaunchKernelAfterPreceding(true, OverlapProbeKernel, dim3(1), dim3(1), 0, stream, flag,
                                     seen);
+}
+
+hipError_t LaunchCompiledWaitProbe(int32_t* waits, hipStream_t stream) {
+  CompiledWaitProbeKernel<<<1, 1, 0, stream>>>(waits);
+  return hipGetLastError();
 }
 
 }  // namespace testing
