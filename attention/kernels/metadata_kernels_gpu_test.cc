@@ -37,6 +37,7 @@ namespace {
 
 using testing::BatchFixture;
 using testing::DeviceBuffer;
+using testing::BytesOf;
 using testing::Download;
 using testing::Upload;
 
@@ -468,87 +469,6 @@ TEST_F(GpuTest, SplitKvPlanEqualsTheHostPlanner) {
   }
 }
 
-// A device buffer's bytes, for the check below.
-struct DeviceBytes {
-  void* data;
-  size_t size;
-};
-template <typename T>
-DeviceBytes BytesOf(const DeviceBuffer<T>& b) {
-  return DeviceBytes{b.data(), b.size() * sizeof(T)};
-}
-std::vector<uint8_t> Read(DeviceBytes b) {
-  std::vector<uint8_t> host(b.size);
-  EXPECT_EQ(hipMemcpy(host.data(), b.data, b.size, hipMemcpyDeviceToHost), hipSuccess);
-  return host;
-}
-
-// `launch(overlap, stream)` makes `launches` kernel launches that read `inputs` (at most
-// testing::kMaxSpinCopies buffers) and write `outputs`. A plain launch on the inputs gives the
-// reference outputs. Then the launch runs after a kernel that spins for about half a
-// millisecond and only then writes the inputs (zero until then): overlapping and plain, on the
-// stream and captured in a graph (which holds `launches` programmatic edges when the launch
-// overlaps where DeviceOverlapsLaunches says so, none when it is plain), outputs poisoned
-// first. They must equal the reference. Where launches cannot overlap, or under
-// compute-sanitizer (which runs launches one after another), this compares plain launches.
-void ExpectTheLaunchWaitsForItsInputs(GpuTest& test, std::vector<DeviceBytes> inputs,
-                                      std::vector<DeviceBytes> outputs, int64_t launches,
-                                      const std::function<absl::Status(bool, hipStream_t)>& launch) {
-  ASSERT_LE(inputs.size(), static_cast<size_t>(testing::kMaxSpinCopies));
-  hipStream_t stream = nullptr;
-  ASSERT_EQ(hipStreamCreate(&stream), hipSuccess);
-  const auto poison = [&] {
-    for (const DeviceBytes& o : outputs) ASSERT_EQ(hipMemset(o.data, 0xa5, o.size), hipSuccess);
-  };
-  poison();
-  ASSERT_TRUE(launch(false, stream).ok());
-  ASSERT_EQ(hipStreamSynchronize(stream), hipSuccess);
-  ASSERT_TRUE(test.Violations().ok()) << test.Violations();
-  std::vector<std::vector<uint8_t>> want;
-  for (const DeviceBytes& o : outputs) want.push_back(Read(o));
-  std::vector<DeviceBuffer<uint8_t>> real;
-  testing::SpinCopies copies;
-  for (const DeviceBytes& in : inputs) {
-    real.push_back(Upload(Read(in)));
-    copies.copy[copies.count++] =
-        testing::SpinCopy{in.data, real.back().data(), static_cast<int64_t>(in.size)};
-  }
-  const absl::StatusOr<bool> can = DeviceOverlapsLaunches();
-  ASSERT_TRUE(can.ok()) << can.status();
-  for (bool overlap : {true, false}) {
-    for (bool captured : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << (overlap ? "overlapping" : "plain")
-                                        << (captured ? ", captured" : ", on the stream"));
-      for (const DeviceBytes& in : inputs) ASSERT_EQ(hipMemset(in.data, 0, in.size), hipSuccess);
-      poison();
-      if (captured) {
-        ASSERT_EQ(hipStreamBeginCapture(stream, hipStreamCaptureModeThreadLocal), hipSuccess);
-      }
-      const hipError_t spun = testing::LaunchSpinThenCopy(testing::kAheadSpinCycles, copies, stream);
-      const absl::Status launched = launch(overlap, stream);
-      if (captured) {
-        hipGraph_t graph = nullptr;
-        ASSERT_EQ(hipStreamEndCapture(stream, &graph), hipSuccess);
-        int64_t programmatic = -1;
-        EXPECT_EQ(CountProgrammaticGraphEdges(graph, &programmatic), hipSuccess);
-        EXPECT_EQ(programmatic, overlap && *can ? launches : 0);
-        hipGraphExec_t exec = nullptr;
-        ASSERT_EQ(hipGraphInstantiate(&exec, graph, nullptr, nullptr, 0), hipSuccess);
-        EXPECT_EQ(hipGraphLaunch(exec, stream), hipSuccess);
-        EXPECT_EQ(hipStreamSynchronize(stream), hipSuccess);
-        EXPECT_EQ(hipGraphExecDestroy(exec), hipSuccess);
-        EXPECT_EQ(hipGraphDestroy(graph), hipSuccess);
-      }
-      ASSERT_EQ(spun, hipSuccess);
-      ASSERT_TRUE(launched.ok()) << launched;
-      ASSERT_EQ(hipStreamSynchronize(stream), hipSuccess);
-      for (size_t i = 0; i < outputs.size(); ++i) EXPECT_EQ(Read(outputs[i]), want[i]) << "output " << i;
-      EXPECT_TRUE(test.Violations().ok()) << test.Violations();
-    }
-  }
-  EXPECT_EQ(hipStreamDestroy(stream), hipSuccess);
-}
-
 // The launches of a graph replay after the fused one (the tree mask, the draft steps, the
 // split-KV plan) wait for the kernel ahead, which writes what they read (lengths, rows,
 // req_to_token, indptrs), when they overlap it (the default), on the stream and in a graph.
@@ -575,14 +495,15 @@ TEST_F(GpuTest, ReplayLaunchesWaitForTheKernelAheadThatWritesTheirInputs) {
     DeviceBuffer<uint8_t> d_tree = Upload(tree);
     DeviceBuffer<int64_t> d_indptr = Upload(std::vector<int64_t>(4));
     DeviceBuffer<uint8_t> d_mask = Upload(std::vector<uint8_t>(80));
-    ExpectTheLaunchWaitsForItsInputs(
-        *this, {BytesOf(d_q), BytesOf(d_kv), BytesOf(d_tree)}, {BytesOf(d_indptr), BytesOf(d_mask)},
+    testing::ExpectTheLaunchWaitsForItsInputs(
+        {BytesOf(d_q), BytesOf(d_kv), BytesOf(d_tree)}, {BytesOf(d_indptr), BytesOf(d_mask)},
         1, [&](bool overlap, hipStream_t stream) {
           TreeMaskDeviceArgs a{d_q.const_span(), d_kv.const_span(), d_tree.const_span(),
                                d_indptr.span(),  d_mask.span(),     40};
           a.overlap_preceding_kernel = overlap;
           return BuildTreeMaskOnDevice(a, violation(), stream);
-        });
+        },
+        [&] { return Violations(); });
   }
   {
     SCOPED_TRACE("draft step");
@@ -601,8 +522,8 @@ TEST_F(GpuTest, ReplayLaunchesWaitForTheKernelAheadThatWritesTheirInputs) {
     DeviceBuffer<TokenLength> last = Upload(std::vector<TokenLength>(branches));
     DeviceBuffer<TokenSlot> indices =
         Upload(std::vector<TokenSlot>(branches * f.pool().max_context_len().value()));
-    ExpectTheLaunchWaitsForItsInputs(
-        *this, {BytesOf(d_table), BytesOf(rows), BytesOf(lens)},
+    testing::ExpectTheLaunchWaitsForItsInputs(
+        {BytesOf(d_table), BytesOf(rows), BytesOf(lens)},
         {BytesOf(kv_lens), BytesOf(kv_indptr), BytesOf(qo_indptr), BytesOf(last), BytesOf(indices)},
         2, [&](bool overlap, hipStream_t stream) {
           DraftStepDeviceArgs a{src, f.pool_slots(), f.page_size(), rows.const_span(),
@@ -610,7 +531,8 @@ TEST_F(GpuTest, ReplayLaunchesWaitForTheKernelAheadThatWritesTheirInputs) {
                                 qo_indptr.span(), last.span(), indices.span()};
           a.overlap_preceding_kernel = overlap;
           return BuildDraftStepOnDevice(a, violation(), stream);
-        });
+        },
+        [&] { return Violations(); });
   }
   {
     SCOPED_TRACE("split-KV plan");
@@ -630,14 +552,15 @@ TEST_F(GpuTest, ReplayLaunchesWaitForTheKernelAheadThatWritesTheirInputs) {
     DeviceBuffer<int32_t> d_units = Upload(std::vector<int32_t>(opt.num_units + 1));
     DeviceBuffer<SplitKvReduceItem> d_reduce =
         Upload(std::vector<SplitKvReduceItem>(cap.reduce_items, kPoisonReduce));
-    ExpectTheLaunchWaitsForItsInputs(
-        *this, {BytesOf(d_qo), BytesOf(d_kv)}, {BytesOf(d_work), BytesOf(d_units), BytesOf(d_reduce)},
+    testing::ExpectTheLaunchWaitsForItsInputs(
+        {BytesOf(d_qo), BytesOf(d_kv)}, {BytesOf(d_work), BytesOf(d_units), BytesOf(d_reduce)},
         1, [&](bool overlap, hipStream_t stream) {
           SplitKvPlanDeviceArgs a{d_qo.const_span(), d_kv.const_span(), opt,
                                   d_work.span(),      d_units.span(),    d_reduce.span()};
           a.overlap_preceding_kernel = overlap;
           return BuildSplitKvPlanOnDevice(a, violation(), stream);
-        });
+        },
+        [&] { return Violations(); });
   }
 }
 
@@ -662,38 +585,41 @@ TEST_F(GpuTest, TwinLaunchesWaitForTheKernelAheadThatWritesTheirInputs) {
     SCOPED_TRACE("kv_indices");
     DeviceBuffer<TokenOffset> indptr = Upload(m->kv_indptr);
     DeviceBuffer<TokenSlot> out = Upload(std::vector<TokenSlot>(m->kv_indices.size()));
-    ExpectTheLaunchWaitsForItsInputs(
-        *this, {BytesOf(d_table), BytesOf(rows), BytesOf(indptr)}, {BytesOf(out)}, 1,
+    testing::ExpectTheLaunchWaitsForItsInputs(
+        {BytesOf(d_table), BytesOf(rows), BytesOf(indptr)}, {BytesOf(out)}, 1,
         [&](bool overlap, hipStream_t stream) {
           TokenKvIndicesDeviceInputs in{src.table,       src.max_context_len, rows.const_span(),
                                         indptr.const_span(), {}, f.pool().max_context_len(),
                                         f.pool_slots()};
           in.overlap_preceding_kernel = overlap;
           return BuildTokenKvIndicesOnDevice(in, out.span(), stream, violation());
-        });
+        },
+        [&] { return Violations(); });
   }
   {
     SCOPED_TRACE("page table");
     const int64_t cols = f.pool().max_context_len().value() / 16 + 1;
     DeviceBuffer<PageId> out = Upload(std::vector<PageId>(f.rows().size() * cols));
-    ExpectTheLaunchWaitsForItsInputs(
-        *this, {BytesOf(d_table), BytesOf(rows), BytesOf(lens)}, {BytesOf(out)}, 1,
+    testing::ExpectTheLaunchWaitsForItsInputs(
+        {BytesOf(d_table), BytesOf(rows), BytesOf(lens)}, {BytesOf(out)}, 1,
         [&](bool overlap, hipStream_t stream) {
           return BuildPageTableOnDevice(src, f.pool_slots(), rows.const_span(), lens.const_span(),
                                         f.page_size(), out.span(), cols, violation(), stream,
                                         /*overlap_preceding_kernel=*/overlap);
-        });
+        },
+        [&] { return Violations(); });
   }
   {
     SCOPED_TRACE("indptr and last-page lengths");
     DeviceBuffer<TokenOffset> indptr = Upload(std::vector<TokenOffset>(f.rows().size() + 1));
     DeviceBuffer<TokenLength> last = Upload(std::vector<TokenLength>(f.rows().size()));
-    ExpectTheLaunchWaitsForItsInputs(
-        *this, {BytesOf(lens)}, {BytesOf(indptr), BytesOf(last)}, 1,
+    testing::ExpectTheLaunchWaitsForItsInputs(
+        {BytesOf(lens)}, {BytesOf(indptr), BytesOf(last)}, 1,
         [&](bool overlap, hipStream_t stream) {
           return BuildIndptrOnDevice(lens.const_span(), indptr.span(), last.span(), f.page_size(),
                                      violation(), stream, /*overlap_preceding_kernel=*/overlap);
-        });
+        },
+        [&] { return Violations(); });
   }
   {
     SCOPED_TRACE("K/V gather");
@@ -710,15 +636,16 @@ TEST_F(GpuTest, TwinLaunchesWaitForTheKernelAheadThatWritesTheirInputs) {
     DeviceBuffer<TokenOffset> cu = Upload(g->cu_k);
     DeviceBuffer<uint8_t> k_out = Upload(std::vector<uint8_t>(g->tok_idx.size() * row));
     DeviceBuffer<uint8_t> v_out = Upload(std::vector<uint8_t>(g->tok_idx.size() * row));
-    ExpectTheLaunchWaitsForItsInputs(
-        *this, {BytesOf(k), BytesOf(v), BytesOf(tok), BytesOf(cu)}, {BytesOf(k_out), BytesOf(v_out)},
+    testing::ExpectTheLaunchWaitsForItsInputs(
+        {BytesOf(k), BytesOf(v), BytesOf(tok), BytesOf(cu)}, {BytesOf(k_out), BytesOf(v_out)},
         1, [&](bool overlap, hipStream_t stream) {
           GatherKvDeviceArgs a{k.const_span(),   v.const_span(),  kHeads,          kHeadDim,
                                KvElementType::kBf16, tok.const_span(), cu.const_span(),
                                k_out.span(),     v_out.span()};
           a.overlap_preceding_kernel = overlap;
           return GatherKvOnDevice(a, violation(), stream);
-        });
+        },
+        [&] { return Violations(); });
   }
 }
 

@@ -257,14 +257,26 @@ struct TileBlock {
   Sequence s;
 };
 
+// Every kernel here may be launched to overlap the kernel ahead (LaunchKernelAfterPreceding):
+// it waits for that kernel before it reads anything, since the metadata, Q and the KV pool
+// are what kernels ahead write, and lets the kernel after it start. Its read-only loads
+// (__ldg, in Load16 and kv_source.h) take their addresses from the block index this returns,
+// opaque after the wait (hip_port.h), so that none can move above it.
+__device__ inline int32_t BlockAfterTheKernelAhead() {
+  WaitForPrecedingGrid();
+  AllowDependentGridLaunch();
+  return static_cast<int32_t>(OpaqueAfter(int64_t{blockIdx.x}));
+}
+
 // False when the block has no row of its sequence (the same for every thread of the block).
 // The tiles of one (sequence, head chunk) are neighbours in launch order (they read the same
 // K/V, which then comes from the L2), the last rows first: causal rows see the most.
-__device__ inline bool ResolveTileBlock(const VarlenAttentionParams& p, int32_t vectors, TileBlock& b) {
+__device__ inline bool ResolveTileBlock(const VarlenAttentionParams& p, int32_t block,
+                                        int32_t vectors, TileBlock& b) {
   const int32_t heads = p.heads_per_block;
   const int32_t group = p.num_q_heads / p.num_kv_heads;
   const int32_t chunks = group / heads;
-  int32_t x = static_cast<int32_t>(blockIdx.x);
+  int32_t x = block;
   const int32_t tile = p.q_tiles - 1 - x % p.q_tiles;
   x /= p.q_tiles;
   const int32_t chunk = x % chunks;
@@ -273,7 +285,7 @@ __device__ inline bool ResolveTileBlock(const VarlenAttentionParams& p, int32_t 
   b.seq = x / p.num_kv_heads;
   b.q_head0 = b.kv_head * group + chunk * heads;
   const int32_t rows_per_block = vectors / heads;
-  if (blockIdx.x == 0 && threadIdx.x == 0) CheckQueryRows(p);
+  if (block == 0 && threadIdx.x == 0) CheckQueryRows(p);
   b.s = ResolveSequence(p, b.seq, threadIdx.x == 0);
   b.row0 = tile * rows_per_block;
   if (b.row0 >= b.s.q_len) return false;
@@ -357,7 +369,8 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kCudaCoreThreads, 1) VarlenAttentionKerne
 
   const int tid = static_cast<int>(threadIdx.x);
   TileBlock b;
-  if (!ResolveTileBlock(p, kM, b)) return;  // the same for every thread of the block
+  // The same for every thread of the block:
+  if (!ResolveTileBlock(p, BlockAfterTheKernelAhead(), kM, b)) return;
   const Sequence& s = b.s;
   const int32_t heads = p.heads_per_block;
   const int32_t seq = b.seq, kv_head = b.kv_head, q_head0 = b.q_head0;
@@ -610,7 +623,8 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
   __shared__ int32_t slot_s[4][kN];  // tile i's position n: slot_s[i % 4][n], -1: not read
 
   TileBlock b;
-  if (!ResolveTileBlock(p, T::kM, b)) return;  // the same for every thread of the block
+  // The same for every thread of the block:
+  if (!ResolveTileBlock(p, BlockAfterTheKernelAhead(), T::kM, b)) return;
   const Sequence& s = b.s;
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid % 32;
@@ -889,13 +903,14 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS((kMmaBlockWarps<kHeadDim, kHalves> * 32),
 
   const int32_t group = p.num_q_heads / p.num_kv_heads;
   const int32_t chunks = MmaChunks<kHalves>(p);
-  int32_t x = static_cast<int32_t>(blockIdx.x);
+  const int32_t block = BlockAfterTheKernelAhead();
+  int32_t x = block;
   const int32_t chunk = x % chunks;
   x /= chunks;
   const int32_t kv_head = x % p.num_kv_heads;
   const int32_t seq = x / p.num_kv_heads;
   const int tid = static_cast<int>(threadIdx.x);
-  if (blockIdx.x == 0 && tid == 0) CheckQueryRows(p);
+  if (block == 0 && tid == 0) CheckQueryRows(p);
   const Sequence s = ResolveSequence(p, seq, tid == 0);
   const int32_t vec0 = chunk * kVecs;
   const int64_t vectors = int64_t{s.q_len} * group;
@@ -986,31 +1001,34 @@ hipError_t AllowDynamicSharedMemory(int bytes) {
 // The FULL-mask kernel apart: its step predicate reads mask bytes, and compiled into one kernel
 // with the others' it made them 25-35% slower on verify (docs/varlen_attention.md).
 template <typename Dtype, int kHeadDim, int kHalves>
-hipError_t LaunchShortQueries(const VarlenAttentionParams& p, hipStream_t stream) {
-  const int64_t blocks = int64_t{p.batch_size} * p.num_kv_heads * MmaChunks<kHalves>(p);
-  const uint32_t threads = kMmaBlockWarps<kHeadDim, kHalves> * 32;
-  if (p.mask_layout == kVarlenMaskFull) {
-    VarlenMmaKernel<Dtype, kHeadDim, /*kPortableMma=*/false, kHalves, /*kFullMask=*/true>
-        <<<static_cast<uint32_t>(blocks), threads, 0, stream>>>(p);
-  } else {
-    VarlenMmaKernel<Dtype, kHeadDim, /*kPortableMma=*/false, kHalves, /*kFullMask=*/false>
-        <<<static_cast<uint32_t>(blocks), threads, 0, stream>>>(p);
-  }
-  return hipGetLastError();
+hipError_t LaunchShortQueries(const VarlenAttentionParams& p, bool overlap_preceding,
+                              hipStream_t stream) {
+  const dim3 blocks(
+      static_cast<uint32_t>(int64_t{p.batch_size} * p.num_kv_heads * MmaChunks<kHalves>(p)));
+  const dim3 threads(kMmaBlockWarps<kHeadDim, kHalves> * 32);
+  constexpr auto kFull =
+      VarlenMmaKernel<Dtype, kHeadDim, /*kPortableMma=*/false, kHalves, /*kFullMask=*/true>;
+  constexpr auto kOther =
+      VarlenMmaKernel<Dtype, kHeadDim, /*kPortableMma=*/false, kHalves, /*kFullMask=*/false>;
+  return LaunchKernelAfterPreceding(overlap_preceding,
+                                    p.mask_layout == kVarlenMaskFull ? kFull : kOther, blocks,
+                                    threads, 0, stream, p);
 }
 
 template <typename Dtype, int kHeadDim>
-hipError_t Launch(const VarlenAttentionParams& p, hipStream_t stream) {
+hipError_t Launch(const VarlenAttentionParams& p, bool overlap_preceding, hipStream_t stream) {
   if (p.vector_chunks > 0) {
     // Chunks of 32 vectors where a sequence has more than 16, except at head dim 256, whose
     // registers hold one m-tile's accumulators only.
     if constexpr (kHeadDim <= 128) {
-      if (p.vector_chunks > 1) return LaunchShortQueries<Dtype, kHeadDim, 4>(p, stream);
+      if (p.vector_chunks > 1) {
+        return LaunchShortQueries<Dtype, kHeadDim, 4>(p, overlap_preceding, stream);
+      }
     }
-    return LaunchShortQueries<Dtype, kHeadDim, 2>(p, stream);
+    return LaunchShortQueries<Dtype, kHeadDim, 2>(p, overlap_preceding, stream);
   }
-  const int64_t blocks =
-      int64_t{p.batch_size} * p.q_tiles * (p.num_q_heads / p.heads_per_block);
+  const dim3 blocks(static_cast<uint32_t>(int64_t{p.batch_size} * p.q_tiles *
+                                          (p.num_q_heads / p.heads_per_block)));
   if (p.tiled_tensor_cores != 0) {
     // The FULL-mask kernel apart, as on the short-query path: its bitmap of whole tiles cost
     // causal extend 1-3% compiled into the kernel that runs it (docs/varlen_attention.md).
@@ -1021,35 +1039,35 @@ hipError_t Launch(const VarlenAttentionParams& p, hipStream_t stream) {
     const hipError_t err = full ? AllowDynamicSharedMemory<kFull>(T::kSharedBytes)
                                 : AllowDynamicSharedMemory<kOther>(T::kSharedBytes);
     if (err != hipSuccess) return err;
-    const auto kernel = full ? kFull : kOther;
-    kernel<<<static_cast<uint32_t>(blocks), T::kThreads, T::kSharedBytes, stream>>>(p);
-  } else {
-    VarlenAttentionKernel<Dtype, kHeadDim><<<static_cast<uint32_t>(blocks), kCudaCoreThreads, 0, stream>>>(p);
+    return LaunchKernelAfterPreceding(overlap_preceding, full ? kFull : kOther, blocks,
+                                      dim3(T::kThreads), T::kSharedBytes, stream, p);
   }
-  return hipGetLastError();
+  return LaunchKernelAfterPreceding(overlap_preceding, VarlenAttentionKernel<Dtype, kHeadDim>,
+                                    blocks, dim3(kCudaCoreThreads), 0, stream, p);
 }
 
 template <typename Dtype>
-hipError_t ByHeadDim(const VarlenAttentionParams& p, hipStream_t stream) {
+hipError_t ByHeadDim(const VarlenAttentionParams& p, bool overlap_preceding, hipStream_t stream) {
   switch (p.head_dim) {
     case 64:
-      return Launch<Dtype, 64>(p, stream);
+      return Launch<Dtype, 64>(p, overlap_preceding, stream);
     case 128:
-      return Launch<Dtype, 128>(p, stream);
+      return Launch<Dtype, 128>(p, overlap_preceding, stream);
     case 256:
-      return Launch<Dtype, 256>(p, stream);
+      return Launch<Dtype, 256>(p, overlap_preceding, stream);
   }
   return hipErrorInvalidValue;
 }
 
 }  // namespace
 
-hipError_t LaunchVarlenAttentionKernel(const VarlenAttentionParams& p, hipStream_t stream) {
+hipError_t LaunchVarlenAttentionKernel(const VarlenAttentionParams& p, bool overlap_preceding,
+                                       hipStream_t stream) {
   switch (p.dtype) {
     case kElementBf16:
-      return ByHeadDim<Bf16>(p, stream);
+      return ByHeadDim<Bf16>(p, overlap_preceding, stream);
     case kElementFp16:
-      return ByHeadDim<Fp16>(p, stream);
+      return ByHeadDim<Fp16>(p, overlap_preceding, stream);
   }
   return hipErrorInvalidValue;
 }

@@ -28,9 +28,10 @@
 //
 // Usage: varlen_attention_gpu_benchmark [OUT_DIR] [--dims=Q,KV,D]
 //            [--workload=extend|verify|verify_tree32]
-//            [--kernel=short_queries|tiled_tensor_cores|tiled_cuda_cores]
+//            [--kernel=short_queries|tiled_tensor_cores|tiled_cuda_cores] [--overlap=0|1]
 // --dims: query heads, KV heads and head dim of both workloads (default 32,8,128; the figures'
-// formulas take them); --workload: that workload only; --kernel: that kernel only.
+// formulas take them); --workload: that workload only; --kernel: that kernel only;
+// --overlap=0: plain launches (default 1: each may overlap the one ahead, the launcher's default).
 // Writes OUT_DIR/varlen_attention.csv and .md besides stdout. Needs a GPU; exits non-zero on
 // any error or mismatch.
 
@@ -69,6 +70,9 @@ using testing::BenchDims;
 
 // The attention shape (--dims=Q,KV,D). Set once in main, before anything reads it.
 BenchDims dims;
+// --overlap=0: VarlenAttentionArgs::overlap_preceding_kernel off (plain launches; the op's
+// name then ends in " plain").
+bool overlap = true;
 constexpr int64_t kMaxCopyBytes = int64_t{2} << 30;
 constexpr int64_t kMaxPageSize = 64;
 constexpr double kPeakTflops = 989;  // H200 dense bf16 tensor cores, NVIDIA spec sheet
@@ -170,7 +174,7 @@ class Bench {
         for (MaskLayout layout : layouts) {
           for (bool page_table : {false, true}) {
             const double us = TimeConfig(w, b, ps, layout, page_table, kernel);
-            Report({w.name, VarlenKernelName(kernel),
+            Report({std::string(w.name) + (overlap ? "" : " plain"), VarlenKernelName(kernel),
                     page_table ? "page_table" : "kv_indices",
                     layout == MaskLayout::kNone ? "causal" : std::string(MaskLayoutName(layout)),
                     w.bs, w.prefix, w.q_len, ps, flops, bytes, us, read_us, copy_us});
@@ -256,6 +260,7 @@ class Bench {
     a.out = out_.span();
     a.lse = lse_.span();
     a.kernel = kernel;
+    a.overlap_preceding_kernel = overlap;
     auto launch = [&] { BENCH_CHECK(VarlenAttention(a, word_->device(), stream_)); };
 
     BENCH_CHECK(word_->Reset(stream_));
@@ -418,6 +423,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "unknown kernel %s\n", arg.substr(9).c_str());
         return 2;
       }
+    } else if (arg == "--overlap=0" || arg == "--overlap=1") {
+      overlap = arg.back() == '1';
     } else if (arg.rfind("--", 0) == 0) {
       std::fprintf(stderr, "unknown flag %s\n", arg.c_str());
       return 2;

@@ -37,6 +37,7 @@
 #include "attention/kernels/testing/attention_inputs.h"
 #include "attention/kernels/testing/device_buffer.h"
 #include "attention/kernels/testing/gpu_test.h"
+#include "attention/kernels/testing/overlap.h"
 #include "attention/kernels/testing/upload.h"
 #include "attention/kernels/varlen_attention_launcher.h"
 #include "attention/metadata/builders.h"
@@ -997,6 +998,61 @@ TEST_F(VarlenGpuTest, BadInputsAreRefusedBeforeLaunch) {
   // The unedited arguments run.
   ASSERT_TRUE(VarlenAttention(good, nullptr, nullptr).ok());
   ASSERT_EQ(hipDeviceSynchronize(), hipSuccess);
+}
+
+class OverlapVarlenGpuTest : public testing::ViolationWordGpuTest {
+ protected:
+  // The recorded violation, then clears the word for the next launch.
+  absl::Status Violations() {
+    const absl::Status s = word_->Check(nullptr);
+    EXPECT_TRUE(word_->Reset(nullptr).ok());
+    return s;
+  }
+};
+
+// Q, the K and V pools and the KV source's indices or page table hold zeros until a kernel
+// ahead writes them at its end. A launch overlapping that kernel (the default) waits for it
+// before it reads anything: on every kernel path, through both KV sources, causal extend and a
+// FULL-mask verify, on the stream and captured in a graph (one programmatic edge where
+// launches overlap), its results are those of a plain launch on the real inputs.
+TEST_F(OverlapVarlenGpuTest, OverlappingLaunchWaitsForTheKernelAheadThatWritesItsInputs) {
+  if (testing::LaunchesOverlap()) {
+    hipStream_t stream = nullptr;
+    ASSERT_EQ(hipStreamCreate(&stream), hipSuccess);
+    testing::ExpectAnOverlappingProbeStartsFirst(stream);
+    EXPECT_EQ(hipStreamDestroy(stream), hipSuccess);
+  }
+  const Problem problems[] = {
+      MakeExtend(Dims(32, 8, 128, KvElementType::kBf16), 16, /*cached=*/{0, 40, 300},
+                 /*new_tokens=*/{37, 70, 17}, 801),
+      MakeVerify(Dims(32, 8, 128, KvElementType::kFp16), 16, {100, 1, 18, 333}, BinaryTrees(4, 8),
+                 8, MaskLayout::kFull, 802)};
+  for (const Problem& p : problems) {
+    SCOPED_TRACE(p.what);
+    const DeviceProblem d = ToDevice(p);
+    DeviceBuffer<uint8_t> out = *DeviceBuffer<uint8_t>::Create(d.q.size());
+    DeviceBuffer<float> lse = *DeviceBuffer<float>::Create(p.rows() * p.dims.num_q_heads);
+    for (VarlenKernel kernel : KernelsFor(p)) {
+      for (bool page_table : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << VarlenKernelName(kernel)
+                                          << (page_table ? ", page table" : ", token-level"));
+        const DecodeKv kv = page_table ? d.PageLevel() : d.TokenLevel();
+        const testing::DeviceBytes indices =
+            page_table ? testing::BytesOf(d.page_table) : testing::BytesOf(d.kv_indices);
+        testing::ExpectTheLaunchWaitsForItsInputs(
+            {testing::BytesOf(d.q), testing::BytesOf(d.k), testing::BytesOf(d.v), indices},
+            {testing::BytesOf(out), testing::BytesOf(lse)}, 1,
+            [&](bool overlap, hipStream_t stream) {
+              VarlenAttentionArgs a = Args(p.dims, d, kv, out, lse);
+              a.kernel = kernel;
+              a.overlap_preceding_kernel = overlap;
+              return VarlenAttention(a, word_->device(), stream);
+            },
+            [&] { return Violations(); });
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
 }
 
 // Corrupted device-resident metadata: the kernel stays in bounds (memcheck), skips what it

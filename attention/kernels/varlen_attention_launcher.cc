@@ -211,7 +211,9 @@ absl::Status VarlenAttention(const VarlenAttentionArgs& a, kernels::DeviceViolat
   p.dtype = internal::ElementDtypeOf(a.dims.dtype);
   p.softmax_scale = a.dims.softmax_scale;
   p.violation = violation;
-  return LaunchResult(kernels::LaunchVarlenAttentionKernel(p, stream), "varlen attention");
+  const absl::StatusOr<bool> overlap = internal::OverlapIfAsked(a.overlap_preceding_kernel);
+  if (!overlap.ok()) return overlap.status();
+  return LaunchResult(kernels::LaunchVarlenAttentionKernel(p, *overlap, stream), kOp);
 }
 
 }  // namespace attnmeta

@@ -90,6 +90,12 @@ struct VarlenAttentionArgs {
   // where it is the portable form (AMD). The others force one (kShortQueries past that bound is
   // InvalidArgument).
   VarlenKernel kernel = VarlenKernel::kAuto;
+  // The launch may start under the tail of the kernel ahead on the stream (where
+  // DeviceOverlapsLaunches says so; plain elsewhere): its blocks wait for that kernel before
+  // they read anything, so it is right after any kernel, the metadata launches that write what
+  // it reads included. What it hides is the gap between the two launches and its blocks'
+  // ramp-up. A captured graph keeps it as a programmatic edge.
+  bool overlap_preceding_kernel = true;
 };
 
 // Errors, before anything is launched (nothing written):
@@ -114,7 +120,7 @@ struct VarlenAttentionArgs {
 //   - a grid of more than 2^24 blocks, 2^23 for kTiledTensorCores (bs * ceil(max_q_len / rows
 //     per block) * num_q_heads / heads per block, or bs * num_kv_heads * vector chunks on the
 //     short-query path), checked without overflow for any claimed sizes.
-//  Internal: the launch failed.
+//  Internal: the launch failed, or the runtime did not say whether launches overlap here.
 // What lives in device memory is not an error here: the kernel records it in `violation`
 // (may be null; varlen_attention.h lists the kinds).
 absl::Status VarlenAttention(const VarlenAttentionArgs& args, kernels::DeviceViolation* violation,

@@ -1,14 +1,17 @@
 // What the GPU tests of launches that overlap the kernel ahead (LaunchKernelAfterPreceding in
 // hip_port.h) share: whether launches overlap here, the proof that an overlapping launch does
-// start before the kernel ahead ends, and the copies a kernel ahead makes (testing/spin.h).
+// start before the kernel ahead ends, the copies a kernel ahead makes (testing/spin.h), and
+// the check that a launch waits for a kernel ahead that writes its inputs late.
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_TESTING_OVERLAP_H_
 #define ATTNMETA_ATTENTION_KERNELS_TESTING_OVERLAP_H_
 
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "attention/kernels/hip_port.h"
 #include "attention/kernels/metadata_launchers.h"
@@ -101,6 +104,91 @@ inline void ExpectAnOverlappingProbeStartsFirst(hipStream_t stream) {
   ASSERT_EQ(hipStreamSynchronize(stream), hipSuccess);
   EXPECT_EQ(Download(seen), std::vector<int32_t>{0}) << "the probe saw the flag set: no overlap";
   EXPECT_EQ(Download(flag), std::vector<int32_t>{1});
+}
+
+// A device buffer's bytes, for ExpectTheLaunchWaitsForItsInputs.
+struct DeviceBytes {
+  void* data;
+  size_t size;
+};
+template <typename T>
+inline DeviceBytes BytesOf(const DeviceBuffer<T>& b) {
+  return DeviceBytes{b.data(), b.size() * sizeof(T)};
+}
+inline std::vector<uint8_t> ReadBytes(DeviceBytes b) {
+  std::vector<uint8_t> host(b.size);
+  EXPECT_EQ(hipMemcpy(host.data(), b.data, b.size, hipMemcpyDeviceToHost), hipSuccess);
+  return host;
+}
+
+// `launch(overlap, stream)` makes `launches` kernel launches that read `inputs` (at most
+// testing::kMaxSpinCopies buffers) and write `outputs`. A plain launch on the inputs gives the
+// reference outputs. Then the launch runs after a kernel that spins for about half a
+// millisecond and only then writes the inputs (zero until then): overlapping and plain, on the
+// stream and captured in a graph (which holds `launches` programmatic edges when the launch
+// overlaps where DeviceOverlapsLaunches says so, none when it is plain), outputs poisoned
+// first. They must equal the reference. Where launches cannot overlap, or under
+// compute-sanitizer (which runs launches one after another), this compares plain launches.
+// `violations()` returns what the launches recorded (and clears it): it must be OK after each.
+inline void ExpectTheLaunchWaitsForItsInputs(
+    std::vector<DeviceBytes> inputs, std::vector<DeviceBytes> outputs, int64_t launches,
+    const std::function<absl::Status(bool, hipStream_t)>& launch,
+    const std::function<absl::Status()>& violations) {
+  ASSERT_LE(inputs.size(), static_cast<size_t>(kMaxSpinCopies));
+  hipStream_t stream = nullptr;
+  ASSERT_EQ(hipStreamCreate(&stream), hipSuccess);
+  const auto poison = [&] {
+    for (const DeviceBytes& o : outputs) ASSERT_EQ(hipMemset(o.data, 0xa5, o.size), hipSuccess);
+  };
+  poison();
+  ASSERT_TRUE(launch(false, stream).ok());
+  ASSERT_EQ(hipStreamSynchronize(stream), hipSuccess);
+  ASSERT_TRUE(violations().ok()) << violations();
+  std::vector<std::vector<uint8_t>> want;
+  for (const DeviceBytes& o : outputs) want.push_back(ReadBytes(o));
+  std::vector<DeviceBuffer<uint8_t>> real;
+  SpinCopies copies;
+  for (const DeviceBytes& in : inputs) {
+    real.push_back(Upload(ReadBytes(in)));
+    copies.copy[copies.count++] =
+        SpinCopy{in.data, real.back().data(), static_cast<int64_t>(in.size)};
+  }
+  const absl::StatusOr<bool> can = DeviceOverlapsLaunches();
+  ASSERT_TRUE(can.ok()) << can.status();
+  for (bool overlap : {true, false}) {
+    for (bool captured : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << (overlap ? "overlapping" : "plain")
+                                        << (captured ? ", captured" : ", on the stream"));
+      for (const DeviceBytes& in : inputs) ASSERT_EQ(hipMemset(in.data, 0, in.size), hipSuccess);
+      poison();
+      if (captured) {
+        ASSERT_EQ(hipStreamBeginCapture(stream, hipStreamCaptureModeThreadLocal), hipSuccess);
+      }
+      const hipError_t spun = LaunchSpinThenCopy(kAheadSpinCycles, copies, stream);
+      const absl::Status launched = launch(overlap, stream);
+      if (captured) {
+        hipGraph_t graph = nullptr;
+        ASSERT_EQ(hipStreamEndCapture(stream, &graph), hipSuccess);
+        int64_t programmatic = -1;
+        EXPECT_EQ(CountProgrammaticGraphEdges(graph, &programmatic), hipSuccess);
+        EXPECT_EQ(programmatic, overlap && *can ? launches : 0);
+        hipGraphExec_t exec = nullptr;
+        ASSERT_EQ(hipGraphInstantiate(&exec, graph, nullptr, nullptr, 0), hipSuccess);
+        EXPECT_EQ(hipGraphLaunch(exec, stream), hipSuccess);
+        EXPECT_EQ(hipStreamSynchronize(stream), hipSuccess);
+        EXPECT_EQ(hipGraphExecDestroy(exec), hipSuccess);
+        EXPECT_EQ(hipGraphDestroy(graph), hipSuccess);
+      }
+      ASSERT_EQ(spun, hipSuccess);
+      ASSERT_TRUE(launched.ok()) << launched;
+      ASSERT_EQ(hipStreamSynchronize(stream), hipSuccess);
+      for (size_t i = 0; i < outputs.size(); ++i) {
+        EXPECT_EQ(ReadBytes(outputs[i]), want[i]) << "output " << i;
+      }
+      EXPECT_TRUE(violations().ok()) << violations();
+    }
+  }
+  EXPECT_EQ(hipStreamDestroy(stream), hipSuccess);
 }
 
 }  // namespace testing
