@@ -242,12 +242,7 @@ void ExpectFusedEqualsTheHostWriter(GpuTest& test, int64_t ps, int real, int64_t
         const absl::StatusOr<bool> can = DeviceOverlapsLaunches();
         ASSERT_TRUE(can.ok()) << can.status();
         EXPECT_EQ(programmatic, ahead->overlap && *can && !ahead->memset_between ? 1 : 0);
-        hipGraphExec_t exec = nullptr;
-        ASSERT_EQ(hipGraphInstantiate(&exec, graph, nullptr, nullptr, 0), hipSuccess);
-        EXPECT_EQ(hipGraphLaunch(exec, ahead->stream), hipSuccess);
-        EXPECT_EQ(hipStreamSynchronize(ahead->stream), hipSuccess);
-        EXPECT_EQ(hipGraphExecDestroy(exec), hipSuccess);
-        EXPECT_EQ(hipGraphDestroy(graph), hipSuccess);
+        testing::LaunchGraphOnce(graph, ahead->stream);
       }
       ASSERT_EQ(spun, hipSuccess);
       ASSERT_TRUE(launched.ok()) << launched;

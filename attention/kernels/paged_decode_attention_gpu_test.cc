@@ -283,13 +283,8 @@ Result RunDecodeOnce(const DecodeAttentionDims& dims, const DeviceProblem& d, in
   r.status = PagedDecodeAttention(a, violation, stream);
   if (captured) {
     hipGraph_t graph = nullptr;
-    hipGraphExec_t exec = nullptr;
     EXPECT_EQ(hipStreamEndCapture(stream, &graph), hipSuccess);
-    EXPECT_EQ(hipGraphInstantiate(&exec, graph, nullptr, nullptr, 0), hipSuccess);
-    EXPECT_EQ(hipGraphLaunch(exec, stream), hipSuccess);
-    EXPECT_EQ(hipStreamSynchronize(stream), hipSuccess);
-    EXPECT_EQ(hipGraphExecDestroy(exec), hipSuccess);
-    EXPECT_EQ(hipGraphDestroy(graph), hipSuccess);
+    testing::LaunchGraphOnce(graph, stream);
   }
   EXPECT_EQ(hipDeviceSynchronize(), hipSuccess);
   r.out_bytes = Download(out);

@@ -106,6 +106,16 @@ inline void ExpectAnOverlappingProbeStartsFirst(hipStream_t stream) {
   EXPECT_EQ(Download(flag), std::vector<int32_t>{1});
 }
 
+// Runs a captured graph once on `stream` and waits for it, then destroys the graph.
+inline void LaunchGraphOnce(hipGraph_t graph, hipStream_t stream) {
+  hipGraphExec_t exec = nullptr;
+  ASSERT_EQ(hipGraphInstantiate(&exec, graph, nullptr, nullptr, 0), hipSuccess);
+  EXPECT_EQ(hipGraphLaunch(exec, stream), hipSuccess);
+  EXPECT_EQ(hipStreamSynchronize(stream), hipSuccess);
+  EXPECT_EQ(hipGraphExecDestroy(exec), hipSuccess);
+  EXPECT_EQ(hipGraphDestroy(graph), hipSuccess);
+}
+
 // A device buffer's bytes, for ExpectTheLaunchWaitsForItsInputs.
 struct DeviceBytes {
   void* data;
@@ -172,12 +182,7 @@ inline void ExpectTheLaunchWaitsForItsInputs(
         int64_t programmatic = -1;
         EXPECT_EQ(CountProgrammaticGraphEdges(graph, &programmatic), hipSuccess);
         EXPECT_EQ(programmatic, overlap && *can ? launches : 0);
-        hipGraphExec_t exec = nullptr;
-        ASSERT_EQ(hipGraphInstantiate(&exec, graph, nullptr, nullptr, 0), hipSuccess);
-        EXPECT_EQ(hipGraphLaunch(exec, stream), hipSuccess);
-        EXPECT_EQ(hipStreamSynchronize(stream), hipSuccess);
-        EXPECT_EQ(hipGraphExecDestroy(exec), hipSuccess);
-        EXPECT_EQ(hipGraphDestroy(graph), hipSuccess);
+        LaunchGraphOnce(graph, stream);
       }
       ASSERT_EQ(spun, hipSuccess);
       ASSERT_TRUE(launched.ok()) << launched;
