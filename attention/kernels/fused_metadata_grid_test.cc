@@ -19,19 +19,19 @@ TEST(FusedMetadataRowBlocksTest, OneBlockPerPassWhenTheWholeGridFitsOneWave) {
   EXPECT_EQ(FusedMetadataRowBlocks(198, 8, 1584), 8);
 }
 
-// The H200's wave of the fused kernel: 132 multiprocessors x 12 blocks of 128 threads, passes
+// The H200's wave of the fused kernel: 132 multiprocessors x 10 blocks of 128 threads, passes
 // of 512 tokens.
 TEST(FusedMetadataRowBlocksTest, SplitsRowsWhenWholeRowsLeaveAPartialWave) {
   // bs 1024 x 32k tokens (64 passes): one block per row is a wave of 64-pass blocks with a
-  // third of the multiprocessors' blocks idle; three per row are two waves of 22.
-  EXPECT_EQ(FusedMetadataRowBlocks(1024, 64, 1584), 3);
+  // fifth of the multiprocessors' blocks idle; five per row are four waves of 13.
+  EXPECT_EQ(FusedMetadataRowBlocks(1024, 64, 1320), 5);
   // bs 1024 x 4k (8 passes): a second block per row would pay another sum over the rows
   // before it and a second wave.
-  EXPECT_EQ(FusedMetadataRowBlocks(1024, 8, 1584), 1);
-  // bs 64 x 128k: 24 blocks per row fill one wave.
-  EXPECT_EQ(FusedMetadataRowBlocks(64, 256, 1584), 24);
+  EXPECT_EQ(FusedMetadataRowBlocks(1024, 8, 1320), 1);
+  // bs 64 x 128k: 20 blocks per row fill one wave.
+  EXPECT_EQ(FusedMetadataRowBlocks(64, 256, 1320), 20);
   // More rows than one wave holds, one pass each: nothing to split.
-  EXPECT_EQ(FusedMetadataRowBlocks(5000, 1, 1584), 1);
+  EXPECT_EQ(FusedMetadataRowBlocks(5000, 1, 1320), 1);
 }
 
 TEST(FusedMetadataRowBlocksTest, IsTheSmallestMinimumOfTheCostOverEveryCandidate) {

@@ -420,9 +420,9 @@ __global__ void __launch_bounds__(kTokenKvIndicesThreads)
       p.kv_indices + begin, f.n, nullptr, 0, i, p.violation);
 }
 
-// 12 blocks per multiprocessor: 40 registers, where the compiler's own choice (48, 10 blocks)
-// ran 64 x 128k at page size 1 6% slower on the H200.
-__global__ void ATTNMETA_LAUNCH_BOUNDS(kFusedMetadataThreads, 12)
+// 10 blocks per multiprocessor, 48 registers: held to 40 (12 blocks) ptxas spilled 56 bytes,
+// and on the H200 1024 x 4096 took 7% longer, 64 x 128k 1-3% shorter (gpu_metadata_kernels.md).
+__global__ void ATTNMETA_LAUNCH_BOUNDS(kFusedMetadataThreads, 10)
     FusedMetadataKernel(FusedMetadataParams p) {
   constexpr int kBlock = kFusedMetadataThreads;
   __shared__ internal::BlockScratch<kBlock> scratch;
