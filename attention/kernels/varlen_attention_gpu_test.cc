@@ -1011,10 +1011,12 @@ class OverlapVarlenGpuTest : public testing::ViolationWordGpuTest {
 };
 
 // Q, the K and V pools and the KV source's indices or page table hold zeros until a kernel
-// ahead writes them at its end. A launch overlapping that kernel (the default) waits for it
-// before it reads anything: on every kernel path, through both KV sources, causal extend and a
-// FULL-mask verify, on the stream and captured in a graph (one programmatic edge where
-// launches overlap), its results are those of a plain launch on the real inputs.
+// ahead writes them at its end; then, in a second round, the metadata a block reads first to
+// find its rows (qo_indptr, the KV lengths or indptr, the FULL mask and its indptr). A launch
+// overlapping that kernel (the default) waits for it before it reads anything: on every kernel
+// path, through both KV sources, causal extend and a FULL-mask verify, on the stream and
+// captured in a graph (one programmatic edge where launches overlap), its results are those of
+// a plain launch on the real inputs.
 TEST_F(OverlapVarlenGpuTest, OverlappingLaunchWaitsForTheKernelAheadThatWritesItsInputs) {
   if (testing::LaunchesOverlap()) {
     hipStream_t stream = nullptr;
@@ -1039,17 +1041,32 @@ TEST_F(OverlapVarlenGpuTest, OverlappingLaunchWaitsForTheKernelAheadThatWritesIt
         const DecodeKv kv = page_table ? d.PageLevel() : d.TokenLevel();
         const testing::DeviceBytes indices =
             page_table ? testing::BytesOf(d.page_table) : testing::BytesOf(d.kv_indices);
-        testing::ExpectTheLaunchWaitsForItsInputs(
-            {testing::BytesOf(d.q), testing::BytesOf(d.k), testing::BytesOf(d.v), indices},
-            {testing::BytesOf(out), testing::BytesOf(lse)}, 1,
-            [&](bool overlap, hipStream_t stream) {
-              VarlenAttentionArgs a = Args(p.dims, d, kv, out, lse);
-              a.kernel = kernel;
-              a.overlap_preceding_kernel = overlap;
-              return VarlenAttention(a, word_->device(), stream);
-            },
-            [&] { return Violations(); });
-        if (HasFatalFailure()) return;
+        std::vector<testing::DeviceBytes> metadata = {
+            testing::BytesOf(d.qo_indptr),
+            page_table ? testing::BytesOf(d.kv_lens) : testing::BytesOf(d.kv_indptr)};
+        if (d.layout == MaskLayout::kFull) {
+          metadata.push_back(testing::BytesOf(d.mask_indptr));
+          metadata.push_back(testing::BytesOf(d.mask));
+        }
+        const auto launch = [&](bool overlap, hipStream_t stream) {
+          VarlenAttentionArgs a = Args(p.dims, d, kv, out, lse);
+          a.kernel = kernel;
+          a.overlap_preceding_kernel = overlap;
+          return VarlenAttention(a, word_->device(), stream);
+        };
+        const struct {
+          const char* what;
+          std::vector<testing::DeviceBytes> inputs;
+        } rounds[] = {{"Q, K, V and the indices written late",
+                       {testing::BytesOf(d.q), testing::BytesOf(d.k), testing::BytesOf(d.v), indices}},
+                      {"the metadata written late", metadata}};
+        for (const auto& r : rounds) {
+          SCOPED_TRACE(r.what);
+          testing::ExpectTheLaunchWaitsForItsInputs(
+              r.inputs, {testing::BytesOf(out), testing::BytesOf(lse)}, 1, launch,
+              [&] { return Violations(); });
+          if (HasFatalFailure()) return;
+        }
       }
     }
   }
