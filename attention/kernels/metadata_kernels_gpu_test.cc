@@ -287,6 +287,19 @@ TEST_P(PageSizeGpuTest, FusedDecodeMetadataEqualsTheHostWriter) {
   }
 }
 
+// 700 rows: more than a block loads the lengths of before its own row's (256), so that the
+// sum of the rows before a row takes the rest in a second loop; with one and more query
+// tokens per row (qo_indptr) and more than one block per row (the blocks past a row's first
+// sum the KV lengths only).
+TEST_P(PageSizeGpuTest, FusedDecodeMetadataPlacesTheRowsOfALargeBatch) {
+  for (int64_t q : {1, 2}) {
+    for (int32_t row_blocks : {0, 3}) {
+      ExpectFusedEqualsTheHostWriter(*this, GetParam(), 700, 704, 2000, q, 130 + GetParam() + q,
+                                     row_blocks);
+    }
+  }
+}
+
 // 200 rows of up to 20,000 tokens: more passes per row than the launch gives a row blocks,
 // so blocks loop over passes; rows start at every alignment.
 TEST_P(PageSizeGpuTest, FusedDecodeMetadataLoopsOverPassesOfLongRows) {

@@ -50,27 +50,18 @@ __device__ inline void BlockSum2(int64_t& a, int64_t& b, BlockScratch<kThreads>&
   __syncthreads();  // scratch may be reused at once
 }
 
-// The sums of a[k] and b[k] over k < n, returned to every thread, with the loads of all
-// threads in flight at once and a single barrier: each wave reduces its share by shuffles,
-// and every thread adds up the waves' partials. get(k, &a, &b) reads entry k.
+// The sums of every thread's `a` and `b`, returned to every thread with a single barrier:
+// each wave reduces by shuffles, and every thread adds up the waves' partials.
 // REQUIRES: `scratch` is not used again in the kernel (no barrier after the partials are read).
-template <int kThreads, typename Get>
-__device__ inline void BlockSum2Once(int32_t n, Get get, int64_t& a, int64_t& b,
-                                     BlockScratch<kThreads>& scratch) {
-  int64_t sa = 0, sb = 0;
-  for (int32_t k = threadIdx.x; k < n; k += kThreads) {
-    int64_t x, y;
-    get(k, &x, &y);
-    sa += x;
-    sb += y;
-  }
+template <int kThreads>
+__device__ inline void BlockSum2Once(int64_t& a, int64_t& b, BlockScratch<kThreads>& scratch) {
   for (int d = kWaveSize / 2; d > 0; d /= 2) {
-    sa += ATTNMETA_SHFL_DOWN(sa, d);
-    sb += ATTNMETA_SHFL_DOWN(sb, d);
+    a += ATTNMETA_SHFL_DOWN(a, d);
+    b += ATTNMETA_SHFL_DOWN(b, d);
   }
   if (threadIdx.x % kWaveSize == 0) {
-    scratch.wave[0][threadIdx.x / kWaveSize] = sa;
-    scratch.wave[1][threadIdx.x / kWaveSize] = sb;
+    scratch.wave[0][threadIdx.x / kWaveSize] = a;
+    scratch.wave[1][threadIdx.x / kWaveSize] = b;
   }
   __syncthreads();
   a = 0;
