@@ -440,9 +440,9 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kFusedMetadataThreads, 10)
   DeviceViolation* v = p.violation;
   // Where this row starts: the clamped lengths of the rows before it, summed by every block
   // so that one launch suffices. The lengths of the first kRowsAhead of those rows are loaded
-  // before anything else, so that they return while the first pass's slots are in flight and
-  // only the rows past them add a round trip after those (2-5% of the launch at bs 1024 x 1k
-  // and x 4k on the H200; gpu_metadata_kernels.md).
+  // ahead of the row's own loads: they return while the first pass's slots are in flight,
+  // and only the rows past them add a round trip after those (2-5% of the launch at bs 1024 x
+  // 1k and x 4k on the H200; gpu_metadata_kernels.md).
   constexpr int kLengthsAhead = 2;
   constexpr int32_t kRowsAhead = kLengthsAhead * kBlock;
   int32_t kv_ahead[kLengthsAhead], q_ahead[kLengthsAhead];

@@ -287,7 +287,7 @@ TEST_P(PageSizeGpuTest, FusedDecodeMetadataEqualsTheHostWriter) {
   }
 }
 
-// 700 rows: more than a block loads the lengths of before its own row's (256), so that the
+// 700 rows: more than the 256 whose lengths a block loads ahead of its own row's, so that the
 // sum of the rows before a row takes the rest in a second loop; with one and more query
 // tokens per row (qo_indptr) and more than one block per row (the blocks past a row's first
 // sum the KV lengths only).
