@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/kernels/checked_metadata.h"
 #include "attention/kernels/metadata_launchers.h"
 #include "attention/kernels/paged_decode_attention.h"
 #include "attention/kernels/paged_decode_launcher.h"
@@ -41,6 +42,7 @@
 #include "attention/metadata/builders.h"
 #include "attention/metadata/reference_attention.h"
 #include "attention/metadata/split_kv_planner.h"
+#include "attention/metadata/validator.h"
 #include "attention/metadata/testing/batch_fixture.h"
 #include "gtest/gtest.h"
 
@@ -752,6 +754,25 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
   good.out = DeviceSpan<uint8_t>(out.data(), q_bytes);
   good.lse = DeviceSpan<float>(lse.data(), bs * 32);
 
+  // Checked mode: the host copy of the metadata, and copies that fail validation although
+  // every slot is inside the pool (no kernel guard would see them) or belong to another batch.
+  ValidationContext ctx{p.fixture->pool_slots(), p.fixture->page_size(), TokenCount(bs)};
+  ctx.check_slot_ownership = true;
+  const CheckedMetadata checked{p.metadata.view(), ctx};
+  ForwardMetadata twice = p.metadata;  // sequence 0's new token in a slot of sequence 2
+  twice.kv_indices[twice.kv_indptr[1].value() - 1] = twice.kv_indices[twice.kv_indptr[2].value()];
+  ForwardMetadata skewed = p.metadata;  // kv_indptr no longer steps by kv_lens
+  skewed.kv_indptr[1] = TokenOffset(skewed.kv_indptr[1].value() + 1);
+  ForwardMetadata table = p.metadata;  // a page-table entry that is not kv_indices' page
+  PageId& entry = table.page_table.span().row(1)[0];
+  entry = PageId(entry.value() + 1);
+  const CheckedMetadata checked_twice{twice.view(), ctx};
+  const CheckedMetadata checked_skewed{skewed.view(), ctx};
+  const CheckedMetadata checked_table{table.view(), ctx};
+  ValidationContext two_rows = ctx;
+  two_rows.num_query_rows = TokenCount(bs - 1);
+  const CheckedMetadata checked_other{p.metadata.view(), two_rows};
+
   using Edit = std::function<void(PagedDecodeArgs&)>;
   struct Case {
     const char* what;
@@ -760,6 +781,19 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
   };
   const absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
   const Case cases[] = {
+      {"checked: a slot handed out twice", [&](PagedDecodeArgs& a) { a.checked = &checked_twice; },
+       kInvalid},
+      {"checked: kv_indptr not stepping by kv_lens",
+       [&](PagedDecodeArgs& a) { a.checked = &checked_skewed; }, kInvalid},
+      {"checked: a context of another launch's query rows",
+       [&](PagedDecodeArgs& a) { a.checked = &checked_other; }, kInvalid},
+      {"checked: a page table that disagrees with kv_indices",
+       [&](PagedDecodeArgs& a) {
+         a.kv = d.PageLevel();
+         a.split.reset();
+         a.checked = &checked_table;
+       },
+       kInvalid},
       {"heads that do not divide", [](PagedDecodeArgs& a) { a.dims.num_kv_heads = 5; }, kInvalid},
       {"no query heads", [](PagedDecodeArgs& a) { a.dims.num_q_heads = 0; }, kInvalid},
       {"head dim 96", [](PagedDecodeArgs& a) { a.dims.head_dim = 96; }, kInvalid},
@@ -981,8 +1015,14 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
   ASSERT_EQ(hipDeviceSynchronize(), hipSuccess);
   const std::vector<uint8_t> got = Download(out);
   for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], 0xff) << "out written at byte " << i;
-  // The unedited arguments run.
+  // The unedited arguments run, also checked, through both sources.
   ASSERT_TRUE(PagedDecodeAttention(good, nullptr, nullptr).ok());
+  PagedDecodeArgs checked_args = good;
+  checked_args.checked = &checked;
+  EXPECT_TRUE(PagedDecodeAttention(checked_args, nullptr, nullptr).ok());
+  checked_args.kv = d.PageLevel();
+  checked_args.split.reset();
+  EXPECT_TRUE(PagedDecodeAttention(checked_args, nullptr, nullptr).ok());
   ASSERT_EQ(hipDeviceSynchronize(), hipSuccess);
 }
 

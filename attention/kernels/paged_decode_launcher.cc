@@ -312,6 +312,11 @@ absl::Status PagedDecodeAttention(const PagedDecodeArgs& a, kernels::DeviceViola
     if (!checked.ok()) return checked.status();
     split = *checked;
   }
+  if (a.checked != nullptr) {
+    LaunchedMetadataShape shape = internal::LaunchedKvShape(a.kv, *bs, *bs, *pool_slots);
+    shape.max_q_len = TokenCount(*bs > 0 ? 1 : 0);
+    if (absl::Status s = CheckLaunchedMetadata(*a.checked, shape); !s.ok()) return s;
+  }
   const int64_t items = a.split.has_value() ? split.work_items : *bs;
   const int64_t blocks = items * BlocksPerItem(a.dims, *heads_per_block);
   if (blocks > kMaxBlocks) {

@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "attention/kernels/checked_metadata.h"
 #include "attention/kernels/decode_split_planner.h"
 #include "attention/kernels/device_span.h"
 #include "attention/kernels/device_violation.h"
@@ -158,6 +159,9 @@ struct PagedDecodeArgs {
   // How the launch may overlap the kernel ahead of it on `stream` (DecodeLaunchOverlap). The
   // default is safe after any kernel.
   DecodeLaunchOverlap overlap = DecodeLaunchOverlap::kWaitFirst;
+  // Checked mode (checked_metadata.h): the host copy of the metadata `kv` holds, validated
+  // before anything is launched (one query row per sequence). Null: not checked.
+  const CheckedMetadata* checked = nullptr;
 };
 
 // Errors, before anything is launched: InvalidArgument for dims (head counts that do not
@@ -166,7 +170,9 @@ struct PagedDecodeArgs {
 // pointer with a nonzero size, a plan made for another layout, a host plan whose items do not
 // fit the batch (a sequence outside it, query rows other than the sequence's one row, a KV
 // range that is negative or reversed, a sequence with no item, partial slots and reduce items
-// that do not match), a device plan whose counts are not a plan's or exceed its buffers;
+// that do not match), a device plan whose counts are not a plan's or exceed its buffers, and
+// in checked mode (args.checked) host metadata that fails validation or is not the launch's
+// (CheckLaunchedMetadata);
 // ResourceExhausted for partial buffers or merge counters smaller than the plan needs;
 // OutOfRange for a pool, table or grid beyond the kernel's int32 arithmetic. Internal: a launch
 // failed.

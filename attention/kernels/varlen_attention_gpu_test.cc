@@ -34,6 +34,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "attention/kernels/checked_metadata.h"
 #include "attention/kernels/testing/attention_inputs.h"
 #include "attention/kernels/testing/device_buffer.h"
 #include "attention/kernels/testing/gpu_test.h"
@@ -44,6 +45,7 @@
 #include "attention/metadata/custom_mask.h"
 #include "attention/metadata/reference_attention.h"
 #include "attention/metadata/testing/batch_fixture.h"
+#include "attention/metadata/validator.h"
 #include "gtest/gtest.h"
 #include "spec_decode/speculative_metadata.h"
 #include "spec_decode/verify_tree.h"
@@ -774,6 +776,18 @@ TEST_F(VarlenGpuTest, BadInputsAreRefusedBeforeLaunch) {
   const VarlenMask full{MaskLayout::kFull, mask.const_span(),
                         DeviceSpan<const int64_t>(mask_indptr.data(), bs + 1)};
 
+  // Checked mode: the host copy of the metadata, one that fails validation although every
+  // slot is inside the pool, and the context of another launch.
+  ValidationContext ctx{p.fixture->pool_slots(), p.fixture->page_size(), TokenCount(rows)};
+  ctx.check_slot_ownership = true;
+  const CheckedMetadata checked{p.metadata.view(), ctx};
+  ForwardMetadata twice = p.metadata;  // sequence 0's last new token in a slot of sequence 1
+  twice.kv_indices[twice.kv_indptr[1].value() - 1] = twice.kv_indices[twice.kv_indptr[1].value()];
+  const CheckedMetadata checked_twice{twice.view(), ctx};
+  ValidationContext fewer_rows = ctx;
+  fewer_rows.num_query_rows = TokenCount(rows - 1);
+  const CheckedMetadata checked_other{p.metadata.view(), fewer_rows};
+
   using Edit = std::function<void(VarlenAttentionArgs&)>;
   struct Case {
     const char* what;
@@ -782,6 +796,17 @@ TEST_F(VarlenGpuTest, BadInputsAreRefusedBeforeLaunch) {
     std::string words;  // in the message
   };
   const Case cases[] = {
+      {"checked: a slot handed out twice",
+       [&](VarlenAttentionArgs& a) { a.checked = &checked_twice; }, kInvalid, "checked mode: "},
+      {"checked: the context of another launch's query rows",
+       [&](VarlenAttentionArgs& a) { a.checked = &checked_other; }, kInvalid,
+       "checked mode: the host metadata's query-row count"},
+      {"checked: a mask the host metadata does not have",
+       [&](VarlenAttentionArgs& a) {
+         a.mask = full;
+         a.checked = &checked;
+       },
+       kInvalid, "checked mode: the host metadata's mask layout is none, the launch's full"},
       {"heads that do not divide", [](VarlenAttentionArgs& a) { a.dims.num_kv_heads = 5; }, kInvalid,
        "num_q_heads 32 is not a positive multiple of num_kv_heads 5"},
       {"no query heads", [](VarlenAttentionArgs& a) { a.dims.num_q_heads = 0; }, kInvalid,
@@ -995,8 +1020,11 @@ TEST_F(VarlenGpuTest, BadInputsAreRefusedBeforeLaunch) {
     std::memcpy(&bits, &got_lse[e], sizeof(bits));
     ASSERT_EQ(bits, 0xffffffffu) << "lse written at " << e;
   }
-  // The unedited arguments run.
+  // The unedited arguments run, also checked.
   ASSERT_TRUE(VarlenAttention(good, nullptr, nullptr).ok());
+  VarlenAttentionArgs checked_args = good;
+  checked_args.checked = &checked;
+  EXPECT_TRUE(VarlenAttention(checked_args, nullptr, nullptr).ok());
   ASSERT_EQ(hipDeviceSynchronize(), hipSuccess);
 }
 

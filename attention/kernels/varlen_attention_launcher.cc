@@ -154,6 +154,14 @@ absl::Status VarlenAttention(const VarlenAttentionArgs& a, kernels::DeviceViolat
   if (!sizes.ok()) return sizes.status();
   if (absl::Status s = CheckQueries(a, *bs, sizes->rows); !s.ok()) return s;
   if (absl::Status s = CheckMask(a, *bs, p); !s.ok()) return s;
+  if (a.checked != nullptr) {
+    LaunchedMetadataShape shape =
+        internal::LaunchedKvShape(a.kv, *bs, sizes->rows, sizes->pool_slots);
+    shape.mask_layout = a.mask.layout;
+    shape.max_q_len = a.max_q_len;
+    shape.max_q_len_exact = a.mask.layout == MaskLayout::kBitPacked;
+    if (absl::Status s = CheckLaunchedMetadata(*a.checked, shape); !s.ok()) return s;
+  }
   const int64_t group = a.dims.num_q_heads / a.dims.num_kv_heads;
   // max_q_len <= q_rows < 2^31 and group < 2^31: the product fits int64.
   const int64_t vector_chunks =

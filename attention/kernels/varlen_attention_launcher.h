@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "attention/kernels/checked_metadata.h"
 #include "attention/kernels/device_span.h"
 #include "attention/kernels/device_violation.h"
 #include "attention/kernels/hip_port.h"
@@ -96,6 +97,9 @@ struct VarlenAttentionArgs {
   // it reads included. What it hides is the gap between the two launches and its blocks'
   // ramp-up. A captured graph keeps it as a programmatic edge.
   bool overlap_preceding_kernel = true;
+  // Checked mode (checked_metadata.h): the host copy of the metadata that qo_indptr, kv and
+  // mask hold, validated before anything is launched. Null: not checked.
+  const CheckedMetadata* checked = nullptr;
 };
 
 // Errors, before anything is launched (nothing written):
@@ -114,6 +118,8 @@ struct VarlenAttentionArgs {
 //     a bit-packed mask with max_q_len > kMaxBitPackedRows;
 //   - kernel kShortQueries for max_q_len * group > 64 (kVarlenChunkVectors *
 //     kVarlenMaxVectorChunks);
+//   - in checked mode (args.checked): host metadata that fails validation or is not the
+//     launch's (CheckLaunchedMetadata);
 //  OutOfRange (beyond the kernel's int32 arithmetic or the grid):
 //   - more than 2^31 - 1 query rows, more than 2^31 pool slots, a batch beyond int32;
 //   - kv_indices of more than 2^30 entries, a page table covering more than 2^30 tokens;

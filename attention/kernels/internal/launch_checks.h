@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "attention/kernels/checked_metadata.h"
 #include "attention/kernels/device_span.h"
 #include "attention/kernels/element_dtype.h"
 #include "attention/kernels/hip_port.h"
@@ -235,6 +236,27 @@ absl::StatusOr<int64_t> CheckKvSource(absl::string_view op,
   p.kv.page_size = static_cast<int32_t>(pt.page_size.tokens());
   p.kv.page_size_log2 = pt.page_size.log2();
   return bs;
+}
+
+// What a launch over `kv` (of bs sequences, checked by CheckKvSource) with query_rows rows of
+// q and pool_slots slots knows of its metadata, for the checked mode (checked_metadata.h). The
+// caller sets the mask layout and max_q_len.
+template <typename TokenLevelKv, typename PageTableKv>
+LaunchedMetadataShape LaunchedKvShape(const std::variant<TokenLevelKv, PageTableKv>& kv,
+                                      int64_t bs, int64_t query_rows, int64_t pool_slots) {
+  LaunchedMetadataShape shape;
+  shape.batch_size = bs;
+  shape.query_rows = query_rows;
+  shape.pool_slots = pool_slots;
+  if (const auto* t = std::get_if<TokenLevelKv>(&kv)) {
+    shape.kv_indices_entries = static_cast<int64_t>(t->kv_indices.size());
+  } else {
+    const PageTableKv& pt = std::get<PageTableKv>(kv);
+    shape.page_table = true;
+    shape.page_table_cols = pt.cols;
+    shape.page_size = pt.page_size;
+  }
+  return shape;
 }
 
 // The K/V pools and the vector-loaded buffers of an attention launch (their sizes against the

@@ -1,0 +1,67 @@
+#include "attention/kernels/checked_metadata.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace attnmeta {
+namespace {
+
+absl::Status Mismatch(absl::string_view what, int64_t host, int64_t launch) {
+  return absl::InvalidArgumentError(absl::StrCat("checked mode: the host metadata's ", what, " is ",
+                                                 host, ", the launch's ", launch));
+}
+
+}  // namespace
+
+absl::Status CheckLaunchedMetadata(const CheckedMetadata& checked,
+                                   const LaunchedMetadataShape& launch) {
+  const ForwardMetadataView& m = checked.metadata;
+  const ValidationContext& ctx = checked.context;
+  // The shapes first: a host copy of another launch would be validated against the wrong
+  // pool or query rows.
+  if (m.batch_size() != launch.batch_size) {
+    return Mismatch("batch size", m.batch_size(), launch.batch_size);
+  }
+  if (ctx.num_query_rows.value() != launch.query_rows) {
+    return Mismatch("query-row count (context.num_query_rows)", ctx.num_query_rows.value(),
+                    launch.query_rows);
+  }
+  if (ctx.pool_slots.value() > launch.pool_slots) {
+    return Mismatch("pool (context.pool_slots), more slots than the launch's pools hold,",
+                    ctx.pool_slots.value(), launch.pool_slots);
+  }
+  if (m.custom_mask.layout != launch.mask_layout) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checked mode: the host metadata's mask layout is ",
+                     MaskLayoutName(m.custom_mask.layout), ", the launch's ",
+                     MaskLayoutName(launch.mask_layout)));
+  }
+  if (launch.max_q_len_exact ? launch.max_q_len != m.max_q_len
+                             : launch.max_q_len < m.max_q_len) {
+    return Mismatch(launch.max_q_len_exact ? "max_q_len (the launch's must equal it)"
+                                           : "max_q_len (the launch's must cover it)",
+                    m.max_q_len.value(), launch.max_q_len.value());
+  }
+  if (launch.page_table) {
+    if (m.page_table.rows() == 0 && launch.batch_size > 0) {
+      return absl::InvalidArgumentError(
+          "checked mode: the launch reads K/V through a page table, the host metadata has none");
+    }
+    if (m.page_table.cols() != launch.page_table_cols) {
+      return Mismatch("page table width (columns)", m.page_table.cols(), launch.page_table_cols);
+    }
+    if (ctx.page_size != launch.page_size) {
+      return Mismatch("page size (context.page_size)", ctx.page_size.tokens(),
+                      launch.page_size.tokens());
+    }
+  }
+  if (absl::Status s = ValidateForwardMetadata(m, ctx); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("checked mode: ", s.message()));
+  }
+  // After validation: kv_indptr has bs + 1 entries.
+  if (!launch.page_table && m.kv_indptr.back().value() > launch.kv_indices_entries) {
+    return Mismatch("kv_indptr[bs]", m.kv_indptr.back().value(), launch.kv_indices_entries);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace attnmeta

@@ -1,0 +1,134 @@
+#include "attention/kernels/checked_metadata.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "attention/metadata/builders.h"
+#include "attention/metadata/testing/batch_fixture.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace attnmeta {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::BatchFixture;
+
+// A decode batch of 4 sequences over a shuffled pool of page size 16, with its page table.
+struct DecodeBatch {
+  explicit DecodeBatch(bool page_table = true) : f(16, 5) {
+    for (int64_t cached : {30, 0, 77, 16}) f.AddSequence(cached, 1);
+    m = *BuildForwardMetadata(f.Batch(ForwardMode::kDecode), f.pool(), f.page_size(),
+                              {.page_table = page_table});
+  }
+  CheckedMetadata Checked() const {
+    ValidationContext ctx{f.pool_slots(), f.page_size(), f.num_query_rows()};
+    ctx.check_slot_ownership = true;
+    return CheckedMetadata{m.view(), ctx};
+  }
+  // The token-level launch of this batch.
+  LaunchedMetadataShape TokenLevel() const {
+    LaunchedMetadataShape s;
+    s.batch_size = 4;
+    s.query_rows = 4;
+    s.pool_slots = f.pool_slots().value();
+    s.kv_indices_entries = static_cast<int64_t>(m.kv_indices.size());
+    s.max_q_len = TokenCount(1);
+    return s;
+  }
+  LaunchedMetadataShape PageTable() const {
+    LaunchedMetadataShape s = TokenLevel();
+    s.page_table = true;
+    s.kv_indices_entries = 0;
+    s.page_table_cols = m.page_table.cols();
+    s.page_size = f.page_size();
+    return s;
+  }
+  BatchFixture f;
+  ForwardMetadata m;
+};
+
+TEST(CheckLaunchedMetadataTest, AcceptsTheMetadataOfTheLaunch) {
+  const DecodeBatch b;
+  EXPECT_TRUE(CheckLaunchedMetadata(b.Checked(), b.TokenLevel()).ok());
+  EXPECT_TRUE(CheckLaunchedMetadata(b.Checked(), b.PageTable()).ok());
+  // A larger device kv_indices (a graph's fixed buffer), a larger pool, a looser max_q_len.
+  LaunchedMetadataShape s = b.TokenLevel();
+  s.kv_indices_entries += 100;
+  s.pool_slots += 16;
+  s.max_q_len = TokenCount(3);
+  EXPECT_TRUE(CheckLaunchedMetadata(b.Checked(), s).ok());
+}
+
+// Metadata that is in bounds but wrong: the validator's error, with the array it names.
+TEST(CheckLaunchedMetadataTest, RefusesMetadataThatFailsValidation) {
+  // The slot sequence 0's new token is written to, also a token of sequence 2: inside the
+  // pool, so no kernel guard sees it (slot ownership; no page table to disagree with).
+  DecodeBatch b(/*page_table=*/false);
+  b.m.kv_indices[b.m.kv_indptr[1].value() - 1] = b.m.kv_indices[b.m.kv_indptr[2].value() + 3];
+  absl::Status s = CheckLaunchedMetadata(b.Checked(), b.TokenLevel());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("checked mode: "));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("a slot handed out twice"));
+
+  DecodeBatch c;
+  c.m.kv_indptr[2] = TokenOffset(c.m.kv_indptr[2].value() + 1);  // no longer steps by kv_lens
+  s = CheckLaunchedMetadata(c.Checked(), c.TokenLevel());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("kv_indptr"));
+
+  DecodeBatch d;
+  PageId& page = d.m.page_table.span().row(2)[1];
+  page = PageId(page.value() + 1);  // not the page kv_indices puts that token on
+  s = CheckLaunchedMetadata(d.Checked(), d.PageTable());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("page_table"));
+}
+
+// A host copy that is not the launch's, refused before it is validated against the wrong
+// pool or query rows.
+TEST(CheckLaunchedMetadataTest, RefusesAHostCopyOfAnotherLaunch) {
+  const DecodeBatch b;
+  const auto refused = [&](LaunchedMetadataShape s, const std::string& what) {
+    const absl::Status st = CheckLaunchedMetadata(b.Checked(), s);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << what;
+    EXPECT_THAT(std::string(st.message()), HasSubstr(what));
+  };
+  LaunchedMetadataShape s = b.TokenLevel();
+  s.batch_size = 5;
+  refused(s, "batch size is 4, the launch's 5");
+  s = b.TokenLevel();
+  s.query_rows = 3;
+  refused(s, "query-row count");
+  s = b.TokenLevel();
+  s.pool_slots -= 1;
+  refused(s, "more slots than the launch's pools hold");
+  s = b.TokenLevel();
+  s.kv_indices_entries -= 1;
+  refused(s, "kv_indptr[bs]");
+  s = b.TokenLevel();
+  s.mask_layout = MaskLayout::kFull;
+  refused(s, "mask layout");
+  s = b.TokenLevel();
+  s.max_q_len = TokenCount(0);
+  refused(s, "max_q_len");
+  s = b.TokenLevel();
+  s.max_q_len = TokenCount(2);
+  s.max_q_len_exact = true;
+  refused(s, "max_q_len (the launch's must equal it)");
+  s = b.PageTable();
+  s.page_table_cols += 1;
+  refused(s, "page table width");
+  s = b.PageTable();
+  s.page_size = *PageSize::Create(64);
+  refused(s, "page size");
+
+  const DecodeBatch no_table(/*page_table=*/false);
+  const absl::Status st = CheckLaunchedMetadata(no_table.Checked(), b.PageTable());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("has none"));
+}
+
+}  // namespace
+}  // namespace attnmeta
