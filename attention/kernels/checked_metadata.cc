@@ -22,12 +22,14 @@ absl::Status CheckLaunchedMetadata(const CheckedMetadata& checked,
     return Mismatch("batch size", m.batch_size(), launch.batch_size);
   }
   if (ctx.num_query_rows.value() != launch.query_rows) {
-    return Mismatch("query-row count (context.num_query_rows)", ctx.num_query_rows.value(),
-                    launch.query_rows);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checked mode: the context's num_query_rows is ", ctx.num_query_rows.value(),
+        ", the launch's query rows ", launch.query_rows));
   }
   if (ctx.pool_slots.value() > launch.pool_slots) {
-    return Mismatch("pool (context.pool_slots), more slots than the launch's pools hold,",
-                    ctx.pool_slots.value(), launch.pool_slots);
+    return absl::InvalidArgumentError(
+        absl::StrCat("checked mode: the context's pool_slots ", ctx.pool_slots.value(),
+                     " exceed the launch pools' ", launch.pool_slots, " slots"));
   }
   if (m.custom_mask.layout != launch.mask_layout) {
     return absl::InvalidArgumentError(
@@ -57,9 +59,17 @@ absl::Status CheckLaunchedMetadata(const CheckedMetadata& checked,
   if (absl::Status s = ValidateForwardMetadata(m, ctx); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("checked mode: ", s.message()));
   }
-  // After validation: kv_indptr has bs + 1 entries.
+  // After validation: kv_indptr has bs + 1 entries, and mask_indptr too with a mask.
   if (!launch.page_table && m.kv_indptr.back().value() > launch.kv_indices_entries) {
-    return Mismatch("kv_indptr[bs]", m.kv_indptr.back().value(), launch.kv_indices_entries);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checked mode: the host metadata's kv_indptr[bs] is ", m.kv_indptr.back().value(),
+        " but the launch's kv_indices holds ", launch.kv_indices_entries, " entries"));
+  }
+  if (m.custom_mask.layout != MaskLayout::kNone &&
+      m.custom_mask.mask_indptr.back() > launch.mask_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checked mode: the host metadata's mask_indptr[bs] is ", m.custom_mask.mask_indptr.back(),
+        " but the launch's mask holds ", launch.mask_bytes, " bytes"));
   }
   return absl::OkStatus();
 }

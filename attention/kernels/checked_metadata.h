@@ -42,6 +42,7 @@ struct LaunchedMetadataShape {
   int64_t page_table_cols = 0;
   PageSize page_size = *PageSize::Create(1);
   MaskLayout mask_layout = MaskLayout::kNone;
+  int64_t mask_bytes = 0;  // the device mask's bytes (with a mask layout)
   // The query rows the launch covers per sequence (varlen's max_q_len; 1 for decode), and
   // whether it must be the batch's maximum exactly (a bit-packed mask's word width follows it).
   TokenCount max_q_len;
@@ -53,8 +54,10 @@ struct LaunchedMetadataShape {
 // launch's: another batch size or query-row count, a context with more pool slots than the
 // launch's pools, a token-level launch whose kv_indices holds fewer entries than the
 // metadata's kv_indptr[bs], a page-table launch whose metadata has no page table, or one of
-// other columns or another page size, another mask layout, a max_q_len below the metadata's
-// (or not equal to it when it must be exact).
+// other columns or another page size, another mask layout or a device mask smaller than the
+// metadata's mask_indptr[bs], a max_q_len below the metadata's (or not equal to it when it
+// must be exact). What the host cannot compare are the device arrays' values: the caller
+// vouches that they are the host copy's.
 absl::Status CheckLaunchedMetadata(const CheckedMetadata& checked,
                                    const LaunchedMetadataShape& launch);
 

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "attention/metadata/builders.h"
 #include "attention/metadata/testing/batch_fixture.h"
 #include "gmock/gmock.h"
@@ -100,13 +101,13 @@ TEST(CheckLaunchedMetadataTest, RefusesAHostCopyOfAnotherLaunch) {
   refused(s, "batch size is 4, the launch's 5");
   s = b.TokenLevel();
   s.query_rows = 3;
-  refused(s, "query-row count");
+  refused(s, "num_query_rows is 4, the launch's query rows 3");
   s = b.TokenLevel();
   s.pool_slots -= 1;
-  refused(s, "more slots than the launch's pools hold");
+  refused(s, "exceed the launch pools'");
   s = b.TokenLevel();
   s.kv_indices_entries -= 1;
-  refused(s, "kv_indptr[bs]");
+  refused(s, "but the launch's kv_indices holds");
   s = b.TokenLevel();
   s.mask_layout = MaskLayout::kFull;
   refused(s, "mask layout");
@@ -128,6 +129,36 @@ TEST(CheckLaunchedMetadataTest, RefusesAHostCopyOfAnotherLaunch) {
   const absl::Status st = CheckLaunchedMetadata(no_table.Checked(), b.PageTable());
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(st.message()), HasSubstr("has none"));
+}
+
+// An extend batch with a FULL mask: the device mask must hold the host's mask_indptr[bs] bytes.
+TEST(CheckLaunchedMetadataTest, RefusesADeviceMaskSmallerThanTheHostMask) {
+  BatchFixture f(16, 9);
+  f.AddSequence(10, 2);
+  f.AddSequence(5, 3);
+  const std::vector<uint8_t> tree = {1, 0, 1, 1, 1, 0, 0, 1, 1, 0, 1, 1, 1};
+  ForwardBatch batch = f.Batch(ForwardMode::kExtend);
+  batch.tree_mask = tree;
+  BuildOptions options;
+  options.page_table = false;
+  options.mask_layout = MaskLayout::kFull;
+  absl::StatusOr<ForwardMetadata> m = BuildForwardMetadata(batch, f.pool(), f.page_size(), options);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const CheckedMetadata checked{m->view(),
+                                ValidationContext{f.pool_slots(), f.page_size(), f.num_query_rows()}};
+  LaunchedMetadataShape s;
+  s.batch_size = 2;
+  s.query_rows = 5;
+  s.pool_slots = f.pool_slots().value();
+  s.kv_indices_entries = static_cast<int64_t>(m->kv_indices.size());
+  s.mask_layout = MaskLayout::kFull;
+  s.mask_bytes = static_cast<int64_t>(m->custom_mask.size());
+  s.max_q_len = TokenCount(3);
+  EXPECT_TRUE(CheckLaunchedMetadata(checked, s).ok()) << CheckLaunchedMetadata(checked, s);
+  s.mask_bytes = m->mask_indptr.back() - 1;
+  const absl::Status st = CheckLaunchedMetadata(checked, s);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("but the launch's mask holds"));
 }
 
 }  // namespace

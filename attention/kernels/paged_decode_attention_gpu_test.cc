@@ -759,8 +759,11 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
   ValidationContext ctx{p.fixture->pool_slots(), p.fixture->page_size(), TokenCount(bs)};
   ctx.check_slot_ownership = true;
   const CheckedMetadata checked{p.metadata.view(), ctx};
-  ForwardMetadata twice = p.metadata;  // sequence 0's new token in a slot of sequence 2
+  // Sequence 0's new token in a slot of sequence 2; without the page table, which would
+  // disagree first (the launch reads kv_indices).
+  ForwardMetadata twice = p.metadata;
   twice.kv_indices[twice.kv_indptr[1].value() - 1] = twice.kv_indices[twice.kv_indptr[2].value()];
+  twice.page_table = PageTable();
   ForwardMetadata skewed = p.metadata;  // kv_indptr no longer steps by kv_lens
   skewed.kv_indptr[1] = TokenOffset(skewed.kv_indptr[1].value() + 1);
   ForwardMetadata table = p.metadata;  // a page-table entry that is not kv_indices' page
@@ -1015,6 +1018,11 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
   ASSERT_EQ(hipDeviceSynchronize(), hipSuccess);
   const std::vector<uint8_t> got = Download(out);
   for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], 0xff) << "out written at byte " << i;
+  PagedDecodeArgs twice_args = good;
+  twice_args.checked = &checked_twice;
+  const absl::Status twice_status = PagedDecodeAttention(twice_args, nullptr, nullptr);
+  EXPECT_NE(twice_status.message().find("a slot handed out twice"), absl::string_view::npos)
+      << twice_status;
   // The unedited arguments run, also checked, through both sources.
   ASSERT_TRUE(PagedDecodeAttention(good, nullptr, nullptr).ok());
   PagedDecodeArgs checked_args = good;

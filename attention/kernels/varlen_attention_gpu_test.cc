@@ -781,8 +781,11 @@ TEST_F(VarlenGpuTest, BadInputsAreRefusedBeforeLaunch) {
   ValidationContext ctx{p.fixture->pool_slots(), p.fixture->page_size(), TokenCount(rows)};
   ctx.check_slot_ownership = true;
   const CheckedMetadata checked{p.metadata.view(), ctx};
-  ForwardMetadata twice = p.metadata;  // sequence 0's last new token in a slot of sequence 1
+  // Sequence 0's last new token in a slot of sequence 1; without the page table, which would
+  // disagree first (the launch reads kv_indices).
+  ForwardMetadata twice = p.metadata;
   twice.kv_indices[twice.kv_indptr[1].value() - 1] = twice.kv_indices[twice.kv_indptr[1].value()];
+  twice.page_table = PageTable();
   const CheckedMetadata checked_twice{twice.view(), ctx};
   ValidationContext fewer_rows = ctx;
   fewer_rows.num_query_rows = TokenCount(rows - 1);
@@ -797,10 +800,11 @@ TEST_F(VarlenGpuTest, BadInputsAreRefusedBeforeLaunch) {
   };
   const Case cases[] = {
       {"checked: a slot handed out twice",
-       [&](VarlenAttentionArgs& a) { a.checked = &checked_twice; }, kInvalid, "checked mode: "},
+       [&](VarlenAttentionArgs& a) { a.checked = &checked_twice; }, kInvalid,
+       "a slot handed out twice"},
       {"checked: the context of another launch's query rows",
        [&](VarlenAttentionArgs& a) { a.checked = &checked_other; }, kInvalid,
-       "checked mode: the host metadata's query-row count"},
+       "checked mode: the context's num_query_rows is "},
       {"checked: a mask the host metadata does not have",
        [&](VarlenAttentionArgs& a) {
          a.mask = full;

@@ -158,6 +158,7 @@ absl::Status VarlenAttention(const VarlenAttentionArgs& a, kernels::DeviceViolat
     LaunchedMetadataShape shape =
         internal::LaunchedKvShape(a.kv, *bs, sizes->rows, sizes->pool_slots);
     shape.mask_layout = a.mask.layout;
+    shape.mask_bytes = static_cast<int64_t>(a.mask.mask.size());
     shape.max_q_len = a.max_q_len;
     shape.max_q_len_exact = a.mask.layout == MaskLayout::kBitPacked;
     if (absl::Status s = CheckLaunchedMetadata(*a.checked, shape); !s.ok()) return s;

@@ -1,7 +1,7 @@
 // The validator: checks every invariant of a ForwardMetadataView against the KV pool and the
 // query tensor, and names the first broken one (array, index, values). Kernels trust only
-// validated metadata: checked mode (BuildOptions::check, and later the
-// launchers' checked mode) runs it before every use.
+// validated metadata: checked mode (BuildOptions::check, and the attention launchers'
+// checked mode, attention/kernels/checked_metadata.h) runs it before every use.
 
 #ifndef ATTNMETA_ATTENTION_METADATA_VALIDATOR_H_
 #define ATTNMETA_ATTENTION_METADATA_VALIDATOR_H_
