@@ -52,8 +52,9 @@ absl::Status CheckLaunchedMetadata(const CheckedMetadata& checked,
       return Mismatch("page table width (columns)", m.page_table.cols(), launch.page_table_cols);
     }
     if (ctx.page_size != launch.page_size) {
-      return Mismatch("page size (context.page_size)", ctx.page_size.tokens(),
-                      launch.page_size.tokens());
+      return absl::InvalidArgumentError(
+          absl::StrCat("checked mode: the context's page_size is ", ctx.page_size.tokens(),
+                       ", the launch's page table's ", launch.page_size.tokens()));
     }
   }
   if (absl::Status s = ValidateForwardMetadata(m, ctx); !s.ok()) {

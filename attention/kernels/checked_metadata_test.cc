@@ -123,7 +123,7 @@ TEST(CheckLaunchedMetadataTest, RefusesAHostCopyOfAnotherLaunch) {
   refused(s, "page table width");
   s = b.PageTable();
   s.page_size = *PageSize::Create(64);
-  refused(s, "page size");
+  refused(s, "the context's page_size is 16, the launch's page table's 64");
 
   const DecodeBatch no_table(/*page_table=*/false);
   const absl::Status st = CheckLaunchedMetadata(no_table.Checked(), b.PageTable());

@@ -784,8 +784,6 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
   };
   const absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
   const Case cases[] = {
-      {"checked: a slot handed out twice", [&](PagedDecodeArgs& a) { a.checked = &checked_twice; },
-       kInvalid},
       {"checked: kv_indptr not stepping by kv_lens",
        [&](PagedDecodeArgs& a) { a.checked = &checked_skewed; }, kInvalid},
       {"checked: a context of another launch's query rows",
@@ -1018,11 +1016,15 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
   ASSERT_EQ(hipDeviceSynchronize(), hipSuccess);
   const std::vector<uint8_t> got = Download(out);
   for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], 0xff) << "out written at byte " << i;
+  // Checked mode names what the validator found (the cases above check codes only).
   PagedDecodeArgs twice_args = good;
   twice_args.checked = &checked_twice;
   const absl::Status twice_status = PagedDecodeAttention(twice_args, nullptr, nullptr);
+  EXPECT_EQ(twice_status.code(), kInvalid) << twice_status;
   EXPECT_NE(twice_status.message().find("a slot handed out twice"), absl::string_view::npos)
       << twice_status;
+  ASSERT_EQ(hipDeviceSynchronize(), hipSuccess);
+  for (uint8_t byte : Download(out)) ASSERT_EQ(byte, 0xff) << "out written by a checked launch";
   // The unedited arguments run, also checked, through both sources.
   ASSERT_TRUE(PagedDecodeAttention(good, nullptr, nullptr).ok());
   PagedDecodeArgs checked_args = good;
