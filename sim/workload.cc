@@ -60,22 +60,39 @@ absl::Status ValidateScenario(const Workload& w, const Scenario& s, absl::string
     }
   }
   if (s.kv_pool_tokens() < 1) return Bad(absl::StrCat(path, ".kv_pool_tokens"), "must be >= 1");
+  // The simulator keeps float K and V for every slot of the pool and, for a checked forward,
+  // at most one query row, its expected and computed outputs, and a K and V row of scratch per
+  // slot: 4 K/V rows and 3 query rows of floats per slot. Each product is checked before it is
+  // formed (the heads and the head dim are int32, so their product fits).
+  const int64_t kv_row = int64_t{s.backend().num_kv_heads()} * s.backend().head_dim();
+  const int64_t q_row = int64_t{s.backend().num_q_heads()} * s.backend().head_dim();
+  // kv_row <= q_row (num_kv_heads divides num_q_heads), so slot_bytes <= 28 * q_row.
+  if (q_row > kMaxSimulatedBytes / 28) {
+    return Bad(absl::StrCat(path, ".backend"),
+               absl::StrCat(s.backend().num_q_heads(), " query heads of dimension ",
+                            s.backend().head_dim(), " take more than the ", kMaxSimulatedBytes,
+                            " bytes the simulator holds"));
+  }
+  const int64_t slot_bytes = 4 * (4 * kv_row + 3 * q_row);
   for (int64_t ps : w.page_sizes()) {
-    if (s.kv_pool_tokens() / ps < 1) {
+    const int64_t pages = s.kv_pool_tokens() / ps;
+    if (pages < 1) {
       return Bad(absl::StrCat(path, ".kv_pool_tokens"),
                  absl::StrCat(s.kv_pool_tokens(), " tokens are less than one page of ", ps));
     }
-    if ((s.kv_pool_tokens() / ps + 1) * ps > (int64_t{1} << 31)) {
+    // The pool's slots: its pages and the padding page, (pages + 1) * ps <= 2^31.
+    if (pages > (int64_t{1} << 31) / ps - 1) {
       return Bad(absl::StrCat(path, ".kv_pool_tokens"), "the pool's slots exceed 2^31");
     }
-  }
-  // The simulator keeps float K and V for every slot of the pool.
-  const int64_t kv_bytes = s.kv_pool_tokens() * 8 * int64_t{s.backend().num_kv_heads()} *
-                           s.backend().head_dim();
-  if (kv_bytes > kMaxSimulatedBytes) {
-    return Bad(absl::StrCat(path, ".kv_pool_tokens"),
-               absl::StrCat("the pool's K/V take ", kv_bytes,
-                            " bytes; the simulator holds at most ", kMaxSimulatedBytes));
+    const int64_t slots = (pages + 1) * ps;
+    if (slot_bytes > kMaxSimulatedBytes / slots) {
+      return Bad(absl::StrCat(path, ".kv_pool_tokens"),
+                 absl::StrCat("at page size ", ps, " the pool's ", slots, " slots of ",
+                              s.backend().num_kv_heads(), " KV heads and ",
+                              s.backend().num_q_heads(), " query heads of dimension ",
+                              s.backend().head_dim(), " take more than the ", kMaxSimulatedBytes,
+                              " bytes the simulator holds"));
+    }
   }
   if (s.max_running_requests() < 1) {
     return Bad(absl::StrCat(path, ".max_running_requests"), "must be >= 1");
@@ -93,8 +110,9 @@ absl::Status ValidateScenario(const Workload& w, const Scenario& s, absl::string
       return Bad(absl::StrCat(path, ".backend.speculative"),
                  "EAGLE (draft_tokens > 0) needs topk >= 1 and steps >= 1");
     }
-    if (!s.has_acceptance() || s.acceptance().probability() < 0 ||
-        s.acceptance().probability() > 1) {
+    // Written so that NaN fails too.
+    if (!s.has_acceptance() ||
+        !(s.acceptance().probability() >= 0 && s.acceptance().probability() <= 1)) {
       return Bad(absl::StrCat(path, ".acceptance.probability"),
                  "speculative decoding needs a probability in [0, 1]");
     }

@@ -14,20 +14,22 @@
 
 namespace attnmeta {
 
-// What the simulator holds in host memory at most for one run's graph buffers, and for its
-// K/V pool (float K and V of every slot).
+// What the simulator holds in host memory at most for one run's graph buffers, and for what it
+// keeps per slot of its pool (float K and V, and a checked forward's query rows, outputs and
+// K/V scratch, at most one row of each per slot).
 inline constexpr int64_t kMaxSimulatedBytes = int64_t{4} << 30;
 
 // OK, or InvalidArgument whose message starts with the path of the first bad field
 // ("scenarios[1].requests[3].prompt_len: ..."): no page sizes or scenarios, a page size out of
 // range, a negative check_steps, a scenario name that is not [A-Za-z0-9_]+ or repeats, a backend
-// that ValidateBackendConfig rejects at some page size or whose buffers ComputeBufferPlan
-// refuses, graph buffers or a K/V pool above kMaxSimulatedBytes, a pool of less than one page, non-positive
-// max_running_requests, chunked_prefill_tokens or max_steps, speculative settings without top-k,
-// steps or an acceptance probability in [0, 1], more than 64 draft tokens, a request with a
-// negative arrival, a non-positive prompt or output, prompt + output beyond max_context_len, a
-// request that needs more pages than the pool has, a shared prefix outside [1, prompt_len] or
-// without a group, and requests of one group with different shared prefixes.
+// that ValidateBackendConfig rejects at some page size or whose buffers ComputeBufferPlan refuses,
+// graph buffers or per-slot floats above kMaxSimulatedBytes, a pool of less than one page or of
+// more than 2^31 slots, non-positive max_running_requests, chunked_prefill_tokens or max_steps,
+// speculative settings without top-k, steps or an acceptance probability in [0, 1] (NaN is not),
+// more than 64 draft tokens, a request with a negative arrival, a non-positive prompt or output,
+// prompt + output beyond max_context_len, a request that needs more pages than the pool has, a
+// shared prefix outside [1, prompt_len] or without a group, and requests of one group with
+// different shared prefixes.
 absl::Status ValidateWorkload(const Workload& workload);
 
 // Parses text format and validates. InvalidArgument naming the line and column of a syntax

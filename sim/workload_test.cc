@@ -1,5 +1,7 @@
 #include "sim/workload.h"
 
+#include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -63,6 +65,11 @@ TEST(WorkloadTest, EveryBadFieldIsNamed) {
       "scenarios[1].acceptance.probability");
   ExpectRejected(
       [](Workload& w) {
+        w.mutable_scenarios(1)->mutable_acceptance()->set_probability(std::nan(""));
+      },
+      "scenarios[1].acceptance.probability");
+  ExpectRejected(
+      [](Workload& w) {
         w.mutable_scenarios(1)->mutable_backend()->mutable_speculative()->set_draft_tokens(65);
       },
       "scenarios[1].backend");
@@ -83,7 +90,28 @@ TEST(WorkloadTest, EveryBadFieldIsNamed) {
       [](Workload& w) { w.mutable_scenarios(0)->mutable_requests(4)->set_shared_prefix_len(90); },
       "scenarios[0].requests[4].shared_prefix_len: 90 differs from 96");
   ExpectRejected([](Workload& w) { w.mutable_scenarios(0)->set_kv_pool_tokens(int64_t{1} << 30); },
-                 "scenarios[0].kv_pool_tokens: the pool's K/V take");
+                 "scenarios[0].kv_pool_tokens: at page size 1 the pool's");
+  // Products that overflow int64 when formed unchecked: the pool's slots ((2^63 - 1) / 1 + 1
+  // pages of 1 token), and heads x head dim x slots (2^27 x 2^28 x 8 x 64 = 2^64, which wrapped
+  // to 0 and passed).
+  ExpectRejected(
+      [](Workload& w) { w.mutable_scenarios(0)->set_kv_pool_tokens(INT64_MAX); },
+      "scenarios[0].kv_pool_tokens: the pool's slots exceed 2^31");
+  ExpectRejected(
+      [](Workload& w) {
+        BackendConfig* b = w.mutable_scenarios(0)->mutable_backend();
+        b->set_num_q_heads(1 << 27);
+        b->set_num_kv_heads(1 << 27);
+        b->set_head_dim(1 << 28);
+      },
+      "scenarios[0].backend: 134217728 query heads of dimension 268435456");
+  // A pool that alone fits, with query heads that make its slots too large.
+  ExpectRejected(
+      [](Workload& w) {
+        BackendConfig* b = w.mutable_scenarios(0)->mutable_backend();
+        b->set_num_q_heads(b->num_kv_heads() * 16384);
+      },
+      "scenarios[0].kv_pool_tokens: at page size 1 the pool's");
   ExpectRejected(
       [](Workload& w) {
         BackendConfig* b = w.mutable_scenarios(0)->mutable_backend();

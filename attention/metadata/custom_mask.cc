@@ -129,8 +129,9 @@ absl::Status BuildCustomMask(MaskLayout layout, absl::Span<const uint8_t> tree_r
     return absl::InvalidArgumentError("custom mask: mask_indptr is not the batch's");
   }
   for (size_t i = 0; i < bs; ++i) {
-    if (mask_indptr[i + 1] - mask_indptr[i] !=
-        MaskBlockBytes(layout, q_lens[i].value(), kv_lens[i].value(), word_bytes)) {
+    // A sum of checked values: the caller's entry minus its predecessor could overflow.
+    if (mask_indptr[i + 1] !=
+        mask_indptr[i] + MaskBlockBytes(layout, q_lens[i].value(), kv_lens[i].value(), word_bytes)) {
       return absl::InvalidArgumentError(absl::StrCat("custom mask: mask_indptr step ", i,
                                                      " disagrees with the ", MaskLayoutName(layout),
                                                      " layout"));

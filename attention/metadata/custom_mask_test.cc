@@ -116,6 +116,13 @@ TEST_F(TwoTrees, BadInputIsRefusedAndWritesNothing) {
                             absl::MakeSpan(out))
                 .code(),
             absl::StatusCode::kInvalidArgument);
+  // An entry whose difference from its predecessor overflows (UBSan's CI run sees it).
+  std::vector<int64_t> wrapping = indptr;
+  wrapping.back() = INT64_MIN;
+  EXPECT_EQ(BuildCustomMask(MaskLayout::kFull, tree, q_lens, kv_lens, wrapping,
+                            absl::MakeSpan(out))
+                .code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(out, untouched);
   // Layout none, q_len > kv_len, too many rows to bit-pack, a wrong-size indptr.
   std::vector<int64_t> three(3);

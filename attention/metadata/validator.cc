@@ -346,12 +346,14 @@ absl::Status CheckCustomMask(const ForwardMetadataView& m) {
     const int64_t q_len = (m.qo_indptr[i + 1] - m.qo_indptr[i]).value();
     const int64_t kv_len = m.kv_lens[i].value();
     const int64_t want = MaskBlockBytes(mask.layout, q_len, kv_len, word_bytes);
-    const int64_t step = mask.mask_indptr[i + 1] - mask.mask_indptr[i];
-    if (step != want) {
-      return Invalid("mask_indptr", absl::StrCat("step ", i, " = ", step, ", the ",
+    // Compared as a sum of checked values: the caller's entry minus its predecessor could
+    // overflow.
+    if (mask.mask_indptr[i + 1] != mask.mask_indptr[i] + want) {
+      return Invalid("mask_indptr", absl::StrCat("entry ", i + 1, " = ", mask.mask_indptr[i + 1],
+                                                 ", want ", mask.mask_indptr[i], " + the ",
                                                  MaskLayoutName(mask.layout), " block of q_len ",
-                                                 q_len, " over kv_len ", kv_len, " is ", want,
-                                                 " bytes"));
+                                                 q_len, " over kv_len ", kv_len, " (", want,
+                                                 " bytes)"));
     }
   }
   if (static_cast<int64_t>(mask.mask.size()) < mask.mask_indptr[bs]) {

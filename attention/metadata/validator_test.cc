@@ -1,5 +1,6 @@
 #include "attention/metadata/validator.h"
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -292,6 +293,8 @@ TEST_F(MaskValidatorTest, NamesEachBrokenMaskInvariant) {
   expect(full, "mask_indptr", [](ForwardMetadata& m) { m.mask_indptr.pop_back(); });
   expect(full, "mask_indptr", [](ForwardMetadata& m) { m.mask_indptr[0] = 1; });
   expect(full, "mask_indptr", [](ForwardMetadata& m) { m.mask_indptr[1] -= 1; });
+  // An entry whose difference from its predecessor overflows (UBSan's CI run sees it).
+  expect(full, "mask_indptr", [](ForwardMetadata& m) { m.mask_indptr.back() = INT64_MIN; });
   expect(full, "mask_indptr", [](ForwardMetadata& m) { m.mask_layout = MaskLayout::kQLenOnly; });
   // The mask: too short, a byte that is not 0/1, a row that does not see itself.
   expect(full, "custom_mask", [](ForwardMetadata& m) { m.custom_mask.pop_back(); });
