@@ -1,5 +1,9 @@
 #include "attention/kernels/checked_metadata.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 
 namespace attnmeta {
@@ -71,6 +75,27 @@ absl::Status CheckLaunchedMetadata(const CheckedMetadata& checked,
     return absl::InvalidArgumentError(absl::StrCat(
         "checked mode: the host metadata's mask_indptr[bs] is ", m.custom_mask.mask_indptr.back(),
         " but the launch's mask holds ", launch.mask_bytes, " bytes"));
+  }
+  if (launch.split_plan != nullptr) {
+    // Where each sequence's items end (they tile [0, end) from 0: the launcher's plan check).
+    const int64_t bs = m.batch_size();
+    std::vector<int64_t> end(bs, 0);
+    for (const SplitKvWorkItem& w : launch.split_plan->work) {
+      if (w.sequence < 0 || w.sequence >= bs) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("checked mode: a split-KV work item names sequence ", w.sequence,
+                         " of a batch of ", bs));
+      }
+      end[w.sequence] = std::max<int64_t>(end[w.sequence], w.kv_end.value());
+    }
+    for (int64_t i = 0; i < bs; ++i) {
+      const int64_t kv_len = (m.kv_indptr[i + 1] - m.kv_indptr[i]).value();
+      if (end[i] != kv_len) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "checked mode: the split-KV plan's items of sequence ", i, " end at ", end[i],
+            ", its KV length is ", kv_len, " (a plan made for another batch?)"));
+      }
+    }
   }
   return absl::OkStatus();
 }

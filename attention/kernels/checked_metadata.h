@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "attention/metadata/custom_mask.h"
 #include "attention/metadata/forward_metadata.h"
+#include "attention/metadata/split_kv_planner.h"
 #include "attention/metadata/validator.h"
 #include "kvcache/units.h"
 
@@ -47,6 +48,8 @@ struct LaunchedMetadataShape {
   // whether it must be the batch's maximum exactly (a bit-packed mask's word width follows it).
   TokenCount max_q_len;
   bool max_q_len_exact = false;
+  // The split-KV plan the launch runs when the host holds it (not one held on the device).
+  const SplitKvPlan* split_plan = nullptr;
 };
 
 // OK, or InvalidArgument starting "checked mode: ": the validator's error for the host metadata
@@ -56,7 +59,9 @@ struct LaunchedMetadataShape {
 // metadata's kv_indptr[bs], a page-table launch whose metadata has no page table, or one of
 // other columns or another page size, another mask layout or a device mask smaller than the
 // metadata's mask_indptr[bs], a max_q_len below the metadata's (or not equal to it when it
-// must be exact). What the host cannot compare are the device arrays' values: the caller
+// must be exact), or a split plan whose items do not end at each sequence's KV length (a plan
+// made for another step's batch: the kernel would not read a sequence's newest tokens, and
+// could not tell). What the host cannot compare are the device arrays' values: the caller
 // vouches that they are the host copy's.
 absl::Status CheckLaunchedMetadata(const CheckedMetadata& checked,
                                    const LaunchedMetadataShape& launch);

@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "attention/metadata/builders.h"
+#include "attention/metadata/split_kv_planner.h"
 #include "attention/metadata/testing/batch_fixture.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -129,6 +130,47 @@ TEST(CheckLaunchedMetadataTest, RefusesAHostCopyOfAnotherLaunch) {
   const absl::Status st = CheckLaunchedMetadata(no_table.Checked(), b.PageTable());
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(st.message()), HasSubstr("has none"));
+}
+
+// A split plan of another step's batch: a sequence's items ending short of its KV length (its
+// newest token unread) or past it, or naming a sequence the batch does not have.
+TEST(CheckLaunchedMetadataTest, RefusesASplitPlanThatDoesNotEndAtEachLength) {
+  const DecodeBatch b;
+  std::vector<TokenOffset> qo_indptr;
+  for (int32_t i = 0; i <= 4; ++i) qo_indptr.push_back(TokenOffset(i));
+  SplitKvOptions options;
+  options.num_units = 8;
+  options.kv_granularity = TokenCount(16);
+  const absl::StatusOr<SplitKvPlan> plan = PlanSplitKv(qo_indptr, b.m.kv_indptr, options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  LaunchedMetadataShape s = b.TokenLevel();
+  s.split_plan = &*plan;
+  EXPECT_TRUE(CheckLaunchedMetadata(b.Checked(), s).ok()) << CheckLaunchedMetadata(b.Checked(), s);
+  const auto refused = [&](SplitKvPlan bad, const std::string& what) {
+    LaunchedMetadataShape t = b.TokenLevel();
+    t.split_plan = &bad;
+    const absl::Status st = CheckLaunchedMetadata(b.Checked(), t);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << what;
+    EXPECT_THAT(std::string(st.message()), HasSubstr(what));
+  };
+  // Sequence 2 (78 tokens) is split; its last item is the one ending at 78.
+  const auto last_of = [](SplitKvPlan& p, int32_t sequence) -> SplitKvWorkItem& {
+    SplitKvWorkItem* last = nullptr;
+    for (SplitKvWorkItem& w : p.work) {
+      if (w.sequence == sequence && (last == nullptr || w.kv_end > last->kv_end)) last = &w;
+    }
+    return *last;
+  };
+  SplitKvPlan short_plan = *plan;
+  ASSERT_EQ(last_of(short_plan, 2).kv_end, TokenPosition(78));
+  last_of(short_plan, 2).kv_end = TokenPosition(77);
+  refused(short_plan, "items of sequence 2 end at 77, its KV length is 78");
+  SplitKvPlan long_plan = *plan;
+  last_of(long_plan, 0).kv_end = TokenPosition(32);
+  refused(long_plan, "items of sequence 0 end at 32, its KV length is 31");
+  SplitKvPlan foreign = *plan;
+  foreign.work.back().sequence = 7;
+  refused(foreign, "names sequence 7 of a batch of 4");
 }
 
 // An extend batch with a FULL mask: the device mask must hold the host's mask_indptr[bs] bytes.

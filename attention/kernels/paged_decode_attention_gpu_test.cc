@@ -775,6 +775,18 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
   ValidationContext two_rows = ctx;
   two_rows.num_query_rows = TokenCount(bs - 1);
   const CheckedMetadata checked_other{p.metadata.view(), two_rows};
+  // The plan of the step before: the last item of the last sequence ends one token short (it
+  // still tiles from 0, so only checked mode, which knows the lengths, can tell).
+  SplitKvPlan stale = *plan;
+  SplitKvWorkItem* last_item = nullptr;
+  for (SplitKvWorkItem& w : stale.work) {
+    if (w.sequence == bs - 1 && (last_item == nullptr || w.kv_end > last_item->kv_end)) {
+      last_item = &w;
+    }
+  }
+  ASSERT_NE(last_item, nullptr);
+  ASSERT_LT(last_item->kv_begin.value() + 1, last_item->kv_end.value());
+  last_item->kv_end = TokenPosition(last_item->kv_end.value() - 1);
 
   using Edit = std::function<void(PagedDecodeArgs&)>;
   struct Case {
@@ -788,6 +800,12 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
        [&](PagedDecodeArgs& a) { a.checked = &checked_skewed; }, kInvalid},
       {"checked: a context of another launch's query rows",
        [&](PagedDecodeArgs& a) { a.checked = &checked_other; }, kInvalid},
+      {"checked: the host plan of the step before",
+       [&](PagedDecodeArgs& a) {
+         a.split->plan = &stale;
+         a.checked = &checked;
+       },
+       kInvalid},
       {"checked: a page table that disagrees with kv_indices",
        [&](PagedDecodeArgs& a) {
          a.kv = d.PageLevel();

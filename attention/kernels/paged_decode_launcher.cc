@@ -315,6 +315,11 @@ absl::Status PagedDecodeAttention(const PagedDecodeArgs& a, kernels::DeviceViola
   if (a.checked != nullptr) {
     LaunchedMetadataShape shape = internal::LaunchedKvShape(a.kv, *bs, *bs, *pool_slots);
     shape.max_q_len = TokenCount(*bs > 0 ? 1 : 0);
+    if (a.split.has_value()) {
+      if (const auto* host = std::get_if<const SplitKvPlan*>(&a.split->plan)) {
+        shape.split_plan = *host;
+      }
+    }
     if (absl::Status s = CheckLaunchedMetadata(*a.checked, shape); !s.ok()) return s;
   }
   const int64_t items = a.split.has_value() ? split.work_items : *bs;

@@ -160,7 +160,8 @@ struct PagedDecodeArgs {
   // default is safe after any kernel.
   DecodeLaunchOverlap overlap = DecodeLaunchOverlap::kWaitFirst;
   // Checked mode (checked_metadata.h): the host copy of the metadata `kv` holds, validated
-  // before anything is launched (one query row per sequence). Null: not checked.
+  // before anything is launched (one query row per sequence), and a host split plan's items
+  // checked to end at each sequence's KV length (a device plan cannot be). Null: not checked.
   const CheckedMetadata* checked = nullptr;
 };
 
@@ -171,8 +172,8 @@ struct PagedDecodeArgs {
 // fit the batch (a sequence outside it, query rows other than the sequence's one row, a KV
 // range that is negative or reversed, a sequence with no item, partial slots and reduce items
 // that do not match), a device plan whose counts are not a plan's or exceed its buffers, and
-// in checked mode (args.checked) host metadata that fails validation or is not the launch's
-// (CheckLaunchedMetadata);
+// in checked mode (args.checked) host metadata that fails validation or is not the launch's,
+// or a host plan that does not end at its lengths (CheckLaunchedMetadata);
 // ResourceExhausted for partial buffers or merge counters smaller than the plan needs;
 // OutOfRange for a pool, table or grid beyond the kernel's int32 arithmetic. Internal: a launch
 // failed.
