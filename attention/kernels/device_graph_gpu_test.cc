@@ -452,8 +452,27 @@ TEST_P(DeviceGraphTest, BadTablesAndRequestsAreRefusedAndChangeNothing) {
   draft.draft_decode = {1, 0};
   EXPECT_EQ((*writer)->WriteBatchArrays(draft, d.buffers()).code(),
             absl::StatusCode::kInvalidArgument);
+  // A request for the page table with no page-table buffer (the host writer refuses it too;
+  // the fused launch would take the empty buffer for no page table and write none).
+  GraphBuffers no_table = d.buffers();
+  no_table.page_table = PageTableSpan<PageId>();
+  EXPECT_EQ((*writer)->WriteBatchArrays(r, no_table).code(), absl::StatusCode::kInvalidArgument);
   const absl::Status after = (*writer)->CheckViolations();
   EXPECT_EQ(after.code(), absl::StatusCode::kOutOfRange) << after;
+
+  // A graph writer refusing a write of a new generation keeps the graphs it has: the same
+  // request as before launches its graph again, with no new capture.
+  auto graphs = DeviceMetadataWriter::Create(whole, f.pool_slots(), stream_, {});
+  ASSERT_TRUE(graphs.ok()) << graphs.status();
+  ASSERT_TRUE((*graphs)->WriteBatchArrays(r, d.buffers()).ok());
+  ASSERT_EQ((*graphs)->graphs_captured(), 1);
+  MetadataWriteRequest moved = past;
+  moved.generation = r.generation + 1;
+  EXPECT_EQ((*graphs)->WriteBatchArrays(moved, d.buffers()).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*graphs)->WriteBatchArrays(r, d.buffers()).ok());
+  EXPECT_EQ((*graphs)->graphs_captured(), 1) << "a refused write dropped the captured graph";
+  ASSERT_EQ(hipStreamSynchronize(stream_), hipSuccess);
 }
 
 template <typename T>

@@ -76,6 +76,13 @@ absl::Status CheckFits(const MetadataWriteRequest& r, const GraphBuffers& b) {
       }
     }
   }
+  // The fused launch takes an empty page table for none: a request for one needs its rows.
+  if (r.page_table && r.mode != ForwardMode::kDraftDecode &&
+      (b.page_table.cols() < 1 || b.page_table.rows() < padded)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device metadata writer: the request asks for the page table, whose buffer is ",
+        b.page_table.rows(), " x ", b.page_table.cols(), " for a padded batch of ", padded));
+  }
   if (r.mask_layout != MaskLayout::kNone) {
     return fits("mask_indptr", b.mask_indptr.size(), padded + 1);
   }
@@ -256,12 +263,11 @@ absl::Status DeviceMetadataWriter::WriteBatchArrays(const MetadataWriteRequest& 
   if (!options_.use_graphs) {
     return Launch(r, b, /*direct=*/true);
   }
-  if (r.generation != generation_) {
-    DropGraphs();
-    generation_ = r.generation;
-  }
+  // Graphs of an older generation read buffers that have moved: they are never launched, and
+  // are dropped once a graph of the new generation is captured (a write that fails keeps
+  // them, and the writer as it was).
   auto it = std::find_if(graphs_.begin(), graphs_.end(), [&](const Graph& g) {
-    return g.bucket == r.padded_batch_size && g.mode == r.mode;
+    return g.generation == r.generation && g.bucket == r.padded_batch_size && g.mode == r.mode;
   });
   if (it == graphs_.end()) {
     Graph g{r.generation, r.padded_batch_size, r.mode, nullptr, nullptr};
@@ -285,6 +291,10 @@ absl::Status DeviceMetadataWriter::WriteBatchArrays(const MetadataWriteRequest& 
         !s.ok()) {
       (void)hipGraphDestroy(g.graph);
       return s;
+    }
+    if (r.generation != generation_) {
+      DropGraphs();
+      generation_ = r.generation;
     }
     graphs_.push_back(g);
     ++graphs_captured_;

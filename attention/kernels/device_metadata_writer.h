@@ -11,7 +11,7 @@
 // StagedUploads of the HipDeviceMemory that GraphState stages through) the writer attaches to
 // them and its launch starts with their apply kernel: the staged inputs land inside the one
 // graph launch of a replay step, with no copy call of their own; a new generation (GraphState::Reserve
-// moved the buffers) drops the graphs captured before it. WriteBatchArrays queues everything;
+// moved the buffers) drops the graphs captured before it once its first graph is captured. WriteBatchArrays queues everything;
 // WriteTokenArrays has nothing left to do. Neither waits for the GPU: CheckViolations does,
 // and turns what the kernels recorded (a row, length or slot in device memory that broke its
 // bound) into a Status.

@@ -61,8 +61,9 @@ absl::Status HipDeviceMemory::CheckRange(DeviceBuffer buffer, int64_t offset, in
     return absl::OutOfRangeError("device memory: not a live allocation of this memory");
   }
   if (offset < 0 || bytes < 0 || offset > it->second - bytes) {
-    return absl::OutOfRangeError(absl::StrCat("device memory: [", offset, ", ", offset + bytes,
-                                              ") outside the ", it->second, "-byte buffer"));
+    // offset + bytes is not formed: it can overflow.
+    return absl::OutOfRangeError(absl::StrCat("device memory: ", bytes, " bytes at offset ", offset,
+                                              " outside the ", it->second, "-byte buffer"));
   }
   return absl::OkStatus();
 }
@@ -105,8 +106,17 @@ absl::Status HipDeviceMemory::CopyThroughPinnedSlot(char* to, const void* src, i
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = RuntimeStatus(hipEventRecord(slot.free_again, stream_),
+                                     "device memory: pinned slot event");
+      !s.ok()) {
+    // Without the event nothing tells when the copy has read the slot: wait for it here, so
+    // that the slot's next use cannot overwrite what the copy has yet to read.
+    (void)hipStreamSynchronize(stream_);
+    slot.in_flight = false;
+    return s;
+  }
   slot.in_flight = true;
-  return RuntimeStatus(hipEventRecord(slot.free_again, stream_), "device memory: pinned slot event");
+  return absl::OkStatus();
 }
 
 absl::Status HipDeviceMemory::CopyToHost(void* dst, DeviceBuffer src, int64_t offset,

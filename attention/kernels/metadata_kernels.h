@@ -216,8 +216,8 @@ hipError_t LaunchTreeMaskKernel(const TreeMaskParams& p, int32_t passes, bool ov
 // over rows. Violations: cu_k[batch_size] past tok_idx's or the outputs' rows (clamped), a
 // slot outside the pool (the row written as zeros).
 struct GatherKvParams {
-  const uint8_t* k_pool;
-  const uint8_t* v_pool;
+  const uint8_t* k_pool;  // [pool_slots * row_bytes]
+  const uint8_t* v_pool;  // [pool_slots * row_bytes]
   int64_t pool_slots;
   int64_t row_bytes;      // a multiple of 2
   const int32_t* tok_idx;  // [tok_capacity]
@@ -225,7 +225,7 @@ struct GatherKvParams {
   const int32_t* cu_k;     // [batch_size + 1]
   int32_t batch_size;
   uint8_t* k_out;          // [out_rows * row_bytes]
-  uint8_t* v_out;
+  uint8_t* v_out;          // [out_rows * row_bytes]
   int64_t out_rows;
   DeviceViolation* violation;
   int32_t lanes_per_row;  // set by the launch function

@@ -372,6 +372,65 @@ TEST_F(GpuTest, TreeMaskEqualsTheHostBuilder) {
   EXPECT_TRUE(Violations().ok()) << Violations();
 }
 
+// An empty batch launches no kernel, yet its indptrs are [0], as the host builders write them:
+// the fused decode launch's kv_indptr and qo_indptr, the tree mask's mask_indptr, a draft
+// step's kv_indptr and qo_indptr (each poisoned before).
+TEST_F(GpuTest, EmptyBatchesWriteTheirIndptrsFirstEntry) {
+  const BatchFixture f = MakeBatch(16, 1, 40, 1, 5);
+  DeviceBuffer<TokenSlot> table = Upload(std::vector<TokenSlot>{});
+  const DeviceReqToToken src = DeviceTable(f, table);
+  DeviceBuffer<ReqPoolIndex> no_rows = Upload(std::vector<ReqPoolIndex>{});
+  DeviceBuffer<TokenLength> no_lens = Upload(std::vector<TokenLength>{});
+  DeviceBuffer<TokenLength> no_out_lens = Upload(std::vector<TokenLength>{});
+  DeviceBuffer<TokenOffset> kv_indptr = Upload(std::vector<TokenOffset>{TokenOffset(-9)});
+  DeviceBuffer<TokenOffset> qo_indptr = Upload(std::vector<TokenOffset>{TokenOffset(-9)});
+  DeviceBuffer<TokenSlot> indices = Upload(std::vector<TokenSlot>(8, TokenSlot(-9)));
+  DecodeMetadataDeviceArgs a;
+  a.req_to_token = src;
+  a.pool_slots = f.pool_slots();
+  a.page_size = f.page_size();
+  a.rows = no_rows.const_span();
+  a.kv_lens = no_lens.const_span();
+  a.q_lens = no_lens.const_span();
+  a.kv_indptr = kv_indptr.span();
+  a.qo_indptr = qo_indptr.span();
+  a.kv_last_page_len = no_out_lens.span();
+  a.kv_indices = indices.span();
+  a.max_kv_len = f.pool().max_context_len();
+  ASSERT_TRUE(BuildDecodeMetadataOnDevice(a, violation(), nullptr).ok());
+  EXPECT_EQ(Download(kv_indptr), std::vector<TokenOffset>{TokenOffset(0)});
+  EXPECT_EQ(Download(qo_indptr), std::vector<TokenOffset>{TokenOffset(0)});
+
+  DeviceBuffer<uint8_t> no_tree = Upload(std::vector<uint8_t>{});
+  DeviceBuffer<int64_t> mask_indptr = Upload(std::vector<int64_t>{-9});
+  DeviceBuffer<uint8_t> mask = Upload(std::vector<uint8_t>(4, 7));
+  const TreeMaskDeviceArgs m{no_lens.const_span(), no_lens.const_span(), no_tree.const_span(),
+                             mask_indptr.span(), mask.span(), 1};
+  ASSERT_TRUE(BuildTreeMaskOnDevice(m, violation(), nullptr).ok());
+  EXPECT_EQ(Download(mask_indptr), std::vector<int64_t>{0});
+  EXPECT_EQ(Download(mask), std::vector<uint8_t>(4, 7));
+
+  DeviceBuffer<TokenOffset> step_kv_indptr = Upload(std::vector<TokenOffset>{TokenOffset(-9)});
+  DeviceBuffer<TokenOffset> step_qo_indptr = Upload(std::vector<TokenOffset>{TokenOffset(-9)});
+  const DraftStepDeviceArgs d{src,
+                              f.pool_slots(),
+                              f.page_size(),
+                              no_rows.const_span(),
+                              no_lens.const_span(),
+                              DraftDecodeShape{2, 2},
+                              1,
+                              no_out_lens.span(),
+                              step_kv_indptr.span(),
+                              step_qo_indptr.span(),
+                              no_out_lens.span(),
+                              indices.span()};
+  ASSERT_TRUE(BuildDraftStepOnDevice(d, violation(), nullptr).ok());
+  EXPECT_EQ(Download(step_kv_indptr), std::vector<TokenOffset>{TokenOffset(0)});
+  EXPECT_EQ(Download(step_qo_indptr), std::vector<TokenOffset>{TokenOffset(0)});
+  EXPECT_EQ(Download(indices), std::vector<TokenSlot>(8, TokenSlot(-9)));
+  EXPECT_TRUE(Violations().ok()) << Violations();
+}
+
 // The gather copies pool rows tok_idx[r] into row r, in 16-byte words or 2-byte words.
 TEST_F(GpuTest, GatherKvCopiesThePoolRowsOfTokIdx) {
   const BatchFixture f = MakeBatch(16, 6, 300, 5, 31);

@@ -18,6 +18,19 @@ using internal::CheckNotNull;
 using internal::LaunchResult;
 using internal::OverlapIfAsked;
 using internal::Passes;
+using internal::RuntimeStatus;
+
+namespace {
+
+// An empty batch launches no kernel, but its indptrs are still [0], as the host builders write
+// them (a graph's fixed buffers may hold another batch's entries).
+template <typename T>
+absl::Status ZeroFirstEntry(DeviceSpan<T> indptr, absl::string_view what, hipStream_t stream) {
+  return RuntimeStatus(hipMemsetAsync(indptr.data(), 0, sizeof(T), stream),
+                       absl::StrCat("empty batch: ", what, "[0]"));
+}
+
+}  // namespace
 
 absl::Status BuildIndptrOnDevice(DeviceSpan<const TokenLength> lens, DeviceSpan<TokenOffset> indptr,
                                  DeviceSpan<TokenLength> last_page_len, PageSize page_size,
@@ -165,7 +178,10 @@ absl::Status BuildDecodeMetadataOnDevice(const DecodeMetadataDeviceArgs& a,
                                          kernels::DeviceViolation* violation, hipStream_t stream) {
   if (absl::Status s = CheckDecodeMetadataArgs(a); !s.ok()) return s;
   const size_t b = a.rows.size();
-  if (b == 0) return absl::OkStatus();
+  if (b == 0) {
+    if (absl::Status s = ZeroFirstEntry(a.kv_indptr, "kv_indptr", stream); !s.ok()) return s;
+    return ZeroFirstEntry(a.qo_indptr, "qo_indptr", stream);
+  }
   const absl::StatusOr<kernels::SlotSource> src = Source(a.req_to_token, a.pool_slots, a.page_size);
   kernels::FusedMetadataParams p;
   p.src = *src;
@@ -225,7 +241,7 @@ absl::Status BuildTreeMaskOnDevice(const TreeMaskDeviceArgs& a, kernels::DeviceV
                                    hipStream_t stream) {
   if (absl::Status s = CheckTreeMaskArgs(a); !s.ok()) return s;
   const size_t b = a.q_lens.size();
-  if (b == 0) return absl::OkStatus();
+  if (b == 0) return ZeroFirstEntry(a.mask_indptr, "mask_indptr", stream);
   kernels::TreeMaskParams p;
   p.q_lens = reinterpret_cast<const int32_t*>(a.q_lens.data());
   p.kv_lens = reinterpret_cast<const int32_t*>(a.kv_lens.data());
@@ -279,7 +295,10 @@ absl::Status BuildDraftStepOnDevice(const DraftStepDeviceArgs& a,
                                     kernels::DeviceViolation* violation, hipStream_t stream) {
   if (absl::Status s = CheckDraftStepArgs(a); !s.ok()) return s;
   const size_t b = a.rows.size();
-  if (b == 0) return absl::OkStatus();
+  if (b == 0) {
+    if (absl::Status s = ZeroFirstEntry(a.kv_indptr, "kv_indptr", stream); !s.ok()) return s;
+    return ZeroFirstEntry(a.qo_indptr, "qo_indptr", stream);
+  }
   const absl::StatusOr<kernels::SlotSource> src = Source(a.req_to_token, a.pool_slots, a.page_size);
   kernels::DraftStepParams p;
   p.src = *src;

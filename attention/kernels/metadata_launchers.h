@@ -72,6 +72,8 @@ absl::StatusOr<bool> DeviceOverlapsLaunches();
 
 // Every array of a decode (or fixed-row extend) replay from the staged inputs of a padded
 // batch of B rows, in one kernel launch (kernels/metadata_kernels.h, FusedMetadataParams).
+// B = 0 launches no kernel and writes kv_indptr[0] = qo_indptr[0] = 0, as the host builders
+// do (so do the tree mask's and a draft step's launchers below for their indptrs).
 struct DecodeMetadataDeviceArgs {
   DeviceReqToToken req_to_token;
   TokenCount pool_slots;                      // bounds the slots read; 0: unchecked
@@ -165,14 +167,14 @@ enum class KvElementType { kBf16, kFp16 };
 // element size, null pointers; OutOfRange: more than INT32_MAX sequences.
 struct GatherKvDeviceArgs {
   DeviceSpan<const uint8_t> k_pool;  // [pool_slots][num_kv_heads][head_dim]
-  DeviceSpan<const uint8_t> v_pool;
+  DeviceSpan<const uint8_t> v_pool;  // [pool_slots][num_kv_heads][head_dim], k_pool's size
   int32_t num_kv_heads = 1;
   int32_t head_dim = 1;
   KvElementType dtype = KvElementType::kBf16;
   DeviceSpan<const TokenSlot> tok_idx;  // [>= cu_k[bs]]
   DeviceSpan<const TokenOffset> cu_k;   // [bs + 1]
   DeviceSpan<uint8_t> k_out;            // [rows][num_kv_heads][head_dim]
-  DeviceSpan<uint8_t> v_out;
+  DeviceSpan<uint8_t> v_out;            // [rows][num_kv_heads][head_dim]
   bool overlap_preceding_kernel = true;  // see "Overlapping the kernel ahead" above
 };
 absl::Status GatherKvOnDevice(const GatherKvDeviceArgs& args, kernels::DeviceViolation* violation,
