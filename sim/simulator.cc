@@ -179,8 +179,6 @@ class Run {
                  const std::vector<DenseSequence>& dense);
   double AttentionError(const ForwardMetadataView& m, const std::vector<DenseSequence>& dense,
                         const std::string& what);
-  // The eager metadata of a forward: timed, maybe corrupted (the test-only fault), checked
-  // and, with a dump directory, snapshotted (when `batch` describes it).
   // One forward of `batch`: its eager metadata `m` (or the builder's error) checked, then,
   // with `replay`, the batch replayed through the graph and compared; counted under its mode.
   // False when the run failed.
@@ -189,6 +187,8 @@ class Run {
   // CheckForward of BuildForwardMetadata(batch) with the config's consumers, timed.
   bool BuildAndCheckForward(const ForwardBatch& batch, const std::vector<DenseSequence>& dense,
                             bool replay);
+  // The eager metadata of a forward: timed, maybe corrupted (the test-only fault), checked
+  // and, with a dump directory, snapshotted (when `batch` describes it).
   void CheckEager(const std::string& what, ForwardMetadata& m, const ForwardBatch* batch,
                   const std::vector<DenseSequence>& dense, double build_us);
   // Replays `batch` through the graph when a capture size holds it and compares.

@@ -41,6 +41,15 @@ cp "$bad" "$bad.orig"
 rc=0; out=$("$check" --rewrite "$bad") || rc=$?
 [[ $rc -eq 1 && "$out" == *"FAIL $bad: rebuilding"* ]] || { echo "bad inputs rewritten: $rc $out"; exit 1; }
 cmp -s "$bad" "$bad.orig" || { echo "a refused rewrite changed the file"; exit 1; }
+# A rewrite whose new text cannot be written (its temporary name taken by a directory) fails
+# and leaves the file as it was.
+sed '0,/^kv_indices: [0-9]*/s//kv_indices: 999999/' "$good" >"$bad"
+cp "$bad" "$bad.orig"
+mkdir "$bad.rewrite"
+rc=0; out=$("$check" --rewrite "$bad") || rc=$?
+[[ $rc -eq 1 && "$out" == *"FAIL $bad: cannot write"* ]] || { echo "unwritable rewrite: $rc $out"; exit 1; }
+cmp -s "$bad" "$bad.orig" || { echo "a failed rewrite changed the file"; exit 1; }
+rmdir "$bad.rewrite"
 rc=0; "$check" --bogus "$good" 2>/dev/null || rc=$?
 [[ $rc -eq 2 ]] || { echo "unknown flag: exit code $rc, want 2"; exit 1; }
 

@@ -39,10 +39,20 @@ absl::Status Process(const std::string& path, bool rewrite) {
   if (!rewrite) return attnmeta::CheckSnapshot(*snapshot);
   absl::StatusOr<attnmeta::MetadataSnapshot> fixed = attnmeta::RewriteSnapshot(*snapshot);
   if (!fixed.ok()) return fixed.status();
-  std::ofstream out(path, std::ios::trunc);
+  // Written beside the file, then renamed over it: a failed write leaves the file as it was.
+  const std::string temporary = path + ".rewrite";
+  std::ofstream out(temporary, std::ios::trunc);
+  if (!out.is_open()) return absl::UnavailableError("cannot write the file");
   out << attnmeta::SnapshotToText(*fixed);
   out.close();
-  if (!out) return absl::UnavailableError("cannot write the file");
+  if (!out) {
+    std::remove(temporary.c_str());
+    return absl::UnavailableError("cannot write the file");
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    std::remove(temporary.c_str());
+    return absl::UnavailableError("cannot replace the file");
+  }
   return absl::OkStatus();
 }
 

@@ -59,7 +59,13 @@ int main(int argc, char** argv) {
                " batch written by //tools:snapshot_examples");
     const std::string path = std::string(argv[1]) + "/" +
                              std::string(attnmeta::ForwardModeName(mode)) + ".textproto";
-    std::ofstream(path) << attnmeta::SnapshotToText(s);
+    std::ofstream out(path);
+    out << attnmeta::SnapshotToText(s);
+    out.close();
+    if (!out) {
+      std::fprintf(stderr, "snapshot_examples: cannot write %s\n", path.c_str());
+      return 1;
+    }
   }
   return 0;
 }

@@ -512,7 +512,7 @@ TEST_F(GpuTest, SplitKvPlanEqualsTheHostPlanner) {
     opt.num_units = std::uniform_int_distribution<int32_t>(1, iter % 5 == 0 ? 1500 : 300)(rng);
     opt.kv_granularity = TokenCount(std::uniform_int_distribution<int64_t>(1, 700)(rng));
     opt.q_tile = TokenCount(std::uniform_int_distribution<int64_t>(1, 128)(rng));
-    const SplitKvCapacity cap = SplitKvCapacityFor(NumQueryTiles(qo, opt.q_tile), opt.num_units);
+    const SplitKvCapacity cap = SplitKvCapacityFor(*NumQueryTiles(qo, opt.q_tile), opt.num_units);
     std::vector<SplitKvWorkItem> work(cap.work_items + 3, kPoisonItem);
     std::vector<int32_t> unit_indptr(opt.num_units + 3, -7);
     std::vector<SplitKvReduceItem> reduce(cap.reduce_items + 3, kPoisonReduce);
@@ -613,7 +613,7 @@ TEST_F(GpuTest, ReplayLaunchesWaitForTheKernelAheadThatWritesTheirInputs) {
     opt.num_units = 16;
     opt.kv_granularity = TokenCount(64);
     opt.q_tile = TokenCount(2);
-    const SplitKvCapacity cap = SplitKvCapacityFor(NumQueryTiles(qo, opt.q_tile), opt.num_units);
+    const SplitKvCapacity cap = SplitKvCapacityFor(*NumQueryTiles(qo, opt.q_tile), opt.num_units);
     DeviceBuffer<TokenOffset> d_qo = Upload(qo), d_kv = Upload(kv);
     DeviceBuffer<SplitKvWorkItem> d_work = Upload(std::vector<SplitKvWorkItem>(cap.work_items, kPoisonItem));
     DeviceBuffer<int32_t> d_units = Upload(std::vector<int32_t>(opt.num_units + 1));

@@ -13,19 +13,29 @@ namespace {
 constexpr int32_t kMaxUnits = 1 << 20;
 constexpr int64_t kMaxTokens = int64_t{1} << 30;
 
-}  // namespace
-SplitKvCapacity SplitKvCapacityFor(int64_t max_tiles, int32_t num_units) {
-  const int64_t boundaries = std::max<int64_t>(0, num_units - 1);
-  return SplitKvCapacity{max_tiles + boundaries, 2 * boundaries, boundaries};
-}
-
-int64_t NumQueryTiles(absl::Span<const TokenOffset> qo_indptr, TokenCount q_tile) {
+// NumQueryTiles. REQUIRES: q_tile >= 1 (the planners call it after CheckSplitKvOptions).
+int64_t CountQueryTiles(absl::Span<const TokenOffset> qo_indptr, TokenCount q_tile) {
   int64_t tiles = 0;
   for (size_t i = 0; i + 1 < qo_indptr.size(); ++i) {
     const int64_t q = (qo_indptr[i + 1] - qo_indptr[i]).value();
     if (q > 0) tiles += (q + q_tile.value() - 1) / q_tile.value();
   }
   return tiles;
+}
+
+}  // namespace
+SplitKvCapacity SplitKvCapacityFor(int64_t max_tiles, int32_t num_units) {
+  const int64_t boundaries = std::max<int64_t>(0, num_units - 1);
+  return SplitKvCapacity{max_tiles + boundaries, 2 * boundaries, boundaries};
+}
+
+absl::StatusOr<int64_t> NumQueryTiles(absl::Span<const TokenOffset> qo_indptr,
+                                      TokenCount q_tile) {
+  if (q_tile.value() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("query tiles: q_tile ", q_tile.value(), " is not >= 1"));
+  }
+  return CountQueryTiles(qo_indptr, q_tile);
 }
 
 absl::Status CheckSplitKvOptions(const SplitKvOptions& options) {
@@ -91,7 +101,7 @@ absl::StatusOr<SplitKvPlanCounts> WritePlan(absl::Span<const TokenOffset> qo_ind
   const int64_t q_tile = options.q_tile.value();
   const int64_t units = options.num_units;
   const SplitKvCapacity cap =
-      SplitKvCapacityFor(NumQueryTiles(qo_indptr, options.q_tile), options.num_units);
+      SplitKvCapacityFor(CountQueryTiles(qo_indptr, options.q_tile), options.num_units);
   if (static_cast<int64_t>(out.work.size()) < cap.work_items ||
       static_cast<int64_t>(out.reduce.size()) < cap.reduce_items ||
       static_cast<int64_t>(out.unit_indptr.size()) < units + 1) {
@@ -220,7 +230,7 @@ absl::StatusOr<SplitKvPlan> PlanSplitKv(absl::Span<const TokenOffset> qo_indptr,
   SplitKvPlan plan;
   plan.layout = options.layout;
   const SplitKvCapacity cap =
-      SplitKvCapacityFor(NumQueryTiles(qo_indptr, options.q_tile), options.num_units);
+      SplitKvCapacityFor(CountQueryTiles(qo_indptr, options.q_tile), options.num_units);
   plan.work.resize(cap.work_items);
   plan.reduce.resize(cap.reduce_items);
   plan.unit_indptr.resize(options.num_units + 1);

@@ -90,9 +90,9 @@ struct SplitKvCapacity {
 };
 SplitKvCapacity SplitKvCapacityFor(int64_t max_tiles, int32_t num_units);
 
-// The number of (sequence, query tile) pairs of a batch: sum of ceil(q_len / q_tile).
-// REQUIRES: q_tile >= 1.
-int64_t NumQueryTiles(absl::Span<const TokenOffset> qo_indptr, TokenCount q_tile);
+// The number of (sequence, query tile) pairs of a batch: sum of ceil(q_len / q_tile) over the
+// sequences of qo_indptr with q_len > 0. InvalidArgument for q_tile < 1.
+absl::StatusOr<int64_t> NumQueryTiles(absl::Span<const TokenOffset> qo_indptr, TokenCount q_tile);
 
 // Plans a batch. Every (sequence, q tile) with q_len > 0 has its KV range [0, kv_len) covered
 // exactly once by its items, split only at multiples of the chunk (kv_granularity rounded up

@@ -149,7 +149,7 @@ TEST(SplitKvPlannerTest, IntoFixedBuffersAtExactlyTheCapacity) {
   opt.q_tile = TokenCount(16);
   auto plan = PlanSplitKv(Indptr(q), Indptr(kv), opt);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  const SplitKvCapacity cap = SplitKvCapacityFor(NumQueryTiles(Indptr(q), opt.q_tile), 9);
+  const SplitKvCapacity cap = SplitKvCapacityFor(*NumQueryTiles(Indptr(q), opt.q_tile), 9);
   const SplitKvWorkItem poison_w{-7, TokenOffset(-7), TokenOffset(-7), TokenPosition(-7),
                                  TokenPosition(-7), -7};
   const SplitKvReduceItem poison_r{-7, TokenOffset(-7), TokenOffset(-7), -7, -7};
@@ -189,8 +189,11 @@ TEST(SplitKvPlannerTest, IntoFixedBuffersAtExactlyTheCapacity) {
 }
 
 TEST(SplitKvPlannerTest, NumQueryTiles) {
-  EXPECT_EQ(NumQueryTiles(Indptr({0, 1, 64, 65, 200}), TokenCount(64)), 0 + 1 + 1 + 2 + 4);
-  EXPECT_EQ(NumQueryTiles(Indptr({}), TokenCount(64)), 0);
+  EXPECT_EQ(*NumQueryTiles(Indptr({0, 1, 64, 65, 200}), TokenCount(64)), 0 + 1 + 1 + 2 + 4);
+  EXPECT_EQ(*NumQueryTiles(Indptr({}), TokenCount(64)), 0);
+  // A tile of no rows divides nothing: refused, not a division by zero.
+  EXPECT_EQ(NumQueryTiles(Indptr({0, 1}), TokenCount(0)).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(SplitKvPlannerTest, RejectsBadInput) {
