@@ -38,6 +38,17 @@ enum ViolationKind : int32_t {
   kMaskOutsideBuffer = 15,      // a custom-mask block (mask_indptr) not inside the mask
   kQueryRowsMismatch = 16,      // qo_indptr[0] != 0 or qo_indptr[bs] != the query rows: rows
                                 // no sequence claims
+  // The decode attention's split-KV work and reduce items (paged_decode_attention.h); index:
+  // the item.
+  kWorkItemSequence = 17,         // a work item's sequence outside the batch
+  kWorkItemPartialSlot = 18,      // a work item's partial slot past the partial buffers
+  kWorkItemKvBeginNegative = 19,  // a work item's kv_begin below 0
+  kWorkItemKvEndPastLength = 20,  // a work item's kv_end past its sequence's KV length
+  kWorkItemKvEndBeforeBegin = 21,  // a work item's kv_end below its kv_begin
+  kReduceItemSequence = 22,       // a reduce item's sequence outside the batch
+  kReduceItemPartials = 23,       // a reduce item's partial slots outside the partial buffers
+  kPartialSlotUnmerged = 24,      // merging in the attention launch: a work item's partial slot
+                                  // that no reduce item merges
 };
 
 struct DeviceViolation {

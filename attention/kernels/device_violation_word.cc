@@ -85,6 +85,29 @@ std::string DescribeViolation(const kernels::DeviceViolation& v) {
     case kernels::kQueryRowsMismatch:
       return absl::StrCat("qo_indptr ", at, v.value, ", want ", v.bound,
                           ": query rows no sequence claims are not written");
+    case kernels::kWorkItemSequence:
+      return absl::StrCat("split-KV work item ", v.index, ": sequence ", v.value,
+                          " outside the batch of ", v.bound);
+    case kernels::kWorkItemPartialSlot:
+      return absl::StrCat("split-KV work item ", v.index, ": partial slot ", v.value,
+                          ", the partial buffers hold ", v.bound);
+    case kernels::kWorkItemKvBeginNegative:
+      return absl::StrCat("split-KV work item ", v.index, ": kv_begin ", v.value, " is negative");
+    case kernels::kWorkItemKvEndPastLength:
+      return absl::StrCat("split-KV work item ", v.index, ": kv_end ", v.value,
+                          " is past its sequence's KV length ", v.bound);
+    case kernels::kWorkItemKvEndBeforeBegin:
+      return absl::StrCat("split-KV work item ", v.index, ": kv_end ", v.value,
+                          " is below its kv_begin ", v.bound);
+    case kernels::kReduceItemSequence:
+      return absl::StrCat("split-KV reduce item ", v.index, ": sequence ", v.value,
+                          " outside the batch of ", v.bound);
+    case kernels::kReduceItemPartials:
+      return absl::StrCat("split-KV reduce item ", v.index, ": partial slots up to ", v.value,
+                          " outside the ", v.bound, " the partial buffers hold");
+    case kernels::kPartialSlotUnmerged:
+      return absl::StrCat("split-KV work item ", v.index, ": partial slot ", v.value,
+                          " is merged by none of the ", v.bound, " reduce items");
     default:
       return absl::StrCat("unknown violation kind ", v.kind, " at entry ", v.index);
   }

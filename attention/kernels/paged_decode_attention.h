@@ -21,20 +21,21 @@
 // What lives in device memory is bounds-checked by the kernels, which never read or write
 // outside a buffer: they clamp, skip a token whose slot is outside the pool, and record the
 // first violation in `violation` (device_violation.h; may be null). The kinds they record:
-//   kOffsetNegative / kIndptrDecreasing   kv_indptr entry negative / below the one before it,
-//                                         or a work item's kv_end below its kv_begin
+//   kOffsetNegative / kIndptrDecreasing   kv_indptr entry negative / below the one before it
 //   kTotalPastCapacity                    kv_indptr past kv_indices' capacity (index: the
-//                                         sequence), a partial slot past the partial buffers
-//                                         (index: the work item), a reduce item's partials
-//                                         past them (index: the reduce item), or, merging in
-//                                         the attention launch, a partial slot no reduce item
-//                                         merges (index: the work item, bound: num_reduce)
+//                                         sequence)
 //   kLengthNegative                       a negative kv_lens entry
 //   kPagesPastTable                       kv_lens[i] needs more pages than the table's columns
 //   kSlotOutsidePool                      a token's slot (from kv_indices or page table) outside
 //                                         the pool; the token is skipped
-//   kRowOutsideTable                      a work or reduce item's sequence outside the batch
-//   kLengthPastRow                        a work item's kv_end past its sequence's KV length
+//   kWorkItemSequence, kReduceItemSequence  a work or reduce item's sequence outside the batch
+//   kWorkItemPartialSlot                  a work item's partial slot past the partial buffers
+//   kWorkItemKvBeginNegative, kWorkItemKvEndPastLength, kWorkItemKvEndBeforeBegin
+//                                         a work item's KV range: kv_begin < 0, kv_end past its
+//                                         sequence's KV length, kv_end < kv_begin (clamped)
+//   kReduceItemPartials                   a reduce item's partials outside the partial buffers
+//   kPartialSlotUnmerged                  merging in the attention launch: a work item's partial
+//                                         slot that no reduce item merges (bound: num_reduce)
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_PAGED_DECODE_ATTENTION_H_
 #define ATTNMETA_ATTENTION_KERNELS_PAGED_DECODE_ATTENTION_H_

@@ -49,21 +49,21 @@ __device__ inline bool ResolveWork(const PagedDecodeParams& p, int32_t item, Blo
     kv_begin = it.kv_begin;
     kv_end = it.kv_end;
     if (it.sequence < 0 || it.sequence >= p.batch_size) {
-      hold(kRowOutsideTable, item, it.sequence, p.batch_size);
+      hold(kWorkItemSequence, item, it.sequence, p.batch_size);
       return false;
     }
     if (it.partial_slot >= p.partial_capacity) {
-      hold(kTotalPastCapacity, item, int64_t{it.partial_slot} + 1, p.partial_capacity);
+      hold(kWorkItemPartialSlot, item, it.partial_slot, p.partial_capacity);
       return false;
     }
     if (kv_begin < 0) {
-      hold(kLengthNegative, item, kv_begin, 0);
+      hold(kWorkItemKvBeginNegative, item, kv_begin, 0);
       kv_begin = 0;
     }
   }
   const int32_t len = internal::KvLength(p, w.sequence, hold, &w.index_base);
-  if (p.work != nullptr && kv_end > len) hold(kLengthPastRow, item, kv_end, len);
-  if (kv_end < kv_begin) hold(kIndptrDecreasing, item, kv_end, kv_begin);
+  if (p.work != nullptr && kv_end > len) hold(kWorkItemKvEndPastLength, item, kv_end, len);
+  if (kv_end < kv_begin) hold(kWorkItemKvEndBeforeBegin, item, kv_end, kv_begin);
   w.hi = static_cast<int32_t>(kv_end < len ? kv_end : len);
   w.lo = static_cast<int32_t>(kv_begin < w.hi ? kv_begin : w.hi);
   return true;
@@ -74,11 +74,11 @@ __device__ inline bool ResolveWork(const PagedDecodeParams& p, int32_t item, Blo
 __device__ inline bool ReduceItemFits(const DecodeReduceItem& it, int32_t r, int32_t batch_size,
                                       int32_t partial_capacity, DeviceViolation* v) {
   if (it.sequence < 0 || it.sequence >= batch_size) {
-    RecordViolation(v, kRowOutsideTable, r, it.sequence, batch_size);
+    RecordViolation(v, kReduceItemSequence, r, it.sequence, batch_size);
     return false;
   }
   if (it.partial_begin < 0 || it.partial_end > partial_capacity || it.partial_begin > it.partial_end) {
-    RecordViolation(v, kTotalPastCapacity, r, it.partial_end, partial_capacity);
+    RecordViolation(v, kReduceItemPartials, r, it.partial_end, partial_capacity);
     return false;
   }
   return true;
@@ -263,7 +263,7 @@ __device__ __forceinline__ void MergeIfLast(const PagedDecodeParams& p, int32_t 
   if (threadIdx.x == (kWarps - 1) * 32) {
     merge_item.sequence = -1;
     if (found < 0) {
-      RecordViolation(p.violation, kTotalPastCapacity, item, int64_t{slot} + 1, p.num_reduce);
+      RecordViolation(p.violation, kPartialSlotUnmerged, item, slot, p.num_reduce);
     } else {
       const DecodeReduceItem it = p.reduce[found];
       if (ReduceItemFits(it, found, p.batch_size, p.partial_capacity, p.violation)) {

@@ -1193,14 +1193,16 @@ TEST_F(GuardDecodeGpuTest, CorruptedDevicePlanIsRecorded) {
     std::function<void(std::vector<SplitKvWorkItem>&, std::vector<SplitKvReduceItem>&)> edit;
     const char* words;
   } cases[] = {
-      {"work item of sequence 99", [](auto& w, auto&) { w[0].sequence = 99; }, "row 99 outside"},
+      {"work item of sequence 99", [](auto& w, auto&) { w[0].sequence = 99; },
+       "split-KV work item 0: sequence 99 outside the batch"},
       {"partial slot past the buffers", [](auto& w, auto&) { w.back().partial_slot = 1000; },
-       "the buffer holds"},
+       ": partial slot 1000, the partial buffers hold"},
       {"KV past the sequence", [](auto& w, auto&) { w[0].kv_end = TokenPosition(50000); },
-       "past the row"},
-      {"reduce item of sequence -2", [](auto&, auto& r) { r[0].sequence = -2; }, "row -2 outside"},
+       "split-KV work item 0: kv_end 50000 is past its sequence's KV length"},
+      {"reduce item of sequence -2", [](auto&, auto& r) { r[0].sequence = -2; },
+       "split-KV reduce item 0: sequence -2 outside the batch"},
       {"reduce item past the partials", [](auto&, auto& r) { r[0].partial_end = 5000; },
-       "the buffer holds"},
+       "split-KV reduce item 0: partial slots up to 5000 outside the"},
   };
   DeviceBuffer<uint32_t> counters = Upload(std::vector<uint32_t>(plan->reduce.size() * 32, 0));
   for (const Case& c : cases) {
@@ -1379,7 +1381,7 @@ TEST_F(OverlapDecodeGpuTest, ViolationsFoundBeforeTheWaitAreRecordedAfterIt) {
       const Result r = RunDecodeOnce(p.dims, d, p.bs(), d.TokenLevel(), &bad, 0, word_->device(),
                                      {}, /*device_plan=*/true, &ahead);
       ASSERT_TRUE(r.status.ok()) << r.status;
-      ExpectViolation("row 99 outside");
+      ExpectViolation("split-KV work item 0: sequence 99 outside the batch");
     }
   }
 }
