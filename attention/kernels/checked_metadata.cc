@@ -25,15 +25,15 @@ absl::Status CheckLaunchedMetadata(const CheckedMetadata& checked,
   if (m.batch_size() != launch.batch_size) {
     return Mismatch("batch size", m.batch_size(), launch.batch_size);
   }
-  if (ctx.num_query_rows.value() != launch.query_rows) {
+  if (ctx.num_query_rows != launch.query_rows) {
     return absl::InvalidArgumentError(absl::StrCat(
         "checked mode: the context's num_query_rows is ", ctx.num_query_rows.value(),
-        ", the launch's query rows ", launch.query_rows));
+        ", the launch's query rows ", launch.query_rows.value()));
   }
-  if (ctx.pool_slots.value() > launch.pool_slots) {
+  if (ctx.pool_slots > launch.pool_slots) {
     return absl::InvalidArgumentError(
         absl::StrCat("checked mode: the context's pool_slots ", ctx.pool_slots.value(),
-                     " exceed the launch pools' ", launch.pool_slots, " slots"));
+                     " exceed the launch pools' ", launch.pool_slots.value(), " slots"));
   }
   if (m.custom_mask.layout != launch.mask_layout) {
     return absl::InvalidArgumentError(
@@ -52,8 +52,9 @@ absl::Status CheckLaunchedMetadata(const CheckedMetadata& checked,
       return absl::InvalidArgumentError(
           "checked mode: the launch reads K/V through a page table, the host metadata has none");
     }
-    if (m.page_table.cols() != launch.page_table_cols) {
-      return Mismatch("page table width (columns)", m.page_table.cols(), launch.page_table_cols);
+    if (m.page_table.cols() != launch.page_table_cols.value()) {
+      return Mismatch("page table width (columns)", m.page_table.cols(),
+                      launch.page_table_cols.value());
     }
     if (ctx.page_size != launch.page_size) {
       return absl::InvalidArgumentError(
@@ -65,10 +66,10 @@ absl::Status CheckLaunchedMetadata(const CheckedMetadata& checked,
     return absl::Status(s.code(), absl::StrCat("checked mode: ", s.message()));
   }
   // After validation: kv_indptr has bs + 1 entries, and mask_indptr too with a mask.
-  if (!launch.page_table && m.kv_indptr.back().value() > launch.kv_indices_entries) {
+  if (!launch.page_table && m.kv_indptr.back().value() > launch.kv_indices_entries.value()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "checked mode: the host metadata's kv_indptr[bs] is ", m.kv_indptr.back().value(),
-        " but the launch's kv_indices holds ", launch.kv_indices_entries, " entries"));
+        " but the launch's kv_indices holds ", launch.kv_indices_entries.value(), " entries"));
   }
   if (m.custom_mask.layout != MaskLayout::kNone &&
       m.custom_mask.mask_indptr.back() > launch.mask_bytes) {

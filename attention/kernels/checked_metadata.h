@@ -34,13 +34,13 @@ struct CheckedMetadata {
 // What a launcher knows of the metadata it launches on (sizes only).
 struct LaunchedMetadataShape {
   int64_t batch_size = 0;  // sequences of the KV source
-  int64_t query_rows = 0;  // rows of q
-  int64_t pool_slots = 0;  // slots of the K and V pools
+  TokenCount query_rows;   // rows of q
+  TokenCount pool_slots;   // slots of the K and V pools
   // K/V through the page table (page_table_cols, page_size), else through token-level
   // kv_indices of kv_indices_entries entries.
   bool page_table = false;
-  int64_t kv_indices_entries = 0;
-  int64_t page_table_cols = 0;
+  TokenCount kv_indices_entries;
+  PageCount page_table_cols;
   PageSize page_size = *PageSize::Create(1);
   MaskLayout mask_layout = MaskLayout::kNone;
   int64_t mask_bytes = 0;  // the device mask's bytes (with a mask layout)

@@ -33,17 +33,17 @@ struct DecodeBatch {
   LaunchedMetadataShape TokenLevel() const {
     LaunchedMetadataShape s;
     s.batch_size = 4;
-    s.query_rows = 4;
-    s.pool_slots = f.pool_slots().value();
-    s.kv_indices_entries = static_cast<int64_t>(m.kv_indices.size());
+    s.query_rows = TokenCount(4);
+    s.pool_slots = f.pool_slots();
+    s.kv_indices_entries = TokenCount(static_cast<int64_t>(m.kv_indices.size()));
     s.max_q_len = TokenCount(1);
     return s;
   }
   LaunchedMetadataShape PageTable() const {
     LaunchedMetadataShape s = TokenLevel();
     s.page_table = true;
-    s.kv_indices_entries = 0;
-    s.page_table_cols = m.page_table.cols();
+    s.kv_indices_entries = TokenCount(0);
+    s.page_table_cols = PageCount(m.page_table.cols());
     s.page_size = f.page_size();
     return s;
   }
@@ -57,8 +57,8 @@ TEST(CheckLaunchedMetadataTest, AcceptsTheMetadataOfTheLaunch) {
   EXPECT_TRUE(CheckLaunchedMetadata(b.Checked(), b.PageTable()).ok());
   // A larger device kv_indices (a graph's fixed buffer), a larger pool, a looser max_q_len.
   LaunchedMetadataShape s = b.TokenLevel();
-  s.kv_indices_entries += 100;
-  s.pool_slots += 16;
+  s.kv_indices_entries += TokenCount(100);
+  s.pool_slots += TokenCount(16);
   s.max_q_len = TokenCount(3);
   EXPECT_TRUE(CheckLaunchedMetadata(b.Checked(), s).ok());
 }
@@ -101,13 +101,13 @@ TEST(CheckLaunchedMetadataTest, RefusesAHostCopyOfAnotherLaunch) {
   s.batch_size = 5;
   refused(s, "batch size is 4, the launch's 5");
   s = b.TokenLevel();
-  s.query_rows = 3;
+  s.query_rows = TokenCount(3);
   refused(s, "num_query_rows is 4, the launch's query rows 3");
   s = b.TokenLevel();
-  s.pool_slots -= 1;
+  s.pool_slots -= TokenCount(1);
   refused(s, "exceed the launch pools'");
   s = b.TokenLevel();
-  s.kv_indices_entries -= 1;
+  s.kv_indices_entries -= TokenCount(1);
   refused(s, "but the launch's kv_indices holds");
   s = b.TokenLevel();
   s.mask_layout = MaskLayout::kFull;
@@ -120,7 +120,7 @@ TEST(CheckLaunchedMetadataTest, RefusesAHostCopyOfAnotherLaunch) {
   s.max_q_len_exact = true;
   refused(s, "max_q_len (the launch's must equal it)");
   s = b.PageTable();
-  s.page_table_cols += 1;
+  s.page_table_cols += PageCount(1);
   refused(s, "page table width");
   s = b.PageTable();
   s.page_size = *PageSize::Create(64);
@@ -190,9 +190,9 @@ TEST(CheckLaunchedMetadataTest, RefusesADeviceMaskSmallerThanTheHostMask) {
                                 ValidationContext{f.pool_slots(), f.page_size(), f.num_query_rows()}};
   LaunchedMetadataShape s;
   s.batch_size = 2;
-  s.query_rows = 5;
-  s.pool_slots = f.pool_slots().value();
-  s.kv_indices_entries = static_cast<int64_t>(m->kv_indices.size());
+  s.query_rows = TokenCount(5);
+  s.pool_slots = f.pool_slots();
+  s.kv_indices_entries = TokenCount(static_cast<int64_t>(m->kv_indices.size()));
   s.mask_layout = MaskLayout::kFull;
   s.mask_bytes = static_cast<int64_t>(m->custom_mask.size());
   s.max_q_len = TokenCount(3);

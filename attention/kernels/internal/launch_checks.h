@@ -246,14 +246,14 @@ LaunchedMetadataShape LaunchedKvShape(const std::variant<TokenLevelKv, PageTable
                                       int64_t bs, int64_t query_rows, int64_t pool_slots) {
   LaunchedMetadataShape shape;
   shape.batch_size = bs;
-  shape.query_rows = query_rows;
-  shape.pool_slots = pool_slots;
+  shape.query_rows = TokenCount(query_rows);
+  shape.pool_slots = TokenCount(pool_slots);
   if (const auto* t = std::get_if<TokenLevelKv>(&kv)) {
-    shape.kv_indices_entries = static_cast<int64_t>(t->kv_indices.size());
+    shape.kv_indices_entries = TokenCount(static_cast<int64_t>(t->kv_indices.size()));
   } else {
     const PageTableKv& pt = std::get<PageTableKv>(kv);
     shape.page_table = true;
-    shape.page_table_cols = pt.cols;
+    shape.page_table_cols = PageCount(pt.cols);
     shape.page_size = pt.page_size;
   }
   return shape;
