@@ -71,8 +71,7 @@ absl::Status ValidateBackendConfig(const BackendConfig& c) {
   }
   // One request's row of token slots must stay int32-addressable (the plan checks the
   // buffers; this names the field that overflows first).
-  const int64_t ps = c.page_size();
-  const int64_t row = (c.max_context_len() + ps - 1) / ps * ps + spec.draft_tokens();
+  const int64_t row = KvRowTokens(c).value();
   if (row > std::numeric_limits<int32_t>::max()) {
     return Bad("speculative.draft_tokens",
                absl::StrCat("max_context_len rounded up to pages plus ", spec.draft_tokens(),
@@ -110,6 +109,15 @@ PageSize ConfigPageSize(const BackendConfig& c) { return *PageSize::Create(c.pag
 
 int64_t MaxQueryRowsPerRequest(const BackendConfig& c) {
   return c.max_query_rows_per_request() == 0 ? 1 : c.max_query_rows_per_request();
+}
+
+TokenCount ContextRowTokens(const BackendConfig& c) {
+  const PageSize ps = ConfigPageSize(c);
+  return TokensInPages(PagesForTokensCeil(TokenCount(c.max_context_len()), ps), ps);
+}
+
+TokenCount KvRowTokens(const BackendConfig& c) {
+  return ContextRowTokens(c) + TokenCount(c.speculative().draft_tokens());
 }
 
 SplitKvOptions ConfigSplitKvOptions(const BackendConfig& c) {

@@ -29,6 +29,14 @@ absl::StatusOr<BackendConfig> ParseBackendConfig(absl::string_view text);
 PageSize ConfigPageSize(const BackendConfig& config);
 // Query rows one request brings at most (max_query_rows_per_request, 1 when unset).
 int64_t MaxQueryRowsPerRequest(const BackendConfig& config);
+// A request's context in whole pages: max_context_len rounded up to the page size.
+// REQUIRES: the config's max_context_len and page_size are valid (ValidateBackendConfig checks
+// them before it asks for KvRowTokens).
+TokenCount ContextRowTokens(const BackendConfig& config);
+// R, a request's row of token slots in the graph's kv_indices: ContextRowTokens plus the
+// draft tokens (the verify tree's slots past the context). ValidateBackendConfig bounds it,
+// ComputeBufferPlan sizes kv_indices by it. REQUIRES: as ContextRowTokens, draft_tokens >= 0.
+TokenCount KvRowTokens(const BackendConfig& config);
 // The split-KV planner options of the config's split-KV consumer.
 SplitKvOptions ConfigSplitKvOptions(const BackendConfig& config);
 

@@ -69,11 +69,11 @@ absl::StatusOr<BufferPlan> ComputeBufferPlan(const BackendConfig& c, int64_t bat
   namespace gb = graph_buffer;
   const int64_t b = batch_capacity;
   const int64_t ps = c.page_size();
-  const int64_t ctx_slots = CeilDiv(c.max_context_len(), ps) * ps;
+  const int64_t ctx_slots = ContextRowTokens(c).value();
   const int64_t draft = c.speculative().draft_tokens();
   BufferPlan plan;
   plan.batch_capacity = b;
-  plan.kv_row_tokens = ctx_slots + draft;
+  plan.kv_row_tokens = KvRowTokens(c).value();
 
   // Adds a buffer of `element`s whose capacity is the product of `factors`.
   auto add = [&](absl::string_view name, BufferElement element, absl::string_view shape,
