@@ -252,6 +252,12 @@ constexpr TokenCount TokenOffsetInPage(TokenCount n, PageSize ps) {
   return TokenCount(n.value() % ps.tokens());
 }
 
+// The slot of token `n` (0-based) of a padded row: slot n % page_size of the padding page.
+// REQUIRES: n >= 0.
+constexpr TokenSlot PaddedRowSlot(TokenCount n, PageSize ps) {
+  return FirstSlotOf(kPaddingPage, ps) + TokenOffsetInPage(n, ps);
+}
+
 }  // namespace attnmeta
 
 #endif  // ATTNMETA_KVCACHE_UNITS_H_

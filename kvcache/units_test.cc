@@ -30,6 +30,10 @@ TEST(UnitsTest, ConversionsForNonPowerOfTwoPageSize) {
   EXPECT_EQ(PagesForTokensCeil(TokenCount(8), ps), PageCount(2));
   EXPECT_EQ(TokensInPages(PageCount(3), ps), TokenCount(21));
   EXPECT_EQ(TokenOffsetInPage(TokenCount(15), ps), TokenCount(1));
+  // Token n of a padded row stays on the padding page (page 0): slot n % page_size.
+  EXPECT_EQ(PaddedRowSlot(TokenCount(0), ps), TokenSlot(0));
+  EXPECT_EQ(PaddedRowSlot(TokenCount(15), ps), TokenSlot(1));
+  EXPECT_EQ(PaddedRowSlot(TokenCount(15), *PageSize::Create(1)), TokenSlot(0));
 }
 
 TEST(UnitsTest, ShiftAndDivideAgree) {

@@ -1,5 +1,6 @@
 #include "attention/graph/backend_config.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -109,6 +110,10 @@ PageSize ConfigPageSize(const BackendConfig& c) { return *PageSize::Create(c.pag
 
 int64_t MaxQueryRowsPerRequest(const BackendConfig& c) {
   return c.max_query_rows_per_request() == 0 ? 1 : c.max_query_rows_per_request();
+}
+
+int64_t MaxReplayQueryRowsPerRequest(const BackendConfig& c) {
+  return std::max<int64_t>(MaxQueryRowsPerRequest(c), c.speculative().draft_tokens());
 }
 
 TokenCount ContextRowTokens(const BackendConfig& c) {

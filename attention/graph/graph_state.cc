@@ -195,8 +195,7 @@ absl::Status GraphState::CheckShape(int64_t bucket, ForwardMode mode, TokenLengt
       }
       break;
     case ForwardMode::kDraftExtend: {
-      const int64_t most = std::max<int64_t>(MaxQueryRowsPerRequest(config_),
-                                             config_.speculative().draft_tokens());
+      const int64_t most = MaxReplayQueryRowsPerRequest(config_);
       if (q.value() < 1 || q.value() > most) {
         return absl::InvalidArgumentError(absl::StrCat(
             "draft_extend capture needs 1 to max(max_query_rows_per_request, draft_tokens) = ",
@@ -385,7 +384,7 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
     total += kv;
     longest = std::max(longest, kv);
     max_q = std::max(max_q, q_i);
-    mask_bytes += verify ? q_i * kv : 0;
+    mask_bytes += verify ? MaskBlockBytes(MaskLayout::kFull, q_i, kv, /*word_bytes=*/0) : 0;
   }
   total += (h.bucket - bs) * kPaddedKvLen.value();
   // The capacity checks below cannot fail for a correct plan (rows are at most

@@ -41,7 +41,6 @@ absl::Status WriteDraftDecode(const MetadataWriteRequest& r, const GraphBuffers&
   const size_t topk = static_cast<size_t>(r.draft_decode.topk);
   const size_t real_branches = real * topk;
   const size_t padded_branches = static_cast<size_t>(r.padded_batch_size) * topk;
-  const TokenSlot padding_slot = FirstSlotOf(kPaddingPage, r.page_size);
   for (int32_t step = 0; step < r.draft_decode.steps; ++step) {
     const DraftStepBuffers& d = b.draft_steps[step];
     if (absl::Status s = BuildDraftDecodeStep(
@@ -59,7 +58,7 @@ absl::Status WriteDraftDecode(const MetadataWriteRequest& r, const GraphBuffers&
       d.kv_last_page_len[z] = LastPageLen(r.padded_kv_len, r.page_size);
       const int64_t begin = d.kv_indptr[z].value();
       for (int64_t t = 0; t < r.padded_kv_len.value(); ++t) {
-        d.kv_indices[begin + t] = padding_slot + TokenCount(t % r.page_size.tokens());
+        d.kv_indices[begin + t] = PaddedRowSlot(TokenCount(t), r.page_size);
       }
       d.kv_indptr[z + 1] = d.kv_indptr[z] + r.padded_kv_len.count();
       b.draft_qo_indptr[z + 1] = b.draft_qo_indptr[z];
@@ -82,14 +81,12 @@ absl::Status HostMetadataWriter::WriteTokenArrays(const MetadataWriteRequest& r,
       !s.ok()) {
     return s;
   }
-  // Padded rows read slots of the padding page only: token t of a padded row is slot
-  // t % page_size of page 0.
-  const int64_t ps = r.page_size.tokens();
+  // Padded rows read slots of the padding page only.
   for (size_t i = real; i < padded; ++i) {
     const int64_t begin = b.kv_indptr[i].value();
     const int64_t len = b.kv_indptr[i + 1].value() - begin;
     for (int64_t t = 0; t < len; ++t) {
-      b.kv_indices[begin + t] = FirstSlotOf(kPaddingPage, r.page_size) + TokenCount(t % ps);
+      b.kv_indices[begin + t] = PaddedRowSlot(TokenCount(t), r.page_size);
     }
   }
   if (r.page_table) {
@@ -107,10 +104,7 @@ absl::Status HostMetadataWriter::WriteTokenArrays(const MetadataWriteRequest& r,
     }
   }
   if (r.mask_layout != MaskLayout::kNone) {
-    int64_t tree_bytes = 0;
-    for (size_t i = 0; i < real; ++i) {
-      tree_bytes += int64_t{b.q_lens[i].value()} * b.q_lens[i].value();
-    }
+    const int64_t tree_bytes = TreeRowsBytes(b.q_lens.subspan(0, real));
     if (absl::Status s = BuildCustomMask(r.mask_layout, b.tree_mask.subspan(0, tree_bytes),
                                          b.q_lens.subspan(0, padded), b.kv_lens.subspan(0, padded),
                                          b.mask_indptr.subspan(0, padded + 1), b.custom_mask);

@@ -99,10 +99,15 @@ absl::Status BuildMaskIndptr(MaskLayout layout, absl::Span<const TokenLength> q_
   return absl::OkStatus();
 }
 
+int64_t TreeRowsBytes(absl::Span<const TokenLength> q_lens) {
+  int64_t bytes = 0;
+  for (TokenLength q : q_lens) bytes += int64_t{q.value()} * q.value();
+  return bytes;
+}
+
 absl::Status CheckTreeRowsSize(absl::Span<const uint8_t> tree_rows,
                                absl::Span<const TokenLength> q_lens) {
-  int64_t tree_bytes = 0;
-  for (TokenLength q : q_lens) tree_bytes += int64_t{q.value()} * q.value();
+  const int64_t tree_bytes = TreeRowsBytes(q_lens);
   if (static_cast<int64_t>(tree_rows.size()) != tree_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("custom mask: tree rows hold ",
                                                    tree_rows.size(), " bytes, the batch's q_lens need ",

@@ -54,8 +54,12 @@ int64_t MaskBlockBytes(MaskLayout layout, int64_t q_len, int64_t kv_len, int32_t
 absl::Status BuildMaskIndptr(MaskLayout layout, absl::Span<const TokenLength> q_lens,
                              absl::Span<const TokenLength> kv_lens, absl::Span<int64_t> out);
 
-// InvalidArgument unless tree_rows holds sum(q_len^2) bytes, one [q_len][q_len] block per
-// sequence (BuildCustomMask's first check, for a caller that sizes the mask before calling it).
+// The bytes of a batch's tree rows: sum(q_len^2), one [q_len][q_len] block per sequence.
+// REQUIRES: every q_len >= 0.
+int64_t TreeRowsBytes(absl::Span<const TokenLength> q_lens);
+
+// InvalidArgument unless tree_rows holds TreeRowsBytes(q_lens) bytes (BuildCustomMask's first
+// check, for a caller that sizes the mask before calling it).
 absl::Status CheckTreeRowsSize(absl::Span<const uint8_t> tree_rows,
                                absl::Span<const TokenLength> q_lens);
 

@@ -82,7 +82,7 @@ bool RowMatchesSlots(absl::Span<const PageId> row, const TokenSlot* slots, int64
   end_page = std::max(end_page, first_page);  // a pool smaller than a page holds no page
   constexpr int kLanes = 8;
   const int64_t ps = page_size.tokens();
-  const int64_t pages = (n + ps - 1) / ps;
+  const int64_t pages = PagesForTokensCeil(TokenCount(n), page_size).value();
   const int log2 = page_size.log2();
   // Unsigned arithmetic: an out-of-range page only sets the flag, it never shifts a negative.
   const uint32_t page_span = static_cast<uint32_t>(end_page - first_page);
