@@ -81,4 +81,99 @@ absl::StatusOr<SplitKvPlan> PlanDecodeSplitKv(absl::Span<const TokenOffset> kv_i
   return PlanSplitKv(qo_indptr, kv_indptr, options);
 }
 
+absl::Status CheckDecodeSplitPlan(const SplitKvPlan& plan, const KvLayout& layout, int64_t bs) {
+  if (plan.layout != layout) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "split-KV plan: made for layout ", KvLayoutName(plan.layout), ", but this decode reads ",
+        KvLayoutName(layout), " (plan it with DecodeKvLayout of the KV source)"));
+  }
+  if (bs < 0) return absl::InvalidArgumentError("split-KV plan: a negative batch size");
+  if (plan.num_partials < 0) return absl::InvalidArgumentError("split-KV plan: negative num_partials");
+  // Every partial slot is one work item's: checked before anything is sized by num_partials.
+  if (plan.num_partials > static_cast<int64_t>(plan.work.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("split-KV plan: ", plan.num_partials,
+                                                   " partial slots for ", plan.work.size(),
+                                                   " work items"));
+  }
+  std::vector<int32_t> direct(bs, 0), split(bs, 0), reduced(bs, 0);
+  std::vector<int32_t> owner(plan.num_partials, -1);
+  for (size_t k = 0; k < plan.work.size(); ++k) {
+    const SplitKvWorkItem& w = plan.work[k];
+    if (w.sequence < 0 || w.sequence >= bs || w.q_begin.value() != w.sequence ||
+        w.q_end.value() != w.sequence + 1 || w.kv_begin.value() < 0 || w.kv_end < w.kv_begin ||
+        w.partial_slot >= plan.num_partials) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "split-KV plan: work item ", k, " (sequence ", w.sequence, ", rows [", w.q_begin.value(),
+          ", ", w.q_end.value(), "), KV [", w.kv_begin.value(), ", ", w.kv_end.value(),
+          "), partial ", w.partial_slot, ") does not fit a decode batch of ", bs, " with ",
+          plan.num_partials, " partial slots"));
+    }
+    if (w.partial_slot < 0) {
+      ++direct[w.sequence];
+    } else {
+      if (owner[w.partial_slot] >= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("split-KV plan: partial slot ", w.partial_slot, " written twice"));
+      }
+      owner[w.partial_slot] = w.sequence;
+      ++split[w.sequence];
+    }
+  }
+  std::vector<int32_t> merged(plan.num_partials, 0);
+  for (size_t r = 0; r < plan.reduce.size(); ++r) {
+    const SplitKvReduceItem& red = plan.reduce[r];
+    if (red.sequence < 0 || red.sequence >= bs || red.q_begin.value() != red.sequence ||
+        red.q_end.value() != red.sequence + 1 || red.partial_begin < 0 ||
+        red.partial_begin >= red.partial_end || red.partial_end > plan.num_partials) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("split-KV plan: reduce item ", r, " (sequence ", red.sequence,
+                       ", partials [", red.partial_begin, ", ", red.partial_end,
+                       ")) does not fit a decode batch of ", bs, " with ", plan.num_partials,
+                       " partial slots"));
+    }
+    ++reduced[red.sequence];
+    for (int32_t s = red.partial_begin; s < red.partial_end; ++s) {
+      if (owner[s] != red.sequence || merged[s]++ != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "split-KV plan: reduce item ", r, " merges partial slot ", s,
+            ", which no work item of sequence ", red.sequence, " writes or another item merges"));
+      }
+    }
+  }
+  for (int64_t i = 0; i < bs; ++i) {
+    const bool one_direct = direct[i] == 1 && split[i] == 0 && reduced[i] == 0;
+    const bool merged_once = direct[i] == 0 && split[i] > 0 && reduced[i] == 1;
+    if (!one_direct && !merged_once) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "split-KV plan: sequence ", i, " has ", direct[i], " direct items, ", split[i],
+          " split items and ", reduced[i], " reduce items; it needs one direct item, or split "
+          "items and one reduce item"));
+    }
+  }
+  // Each sequence's items tile its KV range from position 0 without gaps or overlaps (the
+  // merged log-sum-exp of overlapping items would count their tokens twice).
+  std::vector<const SplitKvWorkItem*> items;
+  for (const SplitKvWorkItem& w : plan.work) items.push_back(&w);
+  std::sort(items.begin(), items.end(), [](const SplitKvWorkItem* a, const SplitKvWorkItem* b) {
+    return a->sequence != b->sequence ? a->sequence < b->sequence : a->kv_begin < b->kv_begin;
+  });
+  for (size_t k = 0; k < items.size(); ++k) {
+    const SplitKvWorkItem& w = *items[k];
+    const bool first = k == 0 || items[k - 1]->sequence != w.sequence;
+    const TokenPosition expected = first ? TokenPosition(0) : items[k - 1]->kv_end;
+    if (w.kv_begin != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "split-KV plan: the items of sequence ", w.sequence, " do not tile its KV from 0: an item "
+          "begins at ", w.kv_begin.value(), " where ", expected.value(), " was expected"));
+    }
+  }
+  for (int32_t s = 0; s < plan.num_partials; ++s) {
+    if (owner[s] >= 0 && merged[s] == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("split-KV plan: partial slot ", s, " is written but never merged"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace attnmeta

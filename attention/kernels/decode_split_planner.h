@@ -54,6 +54,18 @@ struct DecodeSplitOptions {
 absl::StatusOr<SplitKvPlan> PlanDecodeSplitKv(absl::Span<const TokenOffset> kv_indptr,
                                               KvLayout layout, const DecodeSplitOptions& options);
 
+// OK, or InvalidArgument: `plan` is not a decode plan for a batch of `bs` sequences whose K/V
+// is read through `layout` (PagedDecodeAttention checks a host plan with it before anything is
+// launched): a plan made for another layout; partial slots negative or more than the work
+// items; a work item outside the batch (its sequence, query rows other than the sequence's one
+// row, a negative or reversed KV range, a partial slot past num_partials); a partial slot
+// written twice; a reduce item outside the batch, or merging a slot that no work item of its
+// sequence writes or that another reduce item merges; a sequence without exactly one direct
+// item, or split items and one reduce item; a sequence's items that do not tile its KV range
+// from 0; a partial slot written but never merged. Where the items end is checked against the
+// lengths in checked mode only (CheckLaunchedMetadata): the lengths live on the device.
+absl::Status CheckDecodeSplitPlan(const SplitKvPlan& plan, const KvLayout& layout, int64_t bs);
+
 }  // namespace attnmeta
 
 #endif  // ATTNMETA_ATTENTION_KERNELS_DECODE_SPLIT_PLANNER_H_

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -212,6 +214,87 @@ TEST(DecodeSplitPlannerTest, BadOptionsAndBatchesAreRefused) {
   EXPECT_EQ(PlanDecodeSplitKv(Indptr({100, 0}), KvLayout::LinearPerToken(), kH200).status().code(),
             absl::StatusCode::kInvalidArgument)
       << "a decode row needs a KV token";
+}
+
+// The launcher's check of a host plan: the planner's plans pass, and each way a plan can fail
+// to be the batch's is refused with a message that says which.
+TEST(CheckDecodeSplitPlanTest, RefusesEveryPlanThatIsNotTheBatchs) {
+  const std::vector<int32_t> lens = {100, 60, 800};
+  const KvLayout linear = KvLayout::LinearPerToken();
+  const absl::StatusOr<SplitKvPlan> planned = PlanDecodeSplitKv(
+      Indptr(lens), linear, DecodeSplitOptions{/*multiprocessor_count=*/8, /*blocks_per_item=*/8,
+                                               /*blocks_per_multiprocessor=*/8});
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  const SplitKvPlan& plan = *planned;
+  ASSERT_GT(plan.num_partials, 0);
+  ASSERT_FALSE(plan.reduce.empty());
+  EXPECT_TRUE(CheckDecodeSplitPlan(plan, linear, 3).ok()) << CheckDecodeSplitPlan(plan, linear, 3);
+  // The split sequence: the one the reduce item merges; one of its items, and a direct item.
+  const int32_t split_seq = plan.reduce[0].sequence;
+  size_t split_item = plan.work.size(), direct_item = plan.work.size();
+  for (size_t k = 0; k < plan.work.size(); ++k) {
+    if (plan.work[k].sequence == split_seq && split_item == plan.work.size()) split_item = k;
+    if (plan.work[k].partial_slot < 0 && direct_item == plan.work.size()) direct_item = k;
+  }
+  ASSERT_LT(split_item + 1, plan.work.size());
+  ASSERT_EQ(plan.work[split_item + 1].sequence, split_seq);
+  ASSERT_LT(direct_item, plan.work.size());
+
+  struct Case {
+    const char* words;
+    std::function<void(SplitKvPlan&)> edit;
+    KvLayout layout = KvLayout::LinearPerToken();
+    int64_t bs = 3;
+  };
+  const std::vector<Case> cases = {
+      {"made for layout LinearPerToken, but this decode reads Paged(page_size 16)",
+       [](SplitKvPlan&) {}, KvLayout::Paged(*PageSize::Create(16))},
+      {"a negative batch size", [](SplitKvPlan&) {}, linear, -1},
+      {"negative num_partials", [](SplitKvPlan& p) { p.num_partials = -1; }},
+      {"partial slots for", [](SplitKvPlan& p) {
+         p.num_partials = static_cast<int32_t>(p.work.size()) + 1;
+       }},
+      {"does not fit a decode batch of 2", [](SplitKvPlan&) {}, linear, 2},
+      {"does not fit a decode batch", [&](SplitKvPlan& p) {
+         p.work[direct_item].q_end = TokenOffset(p.work[direct_item].q_end.value() + 1);
+       }},
+      {"does not fit a decode batch", [&](SplitKvPlan& p) {
+         p.work[direct_item].kv_begin = TokenPosition(-1);
+       }},
+      {"does not fit a decode batch", [&](SplitKvPlan& p) {
+         p.work[direct_item].kv_end = TokenPosition(p.work[direct_item].kv_begin.value() - 1);
+       }},
+      {"written twice", [&](SplitKvPlan& p) {
+         p.work[direct_item].partial_slot = p.work[split_item].partial_slot;
+       }},
+      {"written twice", [&](SplitKvPlan& p) {  // by two items of the split sequence
+         p.work[split_item + 1].partial_slot = p.work[split_item].partial_slot;
+       }},
+      {"which no work item of sequence", [&](SplitKvPlan& p) {
+         const int32_t other = p.work[direct_item].sequence;
+         p.reduce[0].sequence = other;
+         p.reduce[0].q_begin = TokenOffset(other);
+         p.reduce[0].q_end = TokenOffset(other + 1);
+       }},
+      {"direct items", [&](SplitKvPlan& p) {
+         const int32_t gone = p.work[direct_item].sequence;
+         p.work.erase(std::remove_if(p.work.begin(), p.work.end(),
+                                     [&](const SplitKvWorkItem& w) { return w.sequence == gone; }),
+                      p.work.end());
+       }},
+      {"do not tile its KV from 0", [&](SplitKvPlan& p) {
+         p.work[direct_item].kv_begin = TokenPosition(1);
+       }},
+      {"is written but never merged", [](SplitKvPlan& p) { p.reduce[0].partial_end -= 1; }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.words);
+    SplitKvPlan bad = plan;
+    c.edit(bad);
+    const absl::Status s = CheckDecodeSplitPlan(bad, c.layout, c.bs);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr(c.words));
+  }
 }
 
 }  // namespace

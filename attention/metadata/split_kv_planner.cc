@@ -24,6 +24,10 @@ int64_t CountQueryTiles(absl::Span<const TokenOffset> qo_indptr, TokenCount q_ti
 }
 
 }  // namespace
+std::string KvLayoutName(const KvLayout& l) {
+  return l.paged() ? absl::StrCat("Paged(page_size ", l.block().tokens(), ")") : "LinearPerToken";
+}
+
 SplitKvCapacity SplitKvCapacityFor(int64_t max_tiles, int32_t num_units) {
   const int64_t boundaries = std::max<int64_t>(0, num_units - 1);
   return SplitKvCapacity{max_tiles + boundaries, 2 * boundaries, boundaries};

@@ -12,6 +12,7 @@
 #define ATTNMETA_ATTENTION_METADATA_SPLIT_KV_PLANNER_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -33,11 +34,19 @@ class KvLayout {
   // The split unit in tokens: 1 for linear, the page size for paged.
   PageSize block() const { return block_; }
 
+  friend bool operator==(const KvLayout& a, const KvLayout& b) {
+    return a.paged_ == b.paged_ && a.block_ == b.block_;
+  }
+  friend bool operator!=(const KvLayout& a, const KvLayout& b) { return !(a == b); }
+
  private:
   KvLayout(bool paged, PageSize block) : paged_(paged), block_(block) {}
   bool paged_;
   PageSize block_;
 };
+
+// "LinearPerToken" or "Paged(page_size N)", for messages.
+std::string KvLayoutName(const KvLayout& layout);
 
 struct SplitKvOptions {
   KvLayout layout = KvLayout::LinearPerToken();
