@@ -1,6 +1,7 @@
 // PlanDecodeSplitKv: the split-KV plan of a decode batch (one query row per sequence) sized to
-// fill the GPU with one wave of decode attention blocks (paged_decode_launcher.h runs it).
-// Host code only, no GPU runtime: CPU tests check the sizing on every commit.
+// fill the GPU with one wave of decode attention blocks (paged_decode_launcher.h runs it), and
+// CheckDecodeSplitPlan, the launcher's check of a host plan against the batch. Host code only,
+// no GPU runtime: CPU tests check both on every commit.
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_DECODE_SPLIT_PLANNER_H_
 #define ATTNMETA_ATTENTION_KERNELS_DECODE_SPLIT_PLANNER_H_
