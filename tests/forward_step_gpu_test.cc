@@ -161,7 +161,8 @@ class ForwardStepGpuTest : public testing::GpuTest,
     }
     return DecodePageTableKv{
         DeviceSpan<const PageId>(m.page_table.entries().data(), m.page_table.entries().size()),
-        m.page_table.cols(), DeviceSpan<const TokenLength>(m.kv_lens.data(), m.kv_lens.size()),
+        PageCount(m.page_table.cols()),
+        DeviceSpan<const TokenLength>(m.kv_lens.data(), m.kv_lens.size()),
         fixture_->page_size()};
   }
 
@@ -344,7 +345,7 @@ TEST_P(ForwardStepGpuTest, DecodeOverReplayedDeviceMetadataMatchesTheMath) {
     } else {
       bucket.kv = DecodePageTableKv{DeviceSpan<const PageId>(buffers.page_table.entries().data(),
                                                              kBucket * buffers.page_table.cols()),
-                                    buffers.page_table.cols(),
+                                    PageCount(buffers.page_table.cols()),
                                     DeviceSpan<const TokenLength>(buffers.kv_lens.data(), kBucket),
                                     f.page_size()};
     }

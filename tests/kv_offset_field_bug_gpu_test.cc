@@ -130,7 +130,7 @@ class KvOffsetFieldBugGpuTest : public testing::ViolationWordGpuTest {
     return DecodeTokenLevelKv{d_kv_indptr_->const_span(), d_kv_indices_->const_span()};
   }
   DecodeKv PageTable() const {
-    return DecodePageTableKv{d_page_table_->const_span(), kCols, d_kv_lens_->const_span(),
+    return DecodePageTableKv{d_page_table_->const_span(), PageCount(kCols), d_kv_lens_->const_span(),
                              *PageSize::Create(kPageSize)};
   }
 

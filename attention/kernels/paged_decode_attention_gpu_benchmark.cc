@@ -335,7 +335,7 @@ class Bench {
     if (l.page_table) {
       const int64_t cols = s.ctx / l.ps;
       return DecodePageTableKv{
-          DeviceSpan<const PageId>(l.table.data() + set * s.bs * cols, s.bs * cols), cols,
+          DeviceSpan<const PageId>(l.table.data() + set * s.bs * cols, s.bs * cols), PageCount(cols),
           kv_lens_.const_span(), *PageSize::Create(l.ps)};
     }
     return DecodeTokenLevelKv{kv_indptr_.const_span(),

@@ -150,7 +150,7 @@ struct DeviceProblem {
   DeviceBuffer<TokenSlot> kv_indices;
   DeviceBuffer<PageId> page_table;
   DeviceBuffer<TokenLength> kv_lens;
-  int64_t cols;
+  PageCount cols;
   PageSize page_size;
 
   DecodeKv TokenLevel() const {
@@ -170,7 +170,7 @@ DeviceProblem ToDevice(const Problem& p) {
                        Upload(p.metadata.kv_indices),
                        Upload(std::vector<PageId>(table.begin(), table.end())),
                        Upload(p.metadata.kv_lens),
-                       p.metadata.page_table.cols(),
+                       PageCount(p.metadata.page_table.cols()),
                        p.fixture->page_size()};
 }
 
@@ -516,7 +516,7 @@ TEST_F(DecodeGpuTest, EmptySequencesWriteZerosAndMinusInfinity) {
     std::copy_n(p.q_bits.begin() + q_row, q_row, q.begin() + 2 * q_row);
     const DeviceProblem e{Upload(Bytes(q)), Upload(Bytes(p.k_bits)), Upload(Bytes(p.v_bits)),
                           Upload(indptr), Upload(p.metadata.kv_indices), Upload(table),
-                          Upload(lens), cols, p.fixture->page_size()};
+                          Upload(lens), PageCount(cols), p.fixture->page_size()};
     for (const DecodeKv& kv : {e.TokenLevel(), e.PageLevel()}) {
       const Result r = RunDecode(p.dims, e, 4, kv, nullptr);
       ASSERT_TRUE(r.status.ok()) << r.status;
@@ -901,7 +901,8 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
        kInvalid},
       {"page table beyond int32 tokens",
        [&](PagedDecodeArgs& a) {
-         a.kv = DecodePageTableKv{d.page_table.const_span(), int64_t{1} << 27, d.kv_lens.const_span(),
+         a.kv = DecodePageTableKv{d.page_table.const_span(), PageCount(int64_t{1} << 27),
+                                  d.kv_lens.const_span(),
                                   d.page_size};
          a.split.reset();
        },
@@ -1074,7 +1075,7 @@ TEST_F(GuardDecodeGpuTest, SlotsOutsideThePoolAreSkippedAndRecorded) {
     indices[37] = TokenSlot(bad);
     const DeviceProblem e{Upload(Bytes(p.q_bits)), Upload(Bytes(p.k_bits)), Upload(Bytes(p.v_bits)),
                           Upload(p.metadata.kv_indptr), Upload(indices), Upload(std::vector<PageId>{}),
-                          Upload(p.metadata.kv_lens), 0, d.page_size};
+                          Upload(p.metadata.kv_lens), PageCount(0), d.page_size};
     const Result r = RunDecode(p.dims, e, p.bs(), e.TokenLevel(), nullptr, 0, word_->device());
     ASSERT_TRUE(r.status.ok()) << r.status;
     ExpectViolation("outside the pool");
@@ -1102,7 +1103,7 @@ TEST_F(GuardDecodeGpuTest, SlotsOutsideThePoolAreSkippedAndRecorded) {
   // A page outside the pool, through the page table.
   std::vector<PageId> table(p.metadata.page_table.span().entries().begin(),
                             p.metadata.page_table.span().entries().end());
-  table[d.cols + 2] = PageId(1 << 29);
+  table[d.cols.value() + 2] = PageId(1 << 29);
   const DeviceProblem e{Upload(Bytes(p.q_bits)), Upload(Bytes(p.k_bits)), Upload(Bytes(p.v_bits)),
                         Upload(p.metadata.kv_indptr), Upload(p.metadata.kv_indices), Upload(table),
                         Upload(p.metadata.kv_lens), d.cols, d.page_size};
@@ -1166,7 +1167,7 @@ TEST_F(GuardDecodeGpuTest, EmptyPageTableIsClampedNotReadAsTokenIndices) {
   const Problem p = MakeProblem(Dims(32, 8, 128, KvElementType::kBf16), 16, {100, 60, 80}, 95);
   const DeviceProblem d = ToDevice(p);
   const Result r = RunDecode(p.dims, d, p.bs(),
-                             DecodePageTableKv{DeviceSpan<const PageId>(nullptr, 0), 0,
+                             DecodePageTableKv{DeviceSpan<const PageId>(nullptr, 0), PageCount(0),
                                                d.kv_lens.const_span(), d.page_size},
                              nullptr, 0, word_->device());
   ASSERT_TRUE(r.status.ok()) << r.status;

@@ -58,7 +58,7 @@ struct DecodeTokenLevelKv {
 // split plans must be made for KvLayout::Paged(page_size).
 struct DecodePageTableKv {
   DeviceSpan<const PageId> page_table;  // [>= bs][cols], row-major
-  int64_t cols = 0;                     // cols * page_size <= 2^30
+  PageCount cols;                       // cols * page_size <= 2^30
   DeviceSpan<const TokenLength> kv_lens;  // [bs], kv_lens[i] <= cols * page_size
   PageSize page_size = *PageSize::Create(1);
 };

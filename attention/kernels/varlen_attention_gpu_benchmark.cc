@@ -252,7 +252,8 @@ class Bench {
     a.k_pool = pool_.k().const_span();
     a.v_pool = pool_.v().const_span();
     if (page_table) {
-      a.kv = DecodePageTableKv{table.const_span(), b.cols, kv_lens.const_span(), *PageSize::Create(ps)};
+      a.kv = DecodePageTableKv{table.const_span(), PageCount(b.cols), kv_lens.const_span(),
+                               *PageSize::Create(ps)};
     } else {
       a.kv = DecodeTokenLevelKv{kv_indptr.const_span(), kv_indices.const_span()};
     }

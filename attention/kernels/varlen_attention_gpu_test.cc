@@ -290,7 +290,7 @@ struct DeviceProblem {
   DeviceBuffer<TokenLength> kv_lens;
   DeviceBuffer<uint8_t> mask;
   DeviceBuffer<int64_t> mask_indptr;
-  int64_t cols;
+  PageCount cols;
   PageSize page_size;
   MaskLayout layout;
   TokenCount max_q_len;
@@ -317,7 +317,7 @@ DeviceProblem ToDevice(const Problem& p) {
                        Upload(m.kv_lens),
                        Upload(m.custom_mask),
                        Upload(m.mask_indptr),
-                       m.page_table.cols(),
+                       PageCount(m.page_table.cols()),
                        p.fixture->page_size(),
                        m.mask_layout,
                        m.max_q_len};
@@ -342,7 +342,8 @@ DeviceProblem ToDeviceWithEmptySequence(const Problem& p, int64_t at) {
   if (!mask_indptr.empty()) mask_indptr.insert(mask_indptr.begin() + at, mask_indptr[at]);
   return DeviceProblem{Upload(Bytes(p.q_bits)), Upload(Bytes(p.k_bits)), Upload(Bytes(p.v_bits)),
                        Upload(qo), Upload(kv), Upload(m.kv_indices), Upload(table), Upload(lens),
-                       Upload(m.custom_mask), Upload(mask_indptr), cols, p.fixture->page_size(),
+                       Upload(m.custom_mask), Upload(mask_indptr), PageCount(cols),
+                       p.fixture->page_size(),
                        m.mask_layout, m.max_q_len};
 }
 
@@ -609,7 +610,7 @@ TEST_F(VarlenGpuTest, EmptySequencesAndSequencesWithoutRows) {
     std::vector<uint16_t> q(p.q_bits.begin(), p.q_bits.begin() + qb * p.q_row());
     const DeviceProblem e{Upload(Bytes(q)), Upload(Bytes(p.k_bits)), Upload(Bytes(p.v_bits)),
                           Upload(qo), Upload(kv), Upload(m.kv_indices), Upload(table), Upload(lens),
-                          Upload(std::vector<uint8_t>{}), Upload(std::vector<int64_t>{}), cols,
+                          Upload(std::vector<uint8_t>{}), Upload(std::vector<int64_t>{}), PageCount(cols),
                           p.fixture->page_size(), MaskLayout::kNone, m.max_q_len};
     for (const DecodeKv& source : {e.TokenLevel(), e.PageLevel()}) {
       const Result r = RunVarlen(p.dims, e, source);
@@ -939,8 +940,8 @@ TEST_F(VarlenGpuTest, BadInputsAreRefusedBeforeLaunch) {
        absl::StrCat("page_table of ", d.page_table.size() - 1, " entries is not [3][")},
       {"page table beyond int32 tokens",
        [&](VarlenAttentionArgs& a) {
-         a.kv = DecodePageTableKv{d.page_table.const_span(), int64_t{1} << 27, d.kv_lens.const_span(),
-                                  d.page_size};
+         a.kv = DecodePageTableKv{d.page_table.const_span(), PageCount(int64_t{1} << 27),
+                                  d.kv_lens.const_span(), d.page_size};
        },
        absl::StatusCode::kOutOfRange,
        "covers more than 1073741824 tokens"},

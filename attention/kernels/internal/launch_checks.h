@@ -215,15 +215,16 @@ absl::StatusOr<int64_t> CheckKvSource(absl::string_view op,
   }
   const PageTableKv& pt = std::get<PageTableKv>(kv);
   const int64_t bs = static_cast<int64_t>(pt.kv_lens.size());
-  if (pt.cols < 0 || pt.cols > kMaxKvTokens / pt.page_size.tokens()) {
-    return absl::OutOfRangeError(absl::StrCat(op, ": a page table of ", pt.cols,
+  const int64_t cols = pt.cols.value();
+  if (cols < 0 || cols > kMaxKvTokens / pt.page_size.tokens()) {
+    return absl::OutOfRangeError(absl::StrCat(op, ": a page table of ", cols,
                                               " columns of page_size ", pt.page_size.tokens(),
                                               " covers more than ", kMaxKvTokens, " tokens"));
   }
   // By division: bs is a span's size, so bs * cols can pass INT64_MAX.
-  if (pt.cols > 0 && static_cast<int64_t>(pt.page_table.size()) / pt.cols < bs) {
+  if (cols > 0 && static_cast<int64_t>(pt.page_table.size()) / cols < bs) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": page_table of ", pt.page_table.size(),
-                                                   " entries is not [", bs, "][", pt.cols, "]"));
+                                                   " entries is not [", bs, "][", cols, "]"));
   }
   for (absl::Status s :
        {CheckNotNull("page_table", pt.page_table), CheckNotNull("kv_lens", pt.kv_lens)}) {
@@ -231,7 +232,7 @@ absl::StatusOr<int64_t> CheckKvSource(absl::string_view op,
   }
   p.kv.page_level = 1;
   p.kv.page_table = reinterpret_cast<const int32_t*>(pt.page_table.data());
-  p.kv.page_table_cols = static_cast<int32_t>(pt.cols);
+  p.kv.page_table_cols = static_cast<int32_t>(cols);
   p.kv.kv_lens = reinterpret_cast<const int32_t*>(pt.kv_lens.data());
   p.kv.page_size = static_cast<int32_t>(pt.page_size.tokens());
   p.kv.page_size_log2 = pt.page_size.log2();
@@ -253,7 +254,7 @@ LaunchedMetadataShape LaunchedKvShape(const std::variant<TokenLevelKv, PageTable
   } else {
     const PageTableKv& pt = std::get<PageTableKv>(kv);
     shape.page_table = true;
-    shape.page_table_cols = PageCount(pt.cols);
+    shape.page_table_cols = pt.cols;
     shape.page_size = pt.page_size;
   }
   return shape;
