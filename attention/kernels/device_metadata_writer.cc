@@ -184,7 +184,7 @@ absl::Status DeviceMetadataWriter::Launch(const MetadataWriteRequest& r, const G
     if (r.page_table) {
       a.page_table =
           DeviceSpan<PageId>(b.page_table.entries().data(), b.page_table.entries().size());
-      a.page_table_cols = b.page_table.cols();
+      a.page_table_cols = PageCount(b.page_table.cols());
     }
     // The grid covers the longest row req_to_token holds, so that one capture serves any batch.
     a.max_kv_len = req_to_token_.max_context_len;

@@ -114,7 +114,7 @@ DecodeMetadataDeviceArgs FusedArgs(Set& x, int64_t ctx, int64_t cols, TokenCount
   a.kv_last_page_len = x.last.span();
   a.kv_indices = x.indices.span();
   a.page_table = x.pages.span();
-  a.page_table_cols = cols;
+  a.page_table_cols = PageCount(cols);
   a.max_kv_len = TokenCount(ctx);
   return a;
 }
@@ -218,8 +218,8 @@ void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceV
   auto kv_indices = [&](int k) { kv_indices_launch(k, false); };
   auto page_table_launch = [&](int k, bool plain) {
     BENCH_CHECK(BuildPageTableOnDevice(table_of(k), pool_slots, s[k].rows.const_span(),
-                                       s[k].kv_lens.const_span(), page_size, s[k].pages.span(), cols,
-                                       word.device(), nullptr,
+                                       s[k].kv_lens.const_span(), page_size, s[k].pages.span(),
+                                       PageCount(cols), word.device(), nullptr,
                                        /*overlap_preceding_kernel=*/!plain));
   };
   auto page_table = [&](int k) { page_table_launch(k, false); };

@@ -107,7 +107,7 @@ TEST_P(PageSizeGpuTest, PageTableEqualsTheHostBuilderAndKeepsRowsPastTheBatch) {
   // Two extra rows past the batch: the kernel must leave them.
   DeviceBuffer<PageId> out = Upload(std::vector<PageId>((bs + 2) * cols, PageId(77)));
   ASSERT_TRUE(BuildPageTableOnDevice(src, f.pool_slots(), rows.const_span(), lens.const_span(),
-                                     f.page_size(), out.span(), cols, violation(), nullptr)
+                                     f.page_size(), out.span(), PageCount(cols), violation(), nullptr)
                   .ok());
   const std::vector<PageId> got = Download(out);
   const absl::Span<const PageId> w = want.span().entries();
@@ -218,7 +218,7 @@ void ExpectFusedEqualsTheHostWriter(GpuTest& test, int64_t ps, int real, int64_t
     a.kv_last_page_len = d_last.span();
     a.kv_indices = d_indices.span();
     a.page_table = d_table.span();
-    a.page_table_cols = cols;
+    a.page_table_cols = PageCount(cols);
     a.max_kv_len = f.pool().max_context_len();
     if (ahead != nullptr) {
       a.overlap_preceding_kernel = ahead->overlap;
@@ -671,7 +671,7 @@ TEST_F(GpuTest, TwinLaunchesWaitForTheKernelAheadThatWritesTheirInputs) {
         {BytesOf(d_table), BytesOf(rows), BytesOf(lens)}, {BytesOf(out)}, 1,
         [&](bool overlap, hipStream_t stream) {
           return BuildPageTableOnDevice(src, f.pool_slots(), rows.const_span(), lens.const_span(),
-                                        f.page_size(), out.span(), cols, violation(), stream,
+                                        f.page_size(), out.span(), PageCount(cols), violation(), stream,
                                         /*overlap_preceding_kernel=*/overlap);
         },
         [&] { return Violations(); });
@@ -887,7 +887,7 @@ TEST_F(GuardGpuTest, FusedLaunchClampsAndNamesBadRowsLengthsSlotsAndCapacity) {
     a.kv_last_page_len = d_last.span();
     a.kv_indices = DeviceSpan<TokenSlot>(d_indices.data(), c.capacity);
     a.page_table = d_pt.span();
-    a.page_table_cols = cols;
+    a.page_table_cols = PageCount(cols);
     a.max_kv_len = f.pool().max_context_len();
     ASSERT_TRUE(BuildDecodeMetadataOnDevice(a, violation(), nullptr).ok());
     ExpectViolation(c.words);
@@ -937,7 +937,7 @@ TEST_F(GuardGpuTest, FusedLaunchNamesATooNarrowPageTable) {
   a.kv_last_page_len = last.span();
   a.kv_indices = indices.span();
   a.page_table = DeviceSpan<PageId>(pt.data(), 4 * 2);  // 2 columns; rows need up to 13
-  a.page_table_cols = 2;
+  a.page_table_cols = PageCount(2);
   a.max_kv_len = f.pool().max_context_len();
   ASSERT_TRUE(BuildDecodeMetadataOnDevice(a, violation(), nullptr).ok());
   ExpectViolation("the table has 2 columns");
@@ -1008,7 +1008,7 @@ TEST_F(GuardGpuTest, OtherKernelsNameTheirViolations) {
     DeviceBuffer<TokenLength> lens = Upload(f.kv_lens());
     DeviceBuffer<PageId> none = Upload(std::vector<PageId>{});
     ASSERT_TRUE(BuildPageTableOnDevice(src, f.pool_slots(), rows.const_span(), lens.const_span(),
-                                       f.page_size(), none.span(), 0, violation(), nullptr)
+                                       f.page_size(), none.span(), PageCount(0), violation(), nullptr)
                     .ok());
     ExpectViolation("the table has 0 columns");
   }

@@ -96,9 +96,10 @@ absl::StatusOr<int32_t> CachedDeviceAttribute(hipDeviceAttribute_t attr, absl::s
 absl::Status BuildPageTableOnDevice(const DeviceReqToToken& req_to_token, TokenCount pool_slots,
                                     DeviceSpan<const ReqPoolIndex> rows,
                                     DeviceSpan<const TokenLength> kv_lens, PageSize page_size,
-                                    DeviceSpan<PageId> page_table, int64_t cols,
+                                    DeviceSpan<PageId> page_table, PageCount page_cols,
                                     kernels::DeviceViolation* violation, hipStream_t stream,
                                     bool overlap_preceding_kernel) {
+  const int64_t cols = page_cols.value();
   absl::StatusOr<kernels::SlotSource> src = Source(req_to_token, pool_slots, page_size);
   if (!src.ok()) return src.status();
   const int64_t bs = static_cast<int64_t>(rows.size());
@@ -151,11 +152,12 @@ absl::Status CheckDecodeMetadataArgs(const DecodeMetadataDeviceArgs& a) {
         a.kv_last_page_len.size(), " kv_last_page_len"));
   }
   if (!a.page_table.empty() &&
-      (a.page_table_cols < 1 || a.page_table_cols > std::numeric_limits<int32_t>::max() ||
-       a.page_table.size() < b * static_cast<size_t>(a.page_table_cols))) {
+      (a.page_table_cols.value() < 1 ||
+       a.page_table_cols.value() > std::numeric_limits<int32_t>::max() ||
+       a.page_table.size() < b * static_cast<size_t>(a.page_table_cols.value()))) {
     return absl::InvalidArgumentError(absl::StrCat("page_table of ", a.page_table.size(),
                                                    " entries is not [", b, "][",
-                                                   a.page_table_cols, "]"));
+                                                   a.page_table_cols.value(), "]"));
   }
   if (a.max_kv_len.value() < 1 || a.max_kv_len.value() > src->stride) {
     return absl::OutOfRangeError(absl::StrCat("max_kv_len ", a.max_kv_len.value(),
@@ -194,7 +196,7 @@ absl::Status BuildDecodeMetadataOnDevice(const DecodeMetadataDeviceArgs& a,
   p.kv_indices = reinterpret_cast<int32_t*>(a.kv_indices.data());
   p.kv_indices_capacity = static_cast<int64_t>(a.kv_indices.size());
   p.page_table = a.page_table.empty() ? nullptr : reinterpret_cast<int32_t*>(a.page_table.data());
-  p.page_table_cols = static_cast<int32_t>(a.page_table_cols);
+  p.page_table_cols = static_cast<int32_t>(a.page_table_cols.value());
   p.padded_batch = static_cast<int32_t>(b);
   p.violation = violation;
   // Every block sums the lengths before its row, then covers its share of the row's passes
@@ -208,7 +210,8 @@ absl::Status BuildDecodeMetadataOnDevice(const DecodeMetadataDeviceArgs& a,
       std::max(Passes(a.max_kv_len.value(), kernels::kFusedMetadataTokensPerPass),
                a.page_table.empty()
                    ? 1
-                   : Passes(a.page_table_cols, kernels::kFusedMetadataPageTableColumnsPerPass));
+                   : Passes(a.page_table_cols.value(),
+                            kernels::kFusedMetadataPageTableColumnsPerPass));
   const int32_t row_blocks = FusedMetadataRowBlocks(static_cast<int64_t>(b), needed, wave_blocks);
   absl::StatusOr<bool> overlap = OverlapIfAsked(a.overlap_preceding_kernel);
   if (!overlap.ok()) return overlap.status();

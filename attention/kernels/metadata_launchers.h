@@ -55,7 +55,7 @@ absl::Status BuildIndptrOnDevice(DeviceSpan<const TokenLength> lens, DeviceSpan<
 absl::Status BuildPageTableOnDevice(const DeviceReqToToken& req_to_token, TokenCount pool_slots,
                                     DeviceSpan<const ReqPoolIndex> rows,
                                     DeviceSpan<const TokenLength> kv_lens, PageSize page_size,
-                                    DeviceSpan<PageId> page_table, int64_t cols,
+                                    DeviceSpan<PageId> page_table, PageCount cols,
                                     kernels::DeviceViolation* violation, hipStream_t stream,
                                     bool overlap_preceding_kernel = true);
 
@@ -86,7 +86,7 @@ struct DecodeMetadataDeviceArgs {
   DeviceSpan<TokenLength> kv_last_page_len;   // [B]
   DeviceSpan<TokenSlot> kv_indices;           // capacity; entries past kv_indptr[B] untouched
   DeviceSpan<PageId> page_table;              // [>= B][page_table_cols], or empty: none
-  int64_t page_table_cols = 0;
+  PageCount page_table_cols;
   // The longest row the grid covers: a captured graph passes max_context_len so that it
   // replays any batch; 1 <= max_kv_len <= max_context_len (OutOfRange otherwise).
   TokenCount max_kv_len;
