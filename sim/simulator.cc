@@ -262,7 +262,8 @@ absl::Status Run::Setup() {
   if (eagle()) {
     width = std::max(width, MaxDraftRowTokens(
                                 TokenLength(static_cast<int32_t>(config_.max_context_len())),
-                                DraftDecodeShape{spec_.topk(), spec_.steps()}, page_size_));
+                                DraftDecodeShape{spec_.topk(), spec_.steps()}, page_size_)
+                                .value());
   }
   absl::StatusOr<ReqToTokenPool> r2t =
       ReqToTokenPool::Create(scenario_.max_running_requests(), TokenCount(width));
@@ -386,7 +387,8 @@ int64_t Run::NextDecodePages(const Req& r) const {
   if (!eagle()) return PagesFor(r.seq_len, r.seq_len + 1);
   const int64_t draft_end =
       DraftRowTokens(TokenLength(static_cast<int32_t>(r.seq_len)),
-                     DraftDecodeShape{spec_.topk(), spec_.steps()}, page_size_);
+                     DraftDecodeShape{spec_.topk(), spec_.steps()}, page_size_)
+          .value();
   return std::max(PagesFor(r.seq_len, draft_end),
                   PagesFor(r.seq_len, r.seq_len + spec_.draft_tokens()));
 }
@@ -736,7 +738,8 @@ bool Run::EagleRound() {
     std::vector<int64_t> draft_end;
     for (const Req* r : running) {
       draft_end.push_back(DraftRowTokens(TokenLength(static_cast<int32_t>(r->seq_len)), shape,
-                                         page_size_));
+                                         page_size_)
+                              .value());
       requests.push_back(ExtendRequest{TokenCount(r->seq_len), TokenCount(draft_end.back()),
                                        LastSlot(*r)});
     }
@@ -755,7 +758,7 @@ bool Run::EagleRound() {
       std::vector<uint64_t> contents(len, 0);
       std::vector<std::vector<uint64_t>> branch(shape.topk);
       for (int32_t k = 0; k < shape.topk; ++k) {
-        const int64_t start = DraftSourcePosition(seq_lens[b], k, shape, page_size_);
+        const int64_t start = DraftSourcePosition(seq_lens[b], k, shape, page_size_).value();
         for (int32_t s = 0; s < shape.steps; ++s) {
           const uint64_t c = Content(seed_, 'B', r.index, r.rounds, k, s);
           contents[start + s - r.seq_len] = c;

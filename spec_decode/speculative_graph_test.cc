@@ -118,7 +118,7 @@ TEST_P(SpeculativeGraphTest, DraftDecodeEveryStep) {
     std::vector<TokenLength> seq_lens;
     for (int i = 0; i < 5; ++i) {
       const TokenLength len(static_cast<int32_t>(std::uniform_int_distribution<int64_t>(1, 500)(rng)));
-      f.AddSequence(len.value(), DraftRowTokens(len, shape, f.page_size()) - len.value());
+      f.AddSequence(len.value(), DraftRowTokens(len, shape, f.page_size()).value() - len.value());
       seq_lens.push_back(len);
     }
     GraphHarness h(MakeTestConfig(ps(), {.topk = topk, .steps = 3}), f);
@@ -152,7 +152,7 @@ TEST(SpeculativeGraphPaddingTest, PaddedBranchesAndRowsGetSafeValues) {
   std::vector<TokenLength> seq_lens;
   for (int i = 0; i < 2; ++i) {
     const TokenLength len(40 + 9 * i);
-    f.AddSequence(len.value(), DraftRowTokens(len, shape, f.page_size()) - len.value());
+    f.AddSequence(len.value(), DraftRowTokens(len, shape, f.page_size()).value() - len.value());
     seq_lens.push_back(len);
   }
   GraphHarness h(MakeTestConfig(16, {.draft_tokens = kDraft, .topk = 2, .steps = 3}), f);

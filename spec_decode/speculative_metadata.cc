@@ -130,7 +130,7 @@ absl::StatusOr<std::vector<ForwardMetadata>> BuildDraftDecodeMetadata(
     m.kv_indptr.resize(branches + 1);
     m.qo_indptr.resize(branches + 1);
     m.kv_last_page_len.resize(branches);
-    m.kv_indices.resize(DraftStepTokens(seq_lens, shape, step));
+    m.kv_indices.resize(DraftStepTokens(seq_lens, shape, step).value());
     if (absl::Status s = BuildDraftDecodeStep(
             pool, req_rows, seq_lens, shape, step, page_size,
             DraftDecodeStepSpans{absl::MakeSpan(m.kv_lens), absl::MakeSpan(m.kv_indptr),

@@ -251,18 +251,18 @@ TEST(DraftDecodeLayoutTest, SourcePositionsWorkedByHand) {
   // topk 3, steps 2, seq_len 6 on 4-token pages: the partial page holds 2 prefix tokens, so
   // each branch needs ceil((2 + 2) / 4) = 1 page; branch k starts at 4 + 4k + 2.
   const DraftDecodeShape shape{3, 2};
-  EXPECT_EQ(DraftSourcePosition(TokenLength(6), 0, shape, ps4), 6);
-  EXPECT_EQ(DraftSourcePosition(TokenLength(6), 1, shape, ps4), 10);
-  EXPECT_EQ(DraftSourcePosition(TokenLength(6), 2, shape, ps4), 14);
-  EXPECT_EQ(DraftRowTokens(TokenLength(6), shape, ps4), 16);
+  EXPECT_EQ(DraftSourcePosition(TokenLength(6), 0, shape, ps4).value(), 6);
+  EXPECT_EQ(DraftSourcePosition(TokenLength(6), 1, shape, ps4).value(), 10);
+  EXPECT_EQ(DraftSourcePosition(TokenLength(6), 2, shape, ps4).value(), 14);
+  EXPECT_EQ(DraftRowTokens(TokenLength(6), shape, ps4).value(), 16);
   // seq_len 7: 3 prefix tokens in the partial page, ceil(5 / 4) = 2 pages per branch.
-  EXPECT_EQ(DraftSourcePosition(TokenLength(7), 1, shape, ps4), 4 + 8 + 3);
+  EXPECT_EQ(DraftSourcePosition(TokenLength(7), 1, shape, ps4).value(), 4 + 8 + 3);
   // Page size 1 or topk 1: branches back to back after the prefix.
-  EXPECT_EQ(DraftSourcePosition(TokenLength(6), 2, shape, ps1), 6 + 2 * 2);
-  EXPECT_EQ(DraftSourcePosition(TokenLength(6), 0, DraftDecodeShape{1, 2}, ps4), 6);
+  EXPECT_EQ(DraftSourcePosition(TokenLength(6), 2, shape, ps1).value(), 6 + 2 * 2);
+  EXPECT_EQ(DraftSourcePosition(TokenLength(6), 0, DraftDecodeShape{1, 2}, ps4).value(), 6);
   // Used entries: seq_lens_sum * topk + branches * (step + 1).
   std::vector<TokenLength> lens = {TokenLength(6), TokenLength(9)};
-  EXPECT_EQ(DraftStepTokens(lens, shape, 1), 15 * 3 + 6 * 2);
+  EXPECT_EQ(DraftStepTokens(lens, shape, 1).value(), 15 * 3 + 6 * 2);
 }
 
 struct DraftCase {
@@ -285,7 +285,7 @@ TEST_P(DraftDecodeTest, EveryStepMatchesDenseAttentionPerBranch) {
   for (int64_t prefix : prefixes) {
     const TokenLength len(static_cast<int32_t>(prefix));
     // The draft slots every branch will write, allocated after the prefix as an engine does.
-    f.AddSequence(prefix, DraftRowTokens(len, shape, ps) - prefix);
+    f.AddSequence(prefix, DraftRowTokens(len, shape, ps).value() - prefix);
     seq_lens.push_back(len);
   }
   const int64_t bs = static_cast<int64_t>(prefixes.size());
@@ -306,14 +306,14 @@ TEST_P(DraftDecodeTest, EveryStepMatchesDenseAttentionPerBranch) {
     SCOPED_TRACE(::testing::Message() << "seed " << seed << " page_size " << c.page_size
                                       << " topk " << c.topk << " step " << step);
     const ForwardMetadata& m = (*steps)[step];
-    EXPECT_EQ(m.kv_indptr.back().value(), DraftStepTokens(seq_lens, shape, step));
+    EXPECT_EQ(m.kv_indptr.back().value(), DraftStepTokens(seq_lens, shape, step).value());
     std::vector<float> want(q.size());
     for (int64_t s = 0; s < bs; ++s) {
       std::vector<TokenSlot> row = f.SlotsOf(static_cast<int>(s));
       for (int32_t k = 0; k < c.topk; ++k) {
         const int64_t z = s * c.topk + k;
         std::vector<TokenSlot> logical(row.begin(), row.begin() + prefixes[s]);
-        const int64_t src = DraftSourcePosition(seq_lens[s], k, shape, ps);
+        const int64_t src = DraftSourcePosition(seq_lens[s], k, shape, ps).value();
         logical.insert(logical.end(), row.begin() + src, row.begin() + src + step + 1);
         std::vector<float> kk, vv;
         Gather(p, logical, kk, vv);

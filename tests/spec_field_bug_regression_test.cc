@@ -96,7 +96,7 @@ TEST(SpecFieldBugTest, Row10_DraftDecodeAtFullContextWithTopK) {
     std::vector<TokenLength> seq_lens;
     for (int i = 0; i < bs; ++i) {
       const TokenLength len(ctx);
-      f.AddSequence(ctx, DraftRowTokens(len, shape, f.page_size()) - ctx);
+      f.AddSequence(ctx, DraftRowTokens(len, shape, f.page_size()).value() - ctx);
       seq_lens.push_back(len);
     }
     GraphHarness h(MakeTestConfig(ps, {.max_batch_size = bs, .max_context_len = ctx,

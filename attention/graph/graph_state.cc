@@ -65,8 +65,10 @@ absl::StatusOr<std::unique_ptr<GraphState>> GraphState::Create(const BackendConf
   }
   if (config.speculative().topk() > 0) {
     const DraftDecodeShape shape{config.speculative().topk(), config.speculative().steps()};
-    const int64_t draft_row = MaxDraftRowTokens(
-        TokenLength(static_cast<int32_t>(config.max_context_len())), shape, pool_page_size);
+    const int64_t draft_row =
+        MaxDraftRowTokens(TokenLength(static_cast<int32_t>(config.max_context_len())), shape,
+                          pool_page_size)
+            .value();
     if (req_to_token->max_context_len().value() < draft_row) {
       return absl::FailedPreconditionError(absl::StrCat(
           "max_context_len: req_to_token rows hold ", req_to_token->max_context_len().value(),
@@ -373,7 +375,7 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
           draft_decode ? "max_context_len" : "max_context_len + draft_tokens", " = ", limit));
     }
     const int64_t row_tokens =
-        draft_decode ? DraftRowTokens(batch.kv_lens[i], shape, page_size_) : kv;
+        draft_decode ? DraftRowTokens(batch.kv_lens[i], shape, page_size_).value() : kv;
     // The common case is checked inline; the pool explains a failure.
     if (!req_to_token_->IsAllocated(batch.req_rows[i]) ||
         row_tokens > req_to_token_->max_context_len().value()) {
@@ -403,7 +405,7 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
   }
   if (draft_decode) {
     const int64_t need =
-        DraftStepTokens(batch.kv_lens, shape, shape.steps - 1) +
+        DraftStepTokens(batch.kv_lens, shape, shape.steps - 1).value() +
         (h.bucket - bs) * shape.topk * kPaddedKvLen.value();
     const int64_t capacity = static_cast<int64_t>(views_.draft_steps[0].kv_indices.size());
     if (need > capacity) {
@@ -441,7 +443,7 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
       v = ForwardMetadataView{};
       v.mode = h.mode;
       v.kv_indptr = d.kv_indptr.subspan(0, branches + 1);
-      v.kv_indices = d.kv_indices.subspan(0, DraftStepTokens(batch.kv_lens, shape, step));
+      v.kv_indices = d.kv_indices.subspan(0, DraftStepTokens(batch.kv_lens, shape, step).value());
       v.qo_indptr = views_.draft_qo_indptr.subspan(0, branches + 1);
       v.kv_lens = d.kv_lens.subspan(0, branches);
       v.kv_last_page_len = d.kv_last_page_len.subspan(0, branches);

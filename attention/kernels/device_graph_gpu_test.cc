@@ -239,7 +239,7 @@ class WriterOverlapTest : public DeviceGraphTest {};
 TEST_F(WriterOverlapTest, OverlapLaunchesReachesEveryLaunch) {
   constexpr int64_t kPs = 16;
   const DraftDecodeShape shape{2, 3};
-  const int64_t row = MaxDraftRowTokens(TokenLength(512), shape, *PageSize::Create(kPs));
+  const int64_t row = MaxDraftRowTokens(TokenLength(512), shape, *PageSize::Create(kPs)).value();
   BatchFixture f(kPs, 71, /*num_pages=*/4000 / kPs + 64, /*max_reqs=*/12, /*max_context=*/row);
   for (int i = 0; i < 8; ++i) f.AddSequence(100 + 30 * i, 1);
   const absl::StatusOr<bool> can = DeviceOverlapsLaunches();
@@ -496,12 +496,13 @@ TEST_P(DeviceGraphTest, DraftDecodeReplaysEqualTheHostWriter) {
   const DraftDecodeShape shape{ps < 16 ? 2 : 4, 3};
   constexpr int32_t kMaxContext = 600;
   // Rows as wide as draft-decode reads at kMaxContext (GraphState checks it).
-  const int64_t row = MaxDraftRowTokens(TokenLength(kMaxContext), shape, *PageSize::Create(ps));
+  const int64_t row =
+      MaxDraftRowTokens(TokenLength(kMaxContext), shape, *PageSize::Create(ps)).value();
   BatchFixture f(ps, seed, /*num_pages=*/30000 / ps + 64, /*max_reqs=*/16, /*max_context=*/row);
   std::vector<TokenLength> committed;
   for (int i = 0; i < 12; ++i) {
     const TokenLength len(std::uniform_int_distribution<int32_t>(0, 300)(rng));
-    f.AddSequence(len.value(), DraftRowTokens(len, shape, f.page_size()) - len.value());
+    f.AddSequence(len.value(), DraftRowTokens(len, shape, f.page_size()).value() - len.value());
     committed.push_back(len);
   }
   const BackendConfig config = MakeTestConfig(

@@ -452,11 +452,11 @@ void RunDraftReplayStep(bool overlap) {
   const DraftDecodeShape shape{4, 3};
   const TokenLength max_len(4096);
   const PageSize page_size = *PageSize::Create(ps);
-  const int64_t row = MaxDraftRowTokens(max_len, shape, page_size);
+  const int64_t row = MaxDraftRowTokens(max_len, shape, page_size).value();
   testing::BatchFixture f(ps, 11, bs * (row / ps + 1) + 64, bs + 8, row);
   const TokenLength len(static_cast<int32_t>(committed));
   for (int i = 0; i < bs; ++i) {
-    f.AddSequence(committed, DraftRowTokens(len, shape, page_size) - committed);
+    f.AddSequence(committed, DraftRowTokens(len, shape, page_size).value() - committed);
   }
   std::vector<TokenSlot> table(f.pool().table().begin(), f.pool().table().end());
   auto d_table = Unwrap(DeviceBuffer<TokenSlot>::FromHost(table));
@@ -496,7 +496,7 @@ void RunDraftReplayStep(bool overlap) {
   BENCH_CHECK(GpuStatus(hipMemcpy(&end, last.kv_indptr.data() + branches, sizeof(end),
                                   hipMemcpyDeviceToHost),
                         "read kv_indptr"));
-  if (end.value() != DraftStepTokens(lens, shape, shape.steps - 1)) {
+  if (end.value() != DraftStepTokens(lens, shape, shape.steps - 1).value()) {
     std::fprintf(stderr, "MISMATCH draft replay: kv_indptr[%zu] = %d\n", branches, end.value());
     std::exit(1);
   }

@@ -16,23 +16,23 @@ absl::Status CheckDraftDecodeShape(DraftDecodeShape shape) {
   return absl::OkStatus();
 }
 
-int64_t DraftSourcePosition(TokenLength seq_len, int32_t branch, DraftDecodeShape shape,
-                            PageSize page_size) {
+TokenCount DraftSourcePosition(TokenLength seq_len, int32_t branch, DraftDecodeShape shape,
+                               PageSize page_size) {
   const int64_t len = seq_len.value();
   const int64_t ps = page_size.tokens();
-  if (ps == 1 || shape.topk == 1) return len + int64_t{branch} * shape.steps;
+  if (ps == 1 || shape.topk == 1) return TokenCount(len + int64_t{branch} * shape.steps);
   const int64_t pages_per_branch = (len % ps + shape.steps + ps - 1) / ps;
-  return (len / ps) * ps + int64_t{branch} * pages_per_branch * ps + len % ps;
+  return TokenCount((len / ps) * ps + int64_t{branch} * pages_per_branch * ps + len % ps);
 }
 
-int64_t DraftRowTokens(TokenLength seq_len, DraftDecodeShape shape, PageSize page_size) {
-  return DraftSourcePosition(seq_len, shape.topk - 1, shape, page_size) + shape.steps;
+TokenCount DraftRowTokens(TokenLength seq_len, DraftDecodeShape shape, PageSize page_size) {
+  return DraftSourcePosition(seq_len, shape.topk - 1, shape, page_size) + TokenCount(shape.steps);
 }
 
-int64_t MaxDraftRowTokens(TokenLength max_seq_len, DraftDecodeShape shape, PageSize page_size) {
+TokenCount MaxDraftRowTokens(TokenLength max_seq_len, DraftDecodeShape shape, PageSize page_size) {
   // DraftRowTokens grows by page_size when seq_len does, so the longest is among the last
   // page's lengths.
-  int64_t row = 0;
+  TokenCount row(0);
   for (int64_t len = std::max<int64_t>(0, max_seq_len.value() - page_size.tokens() + 1);
        len <= max_seq_len.value(); ++len) {
     row = std::max(row, DraftRowTokens(TokenLength(static_cast<int32_t>(len)), shape, page_size));
@@ -40,11 +40,12 @@ int64_t MaxDraftRowTokens(TokenLength max_seq_len, DraftDecodeShape shape, PageS
   return row;
 }
 
-int64_t DraftStepTokens(absl::Span<const TokenLength> seq_lens, DraftDecodeShape shape,
-                        int32_t step) {
+TokenCount DraftStepTokens(absl::Span<const TokenLength> seq_lens, DraftDecodeShape shape,
+                           int32_t step) {
   int64_t sum = 0;
   for (TokenLength l : seq_lens) sum += l.value();
-  return sum * shape.topk + static_cast<int64_t>(seq_lens.size()) * shape.topk * (step + 1);
+  return TokenCount(sum * shape.topk +
+                    static_cast<int64_t>(seq_lens.size()) * shape.topk * (step + 1));
 }
 
 absl::Status CheckDraftDecodeBatch(const ReqToTokenPool& pool, absl::Span<const ReqPoolIndex> rows,
@@ -73,13 +74,13 @@ absl::Status CheckDraftDecodeBatch(const ReqToTokenPool& pool, absl::Span<const 
                                               " steps, longer than a row of ",
                                               pool.max_context_len().value()));
   }
-  const int64_t last = DraftStepTokens(seq_lens, shape, shape.steps - 1);
+  const int64_t last = DraftStepTokens(seq_lens, shape, shape.steps - 1).value();
   if (last > std::numeric_limits<int32_t>::max()) {
     return absl::OutOfRangeError(absl::StrCat("draft-decode: the last step uses ", last,
                                               " kv_indices entries, beyond int32 offsets"));
   }
   for (size_t s = 0; s < rows.size(); ++s) {
-    const int64_t row_tokens = DraftRowTokens(seq_lens[s], shape, page_size);
+    const int64_t row_tokens = DraftRowTokens(seq_lens[s], shape, page_size).value();
     absl::StatusOr<absl::Span<const TokenSlot>> row =
         pool.Read(rows[s], TokenCount(0), TokenCount(row_tokens));
     if (!row.ok()) {
@@ -104,7 +105,7 @@ absl::Status BuildDraftDecodeStep(const ReqToTokenPool& pool, absl::Span<const R
   }
   const size_t bs = rows.size();
   const size_t branches = bs * static_cast<size_t>(shape.topk);
-  const int64_t total = DraftStepTokens(seq_lens, shape, step);
+  const int64_t total = DraftStepTokens(seq_lens, shape, step).value();
   if (out.kv_lens.size() != branches || out.kv_indptr.size() != branches + 1 ||
       out.qo_indptr.size() != branches + 1 || out.kv_last_page_len.size() != branches ||
       static_cast<int64_t>(out.kv_indices.size()) < total) {
@@ -121,13 +122,13 @@ absl::Status BuildDraftDecodeStep(const ReqToTokenPool& pool, absl::Span<const R
   for (size_t s = 0; s < bs; ++s) {
     const TokenLength len = seq_lens[s];
     const absl::Span<const TokenSlot> row = *pool.Read(
-        rows[s], TokenCount(0), TokenCount(DraftRowTokens(len, shape, page_size)));
+        rows[s], TokenCount(0), DraftRowTokens(len, shape, page_size));
     for (int32_t k = 0; k < shape.topk; ++k) {
       const size_t z = s * shape.topk + k;
       const TokenLength kv_len(static_cast<int32_t>(len.value() + iters));
       TokenSlot* dst = out.kv_indices.data() + offset;
       std::copy_n(row.data(), len.value(), dst);
-      std::copy_n(row.data() + DraftSourcePosition(len, k, shape, page_size), iters,
+      std::copy_n(row.data() + DraftSourcePosition(len, k, shape, page_size).value(), iters,
                   dst + len.value());
       out.kv_lens[z] = kv_len;
       out.kv_last_page_len[z] = LastPageLen(kv_len, page_size);

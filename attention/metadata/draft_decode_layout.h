@@ -35,20 +35,20 @@ absl::Status CheckDraftDecodeShape(DraftDecodeShape shape);
 // when page_size == 1 or topk == 1, else each branch has its own page-aligned run of draft
 // pages: (seq_len / ps) * ps + branch * ceil((seq_len % ps + steps) / ps) * ps + seq_len % ps.
 // REQUIRES: CheckDraftDecodeShape(shape) passed, 0 <= branch < topk, seq_len >= 0.
-int64_t DraftSourcePosition(TokenLength seq_len, int32_t branch, DraftDecodeShape shape,
-                            PageSize page_size);
+TokenCount DraftSourcePosition(TokenLength seq_len, int32_t branch, DraftDecodeShape shape,
+                               PageSize page_size);
 
 // Positions of the request's row the draft steps read: DraftSourcePosition of the last
 // branch plus steps.
-int64_t DraftRowTokens(TokenLength seq_len, DraftDecodeShape shape, PageSize page_size);
+TokenCount DraftRowTokens(TokenLength seq_len, DraftDecodeShape shape, PageSize page_size);
 
 // The most positions DraftRowTokens needs for any seq_len <= max_seq_len: how wide
 // req_to_token rows must be for draft-decode. REQUIRES: as DraftSourcePosition, max_seq_len >= 0.
-int64_t MaxDraftRowTokens(TokenLength max_seq_len, DraftDecodeShape shape, PageSize page_size);
+TokenCount MaxDraftRowTokens(TokenLength max_seq_len, DraftDecodeShape shape, PageSize page_size);
 
 // kv_indptr[bs * topk] of step `step`: seq_lens_sum * topk + bs * topk * (step + 1).
-int64_t DraftStepTokens(absl::Span<const TokenLength> seq_lens, DraftDecodeShape shape,
-                        int32_t step);
+TokenCount DraftStepTokens(absl::Span<const TokenLength> seq_lens, DraftDecodeShape shape,
+                           int32_t step);
 
 // The arrays of one step, over bs * topk branches.
 struct DraftDecodeStepSpans {
