@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "attention/kernels/internal/device_queries.h"
 #include "attention/kernels/internal/launch_checks.h"
 #include "attention/metadata/draft_decode_layout.h"
 #include "glog/logging.h"
@@ -167,7 +168,7 @@ absl::Status DeviceMetadataWriter::Launch(const MetadataWriteRequest& r, const G
       s.kv_last_page_len = Device(d.kv_last_page_len, branches);
       s.kv_indices = Device(d.kv_indices, d.kv_indices.size());
       s.overlap_preceding_kernel = options_.overlap_launches;
-      if (absl::Status st = CheckDraftStepArgs(s); !st.ok()) return st;
+      if (absl::Status st = DraftStepParamsFor(s, nullptr).status(); !st.ok()) return st;
       draft_steps.push_back(s);
     }
   } else {
@@ -189,7 +190,7 @@ absl::Status DeviceMetadataWriter::Launch(const MetadataWriteRequest& r, const G
     // The grid covers the longest row req_to_token holds, so that one capture serves any batch.
     a.max_kv_len = req_to_token_.max_context_len;
     a.overlap_preceding_kernel = options_.overlap_launches;
-    if (absl::Status s = CheckDecodeMetadataArgs(a); !s.ok()) return s;
+    if (absl::Status s = FusedMetadataParamsFor(a, nullptr).status(); !s.ok()) return s;
     if (r.split_kv) {
       plan.emplace();
       plan->qo_indptr = Device<const TokenOffset>(b.qo_indptr, padded + 1);
@@ -199,7 +200,7 @@ absl::Status DeviceMetadataWriter::Launch(const MetadataWriteRequest& r, const G
       plan->unit_indptr = Device(b.split_kv.unit_indptr, b.split_kv.unit_indptr.size());
       plan->reduce = Device(b.split_kv.reduce, b.split_kv.reduce.size());
       plan->overlap_preceding_kernel = options_.overlap_launches;
-      if (absl::Status s = CheckSplitKvPlanArgs(*plan); !s.ok()) return s;
+      if (absl::Status s = SplitKvPlanParamsFor(*plan, nullptr).status(); !s.ok()) return s;
     }
     if (r.mask_layout != MaskLayout::kNone) {
       mask.emplace();
@@ -211,7 +212,7 @@ absl::Status DeviceMetadataWriter::Launch(const MetadataWriteRequest& r, const G
       mask->max_mask_bytes_per_row = std::max<int64_t>(
           1, int64_t{r.q_len_per_request.value()} * req_to_token_.max_context_len.value());
       mask->overlap_preceding_kernel = options_.overlap_launches;
-      if (absl::Status s = CheckTreeMaskArgs(*mask); !s.ok()) return s;
+      if (absl::Status s = TreeMaskParamsFor(*mask, nullptr).status(); !s.ok()) return s;
     }
   }
   if (options_.uploads != nullptr) {

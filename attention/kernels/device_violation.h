@@ -4,15 +4,14 @@
 // memory (a graph replays without the host reading them). Every metadata kernel bounds-checks
 // what it reads there, never reads or writes outside a buffer (it clamps, and writes the
 // padding page's slot or page instead of a value it could not check), and records the first
-// violation here; the launcher's caller fetches it (DeviceViolationWord) and gets a Status.
-// Plain types and device helpers only: no Abseil, no glog.
+// violation here (internal/violation_recorder.h); the launcher's caller fetches it
+// (DeviceViolationWord) and gets a Status. Plain types only: no Abseil, no glog, no vendor
+// header (host-only launch checks and CPU tests include it).
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_DEVICE_VIOLATION_H_
 #define ATTNMETA_ATTENTION_KERNELS_DEVICE_VIOLATION_H_
 
 #include <cstdint>
-
-#include "attention/kernels/hip_port.h"
 
 namespace attnmeta {
 namespace kernels {
@@ -58,41 +57,6 @@ struct DeviceViolation {
   int64_t value;     // the offending value
   int64_t bound;     // the bound it broke
 };
-
-#if defined(__CUDACC__) || defined(__HIPCC__)
-// Records the first violation only; later ones leave it as it is. `v` may be null.
-__device__ inline void RecordViolation(DeviceViolation* v, ViolationKind kind, int64_t index,
-                                       int64_t value, int64_t bound) {
-  if (v == nullptr) return;
-  if (atomicCAS(&v->recorded, 0, 1) == 0) {
-    v->kind = kind;
-    v->index = index;
-    v->value = value;
-    v->bound = bound;
-  }
-}
-
-// The first violation a kernel finds before it may write (before WaitForPrecedingGrid in a
-// launch that overlaps the kernel ahead of it, which may still be writing the same word), kept
-// in registers and recorded by Record after the wait.
-struct HeldViolation {
-  ViolationKind kind = kNoViolation;
-  int64_t index = 0;
-  int64_t value = 0;
-  int64_t bound = 0;
-
-  __device__ void Hold(ViolationKind k, int64_t at, int64_t found, int64_t limit) {
-    if (kind != kNoViolation) return;
-    kind = k;
-    index = at;
-    value = found;
-    bound = limit;
-  }
-  __device__ void Record(DeviceViolation* v) const {
-    if (kind != kNoViolation) RecordViolation(v, kind, index, value, bound);
-  }
-};
-#endif
 
 }  // namespace kernels
 }  // namespace attnmeta

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "attention/kernels/internal/launch_checks.h"
+#include "attention/kernels/internal/device_queries.h"
 
 namespace attnmeta {
 using internal::RuntimeStatus;

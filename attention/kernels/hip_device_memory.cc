@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "attention/kernels/internal/launch_checks.h"
+#include "attention/kernels/internal/device_queries.h"
 
 namespace attnmeta {
 using internal::RuntimeStatus;

@@ -1,14 +1,10 @@
-// The device side of the metadata kernels: argument structs and launch functions shared by
-// the host launchers (metadata_launchers.h) and the device source. Plain types only: no
-// Abseil, no glog. Every kernel bounds-checks what it reads from device memory (request
-// rows, lengths, slots, indptr totals) against the bounds given here, clamps, and records the
-// first violation in `violation` (device_violation.h; may be null).
-//
-// A launch function with `overlap_preceding` launches through LaunchKernelAfterPreceding
-// (hip_port.h): the blocks may start under the tail of the kernel ahead on the stream, and each
-// waits for it (WaitForPrecedingGrid) before it reads anything, so such a launch is right after
-// any kernel, one that writes its inputs included, provided that a kernel ahead which was itself
-// launched to overlap waits before it ends. Without it, a plain launch.
+// The device side of the metadata kernels: the argument structs shared by the host launchers
+// (metadata_launchers.h) and the device source, whose launch functions are in
+// metadata_kernels_launch.h. Plain types only: no Abseil, no glog, no vendor header (the host
+// launchers' checks fill these structs and are tested without a GPU). Every kernel
+// bounds-checks what it reads from device memory (request rows, lengths, slots, indptr totals)
+// against the bounds given here, clamps, and records the first violation in `violation`
+// (device_violation.h; may be null).
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_METADATA_KERNELS_H_
 #define ATTNMETA_ATTENTION_KERNELS_METADATA_KERNELS_H_
@@ -16,7 +12,6 @@
 #include <cstdint>
 
 #include "attention/kernels/device_violation.h"
-#include "attention/kernels/hip_port.h"
 
 namespace attnmeta {
 namespace kernels {
@@ -63,7 +58,6 @@ struct IndptrParams {
   int32_t page_size;       // >= 1
   DeviceViolation* violation;
 };
-hipError_t LaunchIndptrKernel(const IndptrParams& p, bool overlap_preceding, hipStream_t stream);
 
 // page_table[i][j] = req_to_token[rows[i]][j * page_size] / page_size for
 // j < ceil(kv_lens[i] / page_size), else 0 (the padding page), for rows i < batch_size; rows
@@ -82,8 +76,6 @@ struct PageTableParams {
 // Columns one block pass of the page-table kernel covers.
 inline constexpr int32_t kPageTableThreads = 128;
 inline constexpr int32_t kPageTableColumnsPerPass = kPageTableThreads * 8;
-hipError_t LaunchPageTableKernel(const PageTableParams& p, int32_t passes, bool overlap_preceding,
-                                 hipStream_t stream);
 
 // kv_indices[kv_indptr[i] + t] = req_to_token[rows[i]][start[i] + t], t < kv_indptr[i + 1] -
 // kv_indptr[i]. Grid (batch_size, passes). Violations: a row outside the table, a range past
@@ -99,8 +91,6 @@ struct TokenKvIndicesParams {
   int32_t batch_size;
   DeviceViolation* violation;
 };
-hipError_t LaunchTokenKvIndicesKernel(const TokenKvIndicesParams& p, int32_t passes,
-                                      bool overlap_preceding, hipStream_t stream);
 
 // Everything a decode (or fixed-row extend) replay writes, in one launch, from the staged
 // rows and lengths of a padded batch: kv_indptr, qo_indptr, kv_last_page_len, kv_indices
@@ -127,10 +117,6 @@ struct FusedMetadataParams {
   int32_t padded_batch;
   DeviceViolation* violation;
 };
-hipError_t LaunchFusedMetadataKernel(const FusedMetadataParams& p, int32_t row_blocks,
-                                     bool overlap_preceding, hipStream_t stream);
-// The fused kernel's blocks that one multiprocessor of the current device runs at once.
-hipError_t FusedMetadataBlocksPerMultiprocessor(int32_t* blocks);
 
 // Step `step` of draft-decode (iters = step + 1; draft_decode_layout.h) over the padded
 // batch's branches z = s * topk + k: for a real request s (rows[s] != kPaddedRow), branch z is
@@ -157,8 +143,6 @@ struct DraftStepParams {
   int64_t kv_indices_capacity;
   DeviceViolation* violation;
 };
-hipError_t LaunchDraftStepKernels(const DraftStepParams& p, int32_t passes, bool overlap_preceding,
-                                  hipStream_t stream);
 
 // A split-KV plan's work and reduce items as the host planner lays them out (SplitKvWorkItem
 // and SplitKvReduceItem of attention/metadata/split_kv_planner.h; the device writer checks
@@ -188,8 +172,6 @@ struct SplitKvPlanParams {
   int64_t reduce_capacity;
   DeviceViolation* violation;
 };
-hipError_t LaunchSplitKvPlanKernel(const SplitKvPlanParams& p, bool overlap_preceding,
-                                   hipStream_t stream);
 
 // Target-verify's FULL mask from tree rows: mask_indptr = [0] + cumsum(q_len * kv_len) and,
 // per request, [q_len][kv_len] bytes: 1 for the kv_len - q_len prefix columns, then the tree
@@ -207,8 +189,6 @@ struct TreeMaskParams {
   int32_t padded_batch;
   DeviceViolation* violation;
 };
-hipError_t LaunchTreeMaskKernel(const TreeMaskParams& p, int32_t passes, bool overlap_preceding,
-                                hipStream_t stream);
 
 // The paged-to-linear K/V gather: row r < cu_k[batch_size] of k_out / v_out is row tok_idx[r]
 // of k_pool / v_pool, row_bytes bytes each (any dtype and head layout). Rows move in 16-byte
@@ -230,13 +210,6 @@ struct GatherKvParams {
   DeviceViolation* violation;
   int32_t lanes_per_row;  // set by the launch function
 };
-hipError_t LaunchGatherKvKernel(const GatherKvParams& p, int32_t blocks, bool overlap_preceding,
-                                hipStream_t stream);
-
-// Whether the kernels of this build, as they run on the current device, wait for the kernel
-// ahead where they call WaitForPrecedingGrid (KernelWaitsForPrecedingGrid in hip_port.h, asked
-// of a kernel compiled like all of them), into *waits.
-hipError_t KernelsWaitForPrecedingGrids(bool* waits);
 
 }  // namespace kernels
 }  // namespace attnmeta

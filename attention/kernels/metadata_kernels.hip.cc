@@ -1,8 +1,9 @@
-#include "attention/kernels/metadata_kernels.h"
+#include "attention/kernels/metadata_kernels_launch.h"
 
 #include <algorithm>
 
 #include "attention/kernels/internal/block_reduce.h"
+#include "attention/kernels/internal/violation_recorder.h"
 
 namespace attnmeta {
 namespace kernels {

@@ -17,6 +17,7 @@
 #include "attention/graph/metadata_writer.h"
 #include "attention/kernels/device_violation_word.h"
 #include "attention/kernels/metadata_kernels.h"
+#include "attention/kernels/metadata_kernels_launch.h"
 #include "attention/kernels/metadata_launchers.h"
 #include "attention/kernels/testing/device_buffer.h"
 #include "attention/kernels/testing/gpu_test.h"

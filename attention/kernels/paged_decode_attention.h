@@ -1,6 +1,7 @@
-// The device side of paged decode attention: argument structs and launch functions shared by
-// the host launcher (paged_decode_launcher.h) and the device source. Plain types only: no
-// Abseil, no glog.
+// The device side of paged decode attention: the argument structs shared by the host launcher
+// (paged_decode_launcher.h) and the device source, whose launch functions are in
+// paged_decode_attention_launch.h. Plain types only: no Abseil, no glog, no vendor header (the
+// launcher's checks fill these structs and are tested without a GPU).
 //
 // Decode: one query row per sequence. Query head h of sequence i reads K/V head
 // h / (num_q_heads / num_kv_heads) (GQA; MHA when the counts are equal). Over the KV tokens t
@@ -45,7 +46,6 @@
 #include "attention/kernels/device_kv_source.h"
 #include "attention/kernels/device_violation.h"
 #include "attention/kernels/element_dtype.h"
-#include "attention/kernels/hip_port.h"
 
 namespace attnmeta {
 namespace kernels {
@@ -100,7 +100,7 @@ inline constexpr int32_t kVariantQueryHeads = 4;
 // of 128, the planner's default), and doubled steps at head dim 64 (as many bytes in flight
 // per warp as at 128, but 2 blocks per multiprocessor instead of 3: bs 64 x 4k 3.86 TB/s
 // against 3.54, bs 32 x 4k 3.61 against 3.83).
-__host__ __device__ inline constexpr int32_t DecodeStepTokens(const DecodeVariant& v,
+inline constexpr int32_t DecodeStepTokens(const DecodeVariant& v,
                                                               int32_t head_dim) {
   return head_dim > 128 && v.step_tokens > 16 ? v.step_tokens / 2 : v.step_tokens;
 }
@@ -151,26 +151,10 @@ struct PagedDecodeParams {
 // group; block x of the item takes query heads [x * heads_per_block, + heads_per_block), all of
 // one KV head. The launch's grid is num_work times this; the kernel splits its block index by
 // it and the host launcher sizes split plans by it.
-__host__ __device__ inline constexpr int64_t DecodeBlocksPerItem(int32_t num_q_heads,
+inline constexpr int64_t DecodeBlocksPerItem(int32_t num_q_heads,
                                                                  int32_t heads_per_block) {
   return num_q_heads / heads_per_block;
 }
-
-// Launches num_work * DecodeBlocksPerItem(num_q_heads, heads_per_block) blocks;
-// hipErrorInvalidValue for a shape that is not compiled. overlap_preceding: a launch whose
-// blocks may start under the tail of the kernel ahead on the stream (LaunchKernelAfterPreceding
-// in hip_port.h); before waiting for that kernel a block reads nothing, or only its metadata
-// with p.metadata_before_wait, and writes nothing. Every block allows the next kernel to start
-// once it has read its K and V.
-// REQUIRES: the launcher's checks passed (shapes, alignment, the grid fits).
-hipError_t LaunchPagedDecodeKernel(const PagedDecodeParams& p, bool overlap_preceding,
-                                   hipStream_t stream);
-
-// The blocks of the kernel a split launch (LaunchPagedDecodeKernel with partial slots) would
-// run for p's dtype, head_dim, heads_per_block and variant (no other field is read) that fit on
-// one multiprocessor of the current device, into *blocks; hipErrorInvalidValue for a shape that
-// is not compiled.
-hipError_t PagedDecodeBlocksPerMultiprocessor(const PagedDecodeParams& p, int32_t* blocks);
 
 struct DecodeMergeParams {
   const DecodeReduceItem* reduce;  // [num_reduce]
@@ -186,13 +170,6 @@ struct DecodeMergeParams {
   int32_t dtype;     // ElementDtype
   DeviceViolation* violation;
 };
-
-// One warp per (reduce item, query head): out and lse of each reduce item's row from its
-// partials. overlap_preceding: its blocks may start under the tail of the kernel ahead (the
-// attention launch) and wait for it before they read anything.
-// REQUIRES: num_reduce >= 1.
-hipError_t LaunchDecodeMergeKernel(const DecodeMergeParams& p, bool overlap_preceding,
-                                   hipStream_t stream);
 
 }  // namespace kernels
 }  // namespace attnmeta

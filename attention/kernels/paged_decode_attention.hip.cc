@@ -1,8 +1,9 @@
-#include "attention/kernels/paged_decode_attention.h"
+#include "attention/kernels/paged_decode_attention_launch.h"
 
 #include "attention/kernels/internal/element_types.h"
 #include "attention/kernels/internal/kv_source.h"
 #include "attention/kernels/internal/mma_attention.h"
+#include "attention/kernels/internal/violation_recorder.h"
 
 namespace attnmeta {
 namespace kernels {

@@ -65,6 +65,7 @@
 #include "absl/strings/str_format.h"
 #include "attention/kernels/device_violation_word.h"
 #include "attention/kernels/paged_decode_attention.h"
+#include "attention/kernels/metadata_launchers.h"
 #include "attention/kernels/paged_decode_launcher.h"
 #include "attention/kernels/testing/bench_check.h"
 #include "attention/kernels/testing/device_buffer.h"

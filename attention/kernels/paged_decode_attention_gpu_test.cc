@@ -693,51 +693,26 @@ TEST_F(DecodeGpuTest, PlanForAnotherLayoutIsRefused) {
   ExpectMatches(p, RunDecode(p, d, d.PageLevel(), &paged64));
 }
 
-// What the host can see is refused before any launch, with nothing written.
+// What the host can see is refused before any launch, with nothing written: a case of each
+// kind of check (every check is in paged_decode_args_test.cc, on the CPU).
 TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
   const Problem p = MakeProblem(Dims(32, 8, 128, KvElementType::kBf16), 16, {200, 50, 333}, 71);
   const DeviceProblem d = ToDevice(p);
   const int64_t bs = p.bs();
   const int64_t q_bytes = bs * 32 * 128 * 2;
-  const int64_t pool_bytes = static_cast<int64_t>(d.k.size());
-  // Room for misaligned views of the same sizes.
-  DeviceBuffer<uint8_t> spare = *DeviceBuffer<uint8_t>::Create(pool_bytes + 64);
+  // Room for a misaligned view of the same size.
+  DeviceBuffer<uint8_t> spare = *DeviceBuffer<uint8_t>::Create(q_bytes + 64);
   auto plan = PlanDecodeSplitKv(p.metadata.kv_indptr, KvLayout::LinearPerToken(),
                                 DecodeSplitOptions{8, 8, /*blocks_per_multiprocessor=*/8});
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_GT(plan->num_partials, 0);
-  std::vector<TokenOffset> longer(p.metadata.kv_indptr);
-  longer.push_back(longer.back() + TokenCount(10));
-  auto plan4 = PlanDecodeSplitKv(longer, KvLayout::LinearPerToken(),
-                                 DecodeSplitOptions{8, 8, /*blocks_per_multiprocessor=*/8});
-  ASSERT_TRUE(plan4.ok()) << plan4.status();
-  // The plan without the items of the last sequence.
-  SplitKvPlan missing = *plan;
-  missing.work.erase(std::remove_if(missing.work.begin(), missing.work.end(),
-                                    [&](const SplitKvWorkItem& w) { return w.sequence == bs - 1; }),
-                     missing.work.end());
-  missing.reduce.erase(
-      std::remove_if(missing.reduce.begin(), missing.reduce.end(),
-                     [&](const SplitKvReduceItem& r) { return r.sequence == bs - 1; }),
-      missing.reduce.end());
-  // A plan claiming far more partial slots than it has items (sized by nothing the launcher
-  // may allocate), and one whose first item starts past position 0 (a gap).
-  SplitKvPlan many = *plan;
-  many.num_partials = std::numeric_limits<int32_t>::max();
-  SplitKvPlan gap = *plan;
-  gap.work[0].kv_begin = TokenPosition(gap.work[0].kv_begin.value() + 1);
-  ASSERT_LE(gap.work[0].kv_begin.value(), gap.work[0].kv_end.value());
-  DeviceBuffer<SplitKvWorkItem> missing_work = Upload(missing.work);
-  DeviceBuffer<SplitKvReduceItem> missing_reduce = Upload(missing.reduce);
   DeviceBuffer<SplitKvWorkItem> work = Upload(plan->work);
   DeviceBuffer<SplitKvReduceItem> reduce = Upload(plan->reduce);
-  DeviceBuffer<SplitKvWorkItem> work4 = Upload(plan4->work);
-  DeviceBuffer<SplitKvReduceItem> reduce4 = Upload(plan4->reduce);
   const int64_t partial_floats = int64_t{plan->num_partials} * 32 * 128;
-  DeviceBuffer<float> partial_out = *DeviceBuffer<float>::Create(partial_floats + 4);
+  DeviceBuffer<float> partial_out = *DeviceBuffer<float>::Create(partial_floats);
   DeviceBuffer<float> partial_lse = *DeviceBuffer<float>::Create(plan->num_partials * 32);
-  DeviceBuffer<uint8_t> out = *DeviceBuffer<uint8_t>::Create(q_bytes + 64);
-  DeviceBuffer<float> lse = *DeviceBuffer<float>::Create(bs * 32 + 1);
+  DeviceBuffer<uint8_t> out = *DeviceBuffer<uint8_t>::Create(q_bytes);
+  DeviceBuffer<float> lse = *DeviceBuffer<float>::Create(bs * 32);
   Poison(out.data(), out.size());
   Poison(lse.data(), lse.size() * sizeof(float));
 
@@ -747,46 +722,21 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
   good.k_pool = d.k.const_span();
   good.v_pool = d.v.const_span();
   good.kv = d.TokenLevel();
-  good.split = DecodeSplitKv{&*plan, work.const_span(), reduce.const_span(),
-                             DeviceSpan<float>(partial_out.data(), partial_floats), partial_lse.span()};
-  DeviceBuffer<uint32_t> counters =
-      Upload(std::vector<uint32_t>(plan->reduce.size() * 32, 0));
-  good.out = DeviceSpan<uint8_t>(out.data(), q_bytes);
-  good.lse = DeviceSpan<float>(lse.data(), bs * 32);
+  good.split = DecodeSplitKv{&*plan, work.const_span(), reduce.const_span(), partial_out.span(),
+                             partial_lse.span()};
+  good.out = out.span();
+  good.lse = lse.span();
 
-  // Checked mode: the host copy of the metadata, and copies that fail validation although
-  // every slot is inside the pool (no kernel guard would see them) or belong to another batch.
+  // Checked mode: the host copy of the metadata, and a copy that fails validation although
+  // every slot is inside the pool (no kernel guard would see it): sequence 0's new token in a
+  // slot of sequence 2, without the page table, which would disagree first.
   ValidationContext ctx{p.fixture->pool_slots(), p.fixture->page_size(), TokenCount(bs)};
   ctx.check_slot_ownership = true;
   const CheckedMetadata checked{p.metadata.view(), ctx};
-  // Sequence 0's new token in a slot of sequence 2; without the page table, which would
-  // disagree first (the launch reads kv_indices).
   ForwardMetadata twice = p.metadata;
   twice.kv_indices[twice.kv_indptr[1].value() - 1] = twice.kv_indices[twice.kv_indptr[2].value()];
   twice.page_table = PageTable();
-  ForwardMetadata skewed = p.metadata;  // kv_indptr no longer steps by kv_lens
-  skewed.kv_indptr[1] = TokenOffset(skewed.kv_indptr[1].value() + 1);
-  ForwardMetadata table = p.metadata;  // a page-table entry that is not kv_indices' page
-  PageId& entry = table.page_table.span().row(1)[0];
-  entry = PageId(entry.value() + 1);
   const CheckedMetadata checked_twice{twice.view(), ctx};
-  const CheckedMetadata checked_skewed{skewed.view(), ctx};
-  const CheckedMetadata checked_table{table.view(), ctx};
-  ValidationContext two_rows = ctx;
-  two_rows.num_query_rows = TokenCount(bs - 1);
-  const CheckedMetadata checked_other{p.metadata.view(), two_rows};
-  // The plan of the step before: the last item of the last sequence ends one token short (it
-  // still tiles from 0, so only checked mode, which knows the lengths, can tell).
-  SplitKvPlan stale = *plan;
-  SplitKvWorkItem* last_item = nullptr;
-  for (SplitKvWorkItem& w : stale.work) {
-    if (w.sequence == bs - 1 && (last_item == nullptr || w.kv_end > last_item->kv_end)) {
-      last_item = &w;
-    }
-  }
-  ASSERT_NE(last_item, nullptr);
-  ASSERT_LT(last_item->kv_begin.value() + 1, last_item->kv_end.value());
-  last_item->kv_end = TokenPosition(last_item->kv_end.value() - 1);
 
   using Edit = std::function<void(PagedDecodeArgs&)>;
   struct Case {
@@ -796,64 +746,11 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
   };
   const absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
   const Case cases[] = {
-      {"checked: kv_indptr not stepping by kv_lens",
-       [&](PagedDecodeArgs& a) { a.checked = &checked_skewed; }, kInvalid},
-      {"checked: a context of another launch's query rows",
-       [&](PagedDecodeArgs& a) { a.checked = &checked_other; }, kInvalid},
-      {"checked: the host plan of the step before",
-       [&](PagedDecodeArgs& a) {
-         a.split->plan = &stale;
-         a.checked = &checked;
-       },
-       kInvalid},
-      {"checked: a page table that disagrees with kv_indices",
-       [&](PagedDecodeArgs& a) {
-         a.kv = d.PageLevel();
-         a.split.reset();
-         a.checked = &checked_table;
-       },
-       kInvalid},
+      {"checked: a slot handed out twice",
+       [&](PagedDecodeArgs& a) { a.checked = &checked_twice; }, kInvalid},
       {"heads that do not divide", [](PagedDecodeArgs& a) { a.dims.num_kv_heads = 5; }, kInvalid},
-      {"no query heads", [](PagedDecodeArgs& a) { a.dims.num_q_heads = 0; }, kInvalid},
-      {"head dim 96", [](PagedDecodeArgs& a) { a.dims.head_dim = 96; }, kInvalid},
-      {"head dim 512", [](PagedDecodeArgs& a) { a.dims.head_dim = 512; }, kInvalid},
-      {"NaN scale", [](PagedDecodeArgs& a) { a.dims.softmax_scale = std::nanf(""); }, kInvalid},
-      {"zero scale", [](PagedDecodeArgs& a) { a.dims.softmax_scale = 0; }, kInvalid},
-      {"variant -1", [](PagedDecodeArgs& a) { a.variant = -1; }, kInvalid},
-      {"variant past the table",
-       [](PagedDecodeArgs& a) { a.variant = kernels::kNumDecodeVariants; }, kInvalid},
-      {"variant not compiled for the shape",
-       [](PagedDecodeArgs& a) {
-         a.variant = 1;
-         a.dims.num_q_heads = 16;  // a group of 2
-       },
-       kInvalid},
       {"q misaligned",
        [&](PagedDecodeArgs& a) { a.q = DeviceSpan<const uint8_t>(spare.data() + 2, q_bytes); },
-       kInvalid},
-      {"k_pool misaligned",
-       [&](PagedDecodeArgs& a) {
-         a.k_pool = DeviceSpan<const uint8_t>(spare.data() + 8, pool_bytes);
-       },
-       kInvalid},
-      {"v_pool misaligned",
-       [&](PagedDecodeArgs& a) {
-         a.v_pool = DeviceSpan<const uint8_t>(spare.data() + 4, pool_bytes);
-       },
-       kInvalid},
-      {"out misaligned",
-       [&](PagedDecodeArgs& a) { a.out = DeviceSpan<uint8_t>(out.data() + 2, q_bytes); }, kInvalid},
-      {"partial_out misaligned",
-       [&](PagedDecodeArgs& a) {
-         a.split->partial_out = DeviceSpan<float>(partial_out.data() + 1, partial_floats);
-       },
-       kInvalid},
-      {"null q", [&](PagedDecodeArgs& a) { a.q = DeviceSpan<const uint8_t>(nullptr, q_bytes); },
-       kInvalid},
-      {"null k_pool",
-       [&](PagedDecodeArgs& a) { a.k_pool = DeviceSpan<const uint8_t>(nullptr, pool_bytes); },
-       kInvalid},
-      {"null lse", [&](PagedDecodeArgs& a) { a.lse = DeviceSpan<float>(nullptr, bs * 32); },
        kInvalid},
       {"null kv_indices",
        [&](PagedDecodeArgs& a) {
@@ -861,49 +758,10 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
                                    DeviceSpan<const TokenSlot>(nullptr, d.kv_indices.size())};
        },
        kInvalid},
-      {"null page table",
-       [&](PagedDecodeArgs& a) {
-         a.kv = DecodePageTableKv{DeviceSpan<const PageId>(nullptr, d.page_table.size()), d.cols,
-                                  d.kv_lens.const_span(), d.page_size};
-         a.split.reset();
-       },
-       kInvalid},
-      {"no kv_indptr",
-       [&](PagedDecodeArgs& a) {
-         a.kv = DecodeTokenLevelKv{{}, d.kv_indices.const_span()};
-       },
-       kInvalid},
-      {"q of another batch",
-       [&](PagedDecodeArgs& a) { a.q = DeviceSpan<const uint8_t>(d.q.data(), q_bytes - 512); },
-       kInvalid},
-      {"out of another batch",
-       [&](PagedDecodeArgs& a) { a.out = DeviceSpan<uint8_t>(out.data(), q_bytes - 512); },
-       kInvalid},
-      {"lse of another batch",
-       [&](PagedDecodeArgs& a) { a.lse = DeviceSpan<float>(lse.data(), bs * 32 + 1); }, kInvalid},
-      {"K and V pools of different sizes",
-       [&](PagedDecodeArgs& a) {
-         a.v_pool = DeviceSpan<const uint8_t>(d.v.data(), pool_bytes - 2048);
-       },
-       kInvalid},
-      {"pools that are not whole rows",
-       [&](PagedDecodeArgs& a) {
-         a.k_pool = DeviceSpan<const uint8_t>(d.k.data(), pool_bytes - 16);
-         a.v_pool = DeviceSpan<const uint8_t>(d.v.data(), pool_bytes - 16);
-       },
-       kInvalid},
-      {"page table smaller than the batch",
-       [&](PagedDecodeArgs& a) {
-         a.kv = DecodePageTableKv{DeviceSpan<const PageId>(d.page_table.data(), d.page_table.size() - 1),
-                                  d.cols, d.kv_lens.const_span(), d.page_size};
-         a.split.reset();
-       },
-       kInvalid},
       {"page table beyond int32 tokens",
        [&](PagedDecodeArgs& a) {
          a.kv = DecodePageTableKv{d.page_table.const_span(), PageCount(int64_t{1} << 27),
-                                  d.kv_lens.const_span(),
-                                  d.page_size};
+                                  d.kv_lens.const_span(), d.page_size};
          a.split.reset();
        },
        absl::StatusCode::kOutOfRange},
@@ -912,44 +770,6 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
          a.split->partial_out = DeviceSpan<float>(partial_out.data(), partial_floats - 1);
        },
        absl::StatusCode::kResourceExhausted},
-      {"partial_lse too small",
-       [&](PagedDecodeArgs& a) { a.split->partial_lse = DeviceSpan<float>(partial_lse.data(), 1); },
-       absl::StatusCode::kResourceExhausted},
-      {"merge counters too small",
-       [&](PagedDecodeArgs& a) {
-         a.split->merge_counters = DeviceSpan<uint32_t>(counters.data(), plan->reduce.size() * 32 - 1);
-       },
-       absl::StatusCode::kResourceExhausted},
-      {"merge counters null with a size",
-       [&](PagedDecodeArgs& a) {
-         a.split->merge_counters = DeviceSpan<uint32_t>(nullptr, plan->reduce.size() * 32);
-       },
-       kInvalid},
-      {"no plan", [&](PagedDecodeArgs& a) { a.split->plan = nullptr; }, kInvalid},
-      {"device copy of another plan",
-       [&](PagedDecodeArgs& a) { a.split->work = work4.const_span(); }, kInvalid},
-      {"plan for a larger batch",
-       [&](PagedDecodeArgs& a) {
-         a.split = DecodeSplitKv{&*plan4, work4.const_span(), reduce4.const_span(),
-                                 partial_out.span(), partial_lse.span()};
-       },
-       kInvalid},
-      {"plan with more partial slots than items",
-       [&](PagedDecodeArgs& a) { a.split->plan = &many; }, kInvalid},
-      {"plan whose items leave a gap", [&](PagedDecodeArgs& a) { a.split->plan = &gap; }, kInvalid},
-      {"plan missing a sequence",
-       [&](PagedDecodeArgs& a) {
-         a.split = DecodeSplitKv{&missing, missing_work.const_span(), missing_reduce.const_span(),
-                                 partial_out.span(), partial_lse.span()};
-       },
-       kInvalid},
-      {"device plan for another layout",
-       [&](PagedDecodeArgs& a) {
-         DeviceSplitKvPlan dp = DevicePlanOf(*plan);
-         dp.layout = KvLayout::Paged(p.fixture->page_size());
-         a.split->plan = dp;
-       },
-       kInvalid},
       {"device plan with more items than its buffers",
        [&](PagedDecodeArgs& a) {
          DeviceSplitKvPlan dp = DevicePlanOf(*plan);
@@ -957,73 +777,6 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
          a.split->plan = dp;
        },
        kInvalid},
-      {"device plan with more reduce items than its buffer",
-       [&](PagedDecodeArgs& a) {
-         DeviceSplitKvPlan dp = DevicePlanOf(*plan);
-         dp.counts.reduce_items = static_cast<int64_t>(plan->reduce.size()) + 1;
-         a.split->plan = dp;
-       },
-       kInvalid},
-      {"device plan with more partial slots than items",
-       [&](PagedDecodeArgs& a) {
-         DeviceSplitKvPlan dp = DevicePlanOf(*plan);
-         dp.counts.num_partials = static_cast<int32_t>(dp.counts.work_items) + 1;
-         a.split->plan = dp;
-       },
-       kInvalid},
-      {"device plan with partial slots that nothing merges",
-       [&](PagedDecodeArgs& a) {
-         DeviceSplitKvPlan dp = DevicePlanOf(*plan);
-         dp.counts.reduce_items = 0;
-         a.split->plan = dp;
-       },
-       kInvalid},
-      {"device plan with no work item for the batch",
-       [&](PagedDecodeArgs& a) {
-         a.split->plan = DeviceSplitKvPlan{KvLayout::LinearPerToken(), SplitKvPlanCounts{}};
-       },
-       kInvalid},
-      {"device plan with more reduce items than partial slots",
-       [&](PagedDecodeArgs& a) {
-         DeviceSplitKvPlan dp = DevicePlanOf(*plan);
-         dp.counts.reduce_items = dp.counts.num_partials + 1;
-         a.split->plan = dp;
-       },
-       kInvalid},
-      {"device plan with reduce items and no partial slot",
-       [&](PagedDecodeArgs& a) {
-         DeviceSplitKvPlan dp = DevicePlanOf(*plan);
-         dp.counts.num_partials = 0;
-         a.split->plan = dp;
-       },
-       kInvalid},
-      {"device plan beyond the grid",
-       [&](PagedDecodeArgs& a) {
-         DeviceSplitKvPlan dp = DevicePlanOf(*plan);
-         dp.counts.work_items = (int64_t{1} << 23) + 1;
-         a.split->plan = dp;
-       },
-       absl::StatusCode::kOutOfRange},
-      {"device plan with negative counts",
-       [&](PagedDecodeArgs& a) {
-         DeviceSplitKvPlan dp = DevicePlanOf(*plan);
-         dp.counts.work_items = -1;
-         a.split->plan = dp;
-       },
-       kInvalid},
-      {"device plan with partial buffers too small",
-       [&](PagedDecodeArgs& a) {
-         a.split->plan = DevicePlanOf(*plan);
-         a.split->partial_lse = DeviceSpan<float>(partial_lse.data(), 1);
-       },
-       absl::StatusCode::kResourceExhausted},
-      {"device plan with merge counters too small",
-       [&](PagedDecodeArgs& a) {
-         a.split->plan = DevicePlanOf(*plan);
-         a.split->merge_counters =
-             DeviceSpan<uint32_t>(counters.data(), plan->reduce.size() * 32 - 1);
-       },
-       absl::StatusCode::kResourceExhausted},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
@@ -1035,15 +788,6 @@ TEST_F(DecodeGpuTest, BadInputsAreRefusedBeforeLaunch) {
   ASSERT_EQ(hipDeviceSynchronize(), hipSuccess);
   const std::vector<uint8_t> got = Download(out);
   for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], 0xff) << "out written at byte " << i;
-  // Checked mode names what the validator found (the cases above check codes only).
-  PagedDecodeArgs twice_args = good;
-  twice_args.checked = &checked_twice;
-  const absl::Status twice_status = PagedDecodeAttention(twice_args, nullptr, nullptr);
-  EXPECT_EQ(twice_status.code(), kInvalid) << twice_status;
-  EXPECT_NE(twice_status.message().find("a slot handed out twice"), absl::string_view::npos)
-      << twice_status;
-  ASSERT_EQ(hipDeviceSynchronize(), hipSuccess);
-  for (uint8_t byte : Download(out)) ASSERT_EQ(byte, 0xff) << "out written by a checked launch";
   // The unedited arguments run, also checked, through both sources.
   ASSERT_TRUE(PagedDecodeAttention(good, nullptr, nullptr).ok());
   PagedDecodeArgs checked_args = good;

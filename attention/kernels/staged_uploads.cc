@@ -5,7 +5,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "attention/kernels/internal/launch_checks.h"
+#include "attention/kernels/internal/device_queries.h"
 
 namespace attnmeta {
 namespace {

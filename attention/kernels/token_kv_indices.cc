@@ -3,8 +3,9 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "attention/kernels/internal/device_queries.h"
 #include "attention/kernels/internal/launch_checks.h"
-#include "attention/kernels/metadata_kernels.h"
+#include "attention/kernels/metadata_kernels_launch.h"
 
 namespace attnmeta {
 using internal::CheckNotNull;

@@ -1,6 +1,7 @@
-// The device side of varlen (unified) attention: the argument struct and launch function shared
-// by the host launcher (varlen_attention_launcher.h) and the device source. Plain types only:
-// no Abseil, no glog.
+// The device side of varlen (unified) attention: the argument struct shared by the host
+// launcher (varlen_attention_launcher.h) and the device source, whose launch function is in
+// varlen_attention_launch.h. Plain types only: no Abseil, no glog, no vendor header (the
+// launcher's checks fill the struct and are tested without a GPU).
 //
 // Ragged queries: sequence i has the q_len_i = qo_indptr[i + 1] - qo_indptr[i] query rows
 // qo_indptr[i] .. qo_indptr[i + 1] - 1 of q, which are its last q_len_i positions: row r sits at
@@ -62,7 +63,6 @@
 #include "attention/kernels/device_kv_source.h"
 #include "attention/kernels/device_violation.h"
 #include "attention/kernels/element_dtype.h"
-#include "attention/kernels/hip_port.h"
 
 namespace attnmeta {
 namespace kernels {
@@ -143,17 +143,6 @@ struct VarlenAttentionParams {
   // null: none is recorded, the guards still apply.
   DeviceViolation* violation;
 };
-
-// Launches batch_size * q_tiles * (num_q_heads / heads_per_block) blocks, or with
-// vector_chunks > 0 batch_size * num_kv_heads * vector_chunks blocks (ceil(vector_chunks / 2)
-// for vector_chunks > 1 at head dims up to 128); hipErrorInvalidValue for
-// a dtype or head dim that is not compiled. With overlap_preceding the launch may start under
-// the tail of the kernel ahead on the stream (LaunchKernelAfterPreceding in hip_port.h): every
-// block waits for that kernel before it reads anything.
-// REQUIRES: the launcher's checks passed (shapes, alignment, the grid fits); overlap_preceding
-// only where DeviceOverlapsLaunches says yes.
-hipError_t LaunchVarlenAttentionKernel(const VarlenAttentionParams& p, bool overlap_preceding,
-                                       hipStream_t stream);
 
 }  // namespace kernels
 }  // namespace attnmeta

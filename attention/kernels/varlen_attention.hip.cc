@@ -1,4 +1,4 @@
-#include "attention/kernels/varlen_attention.h"
+#include "attention/kernels/varlen_attention_launch.h"
 
 #include <atomic>
 #include <cstdint>
@@ -6,6 +6,7 @@
 #include "attention/kernels/internal/element_types.h"
 #include "attention/kernels/internal/kv_source.h"
 #include "attention/kernels/internal/mma_attention.h"
+#include "attention/kernels/internal/violation_recorder.h"
 
 namespace attnmeta {
 namespace kernels {

@@ -50,6 +50,7 @@
 
 #include "absl/strings/str_format.h"
 #include "attention/kernels/device_violation_word.h"
+#include "attention/kernels/metadata_launchers.h"
 #include "attention/kernels/testing/bench_check.h"
 #include "attention/kernels/testing/device_buffer.h"
 #include "attention/kernels/testing/half_bits.h"

@@ -8,9 +8,8 @@
 //
 // The launcher checks what the host can see (dims, sizes that agree, 16-byte alignment of the
 // vector-loaded buffers, null pointers with nonzero sizes, max_q_len against the query rows, a
-// mask layout against its arrays; every error is listed at VarlenAttention below) and returns
-// an error before launching anything; then
-// launches on `stream` and returns Internal if the launch failed. What lives in device memory
+// mask layout against its arrays: varlen_attention_args.h, tested on the CPU, where every
+// error is listed) and returns an error before launching anything; then launches on `stream` and returns Internal if the launch failed. What lives in device memory
 // (qo_indptr, kv_indptr, lengths, slots, page ids, mask_indptr) is bounds-checked by the
 // kernel: it never reads or writes outside a buffer, skips a position whose slot is outside the
 // pool, and records the first violation in `violation` (DeviceViolationWord; may be null).
@@ -21,114 +20,16 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "attention/kernels/checked_metadata.h"
-#include "attention/kernels/device_span.h"
 #include "attention/kernels/device_violation.h"
 #include "attention/kernels/hip_port.h"
-#include "attention/kernels/paged_decode_launcher.h"
-#include "attention/kernels/varlen_attention.h"
-#include "attention/metadata/custom_mask.h"
-#include "kvcache/units.h"
+#include "attention/kernels/varlen_attention_args.h"
 
 namespace attnmeta {
 
-// The custom mask of a batch (custom_mask.h's CustomMaskView, in device memory). Layout kNone:
-// causal with prefix, and both arrays empty. (kernels::VarlenMaskKind is the kernel's view of
-// the layout.)
-struct VarlenMask {
-  MaskLayout layout = MaskLayout::kNone;
-  // [>= mask_indptr[bs]] bytes: the blocks of the layout, 0/1 bytes or bit-packed words.
-  DeviceSpan<const uint8_t> mask;
-  // [bs + 1] byte offsets, mask_indptr[0] == 0, step i == MaskBlockBytes(layout, q_len_i,
-  // kv_len_i, MaskWordBytes(max_q_len)); 8-byte aligned.
-  DeviceSpan<const int64_t> mask_indptr;
-};
-
-// The kernels of varlen attention; all compute the same (varlen_attention.h).
-enum class VarlenKernel {
-  kAuto,
-  kTiledCudaCores,    // blocks of query-row tiles, fp32 FMAs
-  kTiledTensorCores,  // the same blocks, MmaM16N8K16 (FlashAttention-style)
-  kShortQueries,      // the decode kernel's warp step on the tensor cores, for short q_len
-};
-
-// The kernel's name as logs and benchmark tables print it: "tiled_cuda_cores",
-// "tiled_tensor_cores", "short_queries" or "auto".
-const char* VarlenKernelName(VarlenKernel kernel);
-
-struct VarlenAttentionArgs {
-  // Head counts (GQA: num_q_heads a multiple of num_kv_heads), head dim (64, 128, 256), the
-  // element type of q, the pools and out (bf16, fp16) and the softmax scale (finite, > 0).
-  DecodeAttentionDims dims;
-  // [q_rows][num_q_heads][head_dim] of dtype, 16-byte aligned; q_rows <= INT32_MAX.
-  DeviceSpan<const uint8_t> q;
-  // [bs + 1] (bs: the KV source's batch), qo_indptr[0] == 0, non-decreasing,
-  // qo_indptr[bs] == q_rows; sequence i's rows are its last q_len_i positions. Device memory:
-  // the kernel checks it (varlen_attention.h; a row no sequence claims is not written and is
-  // recorded).
-  DeviceSpan<const TokenOffset> qo_indptr;
-  // The largest q_len of the batch (ForwardMetadataView::max_q_len), at most q_rows and at
-  // least q_rows / bs: the grid covers this many rows per sequence. The kernel still bounds
-  // itself by the device qo_indptr (a longer sequence is recorded and sees nothing).
-  // With a bit-packed mask it must be the batch's maximum q_len exactly, not a bound: the
-  // width of the mask's words, MaskWordBytes(max_q_len), comes from it, and a looser bound
-  // (say 9 for a batch whose longest q_len is 8) reads the 1-byte words as 2-byte ones, which
-  // gives wrong rows without any violation recorded.
-  TokenCount max_q_len;
-  DeviceSpan<const uint8_t> k_pool;  // [pool_slots][num_kv_heads][head_dim] of dtype, aligned
-  DeviceSpan<const uint8_t> v_pool;  // like k_pool, the same size; pool_slots <= 2^31
-  // Where K/V position c of sequence i is read: token-level kv_indices or the page table
-  // (paged_decode_launcher.h); its batch is the launch's bs. Device memory: lengths and slots
-  // are checked by the kernel.
-  DecodeKv kv;
-  VarlenMask mask;
-  DeviceSpan<uint8_t> out;  // [q_rows][num_q_heads][head_dim] of dtype, 16-byte aligned
-  DeviceSpan<float> lse;    // [q_rows][num_q_heads]
-  // Which kernel runs: kAuto takes kShortQueries when
-  // max_q_len * (num_q_heads / num_kv_heads) <= kVarlenChunkVectors * kVarlenMaxVectorChunks
-  // (64: verify, draft-extend, decode), else the tiled path: kTiledTensorCores where
-  // MmaM16N8K16 is the tensor-core instruction (NVIDIA, kNativeMmaM16N8K16), kTiledCudaCores
-  // where it is the portable form (AMD). The others force one (kShortQueries past that bound is
-  // InvalidArgument).
-  VarlenKernel kernel = VarlenKernel::kAuto;
-  // The launch may start under the tail of the kernel ahead on the stream (where
-  // DeviceOverlapsLaunches says so; plain elsewhere): its blocks wait for that kernel before
-  // they read anything, so it is right after any kernel, the metadata launches that write what
-  // it reads included. What it hides is the gap between the two launches and its blocks'
-  // ramp-up. A captured graph keeps it as a programmatic edge.
-  bool overlap_preceding_kernel = true;
-  // Checked mode (checked_metadata.h): the host copy of the metadata that qo_indptr, kv and
-  // mask hold, validated before anything is launched. Null: not checked.
-  const CheckedMetadata* checked = nullptr;
-};
-
-// Errors, before anything is launched (nothing written):
-//  InvalidArgument:
-//   - dims: num_q_heads not a positive multiple of num_kv_heads, a head dim other than
-//     64/128/256, an element type other than bf16/fp16, a softmax_scale not finite and > 0;
-//   - the KV source: a kv_indptr without entries, a page table smaller than [bs][cols];
-//   - sizes: q / out / lse that are not the same whole rows of num_q_heads * head_dim
-//     elements (and num_q_heads floats), K/V pools that are not the same whole rows of
-//     num_kv_heads * head_dim elements, a qo_indptr that is not bs + 1 entries;
-//   - max_q_len negative, past q's rows, or too small for them (q_rows <= bs * max_q_len is
-//     refused otherwise: the grid covers bs * max_q_len rows);
-//   - alignment: q, k_pool, v_pool or out not 16-byte aligned, mask_indptr not 8-byte aligned;
-//   - a null pointer with a nonzero size (any array);
-//   - the mask: a layout without mask_indptr of bs + 1 entries, mask arrays without a layout,
-//     a bit-packed mask with max_q_len > kMaxBitPackedRows;
-//   - kernel kShortQueries for max_q_len * group > 64 (kVarlenChunkVectors *
-//     kVarlenMaxVectorChunks);
-//   - in checked mode (args.checked): host metadata that fails validation or is not the
-//     launch's (CheckLaunchedMetadata);
-//  OutOfRange (beyond the kernel's int32 arithmetic or the grid):
-//   - more than 2^31 - 1 query rows, more than 2^31 pool slots, a batch beyond int32;
-//   - kv_indices of more than 2^30 entries, a page table covering more than 2^30 tokens;
-//   - a grid of more than 2^24 blocks, 2^23 for kTiledTensorCores (bs * ceil(max_q_len / rows
-//     per block) * num_q_heads / heads per block, or bs * num_kv_heads * vector chunks on the
-//     short-query path), checked without overflow for any claimed sizes.
-//  Internal: the launch failed, or the runtime did not say whether launches overlap here.
-// What lives in device memory is not an error here: the kernel records it in `violation`
-// (may be null; varlen_attention.h lists the kinds).
+// Errors, before anything is launched (nothing written): VarlenAttentionLaunchFor's
+// (varlen_attention_args.h). Internal: the launch failed, or the runtime did not say whether
+// launches overlap here. What lives in device memory is not an error here: the kernel records
+// it in `violation` (may be null; varlen_attention.h lists the kinds).
 absl::Status VarlenAttention(const VarlenAttentionArgs& args, kernels::DeviceViolation* violation,
                              hipStream_t stream);
 

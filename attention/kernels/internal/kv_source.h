@@ -16,6 +16,7 @@
 
 #include "attention/kernels/device_violation.h"
 #include "attention/kernels/hip_port.h"
+#include "attention/kernels/internal/violation_recorder.h"
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
 

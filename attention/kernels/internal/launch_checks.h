@@ -1,8 +1,7 @@
-// Checks every host launcher shares (no device code), whether a launch may overlap the kernel
-// ahead (DeviceOverlapsLaunches, OverlapIfAsked), and the checks the attention launchers
-// (paged_decode_launcher.cc, varlen_attention_launcher.cc) share: dims, the KV source, the
-// K/V pools and the vector-loaded buffers. Messages start with the caller's `op` name
-// ("decode attention", "varlen attention").
+// Checks every host launcher shares, and the checks the attention launchers share: dims, the
+// KV source, the K/V pools and the vector-loaded buffers. Messages start with the caller's
+// `op` name ("decode attention", "varlen attention"). Host code without the GPU runtime (the
+// runtime queries are in device_queries.h): the launchers' checks are tested on the CPU.
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_INTERNAL_LAUNCH_CHECKS_H_
 #define ATTNMETA_ATTENTION_KERNELS_INTERNAL_LAUNCH_CHECKS_H_
@@ -20,8 +19,6 @@
 #include "attention/kernels/checked_metadata.h"
 #include "attention/kernels/device_span.h"
 #include "attention/kernels/element_dtype.h"
-#include "attention/kernels/hip_port.h"
-#include "attention/kernels/internal/device_value_cache.h"
 #include "attention/kernels/metadata_kernels.h"
 #include "kvcache/units.h"
 
@@ -36,66 +33,6 @@ absl::Status CheckNotNull(absl::string_view name, DeviceSpan<T> span) {
         absl::StrCat(name, " has ", span.size(), " elements but a null pointer"));
   }
   return absl::OkStatus();
-}
-
-// Internal naming `what` when a runtime call failed, else OK.
-inline absl::Status RuntimeStatus(hipError_t err, absl::string_view what) {
-  if (err == hipSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", hipGetErrorString(err)));
-}
-
-// What `query(device, &value)` (a runtime call returning hipError_t) writes for the current
-// device, asked of the runtime once per device and `key` and kept in `cache`: launchers need the
-// multiprocessor count and kernels' occupancy on every call. Internal naming `what` when the
-// runtime fails (nothing is kept then).
-template <typename Query>
-absl::StatusOr<int32_t> CachedDeviceQuery(DeviceValueCache& cache, int64_t key,
-                                          absl::string_view what, const Query& query) {
-  int device = 0;
-  if (absl::Status s = RuntimeStatus(hipGetDevice(&device), "hipGetDevice"); !s.ok()) return s;
-  return cache.Get(device, key, [&]() -> absl::StatusOr<int32_t> {
-    int32_t value = 0;
-    if (absl::Status s = RuntimeStatus(query(device, &value), what); !s.ok()) return s;
-    return value;
-  });
-}
-
-// DeviceOverlapsLaunches (metadata_launchers.h), for every launcher: one answer per device. A
-// build for older targets only runs on a newer device through the driver's JIT, and its
-// kernels do not wait: an overlapping launch would read what the kernel ahead has yet to write.
-inline absl::StatusOr<bool> DeviceOverlapsLaunches() {
-  if (!kOverlappingLaunches) return false;
-  static DeviceValueCache* const cache = new DeviceValueCache();
-  absl::StatusOr<int32_t> overlaps = CachedDeviceQuery(
-      *cache, 0, "the compute capability or the kernels' compiled target",
-      [](int device, int32_t* value) {
-        *value = 0;
-        int major = 0;
-        if (const hipError_t err =
-                hipDeviceGetAttribute(&major, hipDeviceAttributeComputeCapabilityMajor, device);
-            err != hipSuccess || major < 9) {
-          return err;
-        }
-        bool waits = false;
-        const hipError_t err = kernels::KernelsWaitForPrecedingGrids(&waits);
-        *value = waits ? 1 : 0;
-        return err;
-      });
-  if (!overlaps.ok()) return overlaps.status();
-  return *overlaps != 0;
-}
-
-// Whether a launch asked to overlap the kernel ahead (overlap_preceding_kernel) does: where
-// the device allows it.
-inline absl::StatusOr<bool> OverlapIfAsked(bool asked) {
-  if (!asked) return false;
-  return DeviceOverlapsLaunches();
-}
-
-// Internal naming the kernel when its launch failed.
-inline absl::Status LaunchResult(hipError_t err, absl::string_view kernel) {
-  if (err == hipSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(kernel, " kernel launch failed: ", hipGetErrorString(err)));
 }
 
 // The kernels' view of req_to_token ([rows][stride], row-major) and the KV pool, checked:

@@ -1,0 +1,440 @@
+// The metadata launchers' checks on the CPU (metadata_kernel_args.h): every refusal, and the
+// kernel arguments of calls that pass. The spans point into host memory: the checks never
+// read through them.
+
+#include "attention/kernels/metadata_kernel_args.h"
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "attention/kernels/device_span.h"
+#include "attention/kernels/metadata_kernels.h"
+#include "attention/kernels/testing/host_buffer.h"
+#include "attention/metadata/draft_decode_layout.h"
+#include "attention/metadata/split_kv_planner.h"
+#include "gtest/gtest.h"
+#include "kvcache/units.h"
+
+namespace attnmeta {
+namespace {
+
+using testing::HostBuffer;
+
+constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
+constexpr absl::StatusCode kOutOfRange = absl::StatusCode::kOutOfRange;
+
+// A span of `n` elements over host memory with room for them (never read).
+template <typename T>
+DeviceSpan<T> Over(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return DeviceSpan<T>(v.data(), n);
+}
+
+template <typename T>
+DeviceSpan<T> Null(size_t n) {
+  return DeviceSpan<T>(nullptr, n);
+}
+
+// A span of n elements (n past what is allocated: the checks refuse by size alone).
+template <typename T>
+DeviceSpan<T> Claimed(std::vector<T>& v, size_t n) {
+  return DeviceSpan<T>(v.data(), n);
+}
+
+// An edit of good arguments and the code its check must return.
+template <typename Args>
+struct Refusal {
+  const char* what;
+  std::function<void(Args&)> edit;
+  absl::StatusCode code;
+};
+
+// Runs each edit on `good` and expects its code; `good` itself passes.
+template <typename Args, typename Check>
+void ExpectRefusals(const Args& good, const Check& check,
+                    const std::vector<Refusal<Args>>& cases) {
+  ASSERT_TRUE(check(good).ok()) << check(good);
+  for (const Refusal<Args>& c : cases) {
+    SCOPED_TRACE(c.what);
+    Args a = good;
+    c.edit(a);
+    const absl::Status s = check(a);
+    EXPECT_EQ(s.code(), c.code) << s;
+  }
+}
+
+class MetadataKernelArgsTest : public ::testing::Test {
+ protected:
+  static constexpr int64_t kRows = 6;     // of req_to_token
+  static constexpr int64_t kStride = 64;  // max_context_len
+  static constexpr int64_t kBatch = 4;
+
+  DeviceReqToToken ReqToToken() { return {Over(table_, kRows * kStride), TokenCount(kStride)}; }
+
+  std::vector<TokenSlot> table_;
+  std::vector<ReqPoolIndex> rows_;
+  std::vector<TokenLength> lens_, lens2_, lens3_;
+  std::vector<TokenOffset> indptr_, indptr2_;
+  std::vector<TokenSlot> indices_;
+  std::vector<PageId> pages_;
+  std::vector<int64_t> mask_indptr_;
+  std::vector<uint8_t> bytes_, bytes2_;
+  std::vector<SplitKvWorkItem> work_;
+  std::vector<SplitKvReduceItem> reduce_;
+  std::vector<int32_t> units_;
+  kernels::DeviceViolation violation_{};
+};
+
+TEST_F(MetadataKernelArgsTest, Indptr) {
+  const PageSize ps = *PageSize::Create(16);
+  auto check = [&](DeviceSpan<const TokenLength> lens, DeviceSpan<TokenOffset> indptr,
+                   DeviceSpan<TokenLength> last) {
+    return IndptrParamsFor(lens, indptr, last, ps, &violation_).status();
+  };
+  absl::StatusOr<kernels::IndptrParams> p =
+      IndptrParamsFor(Over(lens_, 4), Over(indptr_, 5), Over(lens2_, 4), ps, &violation_);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->n, 4);
+  EXPECT_EQ(p->page_size, 16);
+  EXPECT_NE(p->last_page_len, nullptr);
+  EXPECT_EQ(p->violation, &violation_);
+  p = IndptrParamsFor(Over(lens_, 4), Over(indptr_, 5), {}, ps, nullptr);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->last_page_len, nullptr);
+  EXPECT_EQ(check(Over(lens_, 4), Over(indptr_, 4), {}).code(), kInvalid);
+  EXPECT_EQ(check(Over(lens_, 4), Over(indptr_, 5), Over(lens2_, 3)).code(), kInvalid);
+  EXPECT_EQ(check(Null<const TokenLength>(4), Over(indptr_, 5), {}).code(), kInvalid);
+  EXPECT_EQ(check(Over(lens_, 4), Null<TokenOffset>(5), {}).code(), kInvalid);
+  EXPECT_EQ(check(Over(lens_, 4), Over(indptr_, 5), Null<TokenLength>(4)).code(), kInvalid);
+  const size_t huge = size_t{1} << 31;
+  EXPECT_EQ(check(Claimed(lens_, huge), Claimed(indptr_, huge + 1), {}).code(), kOutOfRange);
+}
+
+TEST_F(MetadataKernelArgsTest, PageTable) {
+  struct Args {
+    DeviceReqToToken req_to_token;
+    TokenCount pool_slots;
+    DeviceSpan<const ReqPoolIndex> rows;
+    DeviceSpan<const TokenLength> kv_lens;
+    PageSize page_size = *PageSize::Create(16);
+    DeviceSpan<PageId> page_table;
+    PageCount cols;
+  };
+  auto check = [&](const Args& a) {
+    return PageTableParamsFor(a.req_to_token, a.pool_slots, a.rows, a.kv_lens, a.page_size,
+                              a.page_table, a.cols, &violation_)
+        .status();
+  };
+  Args good{ReqToToken(),         TokenCount(1024), Over(rows_, kBatch), Over(lens_, kBatch),
+            *PageSize::Create(16), Over(pages_, kBatch * 4), PageCount(4)};
+  absl::StatusOr<kernels::PageTableParams> p =
+      PageTableParamsFor(good.req_to_token, good.pool_slots, good.rows, good.kv_lens,
+                         good.page_size, good.page_table, good.cols, &violation_);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->batch_size, kBatch);
+  EXPECT_EQ(p->cols, 4);
+  EXPECT_EQ(p->src.stride, kStride);
+  EXPECT_EQ(p->src.max_reqs, kRows);
+  EXPECT_EQ(p->src.pool_slots, 1024);
+  EXPECT_EQ(p->src.page_size, 16);
+  EXPECT_EQ(p->src.page_size_log2, 4);
+  ExpectRefusals<Args>(
+      good, check,
+      {{"req_to_token not whole rows",
+        [&](Args& a) { a.req_to_token.table = Over(table_, kRows * kStride - 1); }, kInvalid},
+       {"no req_to_token", [](Args& a) { a.req_to_token.table = {}; }, kInvalid},
+       {"a row stride of 0", [](Args& a) { a.req_to_token.max_context_len = TokenCount(0); },
+        kInvalid},
+       {"null req_to_token",
+        [](Args& a) { a.req_to_token.table = Null<const TokenSlot>(kRows * kStride); }, kInvalid},
+       {"more than 2^31 pool slots",
+        [](Args& a) { a.pool_slots = TokenCount((int64_t{1} << 31) + 1); }, kOutOfRange},
+       {"negative pool slots", [](Args& a) { a.pool_slots = TokenCount(-1); }, kOutOfRange},
+       {"kv_lens of another batch", [&](Args& a) { a.kv_lens = Over(lens_, kBatch - 1); },
+        kInvalid},
+       {"a table smaller than [bs][cols]",
+        [&](Args& a) { a.page_table = Over(pages_, kBatch * 4 - 1); }, kInvalid},
+       {"negative columns", [](Args& a) { a.cols = PageCount(-1); }, kInvalid},
+       {"columns beyond int32",
+        [](Args& a) { a.cols = PageCount(int64_t{std::numeric_limits<int32_t>::max()} + 1); },
+        kInvalid},
+       {"null rows", [](Args& a) { a.rows = Null<const ReqPoolIndex>(kBatch); }, kInvalid},
+       {"null kv_lens", [](Args& a) { a.kv_lens = Null<const TokenLength>(kBatch); }, kInvalid},
+       {"null page table", [](Args& a) { a.page_table = Null<PageId>(kBatch * 4); }, kInvalid}});
+}
+
+TEST_F(MetadataKernelArgsTest, FusedDecodeMetadata) {
+  DecodeMetadataDeviceArgs good;
+  good.req_to_token = ReqToToken();
+  good.pool_slots = TokenCount(1024);
+  good.page_size = *PageSize::Create(16);
+  good.rows = Over(rows_, kBatch);
+  good.kv_lens = Over(lens_, kBatch);
+  good.q_lens = Over(lens2_, kBatch);
+  good.kv_indptr = Over(indptr_, kBatch + 1);
+  good.qo_indptr = Over(indptr2_, kBatch + 1);
+  good.kv_last_page_len = Over(lens3_, kBatch);
+  good.kv_indices = Over(indices_, 256);
+  good.page_table = Over(pages_, kBatch * 4);
+  good.page_table_cols = PageCount(4);
+  good.max_kv_len = TokenCount(kStride);
+  absl::StatusOr<kernels::FusedMetadataParams> p = FusedMetadataParamsFor(good, &violation_);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->padded_batch, kBatch);
+  EXPECT_EQ(p->kv_indices_capacity, 256);
+  EXPECT_EQ(p->page_table_cols, 4);
+  EXPECT_NE(p->page_table, nullptr);
+  EXPECT_EQ(p->violation, &violation_);
+  DecodeMetadataDeviceArgs no_table = good;
+  no_table.page_table = {};
+  p = FusedMetadataParamsFor(no_table, nullptr);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->page_table, nullptr);
+  using A = DecodeMetadataDeviceArgs;
+  ExpectRefusals<A>(
+      good, [](const A& a) { return FusedMetadataParamsFor(a, nullptr).status(); },
+      {{"no req_to_token", [](A& a) { a.req_to_token.table = {}; }, kInvalid},
+       {"kv_lens of another batch", [&](A& a) { a.kv_lens = Over(lens_, kBatch - 1); }, kInvalid},
+       {"q_lens of another batch", [&](A& a) { a.q_lens = Over(lens2_, kBatch + 1); }, kInvalid},
+       {"kv_indptr of another batch", [&](A& a) { a.kv_indptr = Over(indptr_, kBatch); },
+        kInvalid},
+       {"qo_indptr of another batch", [&](A& a) { a.qo_indptr = Over(indptr2_, kBatch + 2); },
+        kInvalid},
+       {"kv_last_page_len of another batch",
+        [&](A& a) { a.kv_last_page_len = Over(lens3_, kBatch - 1); }, kInvalid},
+       {"a page table smaller than [B][cols]",
+        [&](A& a) { a.page_table = Over(pages_, kBatch * 4 - 1); }, kInvalid},
+       {"a page table of no columns", [](A& a) { a.page_table_cols = PageCount(0); }, kInvalid},
+       {"max_kv_len 0", [](A& a) { a.max_kv_len = TokenCount(0); }, kOutOfRange},
+       {"max_kv_len past a row", [](A& a) { a.max_kv_len = TokenCount(kStride + 1); },
+        kOutOfRange},
+       {"a batch beyond int32",
+        [&](A& a) {
+          const size_t huge = size_t{1} << 31;
+          a.rows = Claimed(rows_, huge);
+          a.kv_lens = Claimed(lens_, huge);
+          a.q_lens = Claimed(lens2_, huge);
+          a.kv_indptr = Claimed(indptr_, huge + 1);
+          a.qo_indptr = Claimed(indptr2_, huge + 1);
+          a.kv_last_page_len = Claimed(lens3_, huge);
+          a.page_table = {};
+        },
+        kOutOfRange},
+       {"null rows", [](A& a) { a.rows = Null<const ReqPoolIndex>(kBatch); }, kInvalid},
+       {"null kv_lens", [](A& a) { a.kv_lens = Null<const TokenLength>(kBatch); }, kInvalid},
+       {"null q_lens", [](A& a) { a.q_lens = Null<const TokenLength>(kBatch); }, kInvalid},
+       {"null kv_indptr", [](A& a) { a.kv_indptr = Null<TokenOffset>(kBatch + 1); }, kInvalid},
+       {"null qo_indptr", [](A& a) { a.qo_indptr = Null<TokenOffset>(kBatch + 1); }, kInvalid},
+       {"null kv_last_page_len", [](A& a) { a.kv_last_page_len = Null<TokenLength>(kBatch); },
+        kInvalid},
+       {"null kv_indices", [](A& a) { a.kv_indices = Null<TokenSlot>(256); }, kInvalid},
+       {"null page table", [](A& a) { a.page_table = Null<PageId>(kBatch * 4); }, kInvalid}});
+}
+
+TEST_F(MetadataKernelArgsTest, TreeMask) {
+  TreeMaskDeviceArgs good;
+  good.q_lens = Over(lens_, kBatch);
+  good.kv_lens = Over(lens2_, kBatch);
+  good.tree = Over(bytes_, 64);
+  good.mask_indptr = Over(mask_indptr_, kBatch + 1);
+  good.mask = Over(bytes2_, 1024);
+  good.max_mask_bytes_per_row = 32;
+  absl::StatusOr<kernels::TreeMaskParams> p = TreeMaskParamsFor(good, &violation_);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->padded_batch, kBatch);
+  EXPECT_EQ(p->tree_capacity, 64);
+  EXPECT_EQ(p->mask_capacity, 1024);
+  using A = TreeMaskDeviceArgs;
+  ExpectRefusals<A>(
+      good, [](const A& a) { return TreeMaskParamsFor(a, nullptr).status(); },
+      {{"kv_lens of another batch", [&](A& a) { a.kv_lens = Over(lens2_, kBatch - 1); },
+        kInvalid},
+       {"mask_indptr of another batch", [&](A& a) { a.mask_indptr = Over(mask_indptr_, kBatch); },
+        kInvalid},
+       {"no mask bytes per row", [](A& a) { a.max_mask_bytes_per_row = 0; }, kOutOfRange},
+       {"a batch beyond int32",
+        [&](A& a) {
+          const size_t huge = size_t{1} << 31;
+          a.q_lens = Claimed(lens_, huge);
+          a.kv_lens = Claimed(lens2_, huge);
+          a.mask_indptr = Claimed(mask_indptr_, huge + 1);
+        },
+        kOutOfRange},
+       {"null q_lens", [](A& a) { a.q_lens = Null<const TokenLength>(kBatch); }, kInvalid},
+       {"null kv_lens", [](A& a) { a.kv_lens = Null<const TokenLength>(kBatch); }, kInvalid},
+       {"null tree", [](A& a) { a.tree = Null<const uint8_t>(64); }, kInvalid},
+       {"null mask_indptr", [](A& a) { a.mask_indptr = Null<int64_t>(kBatch + 1); }, kInvalid},
+       {"null mask", [](A& a) { a.mask = Null<uint8_t>(1024); }, kInvalid}});
+}
+
+TEST_F(MetadataKernelArgsTest, DraftStep) {
+  const int64_t branches = kBatch * 2;
+  DraftStepDeviceArgs good;
+  good.req_to_token = ReqToToken();
+  good.pool_slots = TokenCount(1024);
+  good.rows = Over(rows_, kBatch);
+  good.seq_lens = Over(lens_, kBatch);
+  good.shape = DraftDecodeShape{2, 3};
+  good.step = 2;
+  good.kv_lens = Over(lens2_, branches);
+  good.kv_indptr = Over(indptr_, branches + 1);
+  good.qo_indptr = Over(indptr2_, branches + 1);
+  good.kv_last_page_len = Over(lens3_, branches);
+  good.kv_indices = Over(indices_, 512);
+  absl::StatusOr<kernels::DraftStepParams> p = DraftStepParamsFor(good, &violation_);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->padded_batch, kBatch);
+  EXPECT_EQ(p->topk, 2);
+  EXPECT_EQ(p->steps, 3);
+  EXPECT_EQ(p->step, 2);
+  EXPECT_EQ(p->kv_indices_capacity, 512);
+  using A = DraftStepDeviceArgs;
+  ExpectRefusals<A>(
+      good, [](const A& a) { return DraftStepParamsFor(a, nullptr).status(); },
+      {{"no req_to_token", [](A& a) { a.req_to_token.table = {}; }, kInvalid},
+       {"topk 0", [](A& a) { a.shape.topk = 0; }, kInvalid},
+       {"no steps", [](A& a) { a.shape.steps = 0; }, kInvalid},
+       {"step past the steps", [](A& a) { a.step = 3; }, kInvalid},
+       {"negative step", [](A& a) { a.step = -1; }, kInvalid},
+       {"seq_lens of another batch", [&](A& a) { a.seq_lens = Over(lens_, kBatch - 1); },
+        kInvalid},
+       {"kv_lens of the requests, not the branches",
+        [&](A& a) { a.kv_lens = Over(lens2_, kBatch); }, kInvalid},
+       {"kv_indptr of another batch", [&](A& a) { a.kv_indptr = Over(indptr_, branches); },
+        kInvalid},
+       {"qo_indptr of another batch", [&](A& a) { a.qo_indptr = Over(indptr2_, branches + 2); },
+        kInvalid},
+       {"kv_last_page_len of another batch",
+        [&](A& a) { a.kv_last_page_len = Over(lens3_, branches - 1); }, kInvalid},
+       {"branches beyond int32",
+        [&](A& a) {
+          a.rows = Claimed(rows_, size_t{1} << 30);
+          a.shape.topk = 2;
+        },
+        kOutOfRange},
+       {"null rows", [](A& a) { a.rows = Null<const ReqPoolIndex>(kBatch); }, kInvalid},
+       {"null seq_lens", [](A& a) { a.seq_lens = Null<const TokenLength>(kBatch); }, kInvalid},
+       {"null kv_lens", [&](A& a) { a.kv_lens = Null<TokenLength>(branches); }, kInvalid},
+       {"null kv_indptr", [&](A& a) { a.kv_indptr = Null<TokenOffset>(branches + 1); }, kInvalid},
+       {"null qo_indptr", [&](A& a) { a.qo_indptr = Null<TokenOffset>(branches + 1); }, kInvalid},
+       {"null kv_last_page_len", [&](A& a) { a.kv_last_page_len = Null<TokenLength>(branches); },
+        kInvalid},
+       {"null kv_indices", [](A& a) { a.kv_indices = Null<TokenSlot>(512); }, kInvalid}});
+}
+
+TEST_F(MetadataKernelArgsTest, SplitKvPlan) {
+  SplitKvPlanDeviceArgs good;
+  good.qo_indptr = Over(indptr_, kBatch + 1);
+  good.kv_indptr = Over(indptr2_, kBatch + 1);
+  good.options = SplitKvOptions{KvLayout::Paged(*PageSize::Create(16)), 8, TokenCount(100),
+                                TokenCount(64)};
+  good.work = Over(work_, 32);
+  good.unit_indptr = Over(units_, 9);
+  good.reduce = Over(reduce_, 16);
+  absl::StatusOr<kernels::SplitKvPlanParams> p = SplitKvPlanParamsFor(good, &violation_);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->n, kBatch);
+  EXPECT_EQ(p->num_units, 8);
+  // Split boundaries: the granularity rounded up to whole pages.
+  EXPECT_EQ(p->chunk, 112);
+  EXPECT_EQ(p->q_tile, 64);
+  EXPECT_EQ(p->work_capacity, 32);
+  EXPECT_EQ(p->reduce_capacity, 16);
+  using A = SplitKvPlanDeviceArgs;
+  ExpectRefusals<A>(
+      good, [](const A& a) { return SplitKvPlanParamsFor(a, nullptr).status(); },
+      {{"no units", [](A& a) { a.options.num_units = 0; }, kInvalid},
+       {"q_tile 0", [](A& a) { a.options.q_tile = TokenCount(0); }, kInvalid},
+       {"granularity 0", [](A& a) { a.options.kv_granularity = TokenCount(0); }, kInvalid},
+       {"no qo_indptr",
+        [](A& a) {
+          a.qo_indptr = {};
+          a.kv_indptr = {};
+        },
+        kInvalid},
+       {"indptrs of different batches", [&](A& a) { a.kv_indptr = Over(indptr2_, kBatch); },
+        kInvalid},
+       {"unit_indptr short of num_units + 1", [&](A& a) { a.unit_indptr = Over(units_, 8); },
+        kInvalid},
+       {"a batch beyond int32",
+        [&](A& a) {
+          a.qo_indptr = Claimed(indptr_, (size_t{1} << 31) + 1);
+          a.kv_indptr = Claimed(indptr2_, (size_t{1} << 31) + 1);
+        },
+        kOutOfRange},
+       {"null qo_indptr", [](A& a) { a.qo_indptr = Null<const TokenOffset>(kBatch + 1); },
+        kInvalid},
+       {"null kv_indptr", [](A& a) { a.kv_indptr = Null<const TokenOffset>(kBatch + 1); },
+        kInvalid},
+       {"null work", [](A& a) { a.work = Null<SplitKvWorkItem>(32); }, kInvalid},
+       {"null unit_indptr", [](A& a) { a.unit_indptr = Null<int32_t>(9); }, kInvalid},
+       {"null reduce", [](A& a) { a.reduce = Null<SplitKvReduceItem>(16); }, kInvalid}});
+}
+
+TEST_F(MetadataKernelArgsTest, GatherKv) {
+  constexpr int64_t kRow = 2 * 128 * 2;  // 2 KV heads of 128 bf16 elements
+  HostBuffer pool_k(100 * kRow), pool_v(100 * kRow), out_k(10 * kRow), out_v(10 * kRow);
+  GatherKvDeviceArgs good;
+  good.k_pool = pool_k.span<const uint8_t>();
+  good.v_pool = pool_v.span<const uint8_t>();
+  good.num_kv_heads = 2;
+  good.head_dim = 128;
+  good.tok_idx = Over(indices_, 10);
+  good.cu_k = Over(indptr_, kBatch + 1);
+  good.k_out = out_k.span<uint8_t>();
+  good.v_out = out_v.span<uint8_t>();
+  absl::StatusOr<kernels::GatherKvParams> p = GatherKvParamsFor(good, &violation_);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->pool_slots, 100);
+  EXPECT_EQ(p->row_bytes, kRow);
+  EXPECT_EQ(p->out_rows, 10);
+  EXPECT_EQ(p->batch_size, kBatch);
+  EXPECT_EQ(p->tok_capacity, 10);
+  using A = GatherKvDeviceArgs;
+  ExpectRefusals<A>(
+      good, [](const A& a) { return GatherKvParamsFor(a, nullptr).status(); },
+      {{"head dim 0", [](A& a) { a.head_dim = 0; }, kInvalid},
+       {"head dim 257", [](A& a) { a.head_dim = 257; }, kInvalid},
+       {"no KV heads", [](A& a) { a.num_kv_heads = 0; }, kInvalid},
+       {"unknown element type", [](A& a) { a.dtype = static_cast<KvElementType>(5); }, kInvalid},
+       {"pools of different sizes",
+        [&](A& a) { a.v_pool = pool_v.span<const uint8_t>(0, 99 * kRow); }, kInvalid},
+       {"pools that are not whole rows",
+        [&](A& a) {
+          a.k_pool = pool_k.span<const uint8_t>(0, 100 * kRow - 2);
+          a.v_pool = pool_v.span<const uint8_t>(0, 100 * kRow - 2);
+        },
+        kInvalid},
+       {"outputs of different sizes", [&](A& a) { a.v_out = out_v.span<uint8_t>(0, 9 * kRow); },
+        kInvalid},
+       {"outputs that are not whole rows",
+        [&](A& a) {
+          a.k_out = out_k.span<uint8_t>(0, 10 * kRow - 2);
+          a.v_out = out_v.span<uint8_t>(0, 10 * kRow - 2);
+        },
+        kInvalid},
+       {"no cu_k", [](A& a) { a.cu_k = {}; }, kInvalid},
+       {"more than INT32_MAX sequences",
+        [&](A& a) { a.cu_k = Claimed(indptr_, (size_t{1} << 31) + 1); }, kOutOfRange},
+       {"k_pool off the element", [&](A& a) { a.k_pool = pool_k.span<const uint8_t>(1, 100 * kRow); },
+        kInvalid},
+       {"v_pool off the element", [&](A& a) { a.v_pool = pool_v.span<const uint8_t>(1, 100 * kRow); },
+        kInvalid},
+       {"k_out off the element", [&](A& a) { a.k_out = out_k.span<uint8_t>(1, 10 * kRow); },
+        kInvalid},
+       {"v_out off the element", [&](A& a) { a.v_out = out_v.span<uint8_t>(1, 10 * kRow); },
+        kInvalid},
+       {"null k_pool", [](A& a) { a.k_pool = Null<const uint8_t>(100 * kRow); }, kInvalid},
+       {"null v_pool", [](A& a) { a.v_pool = Null<const uint8_t>(100 * kRow); }, kInvalid},
+       {"null tok_idx", [](A& a) { a.tok_idx = Null<const TokenSlot>(10); }, kInvalid},
+       {"null cu_k", [](A& a) { a.cu_k = Null<const TokenOffset>(kBatch + 1); }, kInvalid},
+       {"null k_out", [](A& a) { a.k_out = Null<uint8_t>(10 * kRow); }, kInvalid},
+       {"null v_out", [](A& a) { a.v_out = Null<uint8_t>(10 * kRow); }, kInvalid}});
+}
+
+}  // namespace
+}  // namespace attnmeta
