@@ -22,9 +22,11 @@ inline constexpr int32_t kPaddedRow = -1;
 
 // Threads per block of the token-parallel kernels, and the tokens one block copies per pass
 // in each, in groups of 4 (one 16-byte load): kv_indices 8 per thread (on the H200 as fast
-// as 4 or faster at every large shape), the fused kernel 4 (with 8 its block sum kept more
-// registers live: it spilled, ran 5 blocks per multiprocessor instead of 6 and lost 5-8% at
-// 64 x 128k). kv_indices, the page table and the fused kernel run blocks of 128 threads,
+// as 4 or faster at every large shape), the fused kernel 8 too (same-run A/B on the H200
+// against 4, three rounds, docs/gpu_metadata_kernels.md: 1024 x 4096 at page sizes 1, 16 and
+// 64 86.0-89.0% of copy against 78.9-85.2%, 64 x 128k 96.8-99.7% against 90.5-96.5%,
+// 256 x 4096 5.74-5.94 us against 6.04-6.30; 1024 x 32767 at page size 16 3.5% slower).
+// kv_indices, the page table and the fused kernel run blocks of 128 threads,
 // whose grids quantize into waves more finely than 256-thread blocks (same-run A/Bs on the
 // H200, us, 128 against 256 threads: kv_indices 1024 x 1k 6.1-6.3 against 7.0-7.2, the page
 // table 1024 x 4k at page size 64 5.5 against 6.6-6.7, the fused kernel 1024 x 1k 8.6
@@ -34,7 +36,7 @@ inline constexpr int32_t kMetadataThreads = 256;
 inline constexpr int32_t kTokenKvIndicesThreads = 128;
 inline constexpr int32_t kTokenKvIndicesTokensPerPass = kTokenKvIndicesThreads * 8;
 inline constexpr int32_t kFusedMetadataThreads = 128;
-inline constexpr int32_t kFusedMetadataTokensPerPass = kFusedMetadataThreads * 4;
+inline constexpr int32_t kFusedMetadataTokensPerPass = kFusedMetadataThreads * 8;
 inline constexpr int32_t kFusedMetadataPageTableColumnsPerPass = kFusedMetadataThreads * 4;
 
 // The KV pool and the request-to-token table, as every kernel that reads slots sees them.

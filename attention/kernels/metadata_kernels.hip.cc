@@ -421,9 +421,10 @@ __global__ void __launch_bounds__(kTokenKvIndicesThreads)
       p.kv_indices + begin, f.n, nullptr, 0, i, p.violation);
 }
 
-// 10 blocks per multiprocessor, 48 registers: held to 40 (12 blocks) ptxas spilled 56 bytes,
-// and on the H200 1024 x 4096 took 7% longer, 64 x 128k 1-3% shorter (gpu_metadata_kernels.md).
-__global__ void ATTNMETA_LAUNCH_BOUNDS(kFusedMetadataThreads, 10)
+// 8 blocks per multiprocessor at 8 tokens per thread, 64 registers, no spills: with 4 per
+// thread it ran 10 (48 registers; held to 40, 12 blocks, ptxas spilled 56 bytes and 1024 x 4096
+// took 7% longer, gpu_metadata_kernels.md).
+__global__ void ATTNMETA_LAUNCH_BOUNDS(kFusedMetadataThreads, 8)
     FusedMetadataKernel(FusedMetadataParams p) {
   constexpr int kBlock = kFusedMetadataThreads;
   __shared__ internal::BlockScratch<kBlock> scratch;
