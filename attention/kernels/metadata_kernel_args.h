@@ -29,6 +29,33 @@ struct DeviceReqToToken {
   TokenCount max_context_len;  // the row stride, >= 1
 };
 
+// Token-level kv_indices from req_to_token (BuildTokenKvIndicesOnDevice, token_kv_indices.h).
+struct TokenKvIndicesDeviceInputs {
+  DeviceSpan<const TokenSlot> req_to_token;         // [max_reqs * max_context_len], row-major
+  TokenCount max_context_len;                       // the row stride of req_to_token, >= 1
+  DeviceSpan<const ReqPoolIndex> req_pool_indices;  // [batch_size]
+  DeviceSpan<const TokenOffset> kv_indptr;          // [batch_size + 1], [0] == 0, non-decreasing
+  DeviceSpan<const TokenPosition> kv_start_idx;     // [batch_size], or empty for all zeros
+  // The largest KV length of the batch (the host derives it from the real lengths); it sizes
+  // the grid (rows longer than it are still written in full, by fewer blocks).
+  // 0 <= max_kv_len <= max_context_len.
+  TokenCount max_kv_len;
+  // Slots of the KV pool: slots read are checked against it (0: not checked).
+  TokenCount pool_slots;
+  // The launch's blocks may start under the tail of the kernel ahead on the stream (where
+  // DeviceOverlapsLaunches in metadata_launchers.h says so; a plain launch elsewhere) and wait
+  // for it before they read anything: right after any kernel, including one that writes these
+  // inputs (see metadata_launchers.h for the kernel ahead's part). False: a plain launch.
+  bool overlap_preceding_kernel = true;
+};
+// InvalidArgument: sizes that disagree (kv_indptr not batch_size + 1, kv_start_idx neither
+// empty nor batch_size, req_to_token not a whole number of rows, a null pointer with a
+// nonzero size); OutOfRange: max_kv_len outside [0, max_context_len], a batch beyond the grid,
+// rows or pool slots beyond int32. An empty batch: arguments of batch_size 0 (no launch).
+absl::StatusOr<kernels::TokenKvIndicesParams> TokenKvIndicesParamsFor(
+    const TokenKvIndicesDeviceInputs& in, DeviceSpan<TokenSlot> kv_indices,
+    kernels::DeviceViolation* violation);
+
 // BuildIndptrOnDevice's arguments: InvalidArgument for indptr not lens.size() + 1 entries,
 // last_page_len neither empty nor lens.size(), a null pointer; OutOfRange for more than
 // INT32_MAX lengths.

@@ -89,6 +89,79 @@ class MetadataKernelArgsTest : public ::testing::Test {
   kernels::DeviceViolation violation_{};
 };
 
+TEST_F(MetadataKernelArgsTest, TokenKvIndices) {
+  std::vector<TokenPosition> starts;
+  struct Args {
+    TokenKvIndicesDeviceInputs in;
+    DeviceSpan<TokenSlot> kv_indices;
+  };
+  Args good;
+  good.in.req_to_token = Over(table_, kRows * kStride);
+  good.in.max_context_len = TokenCount(kStride);
+  good.in.req_pool_indices = Over(rows_, kBatch);
+  good.in.kv_indptr = Over(indptr_, kBatch + 1);
+  good.in.kv_start_idx = Over(starts, kBatch);
+  good.in.max_kv_len = TokenCount(kStride);
+  good.in.pool_slots = TokenCount(1024);
+  good.kv_indices = Over(indices_, 256);
+  absl::StatusOr<kernels::TokenKvIndicesParams> p =
+      TokenKvIndicesParamsFor(good.in, good.kv_indices, &violation_);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->batch_size, kBatch);
+  EXPECT_EQ(p->kv_indices_capacity, 256);
+  EXPECT_NE(p->kv_start_idx, nullptr);
+  EXPECT_EQ(p->src.stride, kStride);
+  EXPECT_EQ(p->src.page_size, 1);
+  EXPECT_EQ(p->violation, &violation_);
+  Args no_starts = good;
+  no_starts.in.kv_start_idx = {};
+  p = TokenKvIndicesParamsFor(no_starts.in, no_starts.kv_indices, nullptr);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->kv_start_idx, nullptr);
+  // An empty batch: nothing to launch, whatever the table.
+  Args empty = good;
+  empty.in.req_pool_indices = {};
+  empty.in.kv_start_idx = {};
+  empty.in.kv_indptr = Over(indptr_, 1);
+  empty.in.req_to_token = {};
+  p = TokenKvIndicesParamsFor(empty.in, empty.kv_indices, nullptr);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->batch_size, 0);
+  ExpectRefusals<Args>(
+      good,
+      [](const Args& a) { return TokenKvIndicesParamsFor(a.in, a.kv_indices, nullptr).status(); },
+      {{"no kv_indptr", [](Args& a) { a.in.kv_indptr = {}; }, kInvalid},
+       {"req_pool_indices of another batch",
+        [&](Args& a) { a.in.req_pool_indices = Over(rows_, kBatch - 1); }, kInvalid},
+       {"kv_start_idx of another batch", [&](Args& a) { a.in.kv_start_idx = Over(starts, 1); },
+        kInvalid},
+       {"req_to_token not whole rows",
+        [&](Args& a) { a.in.req_to_token = Over(table_, kRows * kStride - 1); }, kInvalid},
+       {"a row stride of 0", [](Args& a) { a.in.max_context_len = TokenCount(0); }, kInvalid},
+       {"negative max_kv_len", [](Args& a) { a.in.max_kv_len = TokenCount(-1); }, kOutOfRange},
+       {"max_kv_len past a row", [](Args& a) { a.in.max_kv_len = TokenCount(kStride + 1); },
+        kOutOfRange},
+       {"a batch beyond the grid",
+        [&](Args& a) {
+          const size_t huge = (size_t{1} << 31) + 1;
+          a.in.req_pool_indices = Claimed(rows_, huge - 1);
+          a.in.kv_indptr = Claimed(indptr_, huge);
+          a.in.kv_start_idx = {};
+        },
+        kOutOfRange},
+       {"more than 2^31 pool slots",
+        [](Args& a) { a.in.pool_slots = TokenCount((int64_t{1} << 31) + 1); }, kOutOfRange},
+       {"null req_pool_indices",
+        [](Args& a) { a.in.req_pool_indices = Null<const ReqPoolIndex>(kBatch); }, kInvalid},
+       {"null kv_indptr", [](Args& a) { a.in.kv_indptr = Null<const TokenOffset>(kBatch + 1); },
+        kInvalid},
+       {"null kv_start_idx",
+        [](Args& a) { a.in.kv_start_idx = Null<const TokenPosition>(kBatch); }, kInvalid},
+       {"null kv_indices", [](Args& a) { a.kv_indices = Null<TokenSlot>(256); }, kInvalid},
+       {"null req_to_token",
+        [](Args& a) { a.in.req_to_token = Null<const TokenSlot>(kRows * kStride); }, kInvalid}});
+}
+
 TEST_F(MetadataKernelArgsTest, Indptr) {
   const PageSize ps = *PageSize::Create(16);
   auto check = [&](DeviceSpan<const TokenLength> lens, DeviceSpan<TokenOffset> indptr,

@@ -13,35 +13,14 @@
 #include "attention/kernels/device_span.h"
 #include "attention/kernels/device_violation.h"
 #include "attention/kernels/hip_port.h"
-#include "kvcache/req_to_token_pool.h"
+#include "attention/kernels/metadata_kernel_args.h"
 #include "kvcache/units.h"
 
 namespace attnmeta {
 
-struct TokenKvIndicesDeviceInputs {
-  DeviceSpan<const TokenSlot> req_to_token;         // [max_reqs * max_context_len], row-major
-  TokenCount max_context_len;                       // the row stride of req_to_token, >= 1
-  DeviceSpan<const ReqPoolIndex> req_pool_indices;  // [batch_size]
-  DeviceSpan<const TokenOffset> kv_indptr;          // [batch_size + 1], [0] == 0, non-decreasing
-  DeviceSpan<const TokenPosition> kv_start_idx;     // [batch_size], or empty for all zeros
-  // The largest KV length of the batch (the host derives it from the real lengths); it sizes
-  // the grid (rows longer than it are still written in full, by fewer blocks).
-  // 0 <= max_kv_len <= max_context_len.
-  TokenCount max_kv_len;
-  // Slots of the KV pool: slots read are checked against it (0: not checked).
-  TokenCount pool_slots;
-  // The launch's blocks may start under the tail of the kernel ahead on the stream (where
-  // DeviceOverlapsLaunches in metadata_launchers.h says so; a plain launch elsewhere) and wait
-  // for it before they read anything: right after any kernel, including one that writes these
-  // inputs (see metadata_launchers.h for the kernel ahead's part). False: a plain launch.
-  bool overlap_preceding_kernel = true;
-};
-
-// Checks the shapes, launches on `stream` and returns the launch error.
-// InvalidArgument: sizes that disagree (kv_indptr not batch_size + 1, kv_start_idx neither
-// empty nor batch_size, req_to_token not a whole number of rows, a null pointer with a
-// nonzero size); OutOfRange: max_kv_len outside [0, max_context_len] or a grid too large;
-// Internal: the launch failed. Nothing is launched unless the checks pass.
+// Checks the shapes (TokenKvIndicesParamsFor, metadata_kernel_args.h, whose errors it
+// returns), launches on `stream` and returns the launch error (Internal). Nothing is launched
+// unless the checks pass.
 // What the launcher cannot see (the device arrays' contents) the kernel bounds-checks: a row
 // outside the table, a range past its row, an indptr past kv_indices or decreasing, a slot
 // outside the pool are recorded in `violation` (may be null) and never read or written out of
