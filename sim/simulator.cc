@@ -928,7 +928,7 @@ bool Run::EagleRound() {
     batch.req_rows = rows;
     batch.kv_lens = extend_lens;
     batch.accept_lens = accept_lens;
-    batch.num_draft_tokens = n;
+    batch.num_draft_tokens = TokenCount(n);
     batch.num_query_rows = TokenCount(extend_rows);
     const auto t0 = std::chrono::steady_clock::now();
     absl::StatusOr<ForwardMetadata> m = BuildDraftExtendMetadata(batch, *r2t_, page_size_, spec_opts);

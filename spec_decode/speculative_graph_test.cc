@@ -51,7 +51,7 @@ TEST_P(SpeculativeGraphTest, DraftExtendFixedAndVariable) {
 
   auto fixed = h.state().Replay(*handle, ReplayBatch{f.rows(), f.kv_lens()});
   ASSERT_TRUE(fixed.ok()) << fixed.status();
-  auto eager = BuildDraftExtendMetadata({f.rows(), f.kv_lens(), kDraft, {}, 0, TokenCount(bs * kDraft)},
+  auto eager = BuildDraftExtendMetadata({f.rows(), f.kv_lens(), TokenCount(kDraft), {}, TokenCount(0), TokenCount(bs * kDraft)},
                                         f.pool(), f.page_size());
   ASSERT_TRUE(eager.ok()) << eager.status();
   ExpectSameMetadata(fixed->metadata, eager->view());
@@ -70,7 +70,7 @@ TEST_P(SpeculativeGraphTest, DraftExtendFixedAndVariable) {
   auto variable = h.state().Replay(*handle, ReplayBatch{f.rows(), kv_lens, q_lens});
   ASSERT_TRUE(variable.ok()) << variable.status();
   auto eager_variable = BuildDraftExtendMetadata(
-      {f.rows(), kv_lens, 0, accepted, kDraft, TokenCount(rows)}, f.pool(), f.page_size());
+      {f.rows(), kv_lens, TokenCount(0), accepted, TokenCount(kDraft), TokenCount(rows)}, f.pool(), f.page_size());
   ASSERT_TRUE(eager_variable.ok()) << eager_variable.status();
   ExpectSameMetadata(variable->metadata, eager_variable->view());
   EXPECT_TRUE(Validate(variable->metadata, f, rows).ok());

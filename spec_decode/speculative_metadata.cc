@@ -35,25 +35,27 @@ absl::StatusOr<ForwardMetadata> BuildDraftExtendMetadata(const DraftExtendBatch&
                                                          PageSize page_size,
                                                          const SpecBuildOptions& options) {
   const size_t bs = batch.req_rows.size();
-  const bool fixed = batch.num_tokens_per_req != 0;
-  if (batch.num_tokens_per_req < 0 || fixed == !batch.accept_lens.empty()) {
+  const int64_t per_req = batch.num_tokens_per_req.value();
+  const bool fixed = per_req != 0;
+  if (per_req < 0 || per_req > std::numeric_limits<int32_t>::max() ||
+      fixed == !batch.accept_lens.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "draft-extend: give either num_tokens_per_req >= 1 or accept_lens, got ",
-        batch.num_tokens_per_req, " and ", batch.accept_lens.size(), " accepted lengths"));
+        "draft-extend: give either num_tokens_per_req in [1, INT32_MAX] or accept_lens, got ",
+        per_req, " and ", batch.accept_lens.size(), " accepted lengths"));
   }
   if (!fixed && batch.accept_lens.size() != bs) {
     return absl::InvalidArgumentError(absl::StrCat("draft-extend: ", batch.accept_lens.size(),
                                                    " accepted lengths for ", bs, " requests"));
   }
-  std::vector<TokenLength> q_lens(bs, TokenLength(batch.num_tokens_per_req));
+  std::vector<TokenLength> q_lens(bs, TokenLength(static_cast<int32_t>(per_req)));
   int64_t rows = 0;
   for (size_t i = 0; i < bs; ++i) {
     if (!fixed) {
       const int32_t accepted = batch.accept_lens[i].value();
-      if (accepted < 0 || accepted >= batch.num_draft_tokens) {
+      if (accepted < 0 || accepted >= batch.num_draft_tokens.value()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "draft-extend: request ", i, " accepted ", accepted, " draft tokens, outside [0, ",
-            batch.num_draft_tokens, ")"));
+            batch.num_draft_tokens.value(), ")"));
       }
       q_lens[i] = TokenLength(accepted + 1);
     }

@@ -45,13 +45,13 @@ struct DraftExtendBatch {
   absl::Span<const TokenLength> kv_lens;    // [bs], the rows extended now included
   // Fixed form: num_tokens_per_req >= 1 rows per request, accept_lens empty. Variable form:
   // num_tokens_per_req == 0 and accept_lens [bs], accept_lens[i] + 1 rows for request i.
-  int32_t num_tokens_per_req = 0;
+  TokenCount num_tokens_per_req;  // at most INT32_MAX (a query length)
   absl::Span<const TokenLength> accept_lens;
-  int32_t num_draft_tokens = 0;  // variable form: accept_lens[i] < num_draft_tokens
+  TokenCount num_draft_tokens;  // variable form: accept_lens[i] < num_draft_tokens
   TokenCount num_query_rows;     // rows of the query tensor the kernel is given
 };
 
-// InvalidArgument: neither or both forms, num_tokens_per_req < 0, accept_lens of the wrong
+// InvalidArgument: neither or both forms, num_tokens_per_req < 0 or past INT32_MAX, accept_lens of the wrong
 // size, an accepted length outside [0, num_draft_tokens), query rows that disagree with
 // num_query_rows; then BuildForwardMetadata's errors.
 absl::StatusOr<ForwardMetadata> BuildDraftExtendMetadata(const DraftExtendBatch& batch,

@@ -47,7 +47,7 @@ TEST(DraftExtendTest, FixedFormHasNRowsPerRequest) {
   f.AddSequence(40, 4);
   f.AddSequence(9, 4);
   f.AddSequence(77, 4);
-  DraftExtendBatch b{f.rows(), f.kv_lens(), 4, {}, 0, TokenCount(12)};
+  DraftExtendBatch b{f.rows(), f.kv_lens(), TokenCount(4), {}, TokenCount(0), TokenCount(12)};
   SpecBuildOptions checked;
   checked.check_pool_slots = f.pool_slots();
   auto m = BuildDraftExtendMetadata(b, f.pool(), f.page_size(), checked);
@@ -67,7 +67,7 @@ TEST(DraftExtendTest, VariableFormTakesAcceptedLengthPlusOne) {
     f.AddSequence(12, 3);
     f.AddSequenceSharingPrefix(0, 30, 50, 4);
     std::vector<TokenLength> accepted = {TokenLength(0), TokenLength(2), TokenLength(3)};
-    DraftExtendBatch b{f.rows(), f.kv_lens(), 0, accepted, 4, TokenCount(8)};
+    DraftExtendBatch b{f.rows(), f.kv_lens(), TokenCount(0), accepted, TokenCount(4), TokenCount(8)};
     SpecBuildOptions checked;
     checked.check_pool_slots = f.pool_slots();
     auto m = BuildDraftExtendMetadata(b, f.pool(), f.page_size(), checked);
@@ -97,13 +97,16 @@ TEST(DraftExtendTest, BadInputIsAnError) {
     DraftExtendBatch batch;
   } cases[] = {
       // The reference system's bug: a prefill qo_indptr's 80 rows for a smaller query.
-      {"rows disagree with the query tensor", {f.rows(), f.kv_lens(), 4, {}, 0, TokenCount(80)}},
-      {"neither form", {f.rows(), f.kv_lens(), 0, {}, 4, TokenCount(8)}},
-      {"both forms", {f.rows(), f.kv_lens(), 4, accepted, 4, TokenCount(8)}},
-      {"negative rows per request", {f.rows(), f.kv_lens(), -4, {}, 0, TokenCount(-8)}},
-      {"accepted beyond the draft", {f.rows(), f.kv_lens(), 0, accepted, 4, TokenCount(7)}},
+      {"rows disagree with the query tensor", {f.rows(), f.kv_lens(), TokenCount(4), {}, TokenCount(0), TokenCount(80)}},
+      {"neither form", {f.rows(), f.kv_lens(), TokenCount(0), {}, TokenCount(4), TokenCount(8)}},
+      {"both forms", {f.rows(), f.kv_lens(), TokenCount(4), accepted, TokenCount(4), TokenCount(8)}},
+      {"negative rows per request", {f.rows(), f.kv_lens(), TokenCount(-4), {}, TokenCount(0), TokenCount(-8)}},
+      // 2^32 + 2 rows each: 2 when cut to 32 bits, which the 4 query rows would match.
+      {"rows per request past a query length",
+       {f.rows(), f.kv_lens(), TokenCount((int64_t{1} << 32) + 2), {}, TokenCount(0), TokenCount(4)}},
+      {"accepted beyond the draft", {f.rows(), f.kv_lens(), TokenCount(0), accepted, TokenCount(4), TokenCount(7)}},
       {"accepted lengths of the wrong size",
-       {f.rows(), f.kv_lens(), 0, absl::MakeConstSpan(accepted).subspan(1), 4, TokenCount(5)}},
+       {f.rows(), f.kv_lens(), TokenCount(0), absl::MakeConstSpan(accepted).subspan(1), TokenCount(4), TokenCount(5)}},
   };
   for (const Case& c : cases) {
     EXPECT_EQ(BuildDraftExtendMetadata(c.batch, f.pool(), f.page_size()).status().code(),

@@ -71,13 +71,13 @@ TEST(SpecFieldBugTest, Row8_DraftExtendWithPrefillQoIndptrIsRefused) {
   f.AddSequence(0, 80);  // the prompt: 80 tokens
   const std::vector<TokenLength> prompt = {TokenLength(80)};
   // The buggy call: rows per request taken from the prefill (80), query tensor of 4 rows.
-  auto buggy = BuildDraftExtendMetadata({f.rows(), prompt, 80, {}, 0, TokenCount(4)}, f.pool(),
+  auto buggy = BuildDraftExtendMetadata({f.rows(), prompt, TokenCount(80), {}, TokenCount(0), TokenCount(4)}, f.pool(),
                                         f.page_size());
   EXPECT_EQ(buggy.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(buggy.status().message().find("80 query rows"), absl::string_view::npos)
       << buggy.status();
   // The right one: 4 rows per request, qo_indptr [0, 4].
-  auto good = BuildDraftExtendMetadata({f.rows(), prompt, 4, {}, 0, TokenCount(4)}, f.pool(),
+  auto good = BuildDraftExtendMetadata({f.rows(), prompt, TokenCount(4), {}, TokenCount(0), TokenCount(4)}, f.pool(),
                                        f.page_size());
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_EQ(good->qo_indptr, (std::vector<TokenOffset>{TokenOffset(0), TokenOffset(4)}));

@@ -194,7 +194,7 @@ Problem MakeDraftExtend(const DecodeAttentionDims& dims, int64_t ps, const std::
   DraftExtendBatch b;
   b.req_rows = p.fixture->rows();
   b.kv_lens = p.fixture->kv_lens();
-  b.num_tokens_per_req = n;
+  b.num_tokens_per_req = TokenCount(n);
   b.num_query_rows = TokenCount(static_cast<int64_t>(cached.size()) * n);
   auto m = BuildDraftExtendMetadata(b, p.fixture->pool(), p.fixture->page_size(),
                                     SpecBuildOptions{true, p.fixture->pool_slots()});
