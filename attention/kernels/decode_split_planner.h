@@ -19,7 +19,7 @@ namespace attnmeta {
 struct DecodeSplitOptions {
   int32_t multiprocessor_count = 1;  // of the GPU that runs the kernel, >= 1
   // The attention launch's blocks per work item, >= 1: DecodeBlocksPerWorkItem
-  // (paged_decode_launcher.h), which is the number of KV heads only when a block takes a whole
+  // (paged_decode_args.h), which is the number of KV heads only when a block takes a whole
   // GQA group (a group of 16 runs as two blocks of 8 query heads, a group of 3 as three of 1).
   int32_t blocks_per_item = 1;
   // Blocks to aim for per multiprocessor: one wave of the default decode variant, which fits

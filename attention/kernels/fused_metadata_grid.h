@@ -19,7 +19,8 @@ namespace attnmeta {
 // of 792 blocks) one block per row, 1.3 waves of 32-pass blocks, took 89 us and three per row
 // 80 us; at bs 1024 x 4k (4 passes) one block per row took 15.7 us and two per row 16.4 us.
 // With 128-thread blocks (twice the passes and the wave) a block's start measured the same
-// with rows / 256 as with rows / 512.
+// with rows / 256 as with rows / 512. Fitted at 4 tokens per thread per pass; the kernel's
+// 8 since session 35 (passes of twice the tokens) were measured with it as it is, not refitted.
 // REQUIRES: rows >= 1, passes >= 1, wave_blocks >= 1.
 int32_t FusedMetadataRowBlocks(int64_t rows, int32_t passes, int32_t wave_blocks);
 

@@ -19,8 +19,8 @@ TEST(FusedMetadataRowBlocksTest, OneBlockPerPassWhenTheWholeGridFitsOneWave) {
   EXPECT_EQ(FusedMetadataRowBlocks(198, 8, 1584), 8);
 }
 
-// The H200's wave of the fused kernel: 132 multiprocessors x 10 blocks of 128 threads, passes
-// of 512 tokens.
+// The H200's wave of the fused kernel before session 35: 132 multiprocessors x 10 blocks of
+// 128 threads, passes of 512 tokens.
 TEST(FusedMetadataRowBlocksTest, SplitsRowsWhenWholeRowsLeaveAPartialWave) {
   // bs 1024 x 32k tokens (64 passes): one block per row is a wave of 64-pass blocks with a
   // fifth of the multiprocessors' blocks idle; five per row are four waves of 13.
@@ -49,6 +49,19 @@ TEST(FusedMetadataRowBlocksTest, IsTheSmallestMinimumOfTheCostOverEveryCandidate
       }
     }
   }
+}
+
+// The H200's wave of the fused kernel since session 35: 132 multiprocessors x 8 blocks of 128
+// threads, passes of 1024 tokens.
+TEST(FusedMetadataRowBlocksTest, RowBlocksAtTheEightTokenPasses) {
+  // bs 1024 x 32k (32 passes): one block per row, 1024 blocks, is one wave of 1056.
+  EXPECT_EQ(FusedMetadataRowBlocks(1024, 32, 1056), 1);
+  // bs 64 x 128k (128 passes): 16 blocks per row fill one wave (1024 blocks).
+  EXPECT_EQ(FusedMetadataRowBlocks(64, 128, 1056), 16);
+  // bs 256 x 4k (4 passes): four blocks per row, one pass each, still one wave.
+  EXPECT_EQ(FusedMetadataRowBlocks(256, 4, 1056), 4);
+  // bs 1024 x 4k (4 passes): a second block per row would be a second wave.
+  EXPECT_EQ(FusedMetadataRowBlocks(1024, 4, 1056), 1);
 }
 
 }  // namespace

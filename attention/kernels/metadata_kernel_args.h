@@ -4,8 +4,9 @@
 // are tested on the CPU (spans over host memory: nothing here reads through them).
 //
 // Errors name the argument: InvalidArgument for sizes that disagree, a null pointer with a
-// nonzero size, a pointer not aligned for the kernel's loads, options out of range;
-// OutOfRange for what is beyond the kernels' int32 arithmetic or their grid.
+// nonzero size, a pointer not aligned for the kernel's loads, options out of range; mostly
+// OutOfRange for what is beyond the kernels' int32 arithmetic or their grid (each function
+// says which).
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_METADATA_KERNEL_ARGS_H_
 #define ATTNMETA_ATTENTION_KERNELS_METADATA_KERNEL_ARGS_H_
@@ -66,8 +67,9 @@ absl::StatusOr<kernels::IndptrParams> IndptrParamsFor(DeviceSpan<const TokenLeng
                                                       kernels::DeviceViolation* violation);
 
 // BuildPageTableOnDevice's arguments: InvalidArgument for req_to_token that is not whole rows,
-// rows and kv_lens of different sizes, a table smaller than [bs][cols], a null pointer;
-// OutOfRange for a batch, columns, rows or pool slots beyond int32.
+// rows and kv_lens of different sizes, negative columns or columns beyond int32, a table
+// smaller than [bs][cols], a null pointer; OutOfRange for a batch, req_to_token rows or pool
+// slots beyond int32.
 absl::StatusOr<kernels::PageTableParams> PageTableParamsFor(
     const DeviceReqToToken& req_to_token, TokenCount pool_slots,
     DeviceSpan<const ReqPoolIndex> rows, DeviceSpan<const TokenLength> kv_lens,
@@ -128,8 +130,9 @@ struct DraftStepDeviceArgs {
   DeviceSpan<TokenOffset> kv_indptr;          // [B * topk + 1]
   DeviceSpan<TokenOffset> qo_indptr;          // [B * topk + 1]
   DeviceSpan<TokenLength> kv_last_page_len;   // [B * topk]
-  DeviceSpan<TokenSlot> kv_indices;           // capacity; entries past kv_indptr[B * topk] untouched
-  bool overlap_preceding_kernel = true;       // metadata_launchers.h: "Overlapping the kernel ahead"
+  // The capacity; entries past kv_indptr[B * topk] are left untouched.
+  DeviceSpan<TokenSlot> kv_indices;
+  bool overlap_preceding_kernel = true;  // metadata_launchers.h: "Overlapping the kernel ahead"
 };
 // InvalidArgument for the shape or step, sizes that disagree, a null pointer; OutOfRange for
 // B * topk branches beyond int32.

@@ -16,6 +16,7 @@
 #include "attention/kernels/testing/host_buffer.h"
 #include "attention/metadata/draft_decode_layout.h"
 #include "attention/metadata/split_kv_planner.h"
+#include "glog/logging.h"
 #include "gtest/gtest.h"
 #include "kvcache/units.h"
 
@@ -27,10 +28,11 @@ using testing::HostBuffer;
 constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
 constexpr absl::StatusCode kOutOfRange = absl::StatusCode::kOutOfRange;
 
-// A span of `n` elements over host memory with room for them (never read).
+// A span of the first `n` elements of `v` (the fixture sizes every vector once, so that no
+// span of a case outlives its storage; the checks never read through it).
 template <typename T>
 DeviceSpan<T> Over(std::vector<T>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
+  CHECK_LE(n, v.size());
   return DeviceSpan<T>(v.data(), n);
 }
 
@@ -72,6 +74,13 @@ class MetadataKernelArgsTest : public ::testing::Test {
   static constexpr int64_t kRows = 6;     // of req_to_token
   static constexpr int64_t kStride = 64;  // max_context_len
   static constexpr int64_t kBatch = 4;
+  static constexpr size_t kEntries = 1024;  // of every host vector below
+
+  MetadataKernelArgsTest()
+      : table_(kEntries), rows_(kEntries), lens_(kEntries), lens2_(kEntries), lens3_(kEntries),
+        indptr_(kEntries), indptr2_(kEntries), indices_(kEntries), pages_(kEntries),
+        mask_indptr_(kEntries), bytes_(kEntries), bytes2_(kEntries), work_(kEntries),
+        reduce_(kEntries), units_(kEntries) {}
 
   DeviceReqToToken ReqToToken() { return {Over(table_, kRows * kStride), TokenCount(kStride)}; }
 
@@ -90,7 +99,7 @@ class MetadataKernelArgsTest : public ::testing::Test {
 };
 
 TEST_F(MetadataKernelArgsTest, TokenKvIndices) {
-  std::vector<TokenPosition> starts;
+  std::vector<TokenPosition> starts(kEntries);
   struct Args {
     TokenKvIndicesDeviceInputs in;
     DeviceSpan<TokenSlot> kv_indices;
@@ -215,6 +224,7 @@ TEST_F(MetadataKernelArgsTest, PageTable) {
   EXPECT_EQ(p->src.pool_slots, 1024);
   EXPECT_EQ(p->src.page_size, 16);
   EXPECT_EQ(p->src.page_size_log2, 4);
+  EXPECT_EQ(p->violation, &violation_);
   ExpectRefusals<Args>(
       good, check,
       {{"req_to_token not whole rows",
@@ -235,6 +245,13 @@ TEST_F(MetadataKernelArgsTest, PageTable) {
        {"columns beyond int32",
         [](Args& a) { a.cols = PageCount(int64_t{std::numeric_limits<int32_t>::max()} + 1); },
         kInvalid},
+       {"a batch beyond int32",
+        [&](Args& a) {
+          a.rows = Claimed(rows_, (size_t{1} << 31) + 1);
+          a.kv_lens = Claimed(lens_, (size_t{1} << 31) + 1);
+          a.cols = PageCount(0);
+        },
+        kOutOfRange},
        {"null rows", [](Args& a) { a.rows = Null<const ReqPoolIndex>(kBatch); }, kInvalid},
        {"null kv_lens", [](Args& a) { a.kv_lens = Null<const TokenLength>(kBatch); }, kInvalid},
        {"null page table", [](Args& a) { a.page_table = Null<PageId>(kBatch * 4); }, kInvalid}});
@@ -321,6 +338,7 @@ TEST_F(MetadataKernelArgsTest, TreeMask) {
   EXPECT_EQ(p->padded_batch, kBatch);
   EXPECT_EQ(p->tree_capacity, 64);
   EXPECT_EQ(p->mask_capacity, 1024);
+  EXPECT_EQ(p->violation, &violation_);
   using A = TreeMaskDeviceArgs;
   ExpectRefusals<A>(
       good, [](const A& a) { return TreeMaskParamsFor(a, nullptr).status(); },
@@ -365,6 +383,7 @@ TEST_F(MetadataKernelArgsTest, DraftStep) {
   EXPECT_EQ(p->steps, 3);
   EXPECT_EQ(p->step, 2);
   EXPECT_EQ(p->kv_indices_capacity, 512);
+  EXPECT_EQ(p->violation, &violation_);
   using A = DraftStepDeviceArgs;
   ExpectRefusals<A>(
       good, [](const A& a) { return DraftStepParamsFor(a, nullptr).status(); },
@@ -417,6 +436,7 @@ TEST_F(MetadataKernelArgsTest, SplitKvPlan) {
   EXPECT_EQ(p->q_tile, 64);
   EXPECT_EQ(p->work_capacity, 32);
   EXPECT_EQ(p->reduce_capacity, 16);
+  EXPECT_EQ(p->violation, &violation_);
   using A = SplitKvPlanDeviceArgs;
   ExpectRefusals<A>(
       good, [](const A& a) { return SplitKvPlanParamsFor(a, nullptr).status(); },
@@ -467,6 +487,7 @@ TEST_F(MetadataKernelArgsTest, GatherKv) {
   EXPECT_EQ(p->out_rows, 10);
   EXPECT_EQ(p->batch_size, kBatch);
   EXPECT_EQ(p->tok_capacity, 10);
+  EXPECT_EQ(p->violation, &violation_);
   using A = GatherKvDeviceArgs;
   ExpectRefusals<A>(
       good, [](const A& a) { return GatherKvParamsFor(a, nullptr).status(); },

@@ -2,12 +2,13 @@
 // (attention/metadata/builders.h), the fused decode-metadata launch a graph replay runs, the
 // target-verify mask and the paged-to-linear K/V gather.
 //
-// Each launcher checks what the host can see (sizes that agree, non-null pointers for
-// non-empty spans, alignment, the grid's limits: metadata_kernel_args.h, tested on the CPU)
-// and returns InvalidArgument / OutOfRange before launching anything; then launches on `stream` and returns Internal if the launch
-// failed. What lives in device memory (rows, lengths, slots) is bounds-checked by the kernels:
-// they never read or write outside a buffer and record the first violation in `violation`
-// (DeviceViolationWord; may be null), which the caller checks after the stream.
+// Each launcher checks what the host can see (sizes that agree, non-null pointers for non-empty
+// spans, alignment, the grid's limits: metadata_kernel_args.h, tested on the CPU) and returns
+// InvalidArgument / OutOfRange before launching anything; then launches on `stream` and returns
+// Internal if the launch failed. What lives in device memory (rows, lengths, slots) is
+// bounds-checked by the kernels: they never read or write outside a buffer and record the first
+// violation in `violation` (DeviceViolationWord; may be null), which the caller checks after the
+// stream.
 //
 // Overlapping the kernel ahead: every launcher here takes `overlap_preceding_kernel` (in its
 // args, or as its last parameter), on by default. Its launches' blocks may then start under the

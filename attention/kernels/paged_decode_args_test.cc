@@ -121,9 +121,24 @@ class PagedDecodeArgsTest : public ::testing::Test {
 };
 
 TEST_F(PagedDecodeArgsTest, AHostPlanLaunchesItsItemsAndAMerge) {
-  absl::StatusOr<PagedDecodeLaunch> launch = PagedDecodeLaunchFor(Good(), nullptr);
+  kernels::DeviceViolation violation{};
+  absl::StatusOr<PagedDecodeLaunch> launch = PagedDecodeLaunchFor(Good(), &violation);
   ASSERT_TRUE(launch.ok()) << launch.status();
   const kernels::PagedDecodeParams& p = launch->attention;
+  EXPECT_EQ(p.q, q_.data());
+  EXPECT_EQ(p.k_pool, k_.data());
+  EXPECT_EQ(p.v_pool, v_.data());
+  EXPECT_EQ(p.out, out_.data());
+  EXPECT_EQ(p.lse, reinterpret_cast<float*>(lse_.data()));
+  EXPECT_EQ(p.work, reinterpret_cast<const kernels::DecodeWorkItem*>(plan_.work.data()));
+  EXPECT_EQ(p.partial_out, reinterpret_cast<float*>(partial_out_.data()));
+  EXPECT_EQ(p.partial_lse, reinterpret_cast<float*>(partial_lse_.data()));
+  EXPECT_EQ(p.num_q_heads, kQHeads);
+  EXPECT_EQ(p.num_kv_heads, kKvHeads);
+  EXPECT_EQ(p.head_dim, kHeadDim);
+  EXPECT_EQ(p.variant, 0);
+  EXPECT_EQ(p.softmax_scale, Dims().softmax_scale);
+  EXPECT_EQ(p.violation, &violation);
   // A group of 4 query heads per KV head: one block of 4 heads per KV head and item.
   EXPECT_EQ(p.heads_per_block, 4);
   EXPECT_EQ(launch->blocks, static_cast<int64_t>(plan_.work.size()) * kQHeads / 4);
@@ -139,7 +154,17 @@ TEST_F(PagedDecodeArgsTest, AHostPlanLaunchesItsItemsAndAMerge) {
   ASSERT_TRUE(launch->merge_launch);
   EXPECT_EQ(launch->merge.num_reduce, static_cast<int32_t>(plan_.reduce.size()));
   EXPECT_EQ(launch->merge.partial_capacity, plan_.num_partials);
-  EXPECT_EQ(launch->merge.out, p.out);
+  EXPECT_EQ(launch->merge.reduce,
+            reinterpret_cast<const kernels::DecodeReduceItem*>(plan_.reduce.data()));
+  EXPECT_EQ(launch->merge.partial_out, reinterpret_cast<float*>(partial_out_.data()));
+  EXPECT_EQ(launch->merge.partial_lse, reinterpret_cast<float*>(partial_lse_.data()));
+  EXPECT_EQ(launch->merge.out, out_.data());
+  EXPECT_EQ(launch->merge.lse, reinterpret_cast<float*>(lse_.data()));
+  EXPECT_EQ(launch->merge.batch_size, 3);
+  EXPECT_EQ(launch->merge.num_q_heads, kQHeads);
+  EXPECT_EQ(launch->merge.head_dim, kHeadDim);
+  EXPECT_EQ(launch->merge.dtype, kernels::kElementBf16);
+  EXPECT_EQ(launch->merge.violation, &violation);
 }
 
 TEST_F(PagedDecodeArgsTest, MergeCountersMergeInTheAttentionLaunch) {
@@ -187,7 +212,14 @@ TEST_F(PagedDecodeArgsTest, WithoutAPlanEachSequenceIsOneItem) {
   EXPECT_EQ(launch->attention.work, nullptr);
   EXPECT_EQ(launch->attention.kv.page_level, 1);
   EXPECT_EQ(launch->attention.kv.page_size, 16);
+  EXPECT_EQ(launch->attention.kv.page_table_cols, metadata_.page_table.cols());
+  EXPECT_EQ(launch->attention.kv.kv_lens,
+            reinterpret_cast<const int32_t*>(metadata_.kv_lens.data()));
   EXPECT_FALSE(launch->merge_launch);
+  a.dims.dtype = KvElementType::kFp16;
+  launch = PagedDecodeLaunchFor(a, nullptr);
+  ASSERT_TRUE(launch.ok()) << launch.status();
+  EXPECT_EQ(launch->attention.dtype, kernels::kElementFp16);
   // An empty batch launches nothing.
   const std::vector<TokenOffset> zero = {TokenOffset(0)};
   a.kv = DecodeTokenLevelKv{HostSpan(zero), {}};
@@ -402,6 +434,14 @@ TEST_F(PagedDecodeArgsTest, BadArgumentsAreRefused) {
          const size_t bytes = ((size_t{1} << 31) + 1) * kKvHeads * kHeadDim * 2;
          a.k_pool = DeviceSpan<const uint8_t>(k_.data(), bytes);
          a.v_pool = DeviceSpan<const uint8_t>(v_.data(), bytes);
+       },
+       absl::StatusCode::kOutOfRange},
+      {"a batch beyond int32",
+       [&](PagedDecodeArgs& a) {
+         a.kv = DecodeTokenLevelKv{
+             DeviceSpan<const TokenOffset>(metadata_.kv_indptr.data(), (size_t{1} << 31) + 2),
+             HostSpan(metadata_.kv_indices)};
+         a.split.reset();
        },
        absl::StatusCode::kOutOfRange},
       {"kv_indices beyond 2^30 entries",

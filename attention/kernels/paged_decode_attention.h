@@ -100,8 +100,7 @@ inline constexpr int32_t kVariantQueryHeads = 4;
 // of 128, the planner's default), and doubled steps at head dim 64 (as many bytes in flight
 // per warp as at 128, but 2 blocks per multiprocessor instead of 3: bs 64 x 4k 3.86 TB/s
 // against 3.54, bs 32 x 4k 3.61 against 3.83).
-inline constexpr int32_t DecodeStepTokens(const DecodeVariant& v,
-                                                              int32_t head_dim) {
+inline constexpr int32_t DecodeStepTokens(const DecodeVariant& v, int32_t head_dim) {
   return head_dim > 128 && v.step_tokens > 16 ? v.step_tokens / 2 : v.step_tokens;
 }
 
@@ -151,8 +150,7 @@ struct PagedDecodeParams {
 // group; block x of the item takes query heads [x * heads_per_block, + heads_per_block), all of
 // one KV head. The launch's grid is num_work times this; the kernel splits its block index by
 // it and the host launcher sizes split plans by it.
-inline constexpr int64_t DecodeBlocksPerItem(int32_t num_q_heads,
-                                                                 int32_t heads_per_block) {
+inline constexpr int64_t DecodeBlocksPerItem(int32_t num_q_heads, int32_t heads_per_block) {
   return num_q_heads / heads_per_block;
 }
 

@@ -66,7 +66,7 @@ struct VarlenAttentionArgs {
   DeviceSpan<const uint8_t> k_pool;  // [pool_slots][num_kv_heads][head_dim] of dtype, aligned
   DeviceSpan<const uint8_t> v_pool;  // like k_pool, the same size; pool_slots <= 2^31
   // Where K/V position c of sequence i is read: token-level kv_indices or the page table
-  // (paged_decode_launcher.h); its batch is the launch's bs. Device memory: lengths and slots
+  // (paged_decode_args.h); its batch is the launch's bs. Device memory: lengths and slots
   // are checked by the kernel.
   DecodeKv kv;
   VarlenMask mask;

@@ -108,10 +108,24 @@ TEST_F(VarlenAttentionArgsTest, TheGridAndTheKernelEachPathGets) {
   // The tiled paths: 3 sequences x ceil(40 / rows per block) tiles x 8 chunks of 4 query heads.
   for (bool native_mma : {false, true}) {
     SCOPED_TRACE(native_mma ? "native mma" : "portable mma");
+    kernels::DeviceViolation violation{};
     absl::StatusOr<VarlenAttentionLaunch> launch =
-        VarlenAttentionLaunchFor(Good(), native_mma, nullptr);
+        VarlenAttentionLaunchFor(Good(), native_mma, &violation);
     ASSERT_TRUE(launch.ok()) << launch.status();
     const kernels::VarlenAttentionParams& p = launch->params;
+    EXPECT_EQ(p.violation, &violation);
+    EXPECT_EQ(p.q, q_.data());
+    EXPECT_EQ(p.k_pool, k_.data());
+    EXPECT_EQ(p.v_pool, v_.data());
+    EXPECT_EQ(p.out, out_.data());
+    EXPECT_EQ(p.lse, reinterpret_cast<float*>(lse_.data()));
+    EXPECT_EQ(p.qo_indptr, reinterpret_cast<const int32_t*>(metadata_.qo_indptr.data()));
+    EXPECT_EQ(p.num_q_heads, kQHeads);
+    EXPECT_EQ(p.num_kv_heads, kKvHeads);
+    EXPECT_EQ(p.head_dim, kHeadDim);
+    EXPECT_EQ(p.dtype, kernels::kElementBf16);
+    EXPECT_EQ(p.softmax_scale, 1.0f / std::sqrt(static_cast<float>(kHeadDim)));
+    EXPECT_EQ(p.kv.page_level, 0);
     EXPECT_EQ(p.tiled_tensor_cores, native_mma ? 1 : 0);
     EXPECT_EQ(p.vector_chunks, 0);
     EXPECT_EQ(p.heads_per_block, 4);
@@ -354,6 +368,13 @@ TEST_F(VarlenAttentionArgsTest, BadArgumentsAreRefused) {
          a.kv = DecodeTokenLevelKv{{}, HostSpan(metadata_.kv_indices)};
        },
        kInvalid, "kv_indptr needs bs + 1 >= 1 entries"},
+      {"a batch beyond int32",
+       [&](VarlenAttentionArgs& a) {
+         a.kv = DecodeTokenLevelKv{
+             DeviceSpan<const TokenOffset>(metadata_.kv_indptr.data(), (size_t{1} << 31) + 2),
+             HostSpan(metadata_.kv_indices)};
+       },
+       absl::StatusCode::kOutOfRange, "varlen attention: batch beyond int32"},
       {"page table smaller than the batch",
        [&](VarlenAttentionArgs& a) {
          a.kv = DecodePageTableKv{
@@ -417,8 +438,9 @@ TEST_F(VarlenAttentionArgsTest, BadArgumentsAreRefused) {
        absl::StatusCode::kOutOfRange, "is more than 16777216 blocks"},
       {"grid past the block limit of 256-thread blocks",
        [&](VarlenAttentionArgs& a) {
-         // Rows: 2^24 / 32 tiles x 3 x 8 blocks = 1.5 * 2^23: under the CUDA-core kernel's
-         // limit, over the tensor-core kernel's (2^32 threads on AMD).
+         // 2^24 rows in tiles of 32 x 3 sequences x 8 head chunks = 1.5 * 2^23 blocks: over
+         // the tensor-core kernel's limit of 2^23 (its 256-thread blocks: 2^32 threads on AMD),
+         // under the 2^24 of the 128-thread kernels.
          const int64_t many = int64_t{1} << 24;
          a.q = q_.span<const uint8_t>(0, many * kQRow);
          a.out = out_.span<uint8_t>(0, many * kQRow);

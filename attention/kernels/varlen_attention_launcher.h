@@ -4,15 +4,16 @@
 // through token-level kv_indices or through the page table (any page size). What it computes,
 // including the log-sum-exp output and the rule for a row that sees nothing, is in
 // varlen_attention.h. The KV sources and dims are the decode launcher's
-// (paged_decode_launcher.h): the same pools, read the same two ways.
+// (paged_decode_args.h): the same pools, read the same two ways.
 //
 // The launcher checks what the host can see (dims, sizes that agree, 16-byte alignment of the
-// vector-loaded buffers, null pointers with nonzero sizes, max_q_len against the query rows, a
-// mask layout against its arrays: varlen_attention_args.h, tested on the CPU, where every
-// error is listed) and returns an error before launching anything; then launches on `stream` and returns Internal if the launch failed. What lives in device memory
-// (qo_indptr, kv_indptr, lengths, slots, page ids, mask_indptr) is bounds-checked by the
-// kernel: it never reads or writes outside a buffer, skips a position whose slot is outside the
-// pool, and records the first violation in `violation` (DeviceViolationWord; may be null).
+// vector-loaded buffers, null pointers with nonzero sizes, max_q_len against the query rows, a mask
+// layout against its arrays: varlen_attention_args.h, tested on the CPU, where every error is
+// listed) and returns an error before launching anything; then launches on `stream` and returns
+// Internal if the launch failed. What lives in device memory (qo_indptr, kv_indptr, lengths, slots,
+// page ids, mask_indptr) is bounds-checked by the kernel: it never reads or writes outside a
+// buffer, skips a position whose slot is outside the pool, and records the first violation in
+// `violation` (DeviceViolationWord; may be null).
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_VARLEN_ATTENTION_LAUNCHER_H_
 #define ATTNMETA_ATTENTION_KERNELS_VARLEN_ATTENTION_LAUNCHER_H_

@@ -82,7 +82,7 @@ inline bool Aligned(const void* p, int64_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
 
-// The kernels' dtype of a KvElementType (metadata_launchers.h; a template, as that header
+// The kernels' dtype of a KvElementType (metadata_kernel_args.h; a template, as that library
 // depends on this one). REQUIRES: t is kBf16 or kFp16.
 template <typename ElementType>
 kernels::ElementDtype ElementDtypeOf(ElementType t) {
