@@ -40,9 +40,11 @@ constexpr int64_t kMaxBlocks = int64_t{1} << 23;
 // The merge kernel's grid y is the query heads over its 4 warps per block; at most 65535.
 constexpr int64_t kMaxQueryHeads = 65535;
 
-// Query heads per block: the largest of 8, 4, 2, 1 dividing the group (kernel instantiations);
-// variants other than 0 run 4.
-absl::StatusOr<int32_t> CheckDims(const DecodeAttentionDims& d, int32_t variant) {
+}  // namespace
+
+// The largest of 8, 4, 2, 1 dividing the group (kernel instantiations); variants other than 0
+// run 4.
+absl::StatusOr<int32_t> DecodeQueryHeadsPerBlock(const DecodeAttentionDims& d, int32_t variant) {
   if (absl::Status s = internal::CheckAttentionDims("decode attention", d); !s.ok()) return s;
   if (d.num_q_heads > kMaxQueryHeads) {
     return absl::OutOfRangeError(absl::StrCat("decode attention: ", d.num_q_heads,
@@ -65,6 +67,8 @@ absl::StatusOr<int32_t> CheckDims(const DecodeAttentionDims& d, int32_t variant)
   }
   return internal::HeadsPerBlock(group);
 }
+
+namespace {
 
 // The launch's blocks per work item (kernels::DecodeBlocksPerItem, which the kernel's grid
 // uses): what DecodeBlocksPerWorkItem reports and the grid check below counts.
@@ -186,18 +190,14 @@ KvLayout DecodeKvLayout(const DecodeKv& kv) {
 
 
 absl::StatusOr<int32_t> DecodeBlocksPerWorkItem(const DecodeAttentionDims& dims, int32_t variant) {
-  absl::StatusOr<int32_t> heads_per_block = CheckDims(dims, variant);
+  absl::StatusOr<int32_t> heads_per_block = DecodeQueryHeadsPerBlock(dims, variant);
   if (!heads_per_block.ok()) return heads_per_block.status();
   return BlocksPerItem(dims, *heads_per_block);
 }
 
-absl::StatusOr<int32_t> DecodeQueryHeadsPerBlock(const DecodeAttentionDims& dims, int32_t variant) {
-  return CheckDims(dims, variant);
-}
-
 absl::StatusOr<PagedDecodeLaunch> PagedDecodeLaunchFor(const PagedDecodeArgs& a,
                                                        kernels::DeviceViolation* violation) {
-  absl::StatusOr<int32_t> heads_per_block = CheckDims(a.dims, a.variant);
+  absl::StatusOr<int32_t> heads_per_block = DecodeQueryHeadsPerBlock(a.dims, a.variant);
   if (!heads_per_block.ok()) return heads_per_block.status();
   PagedDecodeLaunch launch;
   kernels::PagedDecodeParams& p = launch.attention;
