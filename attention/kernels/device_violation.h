@@ -45,9 +45,11 @@ enum ViolationKind : int32_t {
   kWorkItemKvEndPastLength = 20,  // a work item's kv_end past its sequence's KV length
   kWorkItemKvEndBeforeBegin = 21,  // a work item's kv_end below its kv_begin
   kReduceItemSequence = 22,       // a reduce item's sequence outside the batch
-  kReduceItemPartials = 23,       // a reduce item's partial slots outside the partial buffers
+  kReduceItemPartialEndPastBuffers = 23,  // a reduce item's partial_end past the partial buffers
   kPartialSlotUnmerged = 24,      // merging in the attention launch: a work item's partial slot
                                   // that no reduce item merges
+  kReduceItemPartialBeginNegative = 25,   // a reduce item's partial_begin below 0
+  kReduceItemPartialEndBeforeBegin = 26,  // a reduce item's partial_end below its partial_begin
 };
 
 struct DeviceViolation {

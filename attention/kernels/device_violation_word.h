@@ -4,11 +4,8 @@
 #ifndef ATTNMETA_ATTENTION_KERNELS_DEVICE_VIOLATION_WORD_H_
 #define ATTNMETA_ATTENTION_KERNELS_DEVICE_VIOLATION_WORD_H_
 
-#include <memory>
-
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "attention/kernels/device_violation.h"
 #include "attention/kernels/hip_port.h"
 
@@ -36,9 +33,6 @@ class DeviceViolationWord {
   explicit DeviceViolationWord(kernels::DeviceViolation* word) : word_(word) {}
   kernels::DeviceViolation* word_ = nullptr;
 };
-
-// The message of a recorded violation (exposed for tests of the wording).
-std::string DescribeViolation(const kernels::DeviceViolation& v);
 
 }  // namespace attnmeta
 

@@ -34,7 +34,10 @@
 //   kWorkItemKvBeginNegative, kWorkItemKvEndPastLength, kWorkItemKvEndBeforeBegin
 //                                         a work item's KV range: kv_begin < 0, kv_end past its
 //                                         sequence's KV length, kv_end < kv_begin (clamped)
-//   kReduceItemPartials                   a reduce item's partials outside the partial buffers
+//   kReduceItemPartialBeginNegative, kReduceItemPartialEndBeforeBegin,
+//   kReduceItemPartialEndPastBuffers      a reduce item's partial slots: partial_begin < 0,
+//                                         partial_end < partial_begin, partial_end past the
+//                                         partial buffers
 //   kPartialSlotUnmerged                  merging in the attention launch: a work item's partial
 //                                         slot that no reduce item merges (bound: num_reduce)
 

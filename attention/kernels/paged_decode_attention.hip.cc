@@ -78,8 +78,16 @@ __device__ inline bool ReduceItemFits(const DecodeReduceItem& it, int32_t r, int
     RecordViolation(v, kReduceItemSequence, r, it.sequence, batch_size);
     return false;
   }
-  if (it.partial_begin < 0 || it.partial_end > partial_capacity || it.partial_begin > it.partial_end) {
-    RecordViolation(v, kReduceItemPartials, r, it.partial_end, partial_capacity);
+  if (it.partial_begin < 0) {
+    RecordViolation(v, kReduceItemPartialBeginNegative, r, it.partial_begin, 0);
+    return false;
+  }
+  if (it.partial_end < it.partial_begin) {
+    RecordViolation(v, kReduceItemPartialEndBeforeBegin, r, it.partial_end, it.partial_begin);
+    return false;
+  }
+  if (it.partial_end > partial_capacity) {
+    RecordViolation(v, kReduceItemPartialEndPastBuffers, r, it.partial_end, partial_capacity);
     return false;
   }
   return true;

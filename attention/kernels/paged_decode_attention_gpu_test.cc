@@ -947,7 +947,9 @@ TEST_F(GuardDecodeGpuTest, CorruptedDevicePlanIsRecorded) {
       {"reduce item of sequence -2", [](auto&, auto& r) { r[0].sequence = -2; },
        "split-KV reduce item 0: sequence -2 outside the batch"},
       {"reduce item past the partials", [](auto&, auto& r) { r[0].partial_end = 5000; },
-       "split-KV reduce item 0: partial slots up to 5000 outside the"},
+       "split-KV reduce item 0: partial_end 5000 is past the"},
+      {"reduce item before the partials", [](auto&, auto& r) { r[0].partial_begin = -1; },
+       "split-KV reduce item 0: partial_begin -1 is negative"},
   };
   DeviceBuffer<uint32_t> counters = Upload(std::vector<uint32_t>(plan->reduce.size() * 32, 0));
   for (const Case& c : cases) {
