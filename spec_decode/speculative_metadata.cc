@@ -1,5 +1,6 @@
 #include "spec_decode/speculative_metadata.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 
@@ -48,14 +49,17 @@ absl::StatusOr<ForwardMetadata> BuildDraftExtendMetadata(const DraftExtendBatch&
                                                    " accepted lengths for ", bs, " requests"));
   }
   std::vector<TokenLength> q_lens(bs, TokenLength(static_cast<int32_t>(per_req)));
+  // accepted + 1 is a query length: the bound keeps it within int32.
+  const int64_t accept_bound =
+      std::min<int64_t>(batch.num_draft_tokens.value(), std::numeric_limits<int32_t>::max());
   int64_t rows = 0;
   for (size_t i = 0; i < bs; ++i) {
     if (!fixed) {
       const int32_t accepted = batch.accept_lens[i].value();
-      if (accepted < 0 || accepted >= batch.num_draft_tokens.value()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "draft-extend: request ", i, " accepted ", accepted, " draft tokens, outside [0, ",
-            batch.num_draft_tokens.value(), ")"));
+      if (accepted < 0 || accepted >= accept_bound) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("draft-extend: request ", i, " accepted ", accepted,
+                         " draft tokens, outside [0, ", accept_bound, ")"));
       }
       q_lens[i] = TokenLength(accepted + 1);
     }

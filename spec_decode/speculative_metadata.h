@@ -51,9 +51,10 @@ struct DraftExtendBatch {
   TokenCount num_query_rows;     // rows of the query tensor the kernel is given
 };
 
-// InvalidArgument: neither or both forms, num_tokens_per_req < 0 or past INT32_MAX, accept_lens of the wrong
-// size, an accepted length outside [0, num_draft_tokens), query rows that disagree with
-// num_query_rows; then BuildForwardMetadata's errors.
+// InvalidArgument: neither or both forms, num_tokens_per_req < 0 or past INT32_MAX,
+// accept_lens of the wrong size, an accepted length outside
+// [0, min(num_draft_tokens, INT32_MAX)), query rows that disagree with num_query_rows; then
+// BuildForwardMetadata's errors.
 absl::StatusOr<ForwardMetadata> BuildDraftExtendMetadata(const DraftExtendBatch& batch,
                                                          const ReqToTokenPool& pool,
                                                          PageSize page_size,
@@ -61,7 +62,8 @@ absl::StatusOr<ForwardMetadata> BuildDraftExtendMetadata(const DraftExtendBatch&
 
 // The tree's seq_lens are the committed prefixes; the n draft tokens of request b must be in
 // its row at positions [seq_len, seq_len + n). InvalidArgument: rows not the tree's batch
-// size, mask layout kNone, num_query_rows != bs * n; then BuildForwardMetadata's errors.
+// size, mask layout kNone, num_query_rows != bs * n; OutOfRange: a request's seq_len + n
+// beyond INT32_MAX; then BuildForwardMetadata's errors.
 absl::StatusOr<ForwardMetadata> BuildTargetVerifyMetadata(
     const ReqToTokenPool& pool, absl::Span<const ReqPoolIndex> req_rows, const VerifyTree& tree,
     MaskLayout mask_layout, TokenCount num_query_rows, PageSize page_size,

@@ -92,6 +92,7 @@ TEST(DraftExtendTest, BadInputIsAnError) {
   f.AddSequence(40, 4);
   f.AddSequence(9, 4);
   std::vector<TokenLength> accepted = {TokenLength(1), TokenLength(4)};
+  std::vector<TokenLength> huge_accepted = {TokenLength(INT32_MAX), TokenLength(1)};
   struct Case {
     const char* what;
     DraftExtendBatch batch;
@@ -113,6 +114,14 @@ TEST(DraftExtendTest, BadInputIsAnError) {
               absl::StatusCode::kInvalidArgument)
         << c.what;
   }
+  // accepted + 1 past INT32_MAX (a draft longer than that): refused before it becomes a query
+  // length, by the accepted-length check itself.
+  const DraftExtendBatch huge{f.rows(),      f.kv_lens(),  TokenCount(0), huge_accepted,
+                              TokenCount(int64_t{1} << 32), TokenCount(5)};
+  const absl::Status s = BuildDraftExtendMetadata(huge, f.pool(), f.page_size()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "draft-extend: request 0 accepted 2147483647 draft tokens, outside [0, 2147483647)");
 }
 
 // ---- Target-verify ----

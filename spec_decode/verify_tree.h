@@ -62,7 +62,9 @@ absl::StatusOr<VerifyTree> BuildVerifyTreeFromParents(absl::Span<const int32_t> 
 // n * n * b + n * sum(seq_lens[:b]) with every prefix column 1, QLEN_ONLY the [n][n] block at
 // n * n * b, bit-packed n words from word b * n. Writes mask_indptr [bs + 1] (int64 byte
 // offsets) and mask bytes [0, mask_indptr[bs]); nothing on error. InvalidArgument: layout
-// kNone, n > 32 for bit-packed, mask_indptr not bs + 1 entries, out too small.
+// kNone, n > 32 for bit-packed, mask_indptr not bs + 1 entries, out too small, a hand-built
+// tree whose `sees` is not bs * n * n bytes; OutOfRange: a request's seq_len + n beyond
+// INT32_MAX, or the batch's query rows (bs * n) or KV tokens summing past INT32_MAX.
 absl::Status WriteTreeMask(const VerifyTree& tree, MaskLayout layout, absl::Span<uint8_t> out,
                            absl::Span<int64_t> mask_indptr);
 

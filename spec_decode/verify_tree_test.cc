@@ -209,6 +209,18 @@ TEST(VerifyTreeTest, OverflowingSizesAndPositionsAreRefused) {
   EXPECT_EQ(last->positions[1].value(), max - 1);
 }
 
+// VerifyTree is a plain struct: a tree built by hand, whose mask would need 16 blocks of
+// 2^60 bytes (a total that wraps to 0), is refused, and nothing is written.
+TEST(VerifyTreeTest, AHandBuiltTreeWhoseMaskWouldWrapIsRefused) {
+  VerifyTree tree;
+  tree.num_draft_tokens = 1 << 30;
+  tree.seq_lens.assign(16, TokenLength(0));
+  std::vector<int64_t> indptr(17, -1);
+  const absl::Status s = WriteTreeMask(tree, MaskLayout::kQLenOnly, {}, absl::MakeSpan(indptr));
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  EXPECT_EQ(indptr, std::vector<int64_t>(17, -1));
+}
+
 // Bit-packed word widths: 1 byte up to 8 tokens, 2 up to 16, 4 up to 32, little-endian.
 TEST(VerifyTreeTest, BitPackedWordWidths) {
   std::vector<int32_t> chain(12);

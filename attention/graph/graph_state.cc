@@ -386,7 +386,7 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
     total += kv;
     longest = std::max(longest, kv);
     max_q = std::max(max_q, q_i);
-    mask_bytes += verify ? MaskBlockBytes(MaskLayout::kFull, q_i, kv, /*word_bytes=*/0) : 0;
+    mask_bytes += verify ? MaskBlockBytes(MaskLayout::kFull, TokenCount(q_i), TokenCount(kv), /*word_bytes=*/0) : 0;
   }
   total += (h.bucket - bs) * kPaddedKvLen.value();
   // The capacity checks below cannot fail for a correct plan (rows are at most

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -28,6 +29,12 @@ absl::StatusOr<SplitKvPlan> PlanDecodeSplitKv(absl::Span<const TokenOffset> kv_i
   }
   if (kv_indptr.empty()) return absl::InvalidArgumentError("decode split: kv_indptr is empty");
   const int64_t bs = static_cast<int64_t>(kv_indptr.size()) - 1;
+  // Query row i is sequence i's: the rows must be int32 offsets (and 2 * bs * blocks_per_item
+  // below stays far from INT64_MAX).
+  if (bs > std::numeric_limits<int32_t>::max()) {
+    return absl::OutOfRangeError(
+        absl::StrCat("decode split: ", bs, " sequences, beyond int32 query rows"));
+  }
   std::vector<TokenOffset> qo_indptr(bs + 1);
   for (int64_t i = 0; i <= bs; ++i) qo_indptr[i] = TokenOffset(static_cast<int32_t>(i));
   SplitKvOptions options;
@@ -88,6 +95,13 @@ absl::Status CheckDecodeSplitPlan(const SplitKvPlan& plan, const KvLayout& layou
         KvLayoutName(layout), " (plan it with DecodeKvLayout of the KV source)"));
   }
   if (bs < 0) return absl::InvalidArgumentError("split-KV plan: a negative batch size");
+  // Every sequence has at least one work item: checked before anything is sized by bs (the
+  // launcher's bs is the length a device span claims, not host memory).
+  if (bs > static_cast<int64_t>(plan.work.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("split-KV plan: ", plan.work.size(),
+                                                   " work items for a batch of ", bs,
+                                                   " sequences (each needs one)"));
+  }
   if (plan.num_partials < 0) return absl::InvalidArgumentError("split-KV plan: negative num_partials");
   // Every partial slot is one work item's: checked before anything is sized by num_partials.
   if (plan.num_partials > static_cast<int64_t>(plan.work.size())) {

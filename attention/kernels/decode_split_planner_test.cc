@@ -214,6 +214,12 @@ TEST(DecodeSplitPlannerTest, BadOptionsAndBatchesAreRefused) {
   EXPECT_EQ(PlanDecodeSplitKv(Indptr({100, 0}), KvLayout::LinearPerToken(), kH200).status().code(),
             absl::StatusCode::kInvalidArgument)
       << "a decode row needs a KV token";
+  // More sequences than int32 query rows: refused before anything is read or sized (the span
+  // claims 2^40 + 1 entries over a buffer of 3; nothing reads past the size check).
+  const absl::Span<const TokenOffset> claimed(indptr.data(), (size_t{1} << 40) + 1);
+  const absl::Status s = PlanDecodeSplitKv(claimed, KvLayout::LinearPerToken(), kH200).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  EXPECT_EQ(s.message(), "decode split: 1099511627776 sequences, beyond int32 query rows");
 }
 
 // The launcher's check of a host plan: the planner's plans pass, and each way a plan can fail
@@ -250,6 +256,10 @@ TEST(CheckDecodeSplitPlanTest, RefusesEveryPlanThatIsNotTheBatchs) {
       {"made for layout LinearPerToken, but this decode reads Paged(page_size 16)",
        [](SplitKvPlan&) {}, KvLayout::Paged(*PageSize::Create(16))},
       {"a negative batch size", [](SplitKvPlan&) {}, linear, -1},
+      // A batch the plan cannot cover, refused before anything is sized by it (the launcher's
+      // bs is what a device span claims).
+      {"work items for a batch of 1000000000000 sequences (each needs one)", [](SplitKvPlan&) {},
+       linear, int64_t{1000000000000}},
       {"negative num_partials", [](SplitKvPlan& p) { p.num_partials = -1; }},
       {"partial slots for", [](SplitKvPlan& p) {
          p.num_partials = static_cast<int32_t>(p.work.size()) + 1;

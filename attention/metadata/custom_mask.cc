@@ -1,6 +1,7 @@
 #include "attention/metadata/custom_mask.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -37,21 +38,45 @@ int32_t MaskWordBytes(TokenCount max_q_len) {
   return 0;
 }
 
-int64_t MaskBlockBytes(MaskLayout layout, int64_t q_len, int64_t kv_len, int32_t word_bytes) {
+int64_t MaskBlockBytes(MaskLayout layout, TokenCount q_len, TokenCount kv_len, int32_t word_bytes) {
   switch (layout) {
     case MaskLayout::kNone:
       return 0;
     case MaskLayout::kFull:
-      return q_len * kv_len;
+      return q_len.value() * kv_len.value();
     case MaskLayout::kQLenOnly:
-      return q_len * q_len;
+      return q_len.value() * q_len.value();
     case MaskLayout::kBitPacked:
-      return q_len * word_bytes;
+      return q_len.value() * word_bytes;
   }
   return 0;
 }
 
 namespace {
+
+// OutOfRange when `lens` sum past INT32_MAX. REQUIRES: every entry >= 0 (each is an int32, so
+// the running sum stops before it could overflow).
+absl::Status CheckSumWithinInt32(absl::Span<const TokenLength> lens, absl::string_view what) {
+  int64_t sum = 0;
+  for (TokenLength n : lens) {
+    sum += n.value();
+    if (sum > std::numeric_limits<int32_t>::max()) {
+      return absl::OutOfRangeError(
+          absl::StrCat("custom mask: the batch's ", what, " sum past INT32_MAX"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckQueryLengths(absl::Span<const TokenLength> q_lens) {
+  for (size_t i = 0; i < q_lens.size(); ++i) {
+    if (q_lens[i].value() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("custom mask: sequence ", i, " has q_len ", q_lens[i].value()));
+    }
+  }
+  return CheckSumWithinInt32(q_lens, "query rows");
+}
 
 // The shared checks of the two builders; sets *word_bytes.
 absl::Status CheckBatch(MaskLayout layout, absl::Span<const TokenLength> q_lens,
@@ -72,6 +97,9 @@ absl::Status CheckBatch(MaskLayout layout, absl::Span<const TokenLength> q_lens,
     }
     max_q = std::max(max_q, q_lens[i].count());
   }
+  // Bounds sum(q_len * kv_len) and sum(q_len^2) by 2^62: no block sum overflows.
+  if (absl::Status s = CheckSumWithinInt32(q_lens, "query rows"); !s.ok()) return s;
+  if (absl::Status s = CheckSumWithinInt32(kv_lens, "KV tokens"); !s.ok()) return s;
   *word_bytes = MaskWordBytes(max_q);
   if (layout == MaskLayout::kBitPacked && *word_bytes == 0) {
     return absl::InvalidArgumentError(absl::StrCat("custom mask: a bit-packed row holds at most ",
@@ -94,7 +122,7 @@ absl::Status BuildMaskIndptr(MaskLayout layout, absl::Span<const TokenLength> q_
   }
   out[0] = 0;
   for (size_t i = 0; i < q_lens.size(); ++i) {
-    out[i + 1] = out[i] + MaskBlockBytes(layout, q_lens[i].value(), kv_lens[i].value(), word_bytes);
+    out[i + 1] = out[i] + MaskBlockBytes(layout, q_lens[i].count(), kv_lens[i].count(), word_bytes);
   }
   return absl::OkStatus();
 }
@@ -107,6 +135,7 @@ int64_t TreeRowsBytes(absl::Span<const TokenLength> q_lens) {
 
 absl::Status CheckTreeRowsSize(absl::Span<const uint8_t> tree_rows,
                                absl::Span<const TokenLength> q_lens) {
+  if (absl::Status s = CheckQueryLengths(q_lens); !s.ok()) return s;
   const int64_t tree_bytes = TreeRowsBytes(q_lens);
   if (static_cast<int64_t>(tree_rows.size()) != tree_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("custom mask: tree rows hold ",
@@ -136,7 +165,7 @@ absl::Status BuildCustomMask(MaskLayout layout, absl::Span<const uint8_t> tree_r
   for (size_t i = 0; i < bs; ++i) {
     // A sum of checked values: the caller's entry minus its predecessor could overflow.
     if (mask_indptr[i + 1] !=
-        mask_indptr[i] + MaskBlockBytes(layout, q_lens[i].value(), kv_lens[i].value(), word_bytes)) {
+        mask_indptr[i] + MaskBlockBytes(layout, q_lens[i].count(), kv_lens[i].count(), word_bytes)) {
       return absl::InvalidArgumentError(absl::StrCat("custom mask: mask_indptr step ", i,
                                                      " disagrees with the ", MaskLayoutName(layout),
                                                      " layout"));

@@ -44,22 +44,24 @@ struct CustomMaskView {
   absl::Span<const int64_t> mask_indptr;
 };
 
-// Bytes of one sequence's block. REQUIRES: 0 <= q_len <= kv_len; word_bytes > 0 for
-// kBitPacked.
-int64_t MaskBlockBytes(MaskLayout layout, int64_t q_len, int64_t kv_len, int32_t word_bytes);
+// Bytes of one sequence's block. REQUIRES: 0 <= q_len <= kv_len <= INT32_MAX; word_bytes > 0
+// for kBitPacked.
+int64_t MaskBlockBytes(MaskLayout layout, TokenCount q_len, TokenCount kv_len, int32_t word_bytes);
 
 // mask_indptr of a batch: [0] + cumsum(MaskBlockBytes). InvalidArgument: layout kNone, sizes
 // that disagree (out [bs + 1]), a negative length or q_len > kv_len, kBitPacked with a q_len
-// above kMaxBitPackedRows.
+// above kMaxBitPackedRows; OutOfRange: the batch's query rows or KV tokens sum past INT32_MAX
+// (as an int32 indptr would; it bounds every mask below 2^62 bytes).
 absl::Status BuildMaskIndptr(MaskLayout layout, absl::Span<const TokenLength> q_lens,
                              absl::Span<const TokenLength> kv_lens, absl::Span<int64_t> out);
 
 // The bytes of a batch's tree rows: sum(q_len^2), one [q_len][q_len] block per sequence.
-// REQUIRES: every q_len >= 0.
+// REQUIRES: every q_len >= 0, sum(q_lens) <= INT32_MAX.
 int64_t TreeRowsBytes(absl::Span<const TokenLength> q_lens);
 
 // InvalidArgument unless tree_rows holds TreeRowsBytes(q_lens) bytes (BuildCustomMask's first
-// check, for a caller that sizes the mask before calling it).
+// check, for a caller that sizes the mask before calling it); InvalidArgument for a negative
+// q_len, OutOfRange when the q_lens sum past INT32_MAX.
 absl::Status CheckTreeRowsSize(absl::Span<const uint8_t> tree_rows,
                                absl::Span<const TokenLength> q_lens);
 
@@ -68,7 +70,7 @@ absl::Status CheckTreeRowsSize(absl::Span<const uint8_t> tree_rows,
 // layout of a batch with equal q_lens. `mask_indptr` as BuildMaskIndptr wrote it. Writes
 // bytes [0, mask_indptr[bs]) of `out` and nothing else. InvalidArgument: tree_rows not
 // sum(q_len^2) bytes, a byte other than 0 and 1, mask_indptr not the batch's, out shorter
-// than mask_indptr[bs].
+// than mask_indptr[bs]; OutOfRange as BuildMaskIndptr.
 absl::Status BuildCustomMask(MaskLayout layout, absl::Span<const uint8_t> tree_rows,
                              absl::Span<const TokenLength> q_lens,
                              absl::Span<const TokenLength> kv_lens,

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "gtest/gtest.h"
 
 namespace attnmeta {
@@ -139,6 +140,45 @@ TEST_F(TwoTrees, BadInputIsRefusedAndWritesNothing) {
   EXPECT_TRUE(BuildMaskIndptr(MaskLayout::kFull, q33, kv33, absl::MakeSpan(two)).ok());
   EXPECT_EQ(BuildMaskIndptr(MaskLayout::kFull, q_lens, kv_lens, absl::MakeSpan(two)).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Block sizes are products of lengths: a batch whose lengths sum past INT32_MAX could wrap the
+// int64 offsets back into a small buffer, so it is refused before any sum is taken.
+TEST(CustomMaskBatchTest, LengthsSummingPastInt32AreRefusedBeforeAnyBlockIsSized) {
+  const std::vector<TokenLength> huge(16, TokenLength(1 << 30));
+  std::vector<int64_t> indptr(17, -5);
+  const std::vector<int64_t> untouched = indptr;
+  absl::Status s = BuildMaskIndptr(MaskLayout::kQLenOnly, huge, huge, absl::MakeSpan(indptr));
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  EXPECT_EQ(s.message(), "custom mask: the batch's query rows sum past INT32_MAX");
+  EXPECT_EQ(indptr, untouched);
+  // The wrapped indptr such a batch would get (every step 2^60, the total 0) and no bytes.
+  std::vector<int64_t> wrapped(17);
+  for (int i = 1; i <= 16; ++i) {
+    wrapped[i] = static_cast<int64_t>(static_cast<uint64_t>(wrapped[i - 1]) + (uint64_t{1} << 60));
+  }
+  ASSERT_EQ(wrapped[16], 0);
+  s = BuildCustomMask(MaskLayout::kQLenOnly, {}, huge, huge, wrapped, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  // KV tokens alone past INT32_MAX.
+  const std::vector<TokenLength> q = {TokenLength(1), TokenLength(1)};
+  const std::vector<TokenLength> kv = {TokenLength(INT32_MAX), TokenLength(1)};
+  std::vector<int64_t> three(3);
+  s = BuildMaskIndptr(MaskLayout::kFull, q, kv, absl::MakeSpan(three));
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  EXPECT_EQ(s.message(), "custom mask: the batch's KV tokens sum past INT32_MAX");
+  // The tree rows' size check on its own: a negative q_len, and q_lens past INT32_MAX.
+  EXPECT_EQ(CheckTreeRowsSize({}, {TokenLength(-1)}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckTreeRowsSize({}, {TokenLength(INT32_MAX), TokenLength(1)}).code(),
+            absl::StatusCode::kOutOfRange);
+}
+
+TEST(CustomMaskBatchTest, LengthsSummingToInt32MaxAreSized) {
+  const std::vector<TokenLength> q = {TokenLength(INT32_MAX - 1), TokenLength(1)};
+  std::vector<int64_t> indptr(3);
+  ASSERT_TRUE(BuildMaskIndptr(MaskLayout::kFull, q, q, absl::MakeSpan(indptr)).ok());
+  EXPECT_EQ(indptr[1], int64_t{INT32_MAX - 1} * (INT32_MAX - 1));
+  EXPECT_EQ(indptr[2], indptr[1] + 1);
 }
 
 }  // namespace

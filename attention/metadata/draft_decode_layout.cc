@@ -45,7 +45,7 @@ TokenCount DraftStepTokens(absl::Span<const TokenLength> seq_lens, DraftDecodeSh
   int64_t sum = 0;
   for (TokenLength l : seq_lens) sum += l.value();
   return TokenCount(sum * shape.topk +
-                    static_cast<int64_t>(seq_lens.size()) * shape.topk * (step + 1));
+                    static_cast<int64_t>(seq_lens.size()) * shape.topk * (int64_t{step} + 1));
 }
 
 absl::Status CheckDraftDecodeBatch(const ReqToTokenPool& pool, absl::Span<const ReqPoolIndex> rows,

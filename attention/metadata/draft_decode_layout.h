@@ -47,6 +47,8 @@ TokenCount DraftRowTokens(TokenLength seq_len, DraftDecodeShape shape, PageSize 
 TokenCount MaxDraftRowTokens(TokenLength max_seq_len, DraftDecodeShape shape, PageSize page_size);
 
 // kv_indptr[bs * topk] of step `step`: seq_lens_sum * topk + bs * topk * (step + 1).
+// REQUIRES: shape and seq_lens as CheckDraftDecodeBatch accepts them, 0 <= step < shape.steps
+// (then the total stays within int32).
 TokenCount DraftStepTokens(absl::Span<const TokenLength> seq_lens, DraftDecodeShape shape,
                            int32_t step);
 

@@ -18,7 +18,8 @@ int64_t CountQueryTiles(absl::Span<const TokenOffset> qo_indptr, TokenCount q_ti
   int64_t tiles = 0;
   for (size_t i = 0; i + 1 < qo_indptr.size(); ++i) {
     const int64_t q = (qo_indptr[i + 1] - qo_indptr[i]).value();
-    if (q > 0) tiles += (q + q_tile.value() - 1) / q_tile.value();
+    // Ceiling without q + q_tile - 1, which would overflow for a q_tile near INT64_MAX.
+    if (q > 0) tiles += q / q_tile.value() + (q % q_tile.value() != 0 ? 1 : 0);
   }
   return tiles;
 }

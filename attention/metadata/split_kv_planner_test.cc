@@ -191,6 +191,8 @@ TEST(SplitKvPlannerTest, IntoFixedBuffersAtExactlyTheCapacity) {
 TEST(SplitKvPlannerTest, NumQueryTiles) {
   EXPECT_EQ(*NumQueryTiles(Indptr({0, 1, 64, 65, 200}), TokenCount(64)), 0 + 1 + 1 + 2 + 4);
   EXPECT_EQ(*NumQueryTiles(Indptr({}), TokenCount(64)), 0);
+  // A tile larger than any batch: one tile per sequence with rows (no q + q_tile - 1 wrap).
+  EXPECT_EQ(*NumQueryTiles(Indptr({2, 0, INT32_MAX - 2}), TokenCount(INT64_MAX)), 2);
   // A tile of no rows divides nothing: refused, not a division by zero.
   EXPECT_EQ(NumQueryTiles(Indptr({0, 1}), TokenCount(0)).status().code(),
             absl::StatusCode::kInvalidArgument);

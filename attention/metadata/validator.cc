@@ -343,16 +343,16 @@ absl::Status CheckCustomMask(const ForwardMetadataView& m) {
                                                " starting at 0"));
   }
   for (int64_t i = 0; i < bs; ++i) {
-    const int64_t q_len = (m.qo_indptr[i + 1] - m.qo_indptr[i]).value();
-    const int64_t kv_len = m.kv_lens[i].value();
-    const int64_t want = MaskBlockBytes(mask.layout, q_len, kv_len, word_bytes);
+    const TokenCount q_len = m.qo_indptr[i + 1] - m.qo_indptr[i];
+    const int64_t want = MaskBlockBytes(mask.layout, q_len, m.kv_lens[i].count(), word_bytes);
     // Compared as a sum of checked values: the caller's entry minus its predecessor could
     // overflow.
     if (mask.mask_indptr[i + 1] != mask.mask_indptr[i] + want) {
       return Invalid("mask_indptr", absl::StrCat("entry ", i + 1, " = ", mask.mask_indptr[i + 1],
                                                  ", want ", mask.mask_indptr[i], " + the ",
                                                  MaskLayoutName(mask.layout), " block of q_len ",
-                                                 q_len, " over kv_len ", kv_len, " (", want,
+                                                 q_len.value(), " over kv_len ",
+                                                 m.kv_lens[i].value(), " (", want,
                                                  " bytes)"));
     }
   }
