@@ -314,18 +314,32 @@ TEST_P(DraftDecodeTest, EveryStepMatchesDenseAttentionPerBranch) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> q(branches * q_row);
   for (float& x : q) x = normal(rng);
+  // DESIGN.md 2b, restated here rather than taken from draft_decode_layout.h: branch k's draft
+  // run starts k * steps after the prefix when pages are single tokens or there is one
+  // branch; otherwise every branch owns whole pages, starting where the prefix's last partial
+  // page starts, the prefix's tail copied to the same offset in its first page.
+  auto source = [&](int64_t len, int32_t k) -> int64_t {
+    const int64_t p = c.page_size;
+    if (p == 1 || c.topk == 1) return len + k * shape.steps;
+    int64_t pages_per_branch = 1;
+    while (pages_per_branch * p < len % p + shape.steps) ++pages_per_branch;
+    return (len - len % p) + k * pages_per_branch * p + len % p;
+  };
+  int64_t prefix_sum = 0;
+  for (int64_t prefix : prefixes) prefix_sum += prefix;
   for (int32_t step = 0; step < shape.steps; ++step) {
     SCOPED_TRACE(::testing::Message() << "seed " << seed << " page_size " << c.page_size
                                       << " topk " << c.topk << " step " << step);
     const ForwardMetadata& m = (*steps)[step];
-    EXPECT_EQ(m.kv_indptr.back().value(), DraftStepTokens(seq_lens, shape, step).value());
+    // Every branch: the request's prefix and step + 1 draft tokens.
+    EXPECT_EQ(m.kv_indptr.back().value(), c.topk * prefix_sum + branches * (step + 1));
     std::vector<float> want(q.size());
     for (int64_t s = 0; s < bs; ++s) {
       std::vector<TokenSlot> row = f.SlotsOf(static_cast<int>(s));
       for (int32_t k = 0; k < c.topk; ++k) {
         const int64_t z = s * c.topk + k;
         std::vector<TokenSlot> logical(row.begin(), row.begin() + prefixes[s]);
-        const int64_t src = DraftSourcePosition(seq_lens[s], k, shape, ps).value();
+        const int64_t src = source(prefixes[s], k);
         logical.insert(logical.end(), row.begin() + src, row.begin() + src + step + 1);
         std::vector<float> kk, vv;
         Gather(p, logical, kk, vv);

@@ -1,9 +1,10 @@
 // One regression test per field bug of DESIGN.md section 3 that the graph layer owns (rows 1,
-// 2, 4, 6, 7 and 12). Each runs the real capture/replay path at the shape that broke the
-// reference system and states the buggy formula beside the right one; the mutation gate
-// (tests/mutants/field_bug_row{1,2,4,6,7,12}_*.patch) puts each bug back into the real code
-// and shows the test failing.
+// 2, 4, 6, 7 and 12) or configures (row 5: the split-KV consumer's layout). Each runs the real
+// capture/replay path at the shape that broke the reference system and states the buggy
+// formula beside the right one; the mutation gate (tests/mutants/field_bug_row{1,2,4,5,6,7,12}_
+// *.patch) puts each bug back into the real code and shows the test failing.
 
+#include <algorithm>
 #include <type_traits>
 #include <vector>
 
@@ -144,6 +145,35 @@ TEST(GraphFieldBugTest, Row7_RowsCarryTheDraftTokenSlack) {
   EXPECT_EQ(h.state().plan().Find("kv_indices")->capacity, bs * (ctx + draft));
   EXPECT_LT(buggy, bs * (ctx + draft));
   ReplayMatchesEager(h, f, ForwardMode::kExtend, draft);
+}
+
+// Row 5 through the config: a graph whose split-KV consumer reads K/V per token plans its
+// replays in tokens (chunks of the configured 32 tokens, cut inside pages of 64), not in the
+// pool's pages; the paged consumer of the same pool gets whole pages.
+TEST(GraphFieldBugTest, Row5_LinearConsumerFromTheConfigIsPlannedInTokens) {
+  for (int64_t ps : {16, 64}) {
+    SCOPED_TRACE(::testing::Message() << "page size " << ps);
+    BatchFixture f = FullContext(ps, 2, 480);
+    for (SplitKvLayout layout : {SPLIT_KV_LAYOUT_LINEAR_PER_TOKEN, SPLIT_KV_LAYOUT_PAGED}) {
+      const bool linear = layout == SPLIT_KV_LAYOUT_LINEAR_PER_TOKEN;
+      GraphHarness h(MakeTestConfig(ps, {.max_batch_size = 2, .split_layout = layout}), f);
+      GraphState& g = h.state();
+      auto handle = g.Capture(2, ForwardMode::kDecode);
+      ASSERT_TRUE(handle.ok()) << handle.status();
+      auto r = g.Replay(*handle, ReplayBatch{f.rows(), f.kv_lens()});
+      ASSERT_TRUE(r.ok()) << r.status();
+      const TokenCount want_chunk(linear ? 32 : std::max<int64_t>(32, ps));
+      EXPECT_EQ(r->split_kv.chunk, want_chunk) << (linear ? "linear" : "paged");
+      ASSERT_GT(r->split_kv.reduce_items, 0) << "the batch must actually be split";
+      bool cut_inside_a_page = false;
+      for (int64_t k = 0; k < r->split_kv.work_items; ++k) {
+        const SplitKvWorkItem& w = g.buffers().split_kv.work[k];
+        EXPECT_EQ(w.kv_begin.value() % want_chunk.value(), 0) << "item " << k;
+        cut_inside_a_page |= w.kv_begin.value() % ps != 0;
+      }
+      EXPECT_EQ(cut_inside_a_page, linear && ps > 32);
+    }
+  }
 }
 
 // Row 12: the unified decode page table not copied under graph replay when page_size == 1;

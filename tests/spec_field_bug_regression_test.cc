@@ -102,9 +102,9 @@ TEST(SpecFieldBugTest, Row10_DraftDecodeAtFullContextWithTopK) {
     GraphHarness h(MakeTestConfig(ps, {.max_batch_size = bs, .max_context_len = ctx,
                                        .topk = shape.topk, .steps = shape.steps}),
                    f);
-    // The buggy plan: B * (ceil(ctx / ps) * ps + steps) per step, without top-k.
-    EXPECT_EQ(h.state().plan().Find("draft_kv_indices")->capacity,
-              shape.steps * bs * shape.topk * h.state().plan().draft_branch_tokens);
+    // steps x B x topk branches of ceil(192 / ps) * ps + steps = 195 tokens (192 is a multiple
+    // of every page size here); the buggy plan had B * 195 per step, without top-k.
+    EXPECT_EQ(h.state().plan().Find("draft_kv_indices")->capacity, 3 * 3 * 4 * 195);
     auto handle = h.state().Capture(bs, ForwardMode::kDraftDecode);
     ASSERT_TRUE(handle.ok()) << handle.status();
     auto r = h.state().Replay(*handle, ReplayBatch{f.rows(), seq_lens});

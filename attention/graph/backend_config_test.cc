@@ -22,6 +22,15 @@ TEST(BackendConfigTest, ParsesAndValidatesTextFormat) {
   EXPECT_TRUE(o.layout.paged());
   EXPECT_EQ(o.layout.block().tokens(), 16);
   EXPECT_EQ(o.num_units, 132);
+  // The linear layout (a consumer that reads K/V per token): planned in tokens, whatever the
+  // page size (DESIGN.md section 3, row 5).
+  BackendConfig linear = *c;
+  linear.mutable_consumers()->mutable_split_kv()->set_layout(SPLIT_KV_LAYOUT_LINEAR_PER_TOKEN);
+  const SplitKvOptions lo = ConfigSplitKvOptions(linear);
+  EXPECT_FALSE(lo.layout.paged());
+  EXPECT_EQ(lo.layout.block().tokens(), 1);
+  EXPECT_EQ(SplitKvChunk(lo), TokenCount(128));
+  EXPECT_EQ(SplitKvChunk(o), TokenCount(128));
   EXPECT_EQ(ParseBackendConfig("max_batch_size: banana").status().code(),
             absl::StatusCode::kInvalidArgument);
 }

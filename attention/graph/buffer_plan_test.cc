@@ -104,6 +104,7 @@ TEST(BufferPlanTest, Int32AddressabilityNamesTheBuffer) {
   c.mutable_speculative()->set_topk(8);
   c.mutable_speculative()->set_steps(3);
   s = ComputeBufferPlan(c, 8192).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
   EXPECT_EQ(std::string(s.message()).rfind("draft_kv_indices:", 0), 0u) << s;
   // The custom mask's offsets are int64: it may pass 2^31 bytes.
   c.mutable_speculative()->set_topk(0);

@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <random>
 #include <vector>
 
 #include "attention/metadata/builders.h"
+#include "attention/metadata/context_gather.h"
 #include "attention/metadata/testing/batch_fixture.h"
 #include "gtest/gtest.h"
 
@@ -213,6 +215,115 @@ TEST(ReferenceAttentionTest, BadSplitPlansWriteNothing) {
   EXPECT_EQ(ReferenceAttentionSplitKv(in, late, absl::MakeSpan(out)).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(out, std::vector<float>(q.size(), 7.0f)) << "out written before the error";
+}
+
+// Every check of the reference paths: a refused call names what is wrong and writes nothing
+// ("a broken array is an error status, never an out-of-bounds read").
+TEST(ReferenceAttentionTest, BadInputIsRefusedAndWritesNothing) {
+  BatchFixture f(16, 5);
+  f.AddSequence(40, 3);
+  f.AddSequence(20, 2);
+  auto m = BuildForwardMetadata(f.Batch(ForwardMode::kExtend), f.pool(), f.page_size());
+  ASSERT_TRUE(m.ok()) << m.status();
+  const int qh = 2, kvh = 1, dim = 4;
+  std::mt19937_64 rng(11);
+  const std::vector<float> k_pool = Random(f.pool_slots().value() * kvh * dim, rng);
+  const std::vector<float> v_pool = Random(k_pool.size(), rng);
+  const std::vector<float> q = Random(f.num_query_rows().value() * qh * dim, rng);
+  const ReferenceAttentionInputs good{{qh, kvh, dim}, m->view(), f.page_size(), q, k_pool, v_pool};
+  auto gather = GatherContextTokens(ContextGatherInputs{ForwardMode::kExtend, m->kv_indptr,
+                                                        m->kv_indices, m->kv_lens, f.pool_slots()});
+  ASSERT_TRUE(gather.ok()) << gather.status();
+  std::vector<float> out(q.size(), 7.0f);
+  ASSERT_TRUE(ReferenceAttentionTokenLevel(good, absl::MakeSpan(out)).ok());
+  ASSERT_TRUE(ReferenceAttentionPageTable(good, absl::MakeSpan(out)).ok());
+  ASSERT_TRUE(ReferenceAttentionGathered(good, *gather, absl::MakeSpan(out)).ok());
+
+  enum Path { kTokenLevel, kPageTable, kGathered };
+  struct Case {
+    const char* words;
+    Path path;
+    std::function<void(ReferenceAttentionInputs&, ContextGather&)> edit;
+    size_t out_size = 0;  // 0: q's size
+  };
+  // A pool that ends at the batch's highest slot: that slot is outside it.
+  int32_t highest = 0;
+  for (TokenSlot s : m->kv_indices) highest = std::max(highest, s.value());
+  const size_t fewer_slots = static_cast<size_t>(highest) * kvh * dim;
+  const std::vector<Case> cases = {
+      {"attention dims", kTokenLevel, [](auto& in, auto&) { in.dims.num_kv_heads = 3; }},
+      {"attention dims", kTokenLevel, [](auto& in, auto&) { in.dims.head_dim = 0; }},
+      {"K/V pools of", kTokenLevel, [](auto& in, auto&) { in.v_pool.remove_suffix(dim); }},
+      {"K/V pools of", kPageTable, [](auto& in, auto&) {
+         in.k_pool.remove_suffix(1);
+         in.v_pool.remove_suffix(1);
+       }},
+      {"q has", kTokenLevel, [](auto&, auto&) {}, q.size() - 1},
+      {"q has", kGathered, [](auto& in, auto&) { in.q.remove_suffix(1); }},
+      {"outside the allocatable pages", kTokenLevel, [&](auto& in, auto&) {
+         in.k_pool = absl::MakeConstSpan(k_pool).subspan(0, fewer_slots);
+         in.v_pool = absl::MakeConstSpan(v_pool).subspan(0, fewer_slots);
+       }},
+      {"needs a page table", kPageTable, [](auto& in, auto&) {
+         in.metadata.page_table = PageTableSpan<const PageId>();
+       }},
+      {"gather: cu_k must be", kGathered, [](auto&, auto& g) { g.cu_k.pop_back(); }},
+      {"gather: cu_k must be", kGathered, [](auto&, auto& g) { g.tok_idx.pop_back(); }},
+      {"gather: sequence 0 has 42 tokens, kv_len 43", kGathered, [](auto&, auto& g) {
+         g.cu_k[1] = TokenOffset(g.cu_k[1].value() - 1);
+       }},
+      {"gather: tok_idx[5] = slot", kGathered, [&](auto&, auto& g) {
+         g.tok_idx[5] = TokenSlot(static_cast<int32_t>(f.pool_slots().value()));
+       }},
+      {"gather: tok_idx[0] = slot -1", kGathered, [](auto&, auto& g) { g.tok_idx[0] = TokenSlot(-1); }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.words);
+    ReferenceAttentionInputs in = good;
+    ContextGather g = *gather;
+    c.edit(in, g);
+    std::vector<float> o(c.out_size != 0 ? c.out_size : in.q.size(), 7.0f);
+    absl::Status s;
+    switch (c.path) {
+      case kTokenLevel:
+        s = ReferenceAttentionTokenLevel(in, absl::MakeSpan(o));
+        break;
+      case kPageTable:
+        s = ReferenceAttentionPageTable(in, absl::MakeSpan(o));
+        break;
+      case kGathered:
+        s = ReferenceAttentionGathered(in, g, absl::MakeSpan(o));
+        break;
+    }
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(c.words), absl::string_view::npos) << s;
+    EXPECT_EQ(o, std::vector<float>(o.size(), 7.0f)) << "out written before the error";
+  }
+}
+
+TEST(DenseAttentionTest, BadShapesAreRefusedAndWriteNothing) {
+  const AttentionDims d{2, 1, 4};
+  const std::vector<float> q(2 * 2 * 4, 1.0f), k(3 * 4, 1.0f), v(3 * 4, 1.0f);
+  const std::vector<uint8_t> sees(2 * 3, 1);
+  std::vector<float> out(q.size(), 7.0f);
+  const std::vector<float> untouched = out;
+  auto words = [](const absl::Status& s) { return std::string(s.message()); };
+  ASSERT_TRUE(DenseAttention(d, q, k, v, absl::MakeSpan(out)).ok());
+  ASSERT_TRUE(DenseMaskedAttention(d, q, k, v, sees, absl::MakeSpan(out)).ok());
+  out = untouched;
+  EXPECT_EQ(words(DenseAttention({2, 3, 4}, q, k, v, absl::MakeSpan(out))).rfind("attention dims", 0), 0u);
+  EXPECT_EQ(words(DenseAttention(d, q, k, absl::MakeConstSpan(v).subspan(4), absl::MakeSpan(out))),
+            "dense attention: shapes disagree");
+  EXPECT_EQ(words(DenseAttention(d, q, k, v, absl::MakeSpan(out).subspan(1))),
+            "dense attention: shapes disagree");
+  EXPECT_EQ(words(DenseAttention(d, q, absl::MakeConstSpan(k).subspan(8),
+                                 absl::MakeConstSpan(v).subspan(8), absl::MakeSpan(out))),
+            "dense attention: q_len > kv_len");
+  const absl::Status masked =
+      DenseMaskedAttention(d, q, k, v, absl::MakeConstSpan(sees).subspan(1), absl::MakeSpan(out));
+  EXPECT_EQ(masked.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(words(masked), "dense masked attention: mask of 5 bytes, want 2 x 3");
+  EXPECT_EQ(out, untouched);
 }
 
 }  // namespace

@@ -28,11 +28,12 @@ class SnapshotTest : public ::testing::Test {
 
   // Corrupts a copy of the snapshot; CheckSnapshot must fail naming `array`.
   void ExpectRejected(const std::string& array,
-                      const std::function<void(MetadataSnapshot&)>& corrupt) {
+                      const std::function<void(MetadataSnapshot&)>& corrupt,
+                      absl::StatusCode code = absl::StatusCode::kInvalidArgument) {
     MetadataSnapshot s = good_;
     corrupt(s);
     const absl::Status st = CheckSnapshot(s);
-    EXPECT_FALSE(st.ok()) << array;
+    EXPECT_EQ(st.code(), code) << array << ": " << st;
     EXPECT_EQ(std::string(st.message()).rfind(array, 0), 0u)
         << "message should start with " << array << ": " << st.message();
   }
@@ -85,7 +86,8 @@ TEST_F(SnapshotTest, EveryCorruptedArrayIsNamed) {
   ExpectRejected("req_to_token", [](MetadataSnapshot& s) { *s.add_req_to_token() = s.req_to_token(0); });
   ExpectRejected("req_to_token", [](MetadataSnapshot& s) { s.set_max_context_len(int64_t{1} << 40); });
   ExpectRejected("req_to_token", [](MetadataSnapshot& s) { s.set_max_reqs(0); });
-  ExpectRejected("req_to_token row", [](MetadataSnapshot& s) { s.set_max_context_len(10); });
+  ExpectRejected("req_to_token row", [](MetadataSnapshot& s) { s.set_max_context_len(10); },
+                 absl::StatusCode::kOutOfRange);
   ExpectRejected("rebuilding", [](MetadataSnapshot& s) { s.set_mode("decode"); });
 }
 
@@ -209,7 +211,9 @@ TEST_F(SnapshotTest, InputsWithASlotHandedOutTwiceAreRefused) {
   const absl::Status st = CheckSnapshot(s);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(st.message().find("handed out twice"), absl::string_view::npos) << st;
-  EXPECT_FALSE(RewriteSnapshot(s).ok());
+  const absl::Status rewritten = RewriteSnapshot(s).status();
+  EXPECT_EQ(rewritten.code(), absl::StatusCode::kInvalidArgument) << rewritten;
+  EXPECT_NE(rewritten.message().find("handed out twice"), absl::string_view::npos) << rewritten;
 }
 
 // --rewrite: a snapshot recorded from a buggy engine (wrong arrays, good inputs) is
@@ -269,7 +273,10 @@ TEST(SnapshotMaskTest, TargetVerifyRecordsItsTreeAndMask) {
         << CheckSnapshot(moved);
     MetadataSnapshot other_tree = *snap;
     (*other_tree.mutable_tree_mask())[4] = 0;  // request 0's row 1 no longer sees itself
-    EXPECT_FALSE(CheckSnapshot(other_tree).ok());
+    EXPECT_EQ(std::string(CheckSnapshot(other_tree).message())
+                  .rfind("rebuilding from the recorded inputs: custom_mask", 0),
+              0u)
+        << CheckSnapshot(other_tree);
     MetadataSnapshot bad_layout = *snap;
     bad_layout.set_mask_layout("diagonal");
     EXPECT_EQ(std::string(CheckSnapshot(bad_layout).message()).rfind("mask_layout", 0), 0u)

@@ -22,7 +22,7 @@ BackendConfig MakeTestConfig(int64_t page_size, const TestConfigOptions& o) {
   split->set_num_units(7);
   split->set_kv_granularity(32);
   split->set_q_tile(4);
-  split->set_layout(SPLIT_KV_LAYOUT_PAGED);
+  split->set_layout(o.split_layout);
   c.mutable_speculative()->set_draft_tokens(o.draft_tokens);
   c.mutable_speculative()->set_topk(o.topk);
   c.mutable_speculative()->set_steps(o.steps);

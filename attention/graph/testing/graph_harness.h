@@ -41,6 +41,7 @@ struct TestConfigOptions {
   int64_t max_context_len = 512;
   bool page_table = true;
   bool split_kv = true;
+  SplitKvLayout split_layout = SPLIT_KV_LAYOUT_PAGED;
   int32_t draft_tokens = 0;
   int32_t topk = 0;
   int32_t steps = 0;
@@ -49,7 +50,7 @@ struct TestConfigOptions {
 };
 
 // A valid config for `page_size` (4 query heads, head_dim 8, bf16; split-KV over 7 units,
-// 32-token granularity, 4-row tiles, paged layout).
+// 32-token granularity, 4-row tiles, the paged layout unless options say otherwise).
 BackendConfig MakeTestConfig(int64_t page_size, const TestConfigOptions& options = {});
 
 class GraphHarness {
