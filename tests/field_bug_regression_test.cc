@@ -54,7 +54,7 @@ class FieldBugTest : public ::testing::Test {
 
 // Row 3: max_kv_len taken as page_table_cols * page_size.
 TEST_F(FieldBugTest, Row3_MaxKvLenComesFromRealLengths) {
-  const int64_t buggy_max_kv_len = m_.page_table.cols() * f_.page_size().tokens();
+  const int64_t buggy_max_kv_len = m_.page_table.cols().value() * f_.page_size().tokens();
   EXPECT_EQ(m_.max_kv_len, TokenCount(321));
   ASSERT_NE(buggy_max_kv_len, m_.max_kv_len.value()) << "the negative control must differ";
   EXPECT_TRUE(ValidateForwardMetadata(m_.view(), Context()).ok());

@@ -161,7 +161,7 @@ class ForwardStepGpuTest : public testing::GpuTest,
     }
     return DecodePageTableKv{
         DeviceSpan<const PageId>(m.page_table.entries().data(), m.page_table.entries().size()),
-        PageCount(m.page_table.cols()),
+        m.page_table.cols(),
         DeviceSpan<const TokenLength>(m.kv_lens.data(), m.kv_lens.size()),
         fixture_->page_size()};
   }
@@ -344,8 +344,8 @@ TEST_P(ForwardStepGpuTest, DecodeOverReplayedDeviceMetadataMatchesTheMath) {
           DeviceSpan<const TokenSlot>(buffers.kv_indices.data(), buffers.kv_indices.size())};
     } else {
       bucket.kv = DecodePageTableKv{DeviceSpan<const PageId>(buffers.page_table.entries().data(),
-                                                             kBucket * buffers.page_table.cols()),
-                                    PageCount(buffers.page_table.cols()),
+                                                             kBucket * buffers.page_table.cols().value()),
+                                    buffers.page_table.cols(),
                                     DeviceSpan<const TokenLength>(buffers.kv_lens.data(), kBucket),
                                     f.page_size()};
     }

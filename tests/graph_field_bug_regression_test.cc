@@ -76,11 +76,16 @@ TEST(GraphFieldBugTest, Row1_TokenBuffersAreSizedInTokens) {
 // Row 2: the page table taken as a view of the token buffer. Here it is its own type (a
 // token span does not convert to it) and its own buffer.
 TEST(GraphFieldBugTest, Row2_PageTableIsItsOwnBufferAndType) {
-  // A token-level span cannot make a page table; a page-level span can.
+  // A token-level span cannot make a page table, nor can a token count be its width; a
+  // page-level span of PageCount columns can.
   static_assert(!std::is_invocable_v<decltype(&PageTableSpan<PageId>::Create),
-                                     absl::Span<TokenSlot>, int64_t, int64_t>);
+                                     absl::Span<TokenSlot>, int64_t, PageCount>);
+  static_assert(!std::is_invocable_v<decltype(&PageTableSpan<PageId>::Create),
+                                     absl::Span<PageId>, int64_t, TokenCount>);
+  static_assert(!std::is_invocable_v<decltype(&PageTableSpan<PageId>::Create),
+                                     absl::Span<PageId>, int64_t, int64_t>);
   static_assert(std::is_invocable_v<decltype(&PageTableSpan<PageId>::Create),
-                                    absl::Span<PageId>, int64_t, int64_t>);
+                                    absl::Span<PageId>, int64_t, PageCount>);
   const int64_t ps = 16, ctx = 200;
   const BatchFixture f = FullContext(ps, 3, ctx);
   GraphHarness h(MakeTestConfig(ps, {.max_batch_size = 3, .max_context_len = ctx}), f);

@@ -50,7 +50,7 @@ TEST(SpecFieldBugTest, Row7_VerifyAtFullContextFitsTheGraphBuffers) {
                                        .draft_tokens = n}),
                    f);
     // The buggy plan: rows of ceil(ctx / ps) * ps slots, without the n draft slots.
-    EXPECT_EQ(h.state().plan().kv_row_tokens, (ctx + ps - 1) / ps * ps + n);
+    EXPECT_EQ(h.state().plan().kv_row_tokens, TokenCount((ctx + ps - 1) / ps * ps + n));
     auto handle = h.state().Capture(bs, ForwardMode::kTargetVerify);
     ASSERT_TRUE(handle.ok()) << handle.status();
     auto r = h.state().Replay(*handle, ReplayBatch{f.rows(), f.kv_lens(), {}, tree->sees});

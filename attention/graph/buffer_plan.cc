@@ -68,12 +68,10 @@ absl::StatusOr<BufferPlan> ComputeBufferPlan(const BackendConfig& c, int64_t bat
   }
   namespace gb = graph_buffer;
   const int64_t b = batch_capacity;
-  const int64_t ps = c.page_size();
-  const int64_t ctx_slots = ContextRowTokens(c).value();
   const int64_t draft = c.speculative().draft_tokens();
   BufferPlan plan;
   plan.batch_capacity = b;
-  plan.kv_row_tokens = KvRowTokens(c).value();
+  plan.kv_row_tokens = KvRowTokens(c);
 
   // Adds a buffer of `element`s whose capacity is the product of `factors`.
   auto add = [&](absl::string_view name, BufferElement element, absl::string_view shape,
@@ -97,14 +95,15 @@ absl::StatusOr<BufferPlan> ComputeBufferPlan(const BackendConfig& c, int64_t bat
            add(gb::kQoIndptr, E::kInt32, "[B + 1]", {b + 1}),
            add(gb::kKvLastPageLen, E::kInt32, "[B]", {b}),
            add(gb::kKvIndices, E::kInt32, "[B * (ceil(ctx / ps) * ps + draft_tokens)]",
-               {b, plan.kv_row_tokens}),
+               {b, plan.kv_row_tokens.value()}),
        }) {
     if (!s.ok()) return s;
   }
   if (c.consumers().page_table()) {
-    plan.page_table_cols = CeilDiv(c.max_context_len() + draft, ps);
+    plan.page_table_cols =
+        PagesForTokensCeil(TokenCount(c.max_context_len() + draft), ConfigPageSize(c));
     if (absl::Status s = add(gb::kPageTable, E::kInt32, "[B][ceil((ctx + draft_tokens) / ps)]",
-                             {b, plan.page_table_cols});
+                             {b, plan.page_table_cols.value()});
         !s.ok()) {
       return s;
     }
@@ -125,7 +124,7 @@ absl::StatusOr<BufferPlan> ComputeBufferPlan(const BackendConfig& c, int64_t bat
   if (c.speculative().topk() > 0) {
     const int64_t topk = c.speculative().topk();
     const int64_t steps = c.speculative().steps();
-    plan.draft_branch_tokens = ctx_slots + steps;
+    plan.draft_branch_tokens = ContextRowTokens(c) + TokenCount(steps);
     // Each step's offsets start at 0 in its own part of the buffer, but the whole buffer is
     // kept int32-addressable too, so a kernel may index it flat.
     for (absl::Status s : {
@@ -135,7 +134,7 @@ absl::StatusOr<BufferPlan> ComputeBufferPlan(const BackendConfig& c, int64_t bat
              add(gb::kDraftKvLastPageLen, E::kInt32, "[steps][B * topk]", {steps, b, topk}),
              add(gb::kDraftKvIndices, E::kInt32,
                  "[steps][B * topk * (ceil(ctx / ps) * ps + steps)]",
-                 {steps, b, topk, plan.draft_branch_tokens}),
+                 {steps, b, topk, plan.draft_branch_tokens.value()}),
          }) {
       if (!s.ok()) return s;
     }
@@ -178,7 +177,8 @@ std::string PlanTable(const BufferPlan& plan) {
   absl::StrAppendFormat(&out, "%-22s %-12s %-48s %14s %16d\n", "total", "", "", "",
                         plan.total_bytes);
   absl::StrAppendFormat(&out, "B = %d requests, R = %d slots per request, C = %d pages\n",
-                        plan.batch_capacity, plan.kv_row_tokens, plan.page_table_cols);
+                        plan.batch_capacity, plan.kv_row_tokens.value(),
+                        plan.page_table_cols.value());
   return out;
 }
 

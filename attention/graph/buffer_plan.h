@@ -41,6 +41,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "attention/graph/backend_config.h"
+#include "kvcache/units.h"
 
 namespace attnmeta {
 
@@ -82,9 +83,9 @@ struct BufferSpec {
 
 struct BufferPlan {
   int64_t batch_capacity = 0;     // B
-  int64_t kv_row_tokens = 0;      // R: token slots per request in kv_indices
-  int64_t page_table_cols = 0;    // C, 0 without a page table
-  int64_t draft_branch_tokens = 0;  // per draft-decode step, token slots per branch; 0 without
+  TokenCount kv_row_tokens;        // R: token slots per request in kv_indices
+  PageCount page_table_cols;       // C, 0 without a page table
+  TokenCount draft_branch_tokens;  // per draft-decode step, token slots per branch; 0 without
   std::vector<BufferSpec> buffers;
   int64_t total_bytes = 0;
 

@@ -53,9 +53,9 @@ TEST(BufferPlanTest, RealisticConfigMatchesHandComputedSizes) {
     total += it->second.second;
   }
   EXPECT_EQ(plan->total_bytes, total);
-  EXPECT_EQ(plan->kv_row_tokens, 32772);
-  EXPECT_EQ(plan->page_table_cols, 2049);
-  EXPECT_EQ(plan->draft_branch_tokens, 32771);
+  EXPECT_EQ(plan->kv_row_tokens, TokenCount(32772));
+  EXPECT_EQ(plan->page_table_cols, PageCount(2049));
+  EXPECT_EQ(plan->draft_branch_tokens, TokenCount(32771));
   EXPECT_FALSE(plan->Find("custom_mask")->int32_addressed);
 }
 
@@ -70,7 +70,7 @@ TEST(BufferPlanTest, OptionalBuffersFollowTheConfig) {
   EXPECT_EQ(plan->Find("page_table"), nullptr);
   EXPECT_EQ(plan->Find("custom_mask"), nullptr);
   EXPECT_EQ(plan->Find("kv_indices")->capacity, 8 * 32768);
-  EXPECT_EQ(plan->page_table_cols, 0);
+  EXPECT_EQ(plan->page_table_cols, PageCount(0));
   EXPECT_EQ(ComputeBufferPlan(c, 0).status().code(), absl::StatusCode::kInvalidArgument);
   c.set_max_batch_size(0);
   EXPECT_EQ(ComputeBufferPlan(c, 8).status().code(), absl::StatusCode::kInvalidArgument);
@@ -83,8 +83,8 @@ TEST(BufferPlanTest, RowsRoundUpToWholePages) {
   c.set_page_size(7);
   auto plan = ComputeBufferPlan(c, 3);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->kv_row_tokens, 1001 + 4);           // ceil(1000 / 7) = 143 pages = 1001
-  EXPECT_EQ(plan->page_table_cols, 144);              // ceil(1004 / 7)
+  EXPECT_EQ(plan->kv_row_tokens, TokenCount(1001 + 4));  // ceil(1000 / 7) = 143 pages = 1001
+  EXPECT_EQ(plan->page_table_cols, PageCount(144));   // ceil(1004 / 7)
   EXPECT_EQ(plan->Find("kv_indices")->capacity, 3 * 1005);
 }
 

@@ -126,7 +126,7 @@ void GraphState::BuildViews() {
   v.qo_indptr = Typed<TokenOffset>(buffer(gb::kQoIndptr));
   v.kv_last_page_len = Typed<TokenLength>(buffer(gb::kKvLastPageLen));
   v.kv_indices = Typed<TokenSlot>(buffer(gb::kKvIndices));
-  if (plan_.page_table_cols > 0) {
+  if (plan_.page_table_cols > PageCount(0)) {
     v.page_table = *PageTableSpan<PageId>::Create(Typed<PageId>(buffer(gb::kPageTable)),
                                                   plan_.batch_capacity, plan_.page_table_cols);
   }
@@ -137,7 +137,9 @@ void GraphState::BuildViews() {
   v.mask_indptr = Typed<int64_t>(buffer(gb::kMaskIndptr));
   v.custom_mask = Typed<uint8_t>(buffer(gb::kCustomMask));
   v.draft_qo_indptr = Typed<TokenOffset>(buffer(gb::kDraftQoIndptr));
-  const int64_t steps = plan_.draft_branch_tokens > 0 ? config_.speculative().steps() : 0;
+  const int64_t steps =
+      plan_.draft_branch_tokens > TokenCount(0) ? config_.speculative().steps() : 0;
+  const int64_t branch_tokens = plan_.draft_branch_tokens.value();
   const size_t branches = static_cast<size_t>(plan_.batch_capacity) * config_.speculative().topk();
   for (int64_t step = 0; step < steps; ++step) {
     v.draft_steps.push_back(DraftStepBuffers{
@@ -145,8 +147,7 @@ void GraphState::BuildViews() {
         Typed<TokenLength>(buffer(gb::kDraftKvLens)).subspan(step * branches, branches),
         Typed<TokenLength>(buffer(gb::kDraftKvLastPageLen)).subspan(step * branches, branches),
         Typed<TokenSlot>(buffer(gb::kDraftKvIndices))
-            .subspan(step * branches * plan_.draft_branch_tokens,
-                     branches * plan_.draft_branch_tokens)});
+            .subspan(step * branches * branch_tokens, branches * branch_tokens)});
   }
   views_ = std::move(v);
   draft_step_views_.assign(steps, ForwardMetadataView{});
@@ -217,7 +218,7 @@ absl::Status GraphState::CheckShape(int64_t bucket, ForwardMode mode, TokenLengt
       }
       break;
     case ForwardMode::kDraftDecode:
-      if (plan_.draft_branch_tokens == 0 || config_.speculative().steps() < 1) {
+      if (plan_.draft_branch_tokens == TokenCount(0) || config_.speculative().steps() < 1) {
         return absl::FailedPreconditionError(
             "draft_decode capture: the config plans no draft-decode (speculative.topk, steps)");
       }
@@ -415,11 +416,12 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
     }
   }
   const bool page_table = config_.consumers().page_table() && !draft_decode;
-  const int64_t pages = PagesForTokensCeil(TokenCount(longest), page_size_).value();
+  const PageCount pages = PagesForTokensCeil(TokenCount(longest), page_size_);
   if (page_table && pages > views_.page_table.cols()) {
-    return absl::ResourceExhaustedError(absl::StrCat(gb::kPageTable, ": a row needs ", pages,
-                                                     " pages, capacity ",
-                                                     views_.page_table.cols(), " columns"));
+    return absl::ResourceExhaustedError(absl::StrCat(gb::kPageTable, ": a row needs ",
+                                                     pages.value(), " pages, capacity ",
+                                                     views_.page_table.cols().value(),
+                                                     " columns"));
   }
   if (config_.consumers().split_kv().enabled() && !draft_decode) {
     const int64_t q_tile = config_.consumers().split_kv().q_tile();

@@ -52,8 +52,8 @@ absl::Status CheckLaunchedMetadata(const CheckedMetadata& checked,
       return absl::InvalidArgumentError(
           "checked mode: the launch reads K/V through a page table, the host metadata has none");
     }
-    if (m.page_table.cols() != launch.page_table_cols.value()) {
-      return Mismatch("page table width (columns)", m.page_table.cols(),
+    if (m.page_table.cols() != launch.page_table_cols) {
+      return Mismatch("page table width (columns)", m.page_table.cols().value(),
                       launch.page_table_cols.value());
     }
     if (ctx.page_size != launch.page_size) {

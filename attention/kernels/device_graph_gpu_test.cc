@@ -179,7 +179,7 @@ TEST_P(DeviceGraphTest, ReplaysEqualTheHostWriterAndARegrowRecaptures) {
         std::vector<std::pair<std::string, int64_t>> written = {
             {"kv_indptr", (bucket + 1) * 4}, {"qo_indptr", (bucket + 1) * 4},
             {"kv_last_page_len", bucket * 4}, {"kv_indices", total * 4},
-            {"page_table", bucket * host.state().plan().page_table_cols * 4}};
+            {"page_table", bucket * host.state().plan().page_table_cols.value() * 4}};
         // The split-KV plan, written on the device, and its counts, computed on the host.
         EXPECT_EQ(dr->split_kv.chunk, hr->split_kv.chunk);
         EXPECT_EQ(dr->split_kv.work_items, hr->split_kv.work_items);
@@ -348,7 +348,7 @@ TEST_P(DeviceGraphTest, ReplaysQueuedAheadOfTheGpuEachWriteTheirOwnBatch) {
     ASSERT_TRUE(hr.ok()) << hr.status();
     const int64_t total = hr->metadata.kv_indptr.back().value() + (kBucket - bs);
     const int64_t bytes[] = {(kBucket + 1) * 4, kBucket * 4, total * 4,
-                             kBucket * host.state().plan().page_table_cols * 4};
+                             kBucket * host.state().plan().page_table_cols.value() * 4};
     for (size_t k = 0; k < names.size(); ++k) {
       want[step].push_back(Bytes(host.state(), host.memory(), names[k], bytes[k]));
       auto copy = DeviceBuffer<uint8_t>::Create(bytes[k]);

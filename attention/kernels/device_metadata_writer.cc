@@ -79,10 +79,11 @@ absl::Status CheckFits(const MetadataWriteRequest& r, const GraphBuffers& b) {
   }
   // The fused launch takes an empty page table for none: a request for one needs its rows.
   if (r.page_table && r.mode != ForwardMode::kDraftDecode &&
-      (b.page_table.cols() < 1 || b.page_table.rows() < padded)) {
+      (b.page_table.cols() < PageCount(1) || b.page_table.rows() < padded)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "device metadata writer: the request asks for the page table, whose buffer is ",
-        b.page_table.rows(), " x ", b.page_table.cols(), " for a padded batch of ", padded));
+        b.page_table.rows(), " x ", b.page_table.cols().value(), " for a padded batch of ",
+        padded));
   }
   if (r.mask_layout != MaskLayout::kNone) {
     return fits("mask_indptr", b.mask_indptr.size(), padded + 1);
@@ -185,7 +186,7 @@ absl::Status DeviceMetadataWriter::Launch(const MetadataWriteRequest& r, const G
     if (r.page_table) {
       a.page_table =
           DeviceSpan<PageId>(b.page_table.entries().data(), b.page_table.entries().size());
-      a.page_table_cols = PageCount(b.page_table.cols());
+      a.page_table_cols = b.page_table.cols();
     }
     // The grid covers the longest row req_to_token holds, so that one capture serves any batch.
     a.max_kv_len = req_to_token_.max_context_len;

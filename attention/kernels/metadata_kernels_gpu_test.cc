@@ -99,7 +99,7 @@ TEST_P(PageSizeGpuTest, PageTableEqualsTheHostBuilderAndKeepsRowsPastTheBatch) {
   const BatchFixture f = MakeBatch(GetParam(), 20, 700, 1, 10 + GetParam());
   const int64_t bs = 20;
   const int64_t cols = (720 + GetParam() - 1) / GetParam() + 3;
-  PageTable want(bs, cols);
+  PageTable want(bs, PageCount(cols));
   ASSERT_TRUE(BuildPageTable(f.pool(), f.rows(), f.kv_lens(), f.page_size(), want.span()).ok());
   DeviceBuffer<TokenSlot> table = Upload(std::vector<TokenSlot>{});
   const DeviceReqToToken src = DeviceTable(f, table);
@@ -167,7 +167,7 @@ void ExpectFusedEqualsTheHostWriter(GpuTest& test, int64_t ps, int real, int64_t
     hb.qo_indptr = absl::MakeSpan(h_qo_indptr);
     hb.kv_last_page_len = absl::MakeSpan(h_last);
     hb.kv_indices = absl::MakeSpan(h_indices);
-    hb.page_table = *PageTableSpan<PageId>::Create(absl::MakeSpan(h_table), padded, cols);
+    hb.page_table = *PageTableSpan<PageId>::Create(absl::MakeSpan(h_table), padded, PageCount(cols));
     MetadataWriteRequest req;
     req.mode = q == 1 ? ForwardMode::kDecode : ForwardMode::kExtend;
     req.real_batch_size = real;

@@ -212,7 +212,7 @@ TEST_F(PagedDecodeArgsTest, WithoutAPlanEachSequenceIsOneItem) {
   EXPECT_EQ(launch->attention.work, nullptr);
   EXPECT_EQ(launch->attention.kv.page_level, 1);
   EXPECT_EQ(launch->attention.kv.page_size, 16);
-  EXPECT_EQ(launch->attention.kv.page_table_cols, metadata_.page_table.cols());
+  EXPECT_EQ(launch->attention.kv.page_table_cols, metadata_.page_table.cols().value());
   EXPECT_EQ(launch->attention.kv.kv_lens,
             reinterpret_cast<const int32_t*>(metadata_.kv_lens.data()));
   EXPECT_FALSE(launch->merge_launch);

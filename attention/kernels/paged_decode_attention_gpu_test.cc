@@ -170,7 +170,7 @@ DeviceProblem ToDevice(const Problem& p) {
                        Upload(p.metadata.kv_indices),
                        Upload(std::vector<PageId>(table.begin(), table.end())),
                        Upload(p.metadata.kv_lens),
-                       PageCount(p.metadata.page_table.cols()),
+                       p.metadata.page_table.cols(),
                        p.fixture->page_size()};
 }
 
@@ -506,7 +506,7 @@ TEST_F(DecodeGpuTest, EmptySequencesWriteZerosAndMinusInfinity) {
                                              TokenOffset(a + b), TokenOffset(a + b)};
     const std::vector<TokenLength> lens = {TokenLength(a), TokenLength(0), TokenLength(b),
                                            TokenLength(0)};
-    const int64_t cols = p.metadata.page_table.cols();
+    const int64_t cols = p.metadata.page_table.cols().value();
     std::vector<PageId> table(4 * cols, kPaddingPage);
     std::copy_n(p.metadata.page_table.span().row(0).begin(), cols, table.begin());
     std::copy_n(p.metadata.page_table.span().row(1).begin(), cols, table.begin() + 2 * cols);

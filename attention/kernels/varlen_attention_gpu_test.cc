@@ -317,7 +317,7 @@ DeviceProblem ToDevice(const Problem& p) {
                        Upload(m.kv_lens),
                        Upload(m.custom_mask),
                        Upload(m.mask_indptr),
-                       PageCount(m.page_table.cols()),
+                       m.page_table.cols(),
                        p.fixture->page_size(),
                        m.mask_layout,
                        m.max_q_len};
@@ -334,7 +334,7 @@ DeviceProblem ToDeviceWithEmptySequence(const Problem& p, int64_t at) {
   kv.insert(kv.begin() + at, kv[at]);
   std::vector<TokenLength> lens(m.kv_lens);
   lens.insert(lens.begin() + at, lens[at]);
-  const int64_t cols = m.page_table.cols();
+  const int64_t cols = m.page_table.cols().value();
   const absl::Span<const PageId> entries = m.page_table.span().entries();
   std::vector<PageId> table(entries.begin(), entries.end());
   table.insert(table.begin() + at * cols, entries.begin() + at * cols, entries.begin() + (at + 1) * cols);
@@ -602,7 +602,7 @@ TEST_F(VarlenGpuTest, EmptySequencesAndSequencesWithoutRows) {
                                          TokenOffset(a + b), TokenOffset(a + b + c)};
     const std::vector<TokenLength> lens = {TokenLength(a), TokenLength(0), TokenLength(b),
                                            TokenLength(c)};
-    const int64_t cols = m.page_table.cols();
+    const int64_t cols = m.page_table.cols().value();
     std::vector<PageId> table(4 * cols, kPaddingPage);
     std::copy_n(m.page_table.span().row(0).begin(), cols, table.begin());
     std::copy_n(m.page_table.span().row(1).begin(), cols, table.begin() + 2 * cols);
@@ -1051,7 +1051,7 @@ TEST_F(GuardVarlenGpuTest, SlotsOutsideThePoolAreSkippedAndRecorded) {
   // A page outside the pool, through the page table (row 1's first page).
   std::vector<PageId> table(p.metadata.page_table.span().entries().begin(),
                             p.metadata.page_table.span().entries().end());
-  table[p.metadata.page_table.cols()] = PageId(1 << 29);
+  table[p.metadata.page_table.cols().value()] = PageId(1 << 29);
   DeviceProblem e = ToDevice(p);
   e.page_table = Upload(table);
   for (VarlenKernel kernel : kTiledKernels) {

@@ -118,11 +118,11 @@ absl::Status BuildPageTable(const ReqToTokenPool& pool, absl::Span<const ReqPool
       return s;
     }
   }
-  const int64_t need_cols = PagesForTokensCeil(MaxLength(kv_lens), page_size).value();
+  const PageCount need_cols = PagesForTokensCeil(MaxLength(kv_lens), page_size);
   if (out.rows() < static_cast<int64_t>(bs) || out.cols() < need_cols) {
     return absl::InvalidArgumentError(absl::StrCat("page table output is [", out.rows(), "][",
-                                                   out.cols(), "], the batch needs [", bs, "][",
-                                                   need_cols, "]"));
+                                                   out.cols().value(), "], the batch needs [",
+                                                   bs, "][", need_cols.value(), "]"));
   }
   const int64_t ps = page_size.tokens();
   for (size_t i = 0; i < bs; ++i) {
@@ -199,8 +199,7 @@ absl::StatusOr<ForwardMetadata> BuildForwardMetadata(const ForwardBatch& batch,
   m.max_q_len = MaxLength(batch.q_lens);
   m.max_kv_len = MaxLength(batch.kv_lens);
   if (options.page_table) {
-    m.page_table = PageTable(static_cast<int64_t>(bs),
-                             PagesForTokensCeil(m.max_kv_len, page_size).value());
+    m.page_table = PageTable(static_cast<int64_t>(bs), PagesForTokensCeil(m.max_kv_len, page_size));
     if (absl::Status s =
             BuildPageTable(pool, batch.req_rows, batch.kv_lens, page_size, m.page_table.span());
         !s.ok()) {

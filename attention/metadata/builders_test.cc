@@ -131,7 +131,7 @@ TEST(BuildPageTableTest, PagesThenPadding) {
     f.AddSequence(0, 1);
     const std::vector<TokenLength>& lens = f.kv_lens();
     const int64_t cols = PagesForTokensCeil(MaxLength(lens), f.page_size()).value() + 2;
-    PageTable table(3, cols);
+    PageTable table(3, PageCount(cols));
     // A reused buffer holds stale pages everywhere; row 2 is past the batch and must keep
     // them, rows 0 and 1 get the padding page past their own pages.
     std::fill(table.span().entries().begin(), table.span().entries().end(), PageId(99));
@@ -146,7 +146,7 @@ TEST(BuildPageTableTest, PagesThenPadding) {
       }
     }
     for (PageId p : table.span().row(2)) ASSERT_EQ(p, PageId(99));
-    PageTable narrow(2, cols - 3);
+    PageTable narrow(2, PageCount(cols - 3));
     EXPECT_EQ(BuildPageTable(f.pool(), f.rows(), lens, f.page_size(), narrow.span()).code(),
               absl::StatusCode::kInvalidArgument);
   }
@@ -179,7 +179,7 @@ TEST(BuildForwardMetadataTest, ExtendWithPrefixIsValidInCheckedMode) {
   EXPECT_EQ(m->max_q_len, TokenCount(70));
   EXPECT_EQ(m->qo_indptr.back(), TokenOffset(78));
   EXPECT_EQ(m->kv_indptr.back(), TokenOffset(42 + 70 + 43));
-  EXPECT_EQ(m->page_table.cols(), 5);
+  EXPECT_EQ(m->page_table.cols(), PageCount(5));
   // Prefix reuse: sequence 2's first 32 slots are sequence 0's.
   EXPECT_EQ(std::vector<TokenSlot>(m->kv_indices.begin(), m->kv_indices.begin() + 32),
             std::vector<TokenSlot>(m->kv_indices.begin() + 112, m->kv_indices.begin() + 144));

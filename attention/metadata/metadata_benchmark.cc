@@ -87,7 +87,7 @@ void BM_BuildAllArrays(benchmark::State& state) {
   std::vector<TokenOffset> kv_indptr(bs + 1), qo_indptr(bs + 1);
   std::vector<TokenSlot> kv_indices(bs * kCtx);
   std::vector<TokenLength> last_page(bs);
-  PageTable table(static_cast<int64_t>(bs), PagesForTokensCeil(TokenCount(kCtx), d.ps).value());
+  PageTable table(static_cast<int64_t>(bs), PagesForTokensCeil(TokenCount(kCtx), d.ps));
   for (auto _ : state) {
     bool ok = BuildIndptr(d.kv_lens, absl::MakeSpan(kv_indptr)).ok() &&
               BuildIndptr(d.q_lens, absl::MakeSpan(qo_indptr)).ok() &&

@@ -68,15 +68,16 @@ TEST_F(MetadataDiffTest, EveryArrayIsCompared) {
 
 TEST_F(MetadataDiffTest, WiderPageTableMustBePaddedPastTheRows) {
   const PageTableSpan<const PageId> want = want_.page_table.span();
-  std::vector<PageId> wide(want.rows() * (want.cols() + 2), kPaddingPage);
+  const int64_t cols = want.cols().value();
+  std::vector<PageId> wide(want.rows() * (cols + 2), kPaddingPage);
   for (int64_t i = 0; i < want.rows(); ++i) {
-    for (int64_t j = 0; j < want.cols(); ++j) wide[i * (want.cols() + 2) + j] = want.row(i)[j];
+    for (int64_t j = 0; j < cols; ++j) wide[i * (cols + 2) + j] = want.row(i)[j];
   }
   ForwardMetadataView got = want_.view();
-  got.page_table =
-      *PageTableSpan<const PageId>::Create(absl::MakeConstSpan(wide), want.rows(), want.cols() + 2);
+  got.page_table = *PageTableSpan<const PageId>::Create(absl::MakeConstSpan(wide), want.rows(),
+                                                        want.cols() + PageCount(2));
   EXPECT_TRUE(DiffMetadata(got, want_.view()).ok());
-  wide[want.cols() + 1] = PageId(5);
+  wide[cols + 1] = PageId(5);
   const absl::Status s = DiffMetadata(got, want_.view());
   EXPECT_TRUE(absl::StartsWith(s.message(), "page_table row 0[")) << s;
 }
@@ -88,7 +89,8 @@ TEST_F(MetadataDiffTest, WantTableShorterThanTheBatchIsAnError) {
   ASSERT_GE(want.rows(), 2);
   ForwardMetadataView short_want = want_.view();
   short_want.page_table = *PageTableSpan<const PageId>::Create(
-      want.entries().subspan(0, (want.rows() - 1) * want.cols()), want.rows() - 1, want.cols());
+      want.entries().subspan(0, (want.rows() - 1) * want.cols().value()), want.rows() - 1,
+      want.cols());
   const absl::Status s = DiffMetadata(want_.view(), short_want);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   // Named as the reference's shortfall, not as a difference in the row past its end.

@@ -26,30 +26,33 @@ class PageTableSpan {
  public:
   PageTableSpan() = default;
   // InvalidArgument unless rows >= 0, cols >= 0 and storage holds rows * cols entries.
-  static absl::StatusOr<PageTableSpan> Create(absl::Span<T> storage, int64_t rows, int64_t cols) {
-    if (rows < 0 || cols < 0 || (cols > 0 && rows > static_cast<int64_t>(storage.size()) / cols)) {
-      return absl::InvalidArgumentError(absl::StrCat("page table [", rows, "][", cols,
+  static absl::StatusOr<PageTableSpan> Create(absl::Span<T> storage, int64_t rows, PageCount cols) {
+    const int64_t c = cols.value();
+    if (rows < 0 || c < 0 || (c > 0 && rows > static_cast<int64_t>(storage.size()) / c)) {
+      return absl::InvalidArgumentError(absl::StrCat("page table [", rows, "][", c,
                                                      "] does not fit in ", storage.size(),
                                                      " entries"));
     }
-    return PageTableSpan(storage.subspan(0, rows * cols), rows, cols);
+    return PageTableSpan(storage.subspan(0, rows * c), rows, cols);
   }
   // A mutable span converts to a const one.
   template <typename U, typename = std::enable_if_t<std::is_same_v<const U, T>>>
   PageTableSpan(PageTableSpan<U> o) : entries_(o.entries()), rows_(o.rows()), cols_(o.cols()) {}
 
   int64_t rows() const { return rows_; }
-  int64_t cols() const { return cols_; }
+  PageCount cols() const { return cols_; }
   // REQUIRES: 0 <= i < rows().
-  absl::Span<T> row(int64_t i) const { return entries_.subspan(i * cols_, cols_); }
+  absl::Span<T> row(int64_t i) const {
+    return entries_.subspan(i * cols_.value(), cols_.value());
+  }
   absl::Span<T> entries() const { return entries_; }
 
  private:
-  PageTableSpan(absl::Span<T> entries, int64_t rows, int64_t cols)
+  PageTableSpan(absl::Span<T> entries, int64_t rows, PageCount cols)
       : entries_(entries), rows_(rows), cols_(cols) {}
   absl::Span<T> entries_;
   int64_t rows_ = 0;
-  int64_t cols_ = 0;
+  PageCount cols_;
 };
 
 // An owned page table.
@@ -57,11 +60,11 @@ class PageTable {
  public:
   PageTable() = default;
   // REQUIRES: rows >= 0, cols >= 0. Every entry starts as kPaddingPage.
-  PageTable(int64_t rows, int64_t cols)
-      : entries_(static_cast<size_t>(rows * cols), kPaddingPage), rows_(rows), cols_(cols) {}
+  PageTable(int64_t rows, PageCount cols)
+      : entries_(static_cast<size_t>(rows * cols.value()), kPaddingPage), rows_(rows), cols_(cols) {}
 
   int64_t rows() const { return rows_; }
-  int64_t cols() const { return cols_; }
+  PageCount cols() const { return cols_; }
   PageTableSpan<PageId> span() {
     return *PageTableSpan<PageId>::Create(absl::MakeSpan(entries_), rows_, cols_);
   }
@@ -72,7 +75,7 @@ class PageTable {
  private:
   std::vector<PageId> entries_;  // [rows * cols]
   int64_t rows_ = 0;
-  int64_t cols_ = 0;
+  PageCount cols_;
 };
 
 }  // namespace attnmeta

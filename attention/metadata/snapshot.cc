@@ -197,7 +197,7 @@ void RecordMetadata(const ForwardMetadata& m, MetadataSnapshot& s) {
   Append<TokenOffset>(m.qo_indptr, s.mutable_qo_indptr());
   Append<TokenLength>(m.kv_last_page_len, s.mutable_kv_last_page_len());
   s.set_page_table_rows(m.page_table.rows());
-  s.set_page_table_cols(m.page_table.cols());
+  s.set_page_table_cols(m.page_table.cols().value());
   Append(m.page_table.span().entries(), s.mutable_page_table());
   s.set_max_q_len(m.max_q_len.value());
   s.set_max_kv_len(m.max_kv_len.value());
@@ -228,7 +228,7 @@ absl::StatusOr<MetadataSnapshot> MakeSnapshot(const ForwardBatch& batch,
   Append(batch.kv_lens, s.mutable_kv_lens());
   Append(batch.q_lens, s.mutable_q_lens());
   Append(batch.kv_start_idx, s.mutable_kv_start_idx());
-  s.set_page_table_enabled(m.page_table.rows() > 0 || m.page_table.cols() > 0);
+  s.set_page_table_enabled(m.page_table.rows() > 0 || m.page_table.cols() > PageCount(0));
   if (m.mask_layout != MaskLayout::kNone) {
     s.set_mask_layout(std::string(MaskLayoutName(m.mask_layout)));
   }
@@ -285,7 +285,7 @@ absl::Status CheckSnapshot(const MetadataSnapshot& s) {
   const std::vector<TokenLength> last_page = Typed<TokenLength>(s.kv_last_page_len());
   const std::vector<PageId> page_table = Typed<PageId>(s.page_table());
   absl::StatusOr<PageTableSpan<const PageId>> pt = PageTableSpan<const PageId>::Create(
-      page_table, s.page_table_rows(), s.page_table_cols());
+      page_table, s.page_table_rows(), PageCount(s.page_table_cols()));
   if (!pt.ok()) return Wrap("page_table", pt.status());
   if (static_cast<int64_t>(page_table.size()) != s.page_table_rows() * s.page_table_cols()) {
     return absl::InvalidArgumentError(absl::StrCat("page_table: ", page_table.size(),
@@ -320,8 +320,8 @@ absl::Status CheckSnapshot(const MetadataSnapshot& s) {
   }
   if (pt->rows() != built.page_table.rows() || pt->cols() != built.page_table.cols()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "page_table: recorded [", pt->rows(), "][", pt->cols(), "], rebuilt [",
-        built.page_table.rows(), "][", built.page_table.cols(), "]"));
+        "page_table: recorded [", pt->rows(), "][", pt->cols().value(), "], rebuilt [",
+        built.page_table.rows(), "][", built.page_table.cols().value(), "]"));
   }
   if (absl::Status st = Compare<PageId>("page_table", pt->entries(), built.page_table.entries());
       !st.ok()) {

@@ -187,7 +187,7 @@ TEST(SnapshotShapesTest, StartOffsetsAndPageAlignedLengths) {
   auto ma = BuildForwardMetadata(aligned, f.pool(), f.page_size());
   ASSERT_TRUE(ma.ok()) << ma.status();
   EXPECT_EQ(ma->kv_last_page_len[0], TokenLength(16));
-  EXPECT_EQ(ma->page_table.cols(), 4);
+  EXPECT_EQ(ma->page_table.cols(), PageCount(4));
   auto sa = MakeSnapshot(aligned, f.pool(), f.page_size(), f.pool_slots(), *ma);
   ASSERT_TRUE(sa.ok());
   EXPECT_TRUE(CheckSnapshot(*sa).ok()) << CheckSnapshot(*sa);

@@ -258,16 +258,17 @@ absl::Status ValidateLayout(const ForwardMetadataView& m, const ValidationContex
     }
   }
   const PageTableSpan<const PageId>& pt = m.page_table;
-  if (pt.rows() == 0 && pt.cols() == 0) {
+  if (pt.rows() == 0 && pt.cols() == PageCount(0)) {
     // No page-level consumer: check the slots alone.
     return CheckSlotRange(m.kv_indices.subspan(0, total_kv), first_allowed, pool);
   }
   // With a page table, the token-by-token check below also proves every slot in range: each
   // slot equals an offset within a page checked to lie in the pool.
-  const int64_t need_cols = PagesForTokensCeil(max_kv, ctx.page_size).value();
+  const PageCount need_cols = PagesForTokensCeil(max_kv, ctx.page_size);
   if (pt.rows() < bs || pt.cols() < need_cols) {
-    return Invalid("page_table", absl::StrCat("is [", pt.rows(), "][", pt.cols(),
-                                              "], the batch needs [", bs, "][", need_cols, "]"));
+    return Invalid("page_table", absl::StrCat("is [", pt.rows(), "][", pt.cols().value(),
+                                              "], the batch needs [", bs, "][",
+                                              need_cols.value(), "]"));
   }
   for (int64_t i = 0; i < bs; ++i) {
     absl::Span<const PageId> row = pt.row(i);
@@ -305,7 +306,8 @@ absl::Status ValidateLayout(const ForwardMetadataView& m, const ValidationContex
       return absl::InternalError(absl::StrCat("validator: page-table check of sequence ", i,
                                               " failed without an offending token"));
     }
-    for (int64_t j = PagesForTokensCeil(TokenCount(n), ctx.page_size).value(); j < pt.cols(); ++j) {
+    for (int64_t j = PagesForTokensCeil(TokenCount(n), ctx.page_size).value();
+         j < pt.cols().value(); ++j) {
       if (row[j] != kPaddingPage) {
         return Invalid("page_table", absl::StrCat("[", i, "][", j, "] = page ", row[j].value(),
                                                   " past the sequence's pages, want the padding "

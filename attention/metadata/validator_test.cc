@@ -79,7 +79,7 @@ TEST_F(ValidatorTest, NamesEachBrokenInvariant) {
     m.kv_indices.push_back(m.kv_indices.back());
   });
   ExpectRejected("kv_last_page_len", [](ForwardMetadata& m) { m.kv_last_page_len.pop_back(); });
-  ExpectRejected("page_table", [](ForwardMetadata& m) { m.page_table = PageTable(3, 1); });
+  ExpectRejected("page_table", [](ForwardMetadata& m) { m.page_table = PageTable(3, PageCount(1)); });
   ExpectRejected("page_table", [](ForwardMetadata& m) {
     std::swap(m.page_table.span().row(0)[0], m.page_table.span().row(0)[1]);
   });
@@ -168,9 +168,9 @@ TEST_F(ValidatorTest, SlotBoundsAtTheLimitWithAndWithoutAPageTable) {
   EXPECT_EQ(Validate(exact).code(), absl::StatusCode::kInvalidArgument);
   // A page table exactly as wide as the longest sequence needs is enough; one narrower is not.
   ForwardMetadata narrow = good_;
-  const int64_t cols = PagesForTokensCeil(narrow.max_kv_len, f_.page_size()).value();
+  const PageCount cols = PagesForTokensCeil(narrow.max_kv_len, f_.page_size());
   ASSERT_EQ(narrow.page_table.cols(), cols);
-  PageTable table(narrow.page_table.rows(), cols - 1);
+  PageTable table(narrow.page_table.rows(), cols - PageCount(1));
   narrow.page_table = table;
   EXPECT_EQ(Validate(narrow).code(), absl::StatusCode::kInvalidArgument);
 }
