@@ -811,7 +811,7 @@ bool Run::EagleRound() {
   const std::vector<int32_t> tree_parents = TreeParents(n, spec_.topk());
   std::vector<int32_t> parents;
   for (int64_t b = 0; b < bs; ++b) parents.insert(parents.end(), tree_parents.begin(), tree_parents.end());
-  absl::StatusOr<VerifyTree> tree = BuildVerifyTreeFromParents(parents, seq_lens, n);
+  absl::StatusOr<VerifyTree> tree = BuildVerifyTreeFromParents(parents, seq_lens, TokenLength(n));
   if (!tree.ok()) {
     Fail("target_verify tree", tree.status(), nullptr, nullptr);
     return false;
@@ -895,7 +895,7 @@ bool Run::EagleRound() {
   int64_t extend_rows = 0;
   for (int64_t b = 0; b < bs; ++b) {
     Req& r = *running[b];
-    const int64_t kept = std::min<int64_t>(accepted->accept_count[b] + 1,
+    const int64_t kept = std::min<int64_t>(accepted->accept_count[b].value() + 1,
                                            r.spec->output_len() - r.generated);
     const absl::Span<const TokenSlot> slots = absl::MakeConstSpan(*tree_slots).subspan(b * n, n);
     for (int64_t i = 0; i < kept; ++i) {

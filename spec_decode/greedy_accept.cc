@@ -7,7 +7,7 @@ namespace attnmeta {
 absl::StatusOr<AcceptResult> AcceptGreedy(const AcceptInputs& in) {
   if (in.tree == nullptr) return absl::InvalidArgumentError("greedy acceptance: no tree");
   const VerifyTree& tree = *in.tree;
-  const int64_t n = tree.num_draft_tokens;
+  const int64_t n = tree.num_draft_tokens.value();
   const int64_t bs = tree.batch_size();
   const size_t want = static_cast<size_t>(bs * n);
   if (in.draft_tokens.size() != want || in.target_predict.size() != want ||
@@ -35,7 +35,7 @@ absl::StatusOr<AcceptResult> AcceptGreedy(const AcceptInputs& in) {
   }
   AcceptResult r;
   r.accept_index.assign(want, -1);
-  r.accept_count.assign(static_cast<size_t>(bs), 0);
+  r.accept_count.assign(static_cast<size_t>(bs), TokenLength(0));
   r.bonus_token.assign(static_cast<size_t>(bs), 0);
   r.keep_indptr.push_back(TokenOffset(0));
   std::vector<uint8_t> on_path(static_cast<size_t>(n));
@@ -67,7 +67,7 @@ absl::StatusOr<AcceptResult> AcceptGreedy(const AcceptInputs& in) {
       on_path[cur] = 1;
       r.accept_index[base + ++count] = cur;
     }
-    r.accept_count[b] = count;
+    r.accept_count[b] = TokenLength(count);
     r.bonus_token[b] = in.target_predict[base + cur];
     for (int32_t k = 0; k <= count; ++k) {
       r.keep_slots.push_back(in.tree_slots[base + r.accept_index[base + k]]);

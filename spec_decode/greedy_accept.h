@@ -28,7 +28,7 @@ struct AcceptResult {
   // [bs * n]: request b's accepted path in tree-local indices, root first, at b * n; -1 past
   // its 1 + accept_count[b] entries.
   std::vector<int32_t> accept_index;
-  std::vector<int32_t> accept_count;  // [bs] accepted draft tokens (the root not counted)
+  std::vector<TokenLength> accept_count;  // [bs] accepted draft tokens (the root not counted)
   std::vector<int32_t> bonus_token;   // [bs] target_predict at the last accepted token
   std::vector<TokenSlot> keep_slots;  // the accepted paths' slots, request by request
   std::vector<TokenOffset> keep_indptr;  // [bs + 1] into keep_slots

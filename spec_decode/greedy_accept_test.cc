@@ -15,7 +15,7 @@ VerifyTree GoldenTree() {
   const std::vector<int64_t> parent_list = {-1, 0, 1, 2, 99, -1, 1, 1, 42, 6};
   const std::vector<int64_t> selected = {0, 1, 2, 4, 7, 1, 3, 5, 6, 8};
   const std::vector<TokenLength> seq_lens = {TokenLength(5), TokenLength(9)};
-  return *BuildVerifyTree(parent_list, selected, seq_lens, 2, 3, 6);
+  return *BuildVerifyTree(parent_list, selected, seq_lens, 2, 3, TokenLength(6));
 }
 
 // Worked by hand. Request 0: the target predicts 12 after the root (token 1 is 11, its
@@ -36,7 +36,7 @@ TEST(GreedyAcceptTest, WalksTheTreeAndSplitsTheSlots) {
   auto r = AcceptGreedy(AcceptInputs{&tree, draft, predict, *slots});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->accept_index, (std::vector<int32_t>{0, 2, 4, -1, -1, -1, 0, 1, 3, -1, -1, -1}));
-  EXPECT_EQ(r->accept_count, (std::vector<int32_t>{2, 2}));
+  EXPECT_EQ(r->accept_count, (std::vector<TokenLength>{TokenLength(2), TokenLength(2)}));
   EXPECT_EQ(r->bonus_token, (std::vector<int32_t>{77, 99}));
   const std::vector<TokenSlot>& s = *slots;
   EXPECT_EQ(r->keep_slots, (std::vector<TokenSlot>{s[0], s[2], s[4], s[6], s[7], s[9]}));
@@ -55,13 +55,13 @@ TEST(GreedyAcceptTest, WalksTheTreeAndSplitsTheSlots) {
 TEST(GreedyAcceptTest, AChainAcceptedWhole) {
   const std::vector<int32_t> parents = {-1, 0, 1, 2};
   const std::vector<TokenLength> lens = {TokenLength(7)};
-  const VerifyTree tree = *BuildVerifyTreeFromParents(parents, lens, 4);
+  const VerifyTree tree = *BuildVerifyTreeFromParents(parents, lens, TokenLength(4));
   const std::vector<int32_t> draft = {5, 6, 7, 8};
   const std::vector<int32_t> predict = {6, 7, 8, 9};
   const std::vector<TokenSlot> slots = {TokenSlot(40), TokenSlot(41), TokenSlot(42), TokenSlot(43)};
   auto r = AcceptGreedy(AcceptInputs{&tree, draft, predict, slots});
   ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->accept_count, std::vector<int32_t>{3});
+  EXPECT_EQ(r->accept_count, std::vector<TokenLength>{TokenLength(3)});
   EXPECT_EQ(r->bonus_token, std::vector<int32_t>{9});
   EXPECT_EQ(r->keep_slots, slots);
   EXPECT_TRUE(r->free_slots.empty());

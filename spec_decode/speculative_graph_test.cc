@@ -93,7 +93,7 @@ TEST_P(SpeculativeGraphTest, TargetVerifyWithTreeMask) {
       parents.push_back(std::uniform_int_distribution<int32_t>(0, t - 1)(rng));
     }
   }
-  auto tree = BuildVerifyTreeFromParents(parents, seq_lens, kDraft);
+  auto tree = BuildVerifyTreeFromParents(parents, seq_lens, TokenLength(kDraft));
   ASSERT_TRUE(tree.ok()) << tree.status();
   GraphHarness h(MakeTestConfig(ps(), {.draft_tokens = kDraft}), f);
   auto handle = h.state().Capture(8, ForwardMode::kTargetVerify);

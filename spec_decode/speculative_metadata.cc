@@ -81,7 +81,7 @@ absl::StatusOr<ForwardMetadata> BuildTargetVerifyMetadata(
     MaskLayout mask_layout, TokenCount num_query_rows, PageSize page_size,
     const SpecBuildOptions& options) {
   const int64_t bs = tree.batch_size();
-  const int32_t n = tree.num_draft_tokens;
+  const int32_t n = tree.num_draft_tokens.value();
   if (static_cast<int64_t>(req_rows.size()) != bs) {
     return absl::InvalidArgumentError(absl::StrCat("target-verify: ", req_rows.size(),
                                                    " request rows for a tree of ", bs,

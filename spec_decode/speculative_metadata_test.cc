@@ -160,7 +160,7 @@ TEST_P(TargetVerifyTest, ReferenceAttentionMatchesDenseMaskedAttention) {
   }
   const int64_t bs = static_cast<int64_t>(prefixes.size());
   std::vector<int32_t> parents = RandomParents(bs, c.n, rng);
-  auto tree = BuildVerifyTreeFromParents(parents, seq_lens, c.n);
+  auto tree = BuildVerifyTreeFromParents(parents, seq_lens, TokenLength(c.n));
   ASSERT_TRUE(tree.ok()) << tree.status();
   AttentionProblem p = MakeAttentionProblem(f, kDims, seed);
   const int64_t q_row = int64_t{kDims.num_q_heads} * kDims.head_dim;
@@ -227,7 +227,7 @@ TEST(TargetVerifyBadInputTest, RefusedBeforeAnythingIsBuilt) {
   f.AddSequence(30, 4);
   std::vector<TokenLength> seq_lens = {TokenLength(20), TokenLength(30)};
   std::vector<int32_t> parents = {-1, 0, 0, 1, -1, 0, 1, 2};
-  auto tree = BuildVerifyTreeFromParents(parents, seq_lens, 4);
+  auto tree = BuildVerifyTreeFromParents(parents, seq_lens, TokenLength(4));
   ASSERT_TRUE(tree.ok());
   EXPECT_EQ(BuildTargetVerifyMetadata(f.pool(), f.rows(), *tree, MaskLayout::kFull, TokenCount(80),
                                       f.page_size())
@@ -246,7 +246,7 @@ TEST(TargetVerifyBadInputTest, RefusedBeforeAnythingIsBuilt) {
             absl::StatusCode::kInvalidArgument);
   // Draft slots beyond what the row holds: the committed prefix claims more than was written.
   std::vector<TokenLength> too_long = {TokenLength(20), TokenLength(8190)};
-  auto long_tree = BuildVerifyTreeFromParents(parents, too_long, 4);
+  auto long_tree = BuildVerifyTreeFromParents(parents, too_long, TokenLength(4));
   ASSERT_TRUE(long_tree.ok());
   EXPECT_EQ(BuildTargetVerifyMetadata(f.pool(), f.rows(), *long_tree, MaskLayout::kFull,
                                       TokenCount(8), f.page_size())

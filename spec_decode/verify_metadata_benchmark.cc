@@ -56,7 +56,7 @@ void BM_VerifyTreeBitPackedAndIndptrs(benchmark::State& state) {
   std::vector<TokenOffset> qo_indptr(bs + 1), kv_indptr(bs + 1);
   for (auto _ : state) {
     absl::StatusOr<VerifyTree> tree =
-        BuildVerifyTree(b.parent_list, b.selected, b.seq_lens, kTopK, kDepth, kDraft);
+        BuildVerifyTree(b.parent_list, b.selected, b.seq_lens, kTopK, kDepth, TokenLength(kDraft));
     if (!tree.ok() ||
         !WriteTreeMask(*tree, MaskLayout::kBitPacked, absl::MakeSpan(mask),
                        absl::MakeSpan(mask_indptr))
@@ -79,7 +79,7 @@ void BM_FullMask(benchmark::State& state) {
   const int bs = static_cast<int>(state.range(0));
   const Batch b = MakeBatch(bs, state.range(1));
   absl::StatusOr<VerifyTree> tree =
-      BuildVerifyTree(b.parent_list, b.selected, b.seq_lens, kTopK, kDepth, kDraft);
+      BuildVerifyTree(b.parent_list, b.selected, b.seq_lens, kTopK, kDepth, TokenLength(kDraft));
   std::vector<int64_t> mask_indptr(bs + 1);
   if (!tree.ok() || !BuildMaskIndptr(MaskLayout::kFull, b.q_lens, b.kv_lens,
                                      absl::MakeSpan(mask_indptr))

@@ -33,7 +33,7 @@ absl::Status CheckCommon(absl::Span<const TokenLength> seq_lens, int32_t n) {
 // position, and the links. InvalidArgument for a cycle, found first, before anything is
 // filled.
 absl::Status Finish(int32_t max_walk, VerifyTree& tree) {
-  const int32_t n = tree.num_draft_tokens;
+  const int32_t n = tree.num_draft_tokens.value();
   const int64_t bs = tree.batch_size();
   // A walk that has not ended after n steps went round a cycle.
   for (int64_t b = 0; b < bs; ++b) {
@@ -82,7 +82,8 @@ absl::Status Finish(int32_t max_walk, VerifyTree& tree) {
 absl::StatusOr<VerifyTree> BuildVerifyTree(absl::Span<const int64_t> parent_list,
                                            absl::Span<const int64_t> selected_index,
                                            absl::Span<const TokenLength> seq_lens, int32_t topk,
-                                           int32_t depth, int32_t n) {
+                                           int32_t depth, TokenLength num_draft_tokens) {
+  const int32_t n = num_draft_tokens.value();
   if (absl::Status s = CheckCommon(seq_lens, n); !s.ok()) return s;
   if (topk < 1 || depth < 1) {
     return absl::InvalidArgumentError(
@@ -99,7 +100,7 @@ absl::StatusOr<VerifyTree> BuildVerifyTree(absl::Span<const int64_t> parent_list
         selected_index.size(), "; want ", bs, " requests of ", list_len, " and ", n - 1));
   }
   VerifyTree tree;
-  tree.num_draft_tokens = n;
+  tree.num_draft_tokens = num_draft_tokens;
   tree.seq_lens.assign(seq_lens.begin(), seq_lens.end());
   tree.parent.assign(static_cast<size_t>(bs * n), -1);
   for (int64_t b = 0; b < bs; ++b) {
@@ -131,7 +132,8 @@ absl::StatusOr<VerifyTree> BuildVerifyTree(absl::Span<const int64_t> parent_list
 
 absl::StatusOr<VerifyTree> BuildVerifyTreeFromParents(absl::Span<const int32_t> parents,
                                                       absl::Span<const TokenLength> seq_lens,
-                                                      int32_t n) {
+                                                      TokenLength num_draft_tokens) {
+  const int32_t n = num_draft_tokens.value();
   if (absl::Status s = CheckCommon(seq_lens, n); !s.ok()) return s;
   const int64_t bs = static_cast<int64_t>(seq_lens.size());
   if (static_cast<int64_t>(parents.size()) != bs * n) {
@@ -153,7 +155,7 @@ absl::StatusOr<VerifyTree> BuildVerifyTreeFromParents(absl::Span<const int32_t> 
     }
   }
   VerifyTree tree;
-  tree.num_draft_tokens = n;
+  tree.num_draft_tokens = num_draft_tokens;
   tree.seq_lens.assign(seq_lens.begin(), seq_lens.end());
   tree.parent.assign(parents.begin(), parents.end());
   if (absl::Status s = Finish(n, tree); !s.ok()) return s;
@@ -163,10 +165,10 @@ absl::StatusOr<VerifyTree> BuildVerifyTreeFromParents(absl::Span<const int32_t> 
 absl::Status WriteTreeMask(const VerifyTree& tree, MaskLayout layout, absl::Span<uint8_t> out,
                            absl::Span<int64_t> mask_indptr) {
   const int64_t bs = tree.batch_size();
-  std::vector<TokenLength> q_lens(bs, TokenLength(tree.num_draft_tokens));
+  std::vector<TokenLength> q_lens(bs, tree.num_draft_tokens);
   std::vector<TokenLength> kv_lens(bs);
   for (int64_t b = 0; b < bs; ++b) {
-    const int64_t kv = int64_t{tree.seq_lens[b].value()} + tree.num_draft_tokens;
+    const int64_t kv = int64_t{tree.seq_lens[b].value()} + tree.num_draft_tokens.value();
     if (kv > std::numeric_limits<int32_t>::max()) {
       return absl::OutOfRangeError(absl::StrCat("verify tree: request ", b, " has ", kv,
                                                 " KV tokens, beyond int32"));

@@ -28,7 +28,7 @@
 namespace attnmeta {
 
 struct VerifyTree {
-  int32_t num_draft_tokens = 0;              // n, the root included
+  TokenLength num_draft_tokens;               // n, the root included: query rows per request
   std::vector<TokenLength> seq_lens;          // [bs] committed tokens per request
   // [bs * n], tree-local indices (0 .. n - 1) within request b's block:
   std::vector<int32_t> parent;        // -1 for the root and for a token whose parent is lost
@@ -48,14 +48,14 @@ struct VerifyTree {
 absl::StatusOr<VerifyTree> BuildVerifyTree(absl::Span<const int64_t> parent_list,
                                            absl::Span<const int64_t> selected_index,
                                            absl::Span<const TokenLength> seq_lens, int32_t topk,
-                                           int32_t depth, int32_t num_draft_tokens);
+                                           int32_t depth, TokenLength num_draft_tokens);
 
 // Plain parent arrays. InvalidArgument: sizes, n outside [1, 64], a root (token 0) with a
 // parent, a non-root without one (several roots), a parent outside [0, n), or a cycle;
 // OutOfRange: a seq_len + n beyond INT32_MAX.
 absl::StatusOr<VerifyTree> BuildVerifyTreeFromParents(absl::Span<const int32_t> parents,
                                                       absl::Span<const TokenLength> seq_lens,
-                                                      int32_t num_draft_tokens);
+                                                      TokenLength num_draft_tokens);
 
 // The tree's mask in `layout` (custom_mask.h), as the reference lays it out: request b has n
 // query rows over seq_len + n KV tokens, so FULL is a [n][seq_len + n] block at

@@ -37,7 +37,8 @@ class VerifyTreeGoldenTest : public ::testing::Test {
 };
 
 TEST_F(VerifyTreeGoldenTest, PositionsLinksAndEveryMaskLayout) {
-  auto tree = BuildVerifyTree(parent_list_, selected_, seq_lens_, /*topk=*/2, /*depth=*/3, 6);
+  auto tree =
+      BuildVerifyTree(parent_list_, selected_, seq_lens_, /*topk=*/2, /*depth=*/3, TokenLength(6));
   ASSERT_TRUE(tree.ok()) << tree.status();
   EXPECT_EQ(tree->parent, (std::vector<int32_t>{-1, 0, 0, 1, 2, 3, -1, 0, 1, 1, -1, 4}));
   EXPECT_EQ(Positions(*tree), (std::vector<int32_t>{5, 6, 6, 7, 7, 8, 9, 10, 11, 11, 10, 11}));
@@ -93,9 +94,9 @@ TEST_F(VerifyTreeGoldenTest, PositionsLinksAndEveryMaskLayout) {
 
 // The plain parent-array form of request 0 gives the same tree.
 TEST_F(VerifyTreeGoldenTest, ParentArrayFormAgrees) {
-  auto ref = BuildVerifyTree(parent_list_, selected_, seq_lens_, 2, 3, 6);
+  auto ref = BuildVerifyTree(parent_list_, selected_, seq_lens_, 2, 3, TokenLength(6));
   const std::vector<int32_t> parents = {-1, 0, 0, 1, 2, 3};
-  auto plain = BuildVerifyTreeFromParents(parents, Lens({5}), 6);
+  auto plain = BuildVerifyTreeFromParents(parents, Lens({5}), TokenLength(6));
   ASSERT_TRUE(ref.ok() && plain.ok());
   EXPECT_EQ(plain->parent, std::vector<int32_t>(ref->parent.begin(), ref->parent.begin() + 6));
   EXPECT_EQ(plain->sees, std::vector<uint8_t>(ref->sees.begin(), ref->sees.begin() + 36));
@@ -108,7 +109,7 @@ TEST(VerifyTreeTest, TopK1IsAChain) {
   // selected [0, 1, 2, 3]: slot s / 1 = s; parent_list[s] = s - 1 names the previous token.
   const std::vector<int64_t> parent_list = {-1, 0, 1, 2};
   const std::vector<int64_t> selected = {0, 1, 2, 3};
-  auto tree = BuildVerifyTree(parent_list, selected, Lens({20}), 1, 4, 5);
+  auto tree = BuildVerifyTree(parent_list, selected, Lens({20}), 1, 4, TokenLength(5));
   ASSERT_TRUE(tree.ok()) << tree.status();
   EXPECT_EQ(Positions(*tree), (std::vector<int32_t>{20, 21, 22, 23, 24}));
   for (int t = 0; t < 5; ++t) {
@@ -121,41 +122,60 @@ TEST(VerifyTreeTest, MalformedInputIsRefused) {
   auto code = [](absl::StatusOr<VerifyTree> t) { return t.status().code(); };
   const auto bad = absl::StatusCode::kInvalidArgument;
   // Plain parents: a cycle, a second root, a parent outside the request, a root with a parent.
-  EXPECT_EQ(code(BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 2, 1}, Lens({3}), 3)), bad);
-  EXPECT_EQ(code(BuildVerifyTreeFromParents(std::vector<int32_t>{-1, -1, 1}, Lens({3}), 3)), bad);
-  EXPECT_EQ(code(BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 3, 1}, Lens({3}), 3)), bad);
+  EXPECT_EQ(
+      code(BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 2, 1}, Lens({3}), TokenLength(3))),
+      bad);
+  EXPECT_EQ(
+      code(BuildVerifyTreeFromParents(std::vector<int32_t>{-1, -1, 1}, Lens({3}), TokenLength(3))),
+      bad);
+  EXPECT_EQ(
+      code(BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 3, 1}, Lens({3}), TokenLength(3))),
+      bad);
   // Token 1 of request 1 naming token 2 of request 0's row (index 5 of the flat array).
-  EXPECT_EQ(code(BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 0, 0, -1, 5, 0}, Lens({3, 3}), 3)),
+  EXPECT_EQ(code(BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 0, 0, -1, 5, 0}, Lens({3, 3}),
+                                            TokenLength(3))),
             bad);
-  EXPECT_EQ(code(BuildVerifyTreeFromParents(std::vector<int32_t>{0, 0, 1}, Lens({3}), 3)), bad);
-  EXPECT_EQ(code(BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 0}, Lens({3}), 3)), bad);
-  EXPECT_EQ(code(BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 0, 1}, Lens({-3}), 3)), bad);
-  EXPECT_EQ(code(BuildVerifyTreeFromParents(std::vector<int32_t>(65, 0), Lens({1}), 65)), bad);
+  EXPECT_EQ(
+      code(BuildVerifyTreeFromParents(std::vector<int32_t>{0, 0, 1}, Lens({3}), TokenLength(3))),
+      bad);
+  EXPECT_EQ(
+      code(BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 0}, Lens({3}), TokenLength(3))),
+      bad);
+  EXPECT_EQ(
+      code(BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 0, 1}, Lens({-3}), TokenLength(3))),
+      bad);
+  EXPECT_EQ(
+      code(BuildVerifyTreeFromParents(std::vector<int32_t>(65, 0), Lens({1}), TokenLength(65))),
+      bad);
   // Reference encoding: a cycle (tokens 1 and 2 name each other), a slot past parent_list,
   // a negative selection, sizes, top-k or depth 0.
-  const absl::Status cycle = BuildVerifyTree(std::vector<int64_t>{-1, 2, 1},
-                                             std::vector<int64_t>{1, 2}, Lens({4}), 1, 3, 3)
-                                 .status();
+  const absl::Status cycle =
+      BuildVerifyTree(std::vector<int64_t>{-1, 2, 1}, std::vector<int64_t>{1, 2}, Lens({4}), 1, 3,
+                      TokenLength(3))
+          .status();
   EXPECT_EQ(cycle.code(), bad);
   EXPECT_NE(cycle.message().find("cycle"), absl::string_view::npos) << cycle;
   const absl::Status plain_cycle =
-      BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 2, 1}, Lens({3}), 3).status();
+      BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 2, 1}, Lens({3}), TokenLength(3))
+          .status();
   EXPECT_NE(plain_cycle.message().find("cycle"), absl::string_view::npos) << plain_cycle;
   EXPECT_EQ(code(BuildVerifyTree(std::vector<int64_t>{-1, 0, 1}, std::vector<int64_t>{0, 6},
-                                 Lens({4}), 1, 3, 3)),
+                                 Lens({4}), 1, 3, TokenLength(3))),
             bad);
   EXPECT_EQ(code(BuildVerifyTree(std::vector<int64_t>{-1, 0, 1}, std::vector<int64_t>{0, -1},
-                                 Lens({4}), 1, 3, 3)),
+                                 Lens({4}), 1, 3, TokenLength(3))),
             bad);
-  EXPECT_EQ(code(BuildVerifyTree(std::vector<int64_t>{-1, 0}, std::vector<int64_t>{0, 1},
-                                 Lens({4}), 1, 3, 3)),
+  EXPECT_EQ(code(BuildVerifyTree(std::vector<int64_t>{-1, 0}, std::vector<int64_t>{0, 1}, Lens({4}),
+                                 1, 3, TokenLength(3))),
             bad);
-  EXPECT_EQ(code(BuildVerifyTree(std::vector<int64_t>{-1}, std::vector<int64_t>{}, Lens({4}), 0, 1, 1)),
+  EXPECT_EQ(code(BuildVerifyTree(std::vector<int64_t>{-1}, std::vector<int64_t>{}, Lens({4}), 0, 1,
+                                 TokenLength(1))),
             bad);
-  EXPECT_EQ(code(BuildVerifyTree(std::vector<int64_t>{-1}, std::vector<int64_t>{}, Lens({4}), 1, 0, 1)),
+  EXPECT_EQ(code(BuildVerifyTree(std::vector<int64_t>{-1}, std::vector<int64_t>{}, Lens({4}), 1, 0,
+                                 TokenLength(1))),
             bad);
   // Mask outputs too small, and n past the bit-packed limit.
-  auto tree = BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 0, 1}, Lens({2}), 3);
+  auto tree = BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 0, 1}, Lens({2}), TokenLength(3));
   ASSERT_TRUE(tree.ok());
   std::vector<uint8_t> small(14);  // FULL needs 3 * (2 + 3) = 15
   std::vector<int64_t> indptr(2);
@@ -176,7 +196,7 @@ TEST(VerifyTreeTest, MalformedInputIsRefused) {
             bad);
   std::vector<int32_t> chain(40);
   for (int t = 0; t < 40; ++t) chain[t] = t - 1;
-  auto big = BuildVerifyTreeFromParents(chain, Lens({1}), 40);
+  auto big = BuildVerifyTreeFromParents(chain, Lens({1}), TokenLength(40));
   ASSERT_TRUE(big.ok());
   std::vector<uint8_t> words(160);
   EXPECT_EQ(WriteTreeMask(*big, MaskLayout::kBitPacked, absl::MakeSpan(words),
@@ -193,18 +213,21 @@ TEST(VerifyTreeTest, OverflowingSizesAndPositionsAreRefused) {
   const int32_t topk = (1 << 30) - 1, depth = (1 << 30) + 2;
   const std::vector<int64_t> selected(16, topk);
   EXPECT_EQ(code(BuildVerifyTree(std::vector<int64_t>{}, selected, std::vector<TokenLength>(16),
-                                 topk, depth, 2)),
+                                 topk, depth, TokenLength(2))),
             absl::StatusCode::kInvalidArgument);
   // Positions reach seq_len + n - 1 and the mask's KV seq_len + n: beyond int32 refused.
   const int32_t max = std::numeric_limits<int32_t>::max();
-  EXPECT_EQ(code(BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 0}, Lens({max}), 2)),
-            absl::StatusCode::kOutOfRange);
-  EXPECT_EQ(code(BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 0}, Lens({max - 1}), 2)),
+  EXPECT_EQ(
+      code(BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 0}, Lens({max}), TokenLength(2))),
+      absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(code(BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 0}, Lens({max - 1}),
+                                            TokenLength(2))),
             absl::StatusCode::kOutOfRange);
   EXPECT_EQ(code(BuildVerifyTree(std::vector<int64_t>{-1, 0}, std::vector<int64_t>{0},
-                                 Lens({max - 1}), 1, 2, 2)),
+                                 Lens({max - 1}), 1, 2, TokenLength(2))),
             absl::StatusCode::kOutOfRange);
-  auto last = BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 0}, Lens({max - 2}), 2);
+  auto last =
+      BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 0}, Lens({max - 2}), TokenLength(2));
   ASSERT_TRUE(last.ok()) << last.status();
   EXPECT_EQ(last->positions[1].value(), max - 1);
 }
@@ -213,7 +236,7 @@ TEST(VerifyTreeTest, OverflowingSizesAndPositionsAreRefused) {
 // 2^60 bytes (a total that wraps to 0), is refused, and nothing is written.
 TEST(VerifyTreeTest, AHandBuiltTreeWhoseMaskWouldWrapIsRefused) {
   VerifyTree tree;
-  tree.num_draft_tokens = 1 << 30;
+  tree.num_draft_tokens = TokenLength(1 << 30);
   tree.seq_lens.assign(16, TokenLength(0));
   std::vector<int64_t> indptr(17, -1);
   const absl::Status s = WriteTreeMask(tree, MaskLayout::kQLenOnly, {}, absl::MakeSpan(indptr));
@@ -225,7 +248,7 @@ TEST(VerifyTreeTest, AHandBuiltTreeWhoseMaskWouldWrapIsRefused) {
 TEST(VerifyTreeTest, BitPackedWordWidths) {
   std::vector<int32_t> chain(12);
   for (int t = 0; t < 12; ++t) chain[t] = t - 1;
-  auto tree = BuildVerifyTreeFromParents(chain, Lens({0}), 12);
+  auto tree = BuildVerifyTreeFromParents(chain, Lens({0}), TokenLength(12));
   ASSERT_TRUE(tree.ok());
   std::vector<uint8_t> words(24);
   std::vector<int64_t> indptr(2);

@@ -44,7 +44,7 @@ TEST(SpecFieldBugTest, Row7_VerifyAtFullContextFitsTheGraphBuffers) {
       seq_lens.push_back(TokenLength(ctx));
       for (int32_t t = 0; t < n; ++t) parents.push_back(t == 0 ? -1 : (t - 1) / 2);
     }
-    auto tree = BuildVerifyTreeFromParents(parents, seq_lens, n);
+    auto tree = BuildVerifyTreeFromParents(parents, seq_lens, TokenLength(n));
     ASSERT_TRUE(tree.ok()) << tree.status();
     GraphHarness h(MakeTestConfig(ps, {.max_batch_size = bs, .max_context_len = ctx,
                                        .draft_tokens = n}),

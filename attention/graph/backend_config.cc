@@ -108,12 +108,12 @@ absl::StatusOr<BackendConfig> ParseBackendConfig(absl::string_view text) {
 
 PageSize ConfigPageSize(const BackendConfig& c) { return *PageSize::Create(c.page_size()); }
 
-int64_t MaxQueryRowsPerRequest(const BackendConfig& c) {
-  return c.max_query_rows_per_request() == 0 ? 1 : c.max_query_rows_per_request();
+TokenCount MaxQueryRowsPerRequest(const BackendConfig& c) {
+  return TokenCount(c.max_query_rows_per_request() == 0 ? 1 : c.max_query_rows_per_request());
 }
 
-int64_t MaxReplayQueryRowsPerRequest(const BackendConfig& c) {
-  return std::max<int64_t>(MaxQueryRowsPerRequest(c), c.speculative().draft_tokens());
+TokenCount MaxReplayQueryRowsPerRequest(const BackendConfig& c) {
+  return std::max(MaxQueryRowsPerRequest(c), TokenCount(c.speculative().draft_tokens()));
 }
 
 TokenCount ContextRowTokens(const BackendConfig& c) {

@@ -28,10 +28,10 @@ absl::StatusOr<BackendConfig> ParseBackendConfig(absl::string_view text);
 // REQUIRES: ValidateBackendConfig(config).ok().
 PageSize ConfigPageSize(const BackendConfig& config);
 // Query rows one request brings at most (max_query_rows_per_request, 1 when unset).
-int64_t MaxQueryRowsPerRequest(const BackendConfig& config);
+TokenCount MaxQueryRowsPerRequest(const BackendConfig& config);
 // Query rows one request brings at most to any replayed forward: MaxQueryRowsPerRequest, or
 // draft-extend's draft_tokens when more. The split-KV buffers are sized by it.
-int64_t MaxReplayQueryRowsPerRequest(const BackendConfig& config);
+TokenCount MaxReplayQueryRowsPerRequest(const BackendConfig& config);
 // A request's context in whole pages: max_context_len rounded up to the page size.
 // REQUIRES: the config's max_context_len and page_size are valid (ValidateBackendConfig checks
 // them before it asks for KvRowTokens).

@@ -17,7 +17,7 @@ TEST(BackendConfigTest, ParsesAndValidatesTextFormat) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->max_batch_size(), 256);
   EXPECT_EQ(ConfigPageSize(*c).tokens(), 16);
-  EXPECT_EQ(MaxQueryRowsPerRequest(*c), 1);
+  EXPECT_EQ(MaxQueryRowsPerRequest(*c), TokenCount(1));
   const SplitKvOptions o = ConfigSplitKvOptions(*c);
   EXPECT_TRUE(o.layout.paged());
   EXPECT_EQ(o.layout.block().tokens(), 16);

@@ -141,7 +141,7 @@ absl::StatusOr<BufferPlan> ComputeBufferPlan(const BackendConfig& c, int64_t bat
   }
   if (c.consumers().split_kv().enabled()) {
     const SplitKvConsumer& split = c.consumers().split_kv();
-    const int64_t q_rows = MaxReplayQueryRowsPerRequest(c);
+    const int64_t q_rows = MaxReplayQueryRowsPerRequest(c).value();
     absl::StatusOr<int64_t> tiles = Product(gb::kSplitKvWork, {b, CeilDiv(q_rows, split.q_tile())});
     if (!tiles.ok()) return tiles.status();
     const SplitKvCapacity cap = SplitKvCapacityFor(*tiles, split.num_units());

@@ -191,14 +191,14 @@ absl::Status GraphState::CheckShape(int64_t bucket, ForwardMode mode, TokenLengt
       }
       break;
     case ForwardMode::kExtend:
-      if (q.value() < 1 || q.value() > MaxQueryRowsPerRequest(config_)) {
+      if (q.value() < 1 || q.count() > MaxQueryRowsPerRequest(config_)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "extend capture needs 1 to max_query_rows_per_request = ",
-            MaxQueryRowsPerRequest(config_), " query rows per request, got ", q.value()));
+            MaxQueryRowsPerRequest(config_).value(), " query rows per request, got ", q.value()));
       }
       break;
     case ForwardMode::kDraftExtend: {
-      const int64_t most = MaxReplayQueryRowsPerRequest(config_);
+      const int64_t most = MaxReplayQueryRowsPerRequest(config_).value();
       if (q.value() < 1 || q.value() > most) {
         return absl::InvalidArgumentError(absl::StrCat(
             "draft_extend capture needs 1 to max(max_query_rows_per_request, draft_tokens) = ",

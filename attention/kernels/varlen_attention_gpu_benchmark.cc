@@ -216,7 +216,8 @@ class Bench {
         for (int32_t t = 0; t < n; ++t) parents.push_back(t == 0 ? -1 : (t - 1) / 2);
       }
       b.tree = Unwrap(BuildVerifyTreeFromParents(
-          parents, std::vector<TokenLength>(w.bs, TokenLength(static_cast<int32_t>(w.prefix))), n));
+          parents, std::vector<TokenLength>(w.bs, TokenLength(static_cast<int32_t>(w.prefix))),
+          TokenLength(n)));
       for (uint8_t s : b.tree.sees) b.pairs += s;
       b.pairs += static_cast<double>(w.bs) * n * w.prefix;
     } else {

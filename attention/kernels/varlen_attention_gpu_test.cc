@@ -213,7 +213,7 @@ Problem MakeVerify(const DecodeAttentionDims& dims, int64_t ps, const std::vecto
                                       ", seed ", seed, ", page_size ", ps, ", ", DimsName(dims)));
   std::vector<TokenLength> committed;
   for (int64_t s : seq_lens) committed.push_back(TokenLength(static_cast<int32_t>(s)));
-  auto tree = BuildVerifyTreeFromParents(parents, committed, n);
+  auto tree = BuildVerifyTreeFromParents(parents, committed, TokenLength(n));
   EXPECT_TRUE(tree.ok()) << tree.status();
   auto m = BuildTargetVerifyMetadata(p.fixture->pool(), p.fixture->rows(), *tree, layout,
                                      TokenCount(static_cast<int64_t>(seq_lens.size()) * n),
