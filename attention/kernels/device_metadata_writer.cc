@@ -250,6 +250,11 @@ absl::Status DeviceMetadataWriter::CheckSupported(const MetadataWriteRequest& r)
   if (r.mask_layout != MaskLayout::kNone && r.mask_layout != MaskLayout::kFull) {
     return absl::UnimplementedError("device metadata writer: only the FULL mask layout");
   }
+  if (r.split_kv && r.mode == ForwardMode::kDraftDecode) {
+    return absl::InvalidArgumentError(
+        "device metadata writer: draft-decode has no split-KV plan (its steps are decodes of "
+        "the branches)");
+  }
   const size_t padded = static_cast<size_t>(r.padded_batch_size);
   if (r.split_kv && (r.host_kv_lens.size() != padded || r.host_q_lens.size() != padded)) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -25,8 +25,9 @@ class DeviceViolationWord {
   // Clears the word on `stream` (ordered before the launches that follow on it).
   absl::Status Reset(hipStream_t stream);
   // Waits for `stream`, then: OK when nothing was recorded, else OutOfRange naming the kind,
-  // the entry, the value and the bound (for example "kv_lens[3] = 9000 is past the row of
-  // 4096 positions"). Internal when the runtime fails.
+  // the entry, the value and the bound (DescribeViolation, for example "device metadata:
+  // kv_lens entry 3: 9000 is past the row of 4096 positions of req_to_token"). Internal when
+  // the runtime fails.
   absl::Status Check(hipStream_t stream) const;
 
  private:

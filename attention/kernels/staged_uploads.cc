@@ -125,6 +125,22 @@ absl::Status StagedUploads::Stage(void* dst, const void* src, int64_t bytes) {
     header_->count = 0;
     header_->batch = ++batch_;
   }
+  // The copies of a batch are applied by different threads at once, in no order: a copy whose
+  // range meets one staged before it in the batch replaces it when the range is the same (a
+  // step retried after a failure stages the same inputs again), and otherwise waits for the
+  // next batch (ResourceExhausted: the caller applies this batch first).
+  const uint64_t begin = reinterpret_cast<uint64_t>(dst);
+  for (uint32_t e = 0; e < count_; ++e) {
+    const kernels::StagedUpload& u = header_->entries[e];
+    if (begin < u.dst + u.bytes && u.dst < begin + static_cast<uint64_t>(bytes)) {
+      if (u.dst == begin && u.bytes == static_cast<uint64_t>(bytes)) {
+        std::memcpy(payload_ + u.offset, src, static_cast<size_t>(bytes));
+        return absl::OkStatus();
+      }
+      return absl::ResourceExhaustedError(
+          "staged uploads: the copy overlaps one staged in this batch (applied in no order)");
+    }
+  }
   if (count_ >= kernels::kMaxStagedUploads || bytes > payload_bytes_ - used_) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "staged uploads: no room for ", bytes, " bytes (", count_, " copies and ", used_, " of ",

@@ -47,10 +47,13 @@ class StagedUploads {
   ~StagedUploads();
 
   // Adds a copy of src[0, bytes) to device address `dst` to the open batch, opening one if
-  // none is (which waits for every launched apply kernel to run). InvalidArgument for
-  // bytes < 0; ResourceExhausted when the batch has no room left for it (entries or payload;
-  // a copy larger than the payload opens nothing): nothing is staged then. Internal when a launched apply kernel never ran (the stream went
-  // idle without it) or the stream failed.
+  // none is (which waits for every launched apply kernel to run). A copy to the very range of
+  // a copy of the open batch replaces that copy's bytes. InvalidArgument for bytes < 0;
+  // ResourceExhausted when the batch has no room left for it (entries or payload; a copy
+  // larger than the payload opens nothing) or when its range overlaps another copy of the
+  // batch otherwise (a batch's copies land in no order): nothing is staged then. Internal
+  // when a launched apply kernel never ran (the stream went idle without it) or the stream
+  // failed.
   // REQUIRES: dst is a device address valid until the batch is applied.
   absl::Status Stage(void* dst, const void* src, int64_t bytes);
 

@@ -265,7 +265,34 @@ TEST_F(StagedUploadsTest, DeviceMemoryKeepsTheOrderOfItsOperations) {
   ASSERT_TRUE(memory.CopyToHost(out.data(), *buffer, 0, 1024).ok());
   std::fill(b.begin() + 100, b.begin() + 110, 7);
   EXPECT_EQ(out, b);
+  // Staged twice over overlapping bytes in one batch (whose copies land in no order): the
+  // second copy goes after the first, through a flush.
+  ASSERT_TRUE(memory.CopyToDevice(*buffer, 200, a.data(), 32).ok());
+  ASSERT_TRUE(memory.CopyToDevice(*buffer, 216, b.data(), 32).ok());
+  ASSERT_TRUE(memory.CopyToHost(out.data(), *buffer, 0, 1024).ok());
+  std::fill(b.begin() + 200, b.begin() + 216, 7);
+  EXPECT_EQ(out, b);
   ASSERT_TRUE(u->Detach().ok());
+}
+
+// A step retried after a failure stages its inputs again into the open batch: the copy to the
+// same range replaces the first (two copies of one batch to the same bytes would race), and a
+// copy overlapping another one otherwise is refused, staging nothing.
+TEST_F(StagedUploadsTest, ACopyOverAnotherOfTheBatchReplacesItOrIsRefused) {
+  auto u = MakeUploads();
+  ASSERT_NE(u, nullptr);
+  auto dst = DeviceBuffer<int32_t>::Create(64);
+  ASSERT_TRUE(dst.ok());
+  ASSERT_EQ(hipMemset(dst->data(), 0, 64 * sizeof(int32_t)), hipSuccess);
+  std::vector<int32_t> first(64), second(64);
+  std::iota(first.begin(), first.end(), 1000);
+  std::iota(second.begin(), second.end(), 2000);
+  ASSERT_TRUE(u->Stage(dst->data(), first.data(), 64 * sizeof(int32_t)).ok());
+  ASSERT_TRUE(u->Stage(dst->data(), second.data(), 64 * sizeof(int32_t)).ok());
+  const absl::Status overlapping = u->Stage(dst->data() + 8, first.data(), 4 * sizeof(int32_t));
+  EXPECT_EQ(overlapping.code(), absl::StatusCode::kResourceExhausted) << overlapping;
+  ASSERT_TRUE(u->Flush().ok());
+  EXPECT_EQ(Read(*dst), second);
 }
 
 }  // namespace

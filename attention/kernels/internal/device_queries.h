@@ -18,9 +18,12 @@
 namespace attnmeta {
 namespace internal {
 
-// Internal naming `what` when a runtime call failed, else OK.
+// Internal naming `what` when a runtime call failed, else OK. The error is reported here, so
+// it is cleared from the runtime's last error: a later launch's check (which reads the last
+// error, as after <<<>>>) must not take it for its own.
 inline absl::Status RuntimeStatus(hipError_t err, absl::string_view what) {
   if (err == hipSuccess) return absl::OkStatus();
+  (void)hipGetLastError();
   return absl::InternalError(absl::StrCat(what, ": ", hipGetErrorString(err)));
 }
 
