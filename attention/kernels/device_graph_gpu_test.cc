@@ -452,6 +452,15 @@ TEST_P(DeviceGraphTest, BadTablesAndRequestsAreRefusedAndChangeNothing) {
   draft.draft_decode = {1, 0};
   EXPECT_EQ((*writer)->WriteBatchArrays(draft, d.buffers()).code(),
             absl::StatusCode::kInvalidArgument);
+  // Draft-decode with a split-KV plan, which its launch never writes: refused, not counted.
+  MetadataWriteRequest draft_split = r;
+  draft_split.mode = ForwardMode::kDraftDecode;
+  draft_split.draft_decode = {1, 1};
+  draft_split.split_kv = true;
+  const absl::Status split = (*writer)->WriteBatchArrays(draft_split, d.buffers());
+  EXPECT_EQ(split.code(), absl::StatusCode::kInvalidArgument) << split;
+  EXPECT_NE(split.message().find("draft-decode has no split-KV plan"), absl::string_view::npos)
+      << split;
   // A request for the page table with no page-table buffer (the host writer refuses it too;
   // the fused launch would take the empty buffer for no page table and write none).
   GraphBuffers no_table = d.buffers();
