@@ -57,9 +57,9 @@ absl::StatusOr<ForwardMetadata> BuildDraftExtendMetadata(const DraftExtendBatch&
     if (!fixed) {
       const int32_t accepted = batch.accept_lens[i].value();
       if (accepted < 0 || accepted >= accept_bound) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("draft-extend: request ", i, " accepted ", accepted,
-                         " draft tokens, outside [0, ", accept_bound, ")"));
+        return absl::InvalidArgumentError(absl::StrCat("draft-extend: request ", i, " accepted ",
+                                                       accepted, " draft tokens, outside [0, ",
+                                                       accept_bound, ")"));
       }
       q_lens[i] = TokenLength(accepted + 1);
     }

@@ -116,8 +116,9 @@ TEST(DraftExtendTest, BadInputIsAnError) {
   }
   // accepted + 1 past INT32_MAX (a draft longer than that): refused before it becomes a query
   // length, by the accepted-length check itself.
-  const DraftExtendBatch huge{f.rows(),      f.kv_lens(),  TokenCount(0), huge_accepted,
-                              TokenCount(int64_t{1} << 32), TokenCount(5)};
+  const DraftExtendBatch huge{
+      f.rows(),     f.kv_lens(), TokenCount(0), huge_accepted, TokenCount(int64_t{1} << 32),
+      TokenCount(5)};
   const absl::Status s = BuildDraftExtendMetadata(huge, f.pool(), f.page_size()).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(),

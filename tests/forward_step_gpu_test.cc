@@ -161,8 +161,7 @@ class ForwardStepGpuTest : public testing::GpuTest,
     }
     return DecodePageTableKv{
         DeviceSpan<const PageId>(m.page_table.entries().data(), m.page_table.entries().size()),
-        m.page_table.cols(),
-        DeviceSpan<const TokenLength>(m.kv_lens.data(), m.kv_lens.size()),
+        m.page_table.cols(), DeviceSpan<const TokenLength>(m.kv_lens.data(), m.kv_lens.size()),
         fixture_->page_size()};
   }
 
@@ -343,11 +342,11 @@ TEST_P(ForwardStepGpuTest, DecodeOverReplayedDeviceMetadataMatchesTheMath) {
           DeviceSpan<const TokenOffset>(buffers.kv_indptr.data(), kBucket + 1),
           DeviceSpan<const TokenSlot>(buffers.kv_indices.data(), buffers.kv_indices.size())};
     } else {
-      bucket.kv = DecodePageTableKv{DeviceSpan<const PageId>(buffers.page_table.entries().data(),
-                                                             kBucket * buffers.page_table.cols().value()),
-                                    buffers.page_table.cols(),
-                                    DeviceSpan<const TokenLength>(buffers.kv_lens.data(), kBucket),
-                                    f.page_size()};
+      bucket.kv = DecodePageTableKv{
+          DeviceSpan<const PageId>(buffers.page_table.entries().data(),
+                                   kBucket * buffers.page_table.cols().value()),
+          buffers.page_table.cols(), DeviceSpan<const TokenLength>(buffers.kv_lens.data(), kBucket),
+          f.page_size()};
     }
 
     const SplitKvPlanCounts& counts = replay->split_kv;

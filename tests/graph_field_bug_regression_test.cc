@@ -80,12 +80,12 @@ TEST(GraphFieldBugTest, Row2_PageTableIsItsOwnBufferAndType) {
   // page-level span of PageCount columns can.
   static_assert(!std::is_invocable_v<decltype(&PageTableSpan<PageId>::Create),
                                      absl::Span<TokenSlot>, int64_t, PageCount>);
-  static_assert(!std::is_invocable_v<decltype(&PageTableSpan<PageId>::Create),
-                                     absl::Span<PageId>, int64_t, TokenCount>);
-  static_assert(!std::is_invocable_v<decltype(&PageTableSpan<PageId>::Create),
-                                     absl::Span<PageId>, int64_t, int64_t>);
-  static_assert(std::is_invocable_v<decltype(&PageTableSpan<PageId>::Create),
-                                    absl::Span<PageId>, int64_t, PageCount>);
+  static_assert(!std::is_invocable_v<decltype(&PageTableSpan<PageId>::Create), absl::Span<PageId>,
+                                     int64_t, TokenCount>);
+  static_assert(!std::is_invocable_v<decltype(&PageTableSpan<PageId>::Create), absl::Span<PageId>,
+                                     int64_t, int64_t>);
+  static_assert(std::is_invocable_v<decltype(&PageTableSpan<PageId>::Create), absl::Span<PageId>,
+                                    int64_t, PageCount>);
   const int64_t ps = 16, ctx = 200;
   const BatchFixture f = FullContext(ps, 3, ctx);
   GraphHarness h(MakeTestConfig(ps, {.max_batch_size = 3, .max_context_len = ctx}), f);

@@ -83,8 +83,8 @@ struct BufferSpec {
 
 struct BufferPlan {
   int64_t batch_capacity = 0;     // B
-  TokenCount kv_row_tokens;        // R: token slots per request in kv_indices
-  PageCount page_table_cols;       // C, 0 without a page table
+  TokenCount kv_row_tokens;       // R: token slots per request in kv_indices
+  PageCount page_table_cols;      // C, 0 without a page table
   TokenCount draft_branch_tokens;  // per draft-decode step, token slots per branch; 0 without
   std::vector<BufferSpec> buffers;
   int64_t total_bytes = 0;

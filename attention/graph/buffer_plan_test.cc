@@ -84,7 +84,7 @@ TEST(BufferPlanTest, RowsRoundUpToWholePages) {
   auto plan = ComputeBufferPlan(c, 3);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->kv_row_tokens, TokenCount(1001 + 4));  // ceil(1000 / 7) = 143 pages = 1001
-  EXPECT_EQ(plan->page_table_cols, PageCount(144));   // ceil(1004 / 7)
+  EXPECT_EQ(plan->page_table_cols, PageCount(144));      // ceil(1004 / 7)
   EXPECT_EQ(plan->Find("kv_indices")->capacity, 3 * 1005);
 }
 

@@ -387,7 +387,9 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
     total += kv;
     longest = std::max(longest, kv);
     max_q = std::max(max_q, q_i);
-    mask_bytes += verify ? MaskBlockBytes(MaskLayout::kFull, TokenCount(q_i), TokenCount(kv), /*word_bytes=*/0) : 0;
+    mask_bytes += verify ? MaskBlockBytes(MaskLayout::kFull, TokenCount(q_i), TokenCount(kv),
+                                          /*word_bytes=*/0)
+                         : 0;
   }
   total += (h.bucket - bs) * kPaddedKvLen.value();
   // The capacity checks below cannot fail for a correct plan (rows are at most
@@ -420,8 +422,7 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
   if (page_table && pages > views_.page_table.cols()) {
     return absl::ResourceExhaustedError(absl::StrCat(gb::kPageTable, ": a row needs ",
                                                      pages.value(), " pages, capacity ",
-                                                     views_.page_table.cols().value(),
-                                                     " columns"));
+                                                     views_.page_table.cols().value(), " columns"));
   }
   if (config_.consumers().split_kv().enabled() && !draft_decode) {
     const int64_t q_tile = config_.consumers().split_kv().q_tile();

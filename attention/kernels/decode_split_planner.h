@@ -51,7 +51,8 @@ struct DecodeSplitOptions {
 //    size except each sequence's last, and none spills into a second wave.
 // `kv_indptr` is the host copy of the batch's token-level indptr. Errors: PlanSplitKv's
 // (InvalidArgument for an empty sequence: a decode row needs kv_len >= 1; run batches with
-// empty sequences without a plan) and InvalidArgument for options out of range.
+// empty sequences without a plan), InvalidArgument for options out of range, OutOfRange for
+// more sequences than int32 query rows.
 absl::StatusOr<SplitKvPlan> PlanDecodeSplitKv(absl::Span<const TokenOffset> kv_indptr,
                                               KvLayout layout, const DecodeSplitOptions& options);
 

@@ -261,40 +261,41 @@ TEST(CheckDecodeSplitPlanTest, RefusesEveryPlanThatIsNotTheBatchs) {
       {"work items for a batch of 1000000000000 sequences (each needs one)", [](SplitKvPlan&) {},
        linear, int64_t{1000000000000}},
       {"negative num_partials", [](SplitKvPlan& p) { p.num_partials = -1; }},
-      {"partial slots for", [](SplitKvPlan& p) {
-         p.num_partials = static_cast<int32_t>(p.work.size()) + 1;
-       }},
+      {"partial slots for",
+       [](SplitKvPlan& p) { p.num_partials = static_cast<int32_t>(p.work.size()) + 1; }},
       {"does not fit a decode batch of 2", [](SplitKvPlan&) {}, linear, 2},
-      {"does not fit a decode batch", [&](SplitKvPlan& p) {
+      {"does not fit a decode batch",
+       [&](SplitKvPlan& p) {
          p.work[direct_item].q_end = TokenOffset(p.work[direct_item].q_end.value() + 1);
        }},
-      {"does not fit a decode batch", [&](SplitKvPlan& p) {
-         p.work[direct_item].kv_begin = TokenPosition(-1);
-       }},
-      {"does not fit a decode batch", [&](SplitKvPlan& p) {
+      {"does not fit a decode batch",
+       [&](SplitKvPlan& p) { p.work[direct_item].kv_begin = TokenPosition(-1); }},
+      {"does not fit a decode batch",
+       [&](SplitKvPlan& p) {
          p.work[direct_item].kv_end = TokenPosition(p.work[direct_item].kv_begin.value() - 1);
        }},
-      {"written twice", [&](SplitKvPlan& p) {
-         p.work[direct_item].partial_slot = p.work[split_item].partial_slot;
-       }},
-      {"written twice", [&](SplitKvPlan& p) {  // by two items of the split sequence
+      {"written twice",
+       [&](SplitKvPlan& p) { p.work[direct_item].partial_slot = p.work[split_item].partial_slot; }},
+      {"written twice",
+       [&](SplitKvPlan& p) {  // by two items of the split sequence
          p.work[split_item + 1].partial_slot = p.work[split_item].partial_slot;
        }},
-      {"which no work item of sequence", [&](SplitKvPlan& p) {
+      {"which no work item of sequence",
+       [&](SplitKvPlan& p) {
          const int32_t other = p.work[direct_item].sequence;
          p.reduce[0].sequence = other;
          p.reduce[0].q_begin = TokenOffset(other);
          p.reduce[0].q_end = TokenOffset(other + 1);
        }},
-      {"direct items", [&](SplitKvPlan& p) {
+      {"direct items",
+       [&](SplitKvPlan& p) {
          const int32_t gone = p.work[direct_item].sequence;
          p.work.erase(std::remove_if(p.work.begin(), p.work.end(),
                                      [&](const SplitKvWorkItem& w) { return w.sequence == gone; }),
                       p.work.end());
        }},
-      {"do not tile its KV from 0", [&](SplitKvPlan& p) {
-         p.work[direct_item].kv_begin = TokenPosition(1);
-       }},
+      {"do not tile its KV from 0",
+       [&](SplitKvPlan& p) { p.work[direct_item].kv_begin = TokenPosition(1); }},
       {"is written but never merged", [](SplitKvPlan& p) { p.reduce[0].partial_end -= 1; }},
   };
   for (const Case& c : cases) {

@@ -177,8 +177,10 @@ TEST_P(DeviceGraphTest, ReplaysEqualTheHostWriterAndARegrowRecaptures) {
         // Every buffer the replay wrote, padded rows included, byte for byte.
         const int64_t total = hr->metadata.kv_indptr.back().value() + (bucket - bs);
         std::vector<std::pair<std::string, int64_t>> written = {
-            {"kv_indptr", (bucket + 1) * 4}, {"qo_indptr", (bucket + 1) * 4},
-            {"kv_last_page_len", bucket * 4}, {"kv_indices", total * 4},
+            {"kv_indptr", (bucket + 1) * 4},
+            {"qo_indptr", (bucket + 1) * 4},
+            {"kv_last_page_len", bucket * 4},
+            {"kv_indices", total * 4},
             {"page_table", bucket * host.state().plan().page_table_cols.value() * 4}};
         // The split-KV plan, written on the device, and its counts, computed on the host.
         EXPECT_EQ(dr->split_kv.chunk, hr->split_kv.chunk);

@@ -19,16 +19,16 @@ namespace kernels {
 // Which input broke which bound.
 enum ViolationKind : int32_t {
   kNoViolation = 0,
-  kRowOutsideTable = 1,       // a request row outside [0, max_reqs) (and not the padded -1)
-  kLengthNegative = 2,        // a KV or query length below 0
-  kLengthPastRow = 3,         // start + KV length past the row of req_to_token
-  kQueryPastKv = 4,           // more query rows than KV tokens
-  kTotalPastInt32 = 5,        // an indptr total past INT32_MAX
-  kTotalPastCapacity = 6,     // tokens (or mask bytes) past the output buffer
-  kSlotOutsidePool = 7,       // a slot of req_to_token or tok_idx outside the KV pool
-  kIndptrDecreasing = 8,      // an indptr entry below the one before it
-  kPagesPastTable = 9,        // a row needs more page-table columns than the table has
-  kOffsetNegative = 10,       // an indptr entry below 0
+  kRowOutsideTable = 1,    // a request row outside [0, max_reqs) (and not the padded -1)
+  kLengthNegative = 2,     // a KV or query length below 0
+  kLengthPastRow = 3,      // start + KV length past the row of req_to_token
+  kQueryPastKv = 4,        // more query rows than KV tokens
+  kTotalPastInt32 = 5,     // an indptr total past INT32_MAX
+  kTotalPastCapacity = 6,  // tokens (or mask bytes) past the output buffer
+  kSlotOutsidePool = 7,    // a slot of req_to_token or tok_idx outside the KV pool
+  kIndptrDecreasing = 8,   // an indptr entry below the one before it
+  kPagesPastTable = 9,     // a row needs more page-table columns than the table has
+  kOffsetNegative = 10,    // an indptr entry below 0
   // Varlen attention (varlen_attention.h): qo_indptr and the custom mask.
   kQueryIndptrNegative = 11,    // a qo_indptr entry below 0
   kQueryIndptrDecreasing = 12,  // a qo_indptr entry below the one before it
@@ -39,15 +39,15 @@ enum ViolationKind : int32_t {
                                 // no sequence claims
   // The decode attention's split-KV work and reduce items (paged_decode_attention.h); index:
   // the item.
-  kWorkItemSequence = 17,         // a work item's sequence outside the batch
-  kWorkItemPartialSlot = 18,      // a work item's partial slot past the partial buffers
-  kWorkItemKvBeginNegative = 19,  // a work item's kv_begin below 0
-  kWorkItemKvEndPastLength = 20,  // a work item's kv_end past its sequence's KV length
-  kWorkItemKvEndBeforeBegin = 21,  // a work item's kv_end below its kv_begin
-  kReduceItemSequence = 22,       // a reduce item's sequence outside the batch
+  kWorkItemSequence = 17,                 // a work item's sequence outside the batch
+  kWorkItemPartialSlot = 18,              // a work item's partial slot past the partial buffers
+  kWorkItemKvBeginNegative = 19,          // a work item's kv_begin below 0
+  kWorkItemKvEndPastLength = 20,          // a work item's kv_end past its sequence's KV length
+  kWorkItemKvEndBeforeBegin = 21,         // a work item's kv_end below its kv_begin
+  kReduceItemSequence = 22,               // a reduce item's sequence outside the batch
   kReduceItemPartialEndPastBuffers = 23,  // a reduce item's partial_end past the partial buffers
-  kPartialSlotUnmerged = 24,      // merging in the attention launch: a work item's partial slot
-                                  // that no reduce item merges
+  kPartialSlotUnmerged = 24,  // merging in the attention launch: a work item's partial slot
+                              // that no reduce item merges
   kReduceItemPartialBeginNegative = 25,   // a reduce item's partial_begin below 0
   kReduceItemPartialEndBeforeBegin = 26,  // a reduce item's partial_end below its partial_begin
 };

@@ -79,7 +79,8 @@ absl::Status HipDeviceMemory::CopyToDevice(DeviceBuffer dst, int64_t offset, con
   char* to = static_cast<char*>(dst.ptr) + offset;
   if (uploads_ != nullptr && uploads_->attached() && uploads_->stream() == stream_) {
     absl::Status staged = uploads_->Stage(to, src, bytes);
-    // No room: the open batch goes first, then this copy the ordinary way.
+    // No room, or a range another copy of the batch covers: the open batch goes first, then
+    // this copy the ordinary way.
     if (!absl::IsResourceExhausted(staged)) return staged;
     if (absl::Status s = FlushUploads(); !s.ok()) return s;
   }

@@ -167,7 +167,8 @@ void ExpectFusedEqualsTheHostWriter(GpuTest& test, int64_t ps, int real, int64_t
     hb.qo_indptr = absl::MakeSpan(h_qo_indptr);
     hb.kv_last_page_len = absl::MakeSpan(h_last);
     hb.kv_indices = absl::MakeSpan(h_indices);
-    hb.page_table = *PageTableSpan<PageId>::Create(absl::MakeSpan(h_table), padded, PageCount(cols));
+    hb.page_table =
+        *PageTableSpan<PageId>::Create(absl::MakeSpan(h_table), padded, PageCount(cols));
     MetadataWriteRequest req;
     req.mode = q == 1 ? ForwardMode::kDecode : ForwardMode::kExtend;
     req.real_batch_size = real;

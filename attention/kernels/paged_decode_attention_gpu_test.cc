@@ -163,15 +163,12 @@ struct DeviceProblem {
 
 DeviceProblem ToDevice(const Problem& p) {
   const absl::Span<const PageId> table = p.metadata.page_table.span().entries();
-  return DeviceProblem{Upload(Bytes(p.q_bits)),
-                       Upload(Bytes(p.k_bits)),
-                       Upload(Bytes(p.v_bits)),
-                       Upload(p.metadata.kv_indptr),
-                       Upload(p.metadata.kv_indices),
-                       Upload(std::vector<PageId>(table.begin(), table.end())),
-                       Upload(p.metadata.kv_lens),
-                       p.metadata.page_table.cols(),
-                       p.fixture->page_size()};
+  return DeviceProblem{
+      Upload(Bytes(p.q_bits)),       Upload(Bytes(p.k_bits)),
+      Upload(Bytes(p.v_bits)),       Upload(p.metadata.kv_indptr),
+      Upload(p.metadata.kv_indices), Upload(std::vector<PageId>(table.begin(), table.end())),
+      Upload(p.metadata.kv_lens),    p.metadata.page_table.cols(),
+      p.fixture->page_size()};
 }
 
 struct Result {

@@ -240,7 +240,8 @@ class Bench {
     if (layout != MaskLayout::kNone) {
       mask_indptr.resize(w.bs + 1);
       const int32_t word_bytes = MaskWordBytes(TokenCount(w.q_len));
-      mask.resize(w.bs * MaskBlockBytes(layout, TokenCount(w.q_len), TokenCount(b.kv_len), word_bytes));
+      mask.resize(w.bs *
+                  MaskBlockBytes(layout, TokenCount(w.q_len), TokenCount(b.kv_len), word_bytes));
       BENCH_CHECK(WriteTreeMask(b.tree, layout, absl::MakeSpan(mask), absl::MakeSpan(mask_indptr)));
     }
     DeviceBuffer<uint8_t> d_mask = Unwrap(DeviceBuffer<uint8_t>::FromHost(mask));

@@ -121,8 +121,8 @@ absl::Status BuildPageTable(const ReqToTokenPool& pool, absl::Span<const ReqPool
   const PageCount need_cols = PagesForTokensCeil(MaxLength(kv_lens), page_size);
   if (out.rows() < static_cast<int64_t>(bs) || out.cols() < need_cols) {
     return absl::InvalidArgumentError(absl::StrCat("page table output is [", out.rows(), "][",
-                                                   out.cols().value(), "], the batch needs [",
-                                                   bs, "][", need_cols.value(), "]"));
+                                                   out.cols().value(), "], the batch needs [", bs,
+                                                   "][", need_cols.value(), "]"));
   }
   const int64_t ps = page_size.tokens();
   for (size_t i = 0; i < bs; ++i) {

@@ -97,7 +97,9 @@ absl::Status CheckBatch(MaskLayout layout, absl::Span<const TokenLength> q_lens,
     }
     max_q = std::max(max_q, q_lens[i].count());
   }
-  // Bounds sum(q_len * kv_len) and sum(q_len^2) by 2^62: no block sum overflows.
+  // The query rows' bound keeps sum(q_len * kv_len) and sum(q_len^2) under 2^62 (every kv_len
+  // is an int32): no block sum overflows. The KV tokens are bounded as an int32 kv_indptr
+  // bounds them.
   if (absl::Status s = CheckSumWithinInt32(q_lens, "query rows"); !s.ok()) return s;
   if (absl::Status s = CheckSumWithinInt32(kv_lens, "KV tokens"); !s.ok()) return s;
   *word_bytes = MaskWordBytes(max_q);
@@ -164,8 +166,8 @@ absl::Status BuildCustomMask(MaskLayout layout, absl::Span<const uint8_t> tree_r
   }
   for (size_t i = 0; i < bs; ++i) {
     // A sum of checked values: the caller's entry minus its predecessor could overflow.
-    if (mask_indptr[i + 1] !=
-        mask_indptr[i] + MaskBlockBytes(layout, q_lens[i].count(), kv_lens[i].count(), word_bytes)) {
+    if (mask_indptr[i + 1] != mask_indptr[i] + MaskBlockBytes(layout, q_lens[i].count(),
+                                                              kv_lens[i].count(), word_bytes)) {
       return absl::InvalidArgumentError(absl::StrCat("custom mask: mask_indptr step ", i,
                                                      " disagrees with the ", MaskLayoutName(layout),
                                                      " layout"));

@@ -81,9 +81,9 @@ absl::Status DiffMetadata(const ForwardMetadataView& got, const ForwardMetadataV
   }
   if (!want_table) return absl::OkStatus();
   if (got.page_table.cols() < want.page_table.cols()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "page table: got ", got.page_table.cols().value(), " columns, want at least ",
-        want.page_table.cols().value()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("page table: got ", got.page_table.cols().value(), " columns, want at least ",
+                     want.page_table.cols().value()));
   }
   if (got.page_table.rows() < bs) {
     return SameCount("page table rows", got.page_table.rows(), bs);

@@ -29,9 +29,8 @@ class PageTableSpan {
   static absl::StatusOr<PageTableSpan> Create(absl::Span<T> storage, int64_t rows, PageCount cols) {
     const int64_t c = cols.value();
     if (rows < 0 || c < 0 || (c > 0 && rows > static_cast<int64_t>(storage.size()) / c)) {
-      return absl::InvalidArgumentError(absl::StrCat("page table [", rows, "][", c,
-                                                     "] does not fit in ", storage.size(),
-                                                     " entries"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "page table [", rows, "][", c, "] does not fit in ", storage.size(), " entries"));
     }
     return PageTableSpan(storage.subspan(0, rows * c), rows, cols);
   }
@@ -42,9 +41,7 @@ class PageTableSpan {
   int64_t rows() const { return rows_; }
   PageCount cols() const { return cols_; }
   // REQUIRES: 0 <= i < rows().
-  absl::Span<T> row(int64_t i) const {
-    return entries_.subspan(i * cols_.value(), cols_.value());
-  }
+  absl::Span<T> row(int64_t i) const { return entries_.subspan(i * cols_.value(), cols_.value()); }
   absl::Span<T> entries() const { return entries_; }
 
  private:
@@ -61,7 +58,9 @@ class PageTable {
   PageTable() = default;
   // REQUIRES: rows >= 0, cols >= 0. Every entry starts as kPaddingPage.
   PageTable(int64_t rows, PageCount cols)
-      : entries_(static_cast<size_t>(rows * cols.value()), kPaddingPage), rows_(rows), cols_(cols) {}
+      : entries_(static_cast<size_t>(rows * cols.value()), kPaddingPage),
+        rows_(rows),
+        cols_(cols) {}
 
   int64_t rows() const { return rows_; }
   PageCount cols() const { return cols_; }

@@ -254,28 +254,30 @@ TEST(ReferenceAttentionTest, BadInputIsRefusedAndWritesNothing) {
       {"attention dims", kTokenLevel, [](auto& in, auto&) { in.dims.num_kv_heads = 3; }},
       {"attention dims", kTokenLevel, [](auto& in, auto&) { in.dims.head_dim = 0; }},
       {"K/V pools of", kTokenLevel, [](auto& in, auto&) { in.v_pool.remove_suffix(dim); }},
-      {"K/V pools of", kPageTable, [](auto& in, auto&) {
+      {"K/V pools of", kPageTable,
+       [](auto& in, auto&) {
          in.k_pool.remove_suffix(1);
          in.v_pool.remove_suffix(1);
        }},
       {"q has", kTokenLevel, [](auto&, auto&) {}, q.size() - 1},
       {"q has", kGathered, [](auto& in, auto&) { in.q.remove_suffix(1); }},
-      {"outside the allocatable pages", kTokenLevel, [&](auto& in, auto&) {
+      {"outside the allocatable pages", kTokenLevel,
+       [&](auto& in, auto&) {
          in.k_pool = absl::MakeConstSpan(k_pool).subspan(0, fewer_slots);
          in.v_pool = absl::MakeConstSpan(v_pool).subspan(0, fewer_slots);
        }},
-      {"needs a page table", kPageTable, [](auto& in, auto&) {
-         in.metadata.page_table = PageTableSpan<const PageId>();
-       }},
+      {"needs a page table", kPageTable,
+       [](auto& in, auto&) { in.metadata.page_table = PageTableSpan<const PageId>(); }},
       {"gather: cu_k must be", kGathered, [](auto&, auto& g) { g.cu_k.pop_back(); }},
       {"gather: cu_k must be", kGathered, [](auto&, auto& g) { g.tok_idx.pop_back(); }},
-      {"gather: sequence 0 has 42 tokens, kv_len 43", kGathered, [](auto&, auto& g) {
-         g.cu_k[1] = TokenOffset(g.cu_k[1].value() - 1);
-       }},
-      {"gather: tok_idx[5] = slot", kGathered, [&](auto&, auto& g) {
+      {"gather: sequence 0 has 42 tokens, kv_len 43", kGathered,
+       [](auto&, auto& g) { g.cu_k[1] = TokenOffset(g.cu_k[1].value() - 1); }},
+      {"gather: tok_idx[5] = slot", kGathered,
+       [&](auto&, auto& g) {
          g.tok_idx[5] = TokenSlot(static_cast<int32_t>(f.pool_slots().value()));
        }},
-      {"gather: tok_idx[0] = slot -1", kGathered, [](auto&, auto& g) { g.tok_idx[0] = TokenSlot(-1); }},
+      {"gather: tok_idx[0] = slot -1", kGathered,
+       [](auto&, auto& g) { g.tok_idx[0] = TokenSlot(-1); }},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.words);
@@ -311,7 +313,9 @@ TEST(DenseAttentionTest, BadShapesAreRefusedAndWriteNothing) {
   ASSERT_TRUE(DenseAttention(d, q, k, v, absl::MakeSpan(out)).ok());
   ASSERT_TRUE(DenseMaskedAttention(d, q, k, v, sees, absl::MakeSpan(out)).ok());
   out = untouched;
-  EXPECT_EQ(words(DenseAttention({2, 3, 4}, q, k, v, absl::MakeSpan(out))).rfind("attention dims", 0), 0u);
+  EXPECT_EQ(
+      words(DenseAttention({2, 3, 4}, q, k, v, absl::MakeSpan(out))).rfind("attention dims", 0),
+      0u);
   EXPECT_EQ(words(DenseAttention(d, q, k, absl::MakeConstSpan(v).subspan(4), absl::MakeSpan(out))),
             "dense attention: shapes disagree");
   EXPECT_EQ(words(DenseAttention(d, q, k, v, absl::MakeSpan(out).subspan(1))),

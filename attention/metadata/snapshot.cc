@@ -319,9 +319,9 @@ absl::Status CheckSnapshot(const MetadataSnapshot& s) {
     return st;
   }
   if (pt->rows() != built.page_table.rows() || pt->cols() != built.page_table.cols()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "page_table: recorded [", pt->rows(), "][", pt->cols().value(), "], rebuilt [",
-        built.page_table.rows(), "][", built.page_table.cols().value(), "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_table: recorded [", pt->rows(), "][", pt->cols().value(), "], rebuilt [",
+                     built.page_table.rows(), "][", built.page_table.cols().value(), "]"));
   }
   if (absl::Status st = Compare<PageId>("page_table", pt->entries(), built.page_table.entries());
       !st.ok()) {

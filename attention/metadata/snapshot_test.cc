@@ -86,8 +86,9 @@ TEST_F(SnapshotTest, EveryCorruptedArrayIsNamed) {
   ExpectRejected("req_to_token", [](MetadataSnapshot& s) { *s.add_req_to_token() = s.req_to_token(0); });
   ExpectRejected("req_to_token", [](MetadataSnapshot& s) { s.set_max_context_len(int64_t{1} << 40); });
   ExpectRejected("req_to_token", [](MetadataSnapshot& s) { s.set_max_reqs(0); });
-  ExpectRejected("req_to_token row", [](MetadataSnapshot& s) { s.set_max_context_len(10); },
-                 absl::StatusCode::kOutOfRange);
+  ExpectRejected(
+      "req_to_token row", [](MetadataSnapshot& s) { s.set_max_context_len(10); },
+      absl::StatusCode::kOutOfRange);
   ExpectRejected("rebuilding", [](MetadataSnapshot& s) { s.set_mode("decode"); });
 }
 

@@ -266,9 +266,9 @@ absl::Status ValidateLayout(const ForwardMetadataView& m, const ValidationContex
   // slot equals an offset within a page checked to lie in the pool.
   const PageCount need_cols = PagesForTokensCeil(max_kv, ctx.page_size);
   if (pt.rows() < bs || pt.cols() < need_cols) {
-    return Invalid("page_table", absl::StrCat("is [", pt.rows(), "][", pt.cols().value(),
-                                              "], the batch needs [", bs, "][",
-                                              need_cols.value(), "]"));
+    return Invalid("page_table",
+                   absl::StrCat("is [", pt.rows(), "][", pt.cols().value(), "], the batch needs [",
+                                bs, "][", need_cols.value(), "]"));
   }
   for (int64_t i = 0; i < bs; ++i) {
     absl::Span<const PageId> row = pt.row(i);
@@ -350,12 +350,11 @@ absl::Status CheckCustomMask(const ForwardMetadataView& m) {
     // Compared as a sum of checked values: the caller's entry minus its predecessor could
     // overflow.
     if (mask.mask_indptr[i + 1] != mask.mask_indptr[i] + want) {
-      return Invalid("mask_indptr", absl::StrCat("entry ", i + 1, " = ", mask.mask_indptr[i + 1],
-                                                 ", want ", mask.mask_indptr[i], " + the ",
-                                                 MaskLayoutName(mask.layout), " block of q_len ",
-                                                 q_len.value(), " over kv_len ",
-                                                 m.kv_lens[i].value(), " (", want,
-                                                 " bytes)"));
+      return Invalid("mask_indptr",
+                     absl::StrCat("entry ", i + 1, " = ", mask.mask_indptr[i + 1], ", want ",
+                                  mask.mask_indptr[i], " + the ", MaskLayoutName(mask.layout),
+                                  " block of q_len ", q_len.value(), " over kv_len ",
+                                  m.kv_lens[i].value(), " (", want, " bytes)"));
     }
   }
   if (static_cast<int64_t>(mask.mask.size()) < mask.mask_indptr[bs]) {

@@ -79,7 +79,8 @@ TEST_F(ValidatorTest, NamesEachBrokenInvariant) {
     m.kv_indices.push_back(m.kv_indices.back());
   });
   ExpectRejected("kv_last_page_len", [](ForwardMetadata& m) { m.kv_last_page_len.pop_back(); });
-  ExpectRejected("page_table", [](ForwardMetadata& m) { m.page_table = PageTable(3, PageCount(1)); });
+  ExpectRejected("page_table",
+                 [](ForwardMetadata& m) { m.page_table = PageTable(3, PageCount(1)); });
   ExpectRejected("page_table", [](ForwardMetadata& m) {
     std::swap(m.page_table.span().row(0)[0], m.page_table.span().row(0)[1]);
   });

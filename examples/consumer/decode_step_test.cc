@@ -11,7 +11,7 @@ TEST(DecodeStepTest, MetadataOfADecodeAfterPrefill) {
   EXPECT_EQ(m->kv_indptr.back().value(), 38 + 6 + 65);
   EXPECT_EQ(m->qo_indptr.back().value(), 3);
   EXPECT_EQ(m->max_kv_len.value(), 65);
-  EXPECT_EQ(m->page_table.cols(), 5);  // ceil(65 / 16)
+  EXPECT_EQ(m->page_table.cols().value(), 5);  // ceil(65 / 16)
   // A pool too small for the batch is an error, not a crash.
   EXPECT_EQ(DecodeStepAfterPrefill({37, 5, 64}, 16, 4, 7).status().code(),
             absl::StatusCode::kResourceExhausted);

@@ -16,6 +16,6 @@ int main() {
   std::printf(", max_kv_len %lld, page table %lld x %lld\n",
               static_cast<long long>(m->max_kv_len.value()),
               static_cast<long long>(m->page_table.rows()),
-              static_cast<long long>(m->page_table.cols()));
+              static_cast<long long>(m->page_table.cols().value()));
   return 0;
 }
