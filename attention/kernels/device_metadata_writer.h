@@ -70,7 +70,12 @@ class DeviceMetadataWriter : public MetadataWriter {
   ~DeviceMetadataWriter() override;
 
   // Unimplemented for mask layouts other than FULL; InvalidArgument for a split-KV request
-  // without the host lengths of its padded rows (host_kv_lens, host_q_lens).
+  // without the host lengths of its padded rows (host_kv_lens, host_q_lens), or for
+  // draft-decode with a split-KV plan. With graphs, a write is captured once per (generation,
+  // bucket, mode) and later writes of that key relaunch the capture without checking again:
+  // a caller keeps everything else of the request (page table, split-KV options, page size,
+  // draft shape) and the buffers the same within a generation, as GraphState does (a regrow
+  // or a new config starts a new generation).
   MemorySpace space() const override { return MemorySpace::kDevice; }
   absl::Status CheckSupported(const MetadataWriteRequest& request) const override;
   absl::Status WriteBatchArrays(const MetadataWriteRequest& request,
