@@ -30,7 +30,7 @@ absl::StatusOr<SplitKvPlan> PlanDecodeSplitKv(absl::Span<const TokenOffset> kv_i
   if (kv_indptr.empty()) return absl::InvalidArgumentError("decode split: kv_indptr is empty");
   const int64_t bs = static_cast<int64_t>(kv_indptr.size()) - 1;
   // Query row i is sequence i's: the rows must be int32 offsets (and 2 * bs * blocks_per_item
-  // below stays far from INT64_MAX).
+  // below, at most 2 * (2^31 - 1)^2, stays within int64).
   if (bs > std::numeric_limits<int32_t>::max()) {
     return absl::OutOfRangeError(
         absl::StrCat("decode split: ", bs, " sequences, beyond int32 query rows"));
