@@ -8,6 +8,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -174,37 +175,52 @@ TEST(ReferenceAttentionTest, EveryPathEqualsTheNaiveComputation) {
 // A bad plan is refused before anything is allocated by its counts or written to out: a plan
 // whose partial count passes its work items (it would have allocated 2^31 partials), and a
 // plan whose first item is sound but whose later reduce item is not (it wrote that item's rows).
-TEST(ReferenceAttentionTest, BadSplitPlansWriteNothing) {
-  BatchFixture f(16, 5);
-  f.AddSequence(40, 3);
-  f.AddSequence(20, 2);
-  auto m = BuildForwardMetadata(f.Batch(ForwardMode::kExtend), f.pool(), f.page_size());
-  ASSERT_TRUE(m.ok()) << m.status();
-  const int qh = 2, kvh = 1, dim = 4;
-  std::mt19937_64 rng(9);
-  const std::vector<float> k_pool = Random(f.pool_slots().value() * kvh * dim, rng);
-  const std::vector<float> v_pool = Random(k_pool.size(), rng);
-  const std::vector<float> q = Random(f.num_query_rows().value() * qh * dim, rng);
-  ReferenceAttentionInputs in{{qh, kvh, dim}, m->view(), f.page_size(), q, k_pool, v_pool};
+// Two sequences (3 query rows over 43 KV tokens, 2 over 22) at page size 16, 2 query heads on
+// 1 KV head of dim 4, random Q/K/V: the batch the bad-input tests break.
+class SmallExtendBatch : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    f_.AddSequence(40, 3);
+    f_.AddSequence(20, 2);
+    auto built = BuildForwardMetadata(f_.Batch(ForwardMode::kExtend), f_.pool(), f_.page_size());
+    ASSERT_TRUE(built.ok()) << built.status();
+    m_ = *std::move(built);
+    std::mt19937_64 rng(9);
+    k_pool_ = Random(f_.pool_slots().value() * kKvHeads * kHeadDim, rng);
+    v_pool_ = Random(k_pool_.size(), rng);
+    q_ = Random(f_.num_query_rows().value() * kQHeads * kHeadDim, rng);
+  }
+  ReferenceAttentionInputs Inputs() const {
+    return {{kQHeads, kKvHeads, kHeadDim}, m_->view(), f_.page_size(), q_, k_pool_, v_pool_};
+  }
+
+  static constexpr int kQHeads = 2, kKvHeads = 1, kHeadDim = 4;
+  BatchFixture f_{16, 5};
+  std::optional<ForwardMetadata> m_;
+  std::vector<float> k_pool_, v_pool_, q_;
+};
+
+TEST_F(SmallExtendBatch, BadSplitPlansWriteNothing) {
+  const ReferenceAttentionInputs in = Inputs();
   SplitKvOptions opt;
   opt.num_units = 3;
   opt.kv_granularity = TokenCount(16);
-  auto plan = PlanSplitKv(m->qo_indptr, m->kv_indptr, opt);
+  auto plan = PlanSplitKv(m_->qo_indptr, m_->kv_indptr, opt);
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_FALSE(plan->reduce.empty());
-  std::vector<float> out(q.size(), 7.0f);
+  std::vector<float> out(q_.size(), 7.0f);
   ASSERT_TRUE(ReferenceAttentionSplitKv(in, *plan, absl::MakeSpan(out)).ok());
 
   SplitKvPlan huge = *plan;
   huge.num_partials = std::numeric_limits<int32_t>::max();
-  out.assign(q.size(), 7.0f);
+  out.assign(q_.size(), 7.0f);
   EXPECT_EQ(ReferenceAttentionSplitKv(in, huge, absl::MakeSpan(out)).code(),
             absl::StatusCode::kInvalidArgument);
   SplitKvPlan late = *plan;
   // A direct item first (sequence 1 whole), then a reduce item naming a slot no item writes.
   late.work.insert(late.work.begin(),
-                   SplitKvWorkItem{1, m->qo_indptr[1], m->qo_indptr[2], TokenPosition(0),
-                                   TokenPosition(m->kv_lens[1].value()), -1});
+                   SplitKvWorkItem{1, m_->qo_indptr[1], m_->qo_indptr[2], TokenPosition(0),
+                                   TokenPosition(m_->kv_lens[1].value()), -1});
   late.reduce.back().partial_end = late.num_partials;
   late.reduce.back().partial_begin = late.num_partials - 1;
   late.work.erase(std::remove_if(late.work.begin(), late.work.end(),
@@ -214,27 +230,17 @@ TEST(ReferenceAttentionTest, BadSplitPlansWriteNothing) {
                   late.work.end());
   EXPECT_EQ(ReferenceAttentionSplitKv(in, late, absl::MakeSpan(out)).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(out, std::vector<float>(q.size(), 7.0f)) << "out written before the error";
+  EXPECT_EQ(out, std::vector<float>(q_.size(), 7.0f)) << "out written before the error";
 }
 
 // Every check of the reference paths: a refused call names what is wrong and writes nothing
 // ("a broken array is an error status, never an out-of-bounds read").
-TEST(ReferenceAttentionTest, BadInputIsRefusedAndWritesNothing) {
-  BatchFixture f(16, 5);
-  f.AddSequence(40, 3);
-  f.AddSequence(20, 2);
-  auto m = BuildForwardMetadata(f.Batch(ForwardMode::kExtend), f.pool(), f.page_size());
-  ASSERT_TRUE(m.ok()) << m.status();
-  const int qh = 2, kvh = 1, dim = 4;
-  std::mt19937_64 rng(11);
-  const std::vector<float> k_pool = Random(f.pool_slots().value() * kvh * dim, rng);
-  const std::vector<float> v_pool = Random(k_pool.size(), rng);
-  const std::vector<float> q = Random(f.num_query_rows().value() * qh * dim, rng);
-  const ReferenceAttentionInputs good{{qh, kvh, dim}, m->view(), f.page_size(), q, k_pool, v_pool};
-  auto gather = GatherContextTokens(ContextGatherInputs{ForwardMode::kExtend, m->kv_indptr,
-                                                        m->kv_indices, m->kv_lens, f.pool_slots()});
+TEST_F(SmallExtendBatch, BadInputIsRefusedAndWritesNothing) {
+  const ReferenceAttentionInputs good = Inputs();
+  auto gather = GatherContextTokens(ContextGatherInputs{
+      ForwardMode::kExtend, m_->kv_indptr, m_->kv_indices, m_->kv_lens, f_.pool_slots()});
   ASSERT_TRUE(gather.ok()) << gather.status();
-  std::vector<float> out(q.size(), 7.0f);
+  std::vector<float> out(q_.size(), 7.0f);
   ASSERT_TRUE(ReferenceAttentionTokenLevel(good, absl::MakeSpan(out)).ok());
   ASSERT_TRUE(ReferenceAttentionPageTable(good, absl::MakeSpan(out)).ok());
   ASSERT_TRUE(ReferenceAttentionGathered(good, *gather, absl::MakeSpan(out)).ok());
@@ -248,23 +254,23 @@ TEST(ReferenceAttentionTest, BadInputIsRefusedAndWritesNothing) {
   };
   // A pool that ends at the batch's highest slot: that slot is outside it.
   int32_t highest = 0;
-  for (TokenSlot s : m->kv_indices) highest = std::max(highest, s.value());
-  const size_t fewer_slots = static_cast<size_t>(highest) * kvh * dim;
+  for (TokenSlot s : m_->kv_indices) highest = std::max(highest, s.value());
+  const size_t fewer_slots = static_cast<size_t>(highest) * kKvHeads * kHeadDim;
   const std::vector<Case> cases = {
       {"attention dims", kTokenLevel, [](auto& in, auto&) { in.dims.num_kv_heads = 3; }},
       {"attention dims", kTokenLevel, [](auto& in, auto&) { in.dims.head_dim = 0; }},
-      {"K/V pools of", kTokenLevel, [](auto& in, auto&) { in.v_pool.remove_suffix(dim); }},
+      {"K/V pools of", kTokenLevel, [](auto& in, auto&) { in.v_pool.remove_suffix(kHeadDim); }},
       {"K/V pools of", kPageTable,
        [](auto& in, auto&) {
          in.k_pool.remove_suffix(1);
          in.v_pool.remove_suffix(1);
        }},
-      {"q has", kTokenLevel, [](auto&, auto&) {}, q.size() - 1},
+      {"q has", kTokenLevel, [](auto&, auto&) {}, q_.size() - 1},
       {"q has", kGathered, [](auto& in, auto&) { in.q.remove_suffix(1); }},
       {"outside the allocatable pages", kTokenLevel,
        [&](auto& in, auto&) {
-         in.k_pool = absl::MakeConstSpan(k_pool).subspan(0, fewer_slots);
-         in.v_pool = absl::MakeConstSpan(v_pool).subspan(0, fewer_slots);
+         in.k_pool = absl::MakeConstSpan(k_pool_).subspan(0, fewer_slots);
+         in.v_pool = absl::MakeConstSpan(v_pool_).subspan(0, fewer_slots);
        }},
       {"needs a page table", kPageTable,
        [](auto& in, auto&) { in.metadata.page_table = PageTableSpan<const PageId>(); }},
@@ -274,7 +280,7 @@ TEST(ReferenceAttentionTest, BadInputIsRefusedAndWritesNothing) {
        [](auto&, auto& g) { g.cu_k[1] = TokenOffset(g.cu_k[1].value() - 1); }},
       {"gather: tok_idx[5] = slot", kGathered,
        [&](auto&, auto& g) {
-         g.tok_idx[5] = TokenSlot(static_cast<int32_t>(f.pool_slots().value()));
+         g.tok_idx[5] = TokenSlot(static_cast<int32_t>(f_.pool_slots().value()));
        }},
       {"gather: tok_idx[0] = slot -1", kGathered,
        [](auto&, auto& g) { g.tok_idx[0] = TokenSlot(-1); }},
