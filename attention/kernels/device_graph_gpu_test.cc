@@ -10,8 +10,8 @@
 
 #include <cstdint>
 #include <cstring>
-#include <optional>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -24,10 +24,11 @@
 #include "attention/kernels/hip_port.h"
 #include "attention/kernels/metadata_launchers.h"
 #include "attention/kernels/staged_uploads.h"
-#include "attention/kernels/testing/spin.h"
 #include "attention/kernels/testing/device_buffer.h"
-#include "attention/metadata/testing/batch_fixture.h"
+#include "attention/kernels/testing/spin.h"
 #include "attention/metadata/draft_decode_layout.h"
+#include "attention/metadata/split_kv_planner.h"
+#include "attention/metadata/testing/batch_fixture.h"
 #include "attention/metadata/validator.h"
 #include "gtest/gtest.h"
 
@@ -296,6 +297,34 @@ TEST_F(WriterOverlapTest, OverlapLaunchesReachesEveryLaunch) {
       const int64_t launches = draft ? 2 * shape.steps : 2;
       EXPECT_EQ(programmatic, overlap && *can ? launches - 1 : 0);
       EXPECT_EQ(hipGraphDestroy(graph), hipSuccess);
+      if (!draft) {
+        // Host lengths the split-KV planner refuses (a row with more query rows than KV
+        // tokens) are refused before anything is queued, and the counts reported are still
+        // those of the last write.
+        std::vector<TokenLength> longer_q = host_q;
+        longer_q[0] = TokenLength(host_kv[0].value() + 1);
+        MetadataWriteRequest refused_request = r;
+        refused_request.host_q_lens = longer_q;
+        ASSERT_EQ(hipStreamBeginCapture(stream_, hipStreamCaptureModeThreadLocal), hipSuccess);
+        const absl::Status refused =
+            device_->writer->WriteBatchArrays(refused_request, d.buffers());
+        hipGraph_t none = nullptr;
+        ASSERT_EQ(hipStreamEndCapture(stream_, &none), hipSuccess);
+        EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+        size_t queued = 1;
+        EXPECT_EQ(hipGraphGetNodes(none, nullptr, &queued), hipSuccess);
+        EXPECT_EQ(queued, 0u) << "a refused write queued work";
+        EXPECT_EQ(hipGraphDestroy(none), hipSuccess);
+        const absl::StatusOr<SplitKvPlanCounts> want =
+            CountSplitKvPlan(host_q, host_kv, r.split_kv_options);
+        ASSERT_TRUE(want.ok()) << want.status();
+        SplitKvPlanCounts counts;
+        ASSERT_TRUE(device_->writer->WriteTokenArrays(r, d.buffers(), &counts).ok());
+        EXPECT_EQ(counts.work_items, want->work_items);
+        EXPECT_EQ(counts.reduce_items, want->reduce_items);
+        EXPECT_EQ(counts.num_partials, want->num_partials);
+        EXPECT_GT(counts.work_items, 0);
+      }
       device_.reset();
     }
   }

@@ -267,9 +267,22 @@ absl::Status DeviceMetadataWriter::CheckSupported(const MetadataWriteRequest& r)
 absl::Status DeviceMetadataWriter::WriteBatchArrays(const MetadataWriteRequest& r,
                                                     const GraphBuffers& b) {
   if (absl::Status s = CheckSupported(r); !s.ok()) return s;
-  if (!options_.use_graphs) {
-    return Launch(r, b, /*direct=*/true);
+  // The split-KV plan's counts (reported by WriteTokenArrays) follow from the host's lengths:
+  // counted before anything is queued, so that lengths the planner refuses change nothing.
+  SplitKvPlanCounts counts;
+  if (r.split_kv) {
+    absl::StatusOr<SplitKvPlanCounts> c =
+        CountSplitKvPlan(r.host_q_lens, r.host_kv_lens, r.split_kv_options);
+    if (!c.ok()) return c.status();
+    counts = *c;
   }
+  absl::Status written = options_.use_graphs ? LaunchGraph(r, b) : Launch(r, b, /*direct=*/true);
+  if (written.ok()) split_kv_counts_ = counts;
+  return written;
+}
+
+absl::Status DeviceMetadataWriter::LaunchGraph(const MetadataWriteRequest& r,
+                                               const GraphBuffers& b) {
   // Graphs of an older generation read buffers that have moved: they are never launched, and
   // are dropped once a graph of the new generation is captured (a write that fails keeps
   // them, and the writer as it was).
@@ -317,14 +330,10 @@ absl::Status DeviceMetadataWriter::WriteBatchArrays(const MetadataWriteRequest& 
 absl::Status DeviceMetadataWriter::WriteTokenArrays(const MetadataWriteRequest& r,
                                                     const GraphBuffers&,
                                                     SplitKvPlanCounts* split_kv_counts) {
-  if (split_kv_counts == nullptr) return absl::OkStatus();
-  *split_kv_counts = SplitKvPlanCounts{};
-  if (!r.split_kv) return absl::OkStatus();
-  // The plan is written on the device; its counts follow from the host's lengths.
-  absl::StatusOr<SplitKvPlanCounts> counts =
-      CountSplitKvPlan(r.host_q_lens, r.host_kv_lens, r.split_kv_options);
-  if (!counts.ok()) return counts.status();
-  *split_kv_counts = *counts;
+  // Everything was queued by WriteBatchArrays, which also counted the split-KV plan.
+  if (split_kv_counts != nullptr) {
+    *split_kv_counts = r.split_kv ? split_kv_counts_ : SplitKvPlanCounts{};
+  }
   return absl::OkStatus();
 }
 

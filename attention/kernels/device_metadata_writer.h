@@ -3,23 +3,25 @@
 // decode, extend, draft-extend or idle replay in one fused kernel launch (target-verify's
 // FULL mask in a second, the split-KV plan in another), from device-resident inputs only, so
 // that the launches can be captured in a HIP/CUDA graph once per (buffer generation, bucket,
-// mode) and replayed for any real batch of that bucket: the kernels' arguments depend on the bucket and the buffers,
-// never on the real batch (padded rows are told apart by their staged row, kPaddedRow).
+// mode) and replayed for any real batch of that bucket: the kernels' arguments depend on the bucket
+// and the buffers, never on the real batch (padded rows are told apart by their staged row,
+// kPaddedRow).
 //
 // With graphs on (the default) the first write of a (generation, bucket, mode) captures the
 // launches and every write launches the captured graph. With `Options::uploads` (the
 // StagedUploads of the HipDeviceMemory that GraphState stages through) the writer attaches to
 // them and its launch starts with their apply kernel: the staged inputs land inside the one
-// graph launch of a replay step, with no copy call of their own; a new generation (GraphState::Reserve
-// moved the buffers) drops the graphs captured before it once its first graph is captured. WriteBatchArrays queues everything;
-// WriteTokenArrays has nothing left to do. Neither waits for the GPU: CheckViolations does,
-// and turns what the kernels recorded (a row, length or slot in device memory that broke its
-// bound) into a Status.
+// graph launch of a replay step, with no copy call of their own; a new generation
+// (GraphState::Reserve moved the buffers) drops the graphs captured before it once its first graph
+// is captured. WriteBatchArrays queues everything; WriteTokenArrays has nothing left to do. Neither
+// waits for the GPU: CheckViolations does, and turns what the kernels recorded (a row, length or
+// slot in device memory that broke its bound) into a Status.
 //
 // The split-KV plan is written on the device too (BuildSplitKvPlanOnDevice, from the indptrs
-// the fused launch wrote); WriteTokenArrays reports its counts from the request's host
-// lengths (CountSplitKvPlan). Draft-decode replays write every step's arrays instead
-// (BuildDraftStepOnDevice, two launches per step).
+// the fused launch wrote); its counts come from the request's host lengths (CountSplitKvPlan),
+// counted by WriteBatchArrays before anything is queued and reported by WriteTokenArrays.
+// Draft-decode replays write every step's arrays instead (BuildDraftStepOnDevice, two launches
+// per step).
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_DEVICE_METADATA_WRITER_H_
 #define ATTNMETA_ATTENTION_KERNELS_DEVICE_METADATA_WRITER_H_
@@ -71,7 +73,9 @@ class DeviceMetadataWriter : public MetadataWriter {
 
   // Unimplemented for mask layouts other than FULL; InvalidArgument for a split-KV request
   // without the host lengths of its padded rows (host_kv_lens, host_q_lens), or for
-  // draft-decode with a split-KV plan. With graphs, a write is captured once per (generation,
+  // draft-decode with a split-KV plan. WriteBatchArrays also refuses (CountSplitKvPlan's
+  // InvalidArgument or OutOfRange) split-KV host lengths the planner refuses, before it queues
+  // anything. With graphs, a write is captured once per (generation,
   // bucket, mode) and later writes of that key relaunch the capture without checking again:
   // a caller keeps everything else of the request (page table, split-KV options, page size,
   // draft shape) and the buffers the same within a generation, as GraphState does (a regrow
@@ -109,6 +113,9 @@ class DeviceMetadataWriter : public MetadataWriter {
   // stream is capturing them.
   absl::Status Launch(const MetadataWriteRequest& request, const GraphBuffers& buffers,
                       bool direct);
+  // Launches the graph captured for the request's (generation, bucket, mode), capturing it
+  // first when there is none.
+  absl::Status LaunchGraph(const MetadataWriteRequest& request, const GraphBuffers& buffers);
   // After every launch of the staged uploads' apply kernel (directly or in a graph).
   void NoteLaunched();
   void DropGraphs();
@@ -121,6 +128,8 @@ class DeviceMetadataWriter : public MetadataWriter {
   std::vector<Graph> graphs_;
   uint64_t generation_ = 0;
   int64_t graphs_captured_ = 0;
+  // The split-KV plan of the last write (WriteBatchArrays), which WriteTokenArrays reports.
+  SplitKvPlanCounts split_kv_counts_;
 };
 
 }  // namespace attnmeta

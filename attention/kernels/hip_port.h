@@ -121,6 +121,7 @@ using hipEvent_t = cudaEvent_t;
 using hipMemcpyKind = cudaMemcpyKind;
 using hipGraph_t = cudaGraph_t;
 using hipGraphExec_t = cudaGraphExec_t;
+using hipGraphNode_t = cudaGraphNode_t;
 using hipStreamCaptureMode = cudaStreamCaptureMode;
 
 constexpr hipError_t hipSuccess = cudaSuccess;
@@ -227,6 +228,9 @@ inline hipError_t hipGraphLaunch(hipGraphExec_t exec, hipStream_t s) {
 }
 inline hipError_t hipGraphExecDestroy(hipGraphExec_t exec) { return cudaGraphExecDestroy(exec); }
 inline hipError_t hipGraphDestroy(hipGraph_t graph) { return cudaGraphDestroy(graph); }
+inline hipError_t hipGraphGetNodes(hipGraph_t graph, hipGraphNode_t* nodes, size_t* count) {
+  return cudaGraphGetNodes(graph, nodes, count);
+}
 inline hipError_t hipEventCreate(hipEvent_t* e) { return cudaEventCreate(e); }
 constexpr unsigned hipEventDisableTiming = cudaEventDisableTiming;
 inline hipError_t hipEventCreateWithFlags(hipEvent_t* e, unsigned flags) {

@@ -171,7 +171,11 @@ absl::Status StagedUploads::EnqueueApply(void* zero, int64_t zero_bytes) {
   if (!launched.ok()) {
     // The open batch may or may not be applied: it is closed (its copies are lost, which the
     // caller learns from this status), and the next batch waits for the stream to count the
-    // runs again.
+    // runs again. Its entries are cleared from the header, or the next apply kernel to run (a
+    // graph holding one, launched again) would land them into destinations the caller may
+    // have freed since. A kernel of this launch that was queued after all reads the header
+    // once, so it lands the whole batch or none of it.
+    header_->count = 0;
     open_ = false;
     resync_ = true;
   }

@@ -1,9 +1,9 @@
 // StagedUploads and HipDeviceMemory's staged path: staged copies land when an apply kernel
 // runs (launched directly or from a graph), in order with the memory's other operations; a host
 // running ahead of the GPU waits for the previous apply and every step lands its own bytes; a
-// copy without room is refused and stages nothing, discarded copies never land; an apply
-// reported launched that never runs is an error, not a hang. Needs a GPU: fails when none is
-// visible.
+// copy without room is refused and stages nothing, discarded copies never land, nor do those
+// of an apply launch that failed; an apply reported launched that never runs is an error, not
+// a hang. Needs a GPU: fails when none is visible.
 
 #include <cstdint>
 #include <cstring>
@@ -194,6 +194,37 @@ TEST_F(StagedUploadsTest, AnApplyReportedLaunchedThatNeverRunsIsAnErrorNotAHang)
   const absl::Status s = u->Stage(dst->data(), v, 16);
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
   EXPECT_NE(s.message().find("never ran"), absl::string_view::npos) << s;
+}
+
+// An apply launch that fails loses its batch (the status says so): no later apply kernel
+// lands it, since its destinations may be gone by then. The launch is made to fail by queuing
+// it into a capture that a synchronization of the capturing stream invalidated.
+TEST_F(StagedUploadsTest, AFailedApplyLaunchLosesItsBatchForGood) {
+  auto u = MakeUploads();
+  ASSERT_NE(u, nullptr);
+  auto dst = DeviceBuffer<int32_t>::Create(4);
+  ASSERT_TRUE(dst.ok());
+  ASSERT_EQ(hipMemset(dst->data(), 0, 16), hipSuccess);
+  const int32_t lost[4] = {1, 2, 3, 4};
+  ASSERT_TRUE(u->Stage(dst->data(), lost, 16).ok());
+  ASSERT_EQ(hipStreamBeginCapture(stream_, hipStreamCaptureModeThreadLocal), hipSuccess);
+  EXPECT_NE(hipStreamSynchronize(stream_), hipSuccess);
+  const absl::Status failed = u->EnqueueApply();
+  hipGraph_t graph = nullptr;
+  (void)hipStreamEndCapture(stream_, &graph);
+  if (graph != nullptr) (void)hipGraphDestroy(graph);
+  (void)hipGetLastError();
+  ASSERT_EQ(failed.code(), absl::StatusCode::kInternal) << failed;
+  EXPECT_FALSE(u->has_open_batch());
+  // The next apply kernel, with nothing staged since, lands nothing.
+  ASSERT_TRUE(u->EnqueueApply().ok());
+  u->NoteApplyLaunched();
+  EXPECT_EQ(Read(*dst), std::vector<int32_t>(4, 0));
+  // The next batch lands as usual.
+  const int32_t next[4] = {5, 6, 7, 8};
+  ASSERT_TRUE(u->Stage(dst->data(), next, 16).ok());
+  ASSERT_TRUE(u->Flush().ok());
+  EXPECT_EQ(Read(*dst), std::vector<int32_t>(next, next + 4));
 }
 
 TEST_F(StagedUploadsTest, CreateAndAttachRefuseWhatCannotWork) {
