@@ -200,6 +200,9 @@ TEST_F(StagedUploadsTest, AnApplyReportedLaunchedThatNeverRunsIsAnErrorNotAHang)
 // lands it, since its destinations may be gone by then. The launch is made to fail by queuing
 // it into a capture that a synchronization of the capturing stream invalidated.
 TEST_F(StagedUploadsTest, AFailedApplyLaunchLosesItsBatchForGood) {
+  if (testing::UnderGpuSanitizer()) {
+    GTEST_SKIP() << "its runtime calls fail on purpose, which the sanitizer reports as errors";
+  }
   auto u = MakeUploads();
   ASSERT_NE(u, nullptr);
   auto dst = DeviceBuffer<int32_t>::Create(4);

@@ -1,9 +1,11 @@
 // gtest fixtures of the GPU tests: GpuTest fails when no GPU is visible; ViolationWordGpuTest
-// adds a device violation word for launches to record into.
+// adds a device violation word for launches to record into. UnderGpuSanitizer: whether the
+// test runs under compute-sanitizer.
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_TESTING_GPU_TEST_H_
 #define ATTNMETA_ATTENTION_KERNELS_TESTING_GPU_TEST_H_
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <utility>
@@ -16,6 +18,11 @@
 
 namespace attnmeta {
 namespace testing {
+
+// `run_all.sh --memcheck` sets ATTNMETA_GPU_SANITIZER. Tests skip under it what the sanitizer
+// cannot judge: launches meant to overlap (it runs them one after the other), runtime calls
+// meant to fail (it reports each as an error).
+inline bool UnderGpuSanitizer() { return std::getenv("ATTNMETA_GPU_SANITIZER") != nullptr; }
 
 class GpuTest : public ::testing::Test {
  protected:

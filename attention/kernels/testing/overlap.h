@@ -7,7 +7,6 @@
 #define ATTNMETA_ATTENTION_KERNELS_TESTING_OVERLAP_H_
 
 #include <cstdint>
-#include <cstdlib>
 #include <functional>
 #include <vector>
 
@@ -16,6 +15,7 @@
 #include "attention/kernels/hip_port.h"
 #include "attention/kernels/metadata_launchers.h"
 #include "attention/kernels/testing/device_buffer.h"
+#include "attention/kernels/testing/gpu_test.h"
 #include "attention/kernels/testing/spin.h"
 #include "attention/kernels/testing/upload.h"
 #include "gtest/gtest.h"
@@ -44,13 +44,12 @@ inline bool CompiledKernelsWait() {
 }
 
 // Whether launches overlap here: a device that can (DeviceOverlapsLaunches), and not under
-// compute-sanitizer, which runs launches one after the other (seen with memcheck on the H200):
-// `run_all.sh --memcheck` sets ATTNMETA_GPU_SANITIZER, and the tests that need an overlap skip
-// under it. DeviceOverlapsLaunches is held to what the device and the compiled code say: yes
-// on a GPU of compute capability 9.0 or later running code built to wait (the default
-// cuda_archs; a no there is a broken check that would make the overlap tests skip), and no
-// wherever the code does not wait (an overlapping launch would then read what the kernel
-// ahead has yet to write).
+// compute-sanitizer, which runs launches one after the other (seen with memcheck on the H200;
+// UnderGpuSanitizer), and the tests that need an overlap skip under it. DeviceOverlapsLaunches
+// is held to what the device and the compiled code say: yes on a GPU of compute capability 9.0
+// or later running code built to wait (the default cuda_archs; a no there is a broken check
+// that would make the overlap tests skip), and no wherever the code does not wait (an
+// overlapping launch would then read what the kernel ahead has yet to write).
 inline bool LaunchesOverlap() {
   absl::StatusOr<bool> can = DeviceOverlapsLaunches();
   EXPECT_TRUE(can.ok()) << can.status();
@@ -66,7 +65,7 @@ inline bool LaunchesOverlap() {
     EXPECT_FALSE(can.ok() && *can)
         << "the kernels do not wait for the kernel ahead, but DeviceOverlapsLaunches says yes";
   }
-  return can.ok() && *can && std::getenv("ATTNMETA_GPU_SANITIZER") == nullptr;
+  return can.ok() && *can && !UnderGpuSanitizer();
 }
 
 // A copy of all of `src` over `dst`, as a kernel ahead makes it at its end.
