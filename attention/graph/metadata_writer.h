@@ -108,7 +108,7 @@ class MetadataWriter {
   // Per-token arrays, O(tokens): kv_indices (real rows from req_to_token, padded rows on the
   // padding page), the page table (real rows' pages and padding past them, padded rows all
   // padding) when enabled, for every page size, and the split-KV plan when enabled.
-  // REQUIRES: WriteBatchArrays ran for the same request.
+  // REQUIRES: the last WriteBatchArrays of this writer succeeded, for the same request.
   // `split_kv_counts` (may be null) receives what the split-KV plan wrote.
   virtual absl::Status WriteTokenArrays(const MetadataWriteRequest& request,
                                         const GraphBuffers& buffers,

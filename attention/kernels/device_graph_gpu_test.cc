@@ -297,37 +297,87 @@ TEST_F(WriterOverlapTest, OverlapLaunchesReachesEveryLaunch) {
       const int64_t launches = draft ? 2 * shape.steps : 2;
       EXPECT_EQ(programmatic, overlap && *can ? launches - 1 : 0);
       EXPECT_EQ(hipGraphDestroy(graph), hipSuccess);
-      if (!draft) {
-        // Host lengths the split-KV planner refuses (a row with more query rows than KV
-        // tokens) are refused before anything is queued, and the counts reported are still
-        // those of the last write.
-        std::vector<TokenLength> longer_q = host_q;
-        longer_q[0] = TokenLength(host_kv[0].value() + 1);
-        MetadataWriteRequest refused_request = r;
-        refused_request.host_q_lens = longer_q;
-        ASSERT_EQ(hipStreamBeginCapture(stream_, hipStreamCaptureModeThreadLocal), hipSuccess);
-        const absl::Status refused =
-            device_->writer->WriteBatchArrays(refused_request, d.buffers());
-        hipGraph_t none = nullptr;
-        ASSERT_EQ(hipStreamEndCapture(stream_, &none), hipSuccess);
-        EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
-        size_t queued = 1;
-        EXPECT_EQ(hipGraphGetNodes(none, nullptr, &queued), hipSuccess);
-        EXPECT_EQ(queued, 0u) << "a refused write queued work";
-        EXPECT_EQ(hipGraphDestroy(none), hipSuccess);
-        const absl::StatusOr<SplitKvPlanCounts> want =
-            CountSplitKvPlan(host_q, host_kv, r.split_kv_options);
-        ASSERT_TRUE(want.ok()) << want.status();
-        SplitKvPlanCounts counts;
-        ASSERT_TRUE(device_->writer->WriteTokenArrays(r, d.buffers(), &counts).ok());
-        EXPECT_EQ(counts.work_items, want->work_items);
-        EXPECT_EQ(counts.reduce_items, want->reduce_items);
-        EXPECT_EQ(counts.num_partials, want->num_partials);
-        EXPECT_GT(counts.work_items, 0);
-      }
       device_.reset();
     }
   }
+}
+
+// A direct writer refuses split-KV host lengths the planner refuses (a row with more query
+// rows than KV tokens) before it queues anything, and then reports no counts until a write
+// succeeds; the counts of a write that succeeds are the planner's for its lengths.
+class DirectWriterTest : public DeviceGraphTest {};
+
+TEST_F(DirectWriterTest, SplitKvLengthsThePlannerRefusesQueueNothing) {
+  constexpr int64_t kPs = 16;
+  BatchFixture f(kPs, 73, /*num_pages=*/4000 / kPs + 64, /*max_reqs=*/12, /*max_context=*/512);
+  for (int i = 0; i < 8; ++i) f.AddSequence(100 + 30 * i, 1);
+  const BackendConfig config = MakeTestConfig(kPs, {.max_batch_size = 8, .max_context_len = 512});
+  DeviceMetadataWriter::Options options;
+  options.use_graphs = false;
+  MakeDevice(f, config, /*staged=*/false, options);
+  ASSERT_FALSE(HasFatalFailure());
+  GraphState& d = *device_->state;
+  auto h = d.Capture(8, ForwardMode::kDecode);
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_TRUE(d.Replay(*h, ReplayBatch{f.rows(), f.kv_lens()}).ok());
+  ASSERT_EQ(hipStreamSynchronize(stream_), hipSuccess);
+  const std::vector<TokenLength> host_kv(f.kv_lens().begin(), f.kv_lens().end());
+  const std::vector<TokenLength> host_q(8, TokenLength(1));
+  MetadataWriteRequest r;
+  r.mode = ForwardMode::kDecode;
+  r.real_batch_size = 8;
+  r.padded_batch_size = 8;
+  r.padded_kv_len = GraphState::kPaddedKvLen;
+  r.page_size = f.page_size();
+  r.req_to_token = &f.pool();
+  r.page_table = true;
+  r.split_kv = true;
+  r.split_kv_options.layout = KvLayout::Paged(f.page_size());
+  r.split_kv_options.num_units = 7;
+  r.split_kv_options.kv_granularity = TokenCount(32);
+  r.split_kv_options.q_tile = TokenCount(4);
+  r.q_len_per_request = TokenLength(1);
+  r.host_kv_lens = host_kv;
+  r.host_q_lens = host_q;
+  r.generation = d.generation();
+  DeviceMetadataWriter& writer = *device_->writer;
+  SplitKvPlanCounts counts;
+  EXPECT_EQ(writer.WriteTokenArrays(r, d.buffers(), &counts).code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "counts reported before any write of this writer";
+
+  std::vector<TokenLength> longer_q = host_q;
+  longer_q[0] = TokenLength(host_kv[0].value() + 1);
+  MetadataWriteRequest refused_request = r;
+  refused_request.host_q_lens = longer_q;
+  ASSERT_EQ(hipStreamBeginCapture(stream_, hipStreamCaptureModeThreadLocal), hipSuccess);
+  const absl::Status refused = writer.WriteBatchArrays(refused_request, d.buffers());
+  hipGraph_t none = nullptr;
+  ASSERT_EQ(hipStreamEndCapture(stream_, &none), hipSuccess);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  size_t queued = 1;
+  EXPECT_EQ(hipGraphGetNodes(none, nullptr, &queued), hipSuccess);
+  EXPECT_EQ(queued, 0u) << "a refused write queued work";
+  EXPECT_EQ(hipGraphDestroy(none), hipSuccess);
+
+  ASSERT_TRUE(writer.WriteBatchArrays(r, d.buffers()).ok());
+  ASSERT_EQ(writer.WriteBatchArrays(refused_request, d.buffers()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(writer.WriteTokenArrays(r, d.buffers(), &counts).code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "counts of an earlier write reported after a refused one";
+  ASSERT_TRUE(writer.WriteBatchArrays(r, d.buffers()).ok());
+  ASSERT_TRUE(writer.WriteTokenArrays(r, d.buffers(), &counts).ok());
+  const absl::StatusOr<SplitKvPlanCounts> want =
+      CountSplitKvPlan(host_q, host_kv, r.split_kv_options);
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_GT(want->work_items, 0);
+  EXPECT_EQ(counts.work_items, want->work_items);
+  EXPECT_EQ(counts.reduce_items, want->reduce_items);
+  EXPECT_EQ(counts.num_partials, want->num_partials);
+  EXPECT_EQ(counts.chunk, want->chunk);
+  ASSERT_EQ(hipStreamSynchronize(stream_), hipSuccess);
+  EXPECT_TRUE(writer.CheckViolations().ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(PageSizes, DeviceGraphTest,

@@ -266,6 +266,8 @@ absl::Status DeviceMetadataWriter::CheckSupported(const MetadataWriteRequest& r)
 
 absl::Status DeviceMetadataWriter::WriteBatchArrays(const MetadataWriteRequest& r,
                                                     const GraphBuffers& b) {
+  // Until this write succeeds, WriteTokenArrays has no counts to report.
+  split_kv_counts_.reset();
   if (absl::Status s = CheckSupported(r); !s.ok()) return s;
   // The split-KV plan's counts (reported by WriteTokenArrays) follow from the host's lengths:
   // counted before anything is queued, so that lengths the planner refuses change nothing.
@@ -331,8 +333,12 @@ absl::Status DeviceMetadataWriter::WriteTokenArrays(const MetadataWriteRequest& 
                                                     const GraphBuffers&,
                                                     SplitKvPlanCounts* split_kv_counts) {
   // Everything was queued by WriteBatchArrays, which also counted the split-KV plan.
+  if (!split_kv_counts_.has_value()) {
+    return absl::FailedPreconditionError(
+        "device metadata writer: token arrays without a successful WriteBatchArrays before");
+  }
   if (split_kv_counts != nullptr) {
-    *split_kv_counts = r.split_kv ? split_kv_counts_ : SplitKvPlanCounts{};
+    *split_kv_counts = r.split_kv ? *split_kv_counts_ : SplitKvPlanCounts{};
   }
   return absl::OkStatus();
 }

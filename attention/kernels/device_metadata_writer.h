@@ -12,10 +12,10 @@
 // StagedUploads of the HipDeviceMemory that GraphState stages through) the writer attaches to
 // them and its launch starts with their apply kernel: the staged inputs land inside the one
 // graph launch of a replay step, with no copy call of their own; a new generation
-// (GraphState::Reserve moved the buffers) drops the graphs captured before it once its first graph
-// is captured. WriteBatchArrays queues everything; WriteTokenArrays has nothing left to do. Neither
-// waits for the GPU: CheckViolations does, and turns what the kernels recorded (a row, length or
-// slot in device memory that broke its bound) into a Status.
+// (GraphState::Reserve moved the buffers) drops the graphs captured before it once its first
+// graph is captured. WriteBatchArrays queues everything; WriteTokenArrays only reports the
+// split-KV counts. Neither waits for the GPU: CheckViolations does, and turns what the kernels
+// recorded (a row, length or slot in device memory that broke its bound) into a Status.
 //
 // The split-KV plan is written on the device too (BuildSplitKvPlanOnDevice, from the indptrs
 // the fused launch wrote); its counts come from the request's host lengths (CountSplitKvPlan),
@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -63,8 +64,9 @@ class DeviceMetadataWriter : public MetadataWriter {
   // are checked against `pool_slots`. Launches on `stream`. InvalidArgument for an empty
   // table, a stride < 1, a table that is not whole rows, a null table or pool_slots < 1;
   // OutOfRange for more than INT32_MAX rows or pool_slots past 2^31; Internal when the
-  // runtime fails. A write that fails leaves the writer as it was: its violation word and the
-  // staged uploads are touched only once every launch of the write has been checked.
+  // runtime fails. A write that fails leaves the writer as it was (its violation word and the
+  // staged uploads are touched only once every launch of the write has been checked), but for
+  // the split-KV counts: WriteTokenArrays refuses until a WriteBatchArrays succeeds.
   static absl::StatusOr<std::unique_ptr<DeviceMetadataWriter>> Create(
       DeviceReqToToken req_to_token, TokenCount pool_slots, hipStream_t stream, Options options);
   DeviceMetadataWriter(const DeviceMetadataWriter&) = delete;
@@ -75,11 +77,12 @@ class DeviceMetadataWriter : public MetadataWriter {
   // without the host lengths of its padded rows (host_kv_lens, host_q_lens), or for
   // draft-decode with a split-KV plan. WriteBatchArrays also refuses (CountSplitKvPlan's
   // InvalidArgument or OutOfRange) split-KV host lengths the planner refuses, before it queues
-  // anything. With graphs, a write is captured once per (generation,
-  // bucket, mode) and later writes of that key relaunch the capture without checking again:
-  // a caller keeps everything else of the request (page table, split-KV options, page size,
-  // draft shape) and the buffers the same within a generation, as GraphState does (a regrow
-  // or a new config starts a new generation).
+  // anything; WriteTokenArrays reports the counts of the last WriteBatchArrays, and is
+  // FailedPrecondition when that one failed or none ran. With graphs, a write is captured
+  // once per (generation, bucket, mode) and later writes of that key relaunch the capture
+  // without checking again: a caller keeps everything else of the request (page table,
+  // split-KV options, page size, draft shape) and the buffers the same within a generation, as
+  // GraphState does (a regrow or a new config starts a new generation).
   MemorySpace space() const override { return MemorySpace::kDevice; }
   absl::Status CheckSupported(const MetadataWriteRequest& request) const override;
   absl::Status WriteBatchArrays(const MetadataWriteRequest& request,
@@ -128,8 +131,9 @@ class DeviceMetadataWriter : public MetadataWriter {
   std::vector<Graph> graphs_;
   uint64_t generation_ = 0;
   int64_t graphs_captured_ = 0;
-  // The split-KV plan of the last write (WriteBatchArrays), which WriteTokenArrays reports.
-  SplitKvPlanCounts split_kv_counts_;
+  // The split-KV plan of the last WriteBatchArrays, which WriteTokenArrays reports; empty
+  // after one that failed.
+  std::optional<SplitKvPlanCounts> split_kv_counts_;
 };
 
 }  // namespace attnmeta

@@ -23,8 +23,9 @@ struct StagedUpload {
 };
 
 // The arena's head, in pinned host memory, written by the host only while no launched apply
-// kernel is still to run (see StagedUploads). 16-byte words, so that the kernel reads it in one
-// round trip over the bus.
+// kernel is still to run (see StagedUploads), but for the count of a batch whose apply launch
+// failed, cleared while that launch's kernel may be queued. 16-byte words, so that the kernel reads
+// it in one round trip over the bus.
 struct alignas(16) StagedUploadHeader {
   uint64_t batch;  // the open batch's number, from 1; a batch is applied once
   uint32_t count;  // entries[0, count) are its copies; <= kMaxStagedUploads

@@ -173,10 +173,16 @@ absl::Status StagedUploads::EnqueueApply(void* zero, int64_t zero_bytes) {
     // caller learns from this status), and the next batch waits for the stream to count the
     // runs again. Its entries are cleared from the header, or the next apply kernel to run (a
     // graph holding one, launched again) would land them into destinations the caller may
-    // have freed since. A kernel of this launch that was queued after all reads the header
-    // once, so it lands the whole batch or none of it.
-    header_->count = 0;
-    open_ = false;
+    // have freed since. Every apply kernel launched before had run when the batch opened, so
+    // only this launch's kernel, if it was queued after all, can be reading the header: it
+    // reads it once, and lands the whole batch or none of it. With no batch open the header
+    // is left alone: it holds the last batch launched, which its kernel may have yet to apply.
+    if (open_) {
+      header_->count = 0;
+      count_ = 0;
+      used_ = 0;
+      open_ = false;
+    }
     resync_ = true;
   }
   return launched;

@@ -61,8 +61,9 @@ class StagedUploads {
   // runs it applies the batch that is open then, and clears the device words
   // [zero, zero + zero_bytes) for the consumer (a status word its kernels record into).
   // InvalidArgument unless zero_bytes is a multiple of 4 and at most 4 * kMaxZeroWords.
-  // Internal when the launch fails: the open batch is then closed, its copies lost (no later
-  // apply kernel lands them).
+  // Internal when the launch fails: the open batch is then closed and its copies are lost
+  // (they land at most through this launch's kernel, if it was queued after all, never through
+  // a later one); batches launched before it are not touched.
   absl::Status EnqueueApply(void* zero = nullptr, int64_t zero_bytes = 0);
   // An apply kernel was launched, directly or in a graph: the open batch, if any, is in flight.
   // The consumer calls it after every successful launch that holds an apply kernel.

@@ -2,8 +2,9 @@
 // runs (launched directly or from a graph), in order with the memory's other operations; a host
 // running ahead of the GPU waits for the previous apply and every step lands its own bytes; a
 // copy without room is refused and stages nothing, discarded copies never land, nor do those
-// of an apply launch that failed; an apply reported launched that never runs is an error, not
-// a hang. Needs a GPU: fails when none is visible.
+// of an apply launch that failed (which leaves the batches launched before it alone); an apply
+// reported launched that never runs is an error, not a hang. Needs a GPU: fails when none is
+// visible.
 
 #include <cstdint>
 #include <cstring>
@@ -38,6 +39,18 @@ class StagedUploadsTest : public testing::GpuTest {
     auto u = StagedUploads::Create(stream_, payload);
     EXPECT_TRUE(u.ok()) << u.status();
     return u.ok() ? *std::move(u) : nullptr;
+  }
+  // EnqueueApply made to fail: queued into a capture that a synchronization of the capturing
+  // stream invalidated (which the sanitizer reports as errors: callers skip under it).
+  absl::Status FailedEnqueueApply(StagedUploads& u) {
+    EXPECT_EQ(hipStreamBeginCapture(stream_, hipStreamCaptureModeThreadLocal), hipSuccess);
+    EXPECT_NE(hipStreamSynchronize(stream_), hipSuccess);
+    const absl::Status failed = u.EnqueueApply();
+    hipGraph_t graph = nullptr;
+    (void)hipStreamEndCapture(stream_, &graph);
+    if (graph != nullptr) (void)hipGraphDestroy(graph);
+    (void)hipGetLastError();
+    return failed;
   }
   template <typename T>
   std::vector<T> Read(const DeviceBuffer<T>& b) {
@@ -197,8 +210,7 @@ TEST_F(StagedUploadsTest, AnApplyReportedLaunchedThatNeverRunsIsAnErrorNotAHang)
 }
 
 // An apply launch that fails loses its batch (the status says so): no later apply kernel
-// lands it, since its destinations may be gone by then. The launch is made to fail by queuing
-// it into a capture that a synchronization of the capturing stream invalidated.
+// lands it, since its destinations may be gone by then.
 TEST_F(StagedUploadsTest, AFailedApplyLaunchLosesItsBatchForGood) {
   if (testing::UnderGpuSanitizer()) {
     GTEST_SKIP() << "its runtime calls fail on purpose, which the sanitizer reports as errors";
@@ -210,13 +222,7 @@ TEST_F(StagedUploadsTest, AFailedApplyLaunchLosesItsBatchForGood) {
   ASSERT_EQ(hipMemset(dst->data(), 0, 16), hipSuccess);
   const int32_t lost[4] = {1, 2, 3, 4};
   ASSERT_TRUE(u->Stage(dst->data(), lost, 16).ok());
-  ASSERT_EQ(hipStreamBeginCapture(stream_, hipStreamCaptureModeThreadLocal), hipSuccess);
-  EXPECT_NE(hipStreamSynchronize(stream_), hipSuccess);
-  const absl::Status failed = u->EnqueueApply();
-  hipGraph_t graph = nullptr;
-  (void)hipStreamEndCapture(stream_, &graph);
-  if (graph != nullptr) (void)hipGraphDestroy(graph);
-  (void)hipGetLastError();
+  const absl::Status failed = FailedEnqueueApply(*u);
   ASSERT_EQ(failed.code(), absl::StatusCode::kInternal) << failed;
   EXPECT_FALSE(u->has_open_batch());
   // The next apply kernel, with nothing staged since, lands nothing.
@@ -228,6 +234,29 @@ TEST_F(StagedUploadsTest, AFailedApplyLaunchLosesItsBatchForGood) {
   ASSERT_TRUE(u->Stage(dst->data(), next, 16).ok());
   ASSERT_TRUE(u->Flush().ok());
   EXPECT_EQ(Read(*dst), std::vector<int32_t>(next, next + 4));
+}
+
+// An apply launch that fails with no batch open leaves alone the batch launched before it,
+// whose kernel, queued behind a long kernel, has yet to read the header.
+TEST_F(StagedUploadsTest, AFailedApplyLaunchKeepsTheBatchLaunchedBeforeIt) {
+  if (testing::UnderGpuSanitizer()) {
+    GTEST_SKIP() << "its runtime calls fail on purpose, which the sanitizer reports as errors";
+  }
+  auto u = MakeUploads();
+  ASSERT_NE(u, nullptr);
+  auto dst = DeviceBuffer<int32_t>::Create(4);
+  ASSERT_TRUE(dst.ok());
+  ASSERT_EQ(hipMemset(dst->data(), 0, 16), hipSuccess);
+  ASSERT_EQ(hipStreamSynchronize(stream_), hipSuccess);
+  // About 10 ms at the H200's clock: far longer than the host takes to fail the launch below.
+  ASSERT_EQ(testing::LaunchSpin(20000000, stream_), hipSuccess);
+  const int32_t launched[4] = {1, 2, 3, 4};
+  ASSERT_TRUE(u->Stage(dst->data(), launched, 16).ok());
+  ASSERT_TRUE(u->Flush().ok());
+  ASSERT_FALSE(u->has_open_batch());
+  const absl::Status failed = FailedEnqueueApply(*u);
+  ASSERT_EQ(failed.code(), absl::StatusCode::kInternal) << failed;
+  EXPECT_EQ(Read(*dst), std::vector<int32_t>(launched, launched + 4));
 }
 
 TEST_F(StagedUploadsTest, CreateAndAttachRefuseWhatCannotWork) {
