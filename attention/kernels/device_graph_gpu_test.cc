@@ -340,11 +340,17 @@ TEST_F(DirectWriterTest, SplitKvLengthsThePlannerRefusesQueueNothing) {
   r.host_kv_lens = host_kv;
   r.host_q_lens = host_q;
   r.generation = d.generation();
-  DeviceMetadataWriter& writer = *device_->writer;
   SplitKvPlanCounts counts;
-  EXPECT_EQ(writer.WriteTokenArrays(r, d.buffers(), &counts).code(),
-            absl::StatusCode::kFailedPrecondition)
-      << "counts reported before any write of this writer";
+  {
+    const DeviceReqToToken table{device_->table->const_span(), f.pool().max_context_len()};
+    auto fresh = DeviceMetadataWriter::Create(table, f.pool_slots(), stream_, options);
+    ASSERT_TRUE(fresh.ok()) << fresh.status();
+    EXPECT_EQ((*fresh)->WriteTokenArrays(r, d.buffers(), &counts).code(),
+              absl::StatusCode::kFailedPrecondition)
+        << "counts reported by a writer that has written nothing";
+  }
+  // GraphState's writer wrote the replay above; it is written directly from here on.
+  DeviceMetadataWriter& writer = *device_->writer;
 
   std::vector<TokenLength> longer_q = host_q;
   longer_q[0] = TokenLength(host_kv[0].value() + 1);
