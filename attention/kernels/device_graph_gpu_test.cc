@@ -62,6 +62,31 @@ std::vector<T> As(const std::vector<uint8_t>& bytes) {
 // (page size, staged uploads)
 class DeviceGraphTest : public ::testing::TestWithParam<std::tuple<int64_t, bool>> {
  protected:
+  // A decode write of f's first bs rows (one query row each) with the page table, for a
+  // writer called directly over the buffers of `generation`; the split-KV options a test sets
+  // when it asks for the plan.
+  static MetadataWriteRequest DirectDecodeRequest(const BatchFixture& f, int64_t bs,
+                                                  uint64_t generation) {
+    MetadataWriteRequest r;
+    r.mode = ForwardMode::kDecode;
+    r.real_batch_size = bs;
+    r.padded_batch_size = bs;
+    r.padded_kv_len = GraphState::kPaddedKvLen;
+    r.page_size = f.page_size();
+    r.req_to_token = &f.pool();
+    r.page_table = true;
+    r.q_len_per_request = TokenLength(1);
+    r.generation = generation;
+    return r;
+  }
+  static SplitKvOptions DirectSplitKvOptions(const BatchFixture& f) {
+    SplitKvOptions o;
+    o.layout = KvLayout::Paged(f.page_size());
+    o.num_units = 7;
+    o.kv_granularity = TokenCount(32);
+    o.q_tile = TokenCount(4);
+    return o;
+  }
   void SetUp() override {
     ASSERT_TRUE(testing::RequireGpu().ok()) << testing::RequireGpu();
     ASSERT_EQ(hipStreamCreate(&stream_), hipSuccess);
@@ -269,24 +294,14 @@ TEST_F(WriterOverlapTest, OverlapLaunchesReachesEveryLaunch) {
       // The same write again, its launches captured from the stream.
       const std::vector<TokenLength> host_kv(f.kv_lens().begin(), f.kv_lens().end());
       const std::vector<TokenLength> host_q(8, TokenLength(1));
-      MetadataWriteRequest r;
+      MetadataWriteRequest r = DirectDecodeRequest(f, 8, d.generation());
       r.mode = mode;
-      r.real_batch_size = 8;
-      r.padded_batch_size = 8;
-      r.padded_kv_len = GraphState::kPaddedKvLen;
-      r.page_size = f.page_size();
-      r.req_to_token = &f.pool();
       r.page_table = !draft;
       r.split_kv = !draft;
-      r.split_kv_options.layout = KvLayout::Paged(f.page_size());
-      r.split_kv_options.num_units = 7;
-      r.split_kv_options.kv_granularity = TokenCount(32);
-      r.split_kv_options.q_tile = TokenCount(4);
+      r.split_kv_options = DirectSplitKvOptions(f);
       if (draft) r.draft_decode = shape;
-      r.q_len_per_request = TokenLength(1);
       r.host_kv_lens = host_kv;
       r.host_q_lens = host_q;
-      r.generation = d.generation();
       ASSERT_EQ(hipStreamBeginCapture(stream_, hipStreamCaptureModeThreadLocal), hipSuccess);
       const absl::Status written = device_->writer->WriteBatchArrays(r, d.buffers());
       hipGraph_t graph = nullptr;
@@ -323,23 +338,11 @@ TEST_F(DirectWriterTest, SplitKvLengthsThePlannerRefusesQueueNothing) {
   ASSERT_EQ(hipStreamSynchronize(stream_), hipSuccess);
   const std::vector<TokenLength> host_kv(f.kv_lens().begin(), f.kv_lens().end());
   const std::vector<TokenLength> host_q(8, TokenLength(1));
-  MetadataWriteRequest r;
-  r.mode = ForwardMode::kDecode;
-  r.real_batch_size = 8;
-  r.padded_batch_size = 8;
-  r.padded_kv_len = GraphState::kPaddedKvLen;
-  r.page_size = f.page_size();
-  r.req_to_token = &f.pool();
-  r.page_table = true;
+  MetadataWriteRequest r = DirectDecodeRequest(f, 8, d.generation());
   r.split_kv = true;
-  r.split_kv_options.layout = KvLayout::Paged(f.page_size());
-  r.split_kv_options.num_units = 7;
-  r.split_kv_options.kv_granularity = TokenCount(32);
-  r.split_kv_options.q_tile = TokenCount(4);
-  r.q_len_per_request = TokenLength(1);
+  r.split_kv_options = DirectSplitKvOptions(f);
   r.host_kv_lens = host_kv;
   r.host_q_lens = host_q;
-  r.generation = d.generation();
   SplitKvPlanCounts counts;
   {
     const DeviceReqToToken table{device_->table->const_span(), f.pool().max_context_len()};
@@ -508,16 +511,7 @@ TEST_P(DeviceGraphTest, BadTablesAndRequestsAreRefusedAndChangeNothing) {
   ASSERT_EQ(hipStreamSynchronize(stream_), hipSuccess);
   auto writer = DeviceMetadataWriter::Create(whole, f.pool_slots(), stream_, direct);
   ASSERT_TRUE(writer.ok()) << writer.status();
-  MetadataWriteRequest r;
-  r.mode = ForwardMode::kDecode;
-  r.real_batch_size = 4;
-  r.padded_batch_size = 4;
-  r.padded_kv_len = GraphState::kPaddedKvLen;
-  r.page_size = f.page_size();
-  r.req_to_token = &f.pool();
-  r.page_table = true;
-  r.q_len_per_request = TokenLength(1);
-  r.generation = d.generation();
+  const MetadataWriteRequest r = DirectDecodeRequest(f, 4, d.generation());
   // A slot outside the pool in the first row: the write records it.
   const int64_t at = int64_t{f.rows()[0].value()} * f.pool().max_context_len().value();
   const TokenSlot bad(static_cast<int32_t>(f.pool_slots().value() + 5));
