@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "attention/kernels/internal/device_queries.h"
+#include "glog/logging.h"
 
 namespace attnmeta {
 using internal::RuntimeStatus;
@@ -50,9 +51,18 @@ absl::StatusOr<DeviceBuffer> HipDeviceMemory::Allocate(absl::string_view name, i
 
 void HipDeviceMemory::Free(DeviceBuffer buffer) {
   // Staged copies may target the buffer: they land first (hipFree waits for the device), or
-  // are dropped when they cannot be launched.
-  if (!FlushUploads().ok()) uploads_->Discard();
-  if (live_.erase(buffer.ptr) > 0) (void)hipFree(buffer.ptr);
+  // are dropped when they cannot be launched. Free returns no status (a deallocation has no
+  // caller to act on one), so what it drops or fails is logged.
+  if (const absl::Status flushed = FlushUploads(); !flushed.ok()) {
+    LOG(WARNING) << "device memory: staged copies discarded before a free: " << flushed;
+    uploads_->Discard();
+  }
+  if (live_.erase(buffer.ptr) == 0) return;
+  if (const hipError_t err = hipFree(buffer.ptr); err != hipSuccess) {
+    (void)hipGetLastError();
+    LOG(WARNING) << "device memory: hipFree of " << buffer.ptr
+                 << " failed: " << hipGetErrorString(err);
+  }
 }
 
 absl::Status HipDeviceMemory::CheckRange(DeviceBuffer buffer, int64_t offset, int64_t bytes) const {
