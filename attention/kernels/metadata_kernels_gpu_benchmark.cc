@@ -19,7 +19,7 @@
 // copy reference moves the same number of bytes (half read, half written).
 //
 // Usage: metadata_kernels_gpu_benchmark [--l2-fetch-granularity=BYTES]
-//                                       [--shape=BS,CTX,PS | --host-times | OUT_DIR]
+//                                       [--shape=BS,CTX,PS[,STRIDE] | --host-times | OUT_DIR]
 // (OUT_DIR gets metadata_kernels.csv and .md besides stdout; --host-times runs only the host-time
 // measurements). The granularity, an NVIDIA hint for the bytes DRAM fetches per L2 miss, is set
 // for the whole run (the page table's strided reads depend on it). Needs a GPU; exits non-zero
@@ -98,12 +98,12 @@ struct Set {
   DeviceBuffer<uint8_t> copy_src, copy_dst;
 };
 
-// The fused launch's arguments over a set's buffers (rows of ctx tokens, cols page-table
-// columns).
-DecodeMetadataDeviceArgs FusedArgs(Set& x, int64_t ctx, int64_t cols, TokenCount pool_slots,
-                                   PageSize page_size) {
+// The fused launch's arguments over a set's buffers (rows of ctx tokens in a req_to_token of
+// row stride `stride`, cols page-table columns).
+DecodeMetadataDeviceArgs FusedArgs(Set& x, int64_t ctx, int64_t stride, int64_t cols,
+                                   TokenCount pool_slots, PageSize page_size) {
   DecodeMetadataDeviceArgs a;
-  a.req_to_token = DeviceReqToToken{x.table.const_span(), TokenCount(ctx)};
+  a.req_to_token = DeviceReqToToken{x.table.const_span(), TokenCount(stride)};
   a.pool_slots = pool_slots;
   a.page_size = page_size;
   a.rows = x.rows.const_span();
@@ -119,15 +119,20 @@ DecodeMetadataDeviceArgs FusedArgs(Set& x, int64_t ctx, int64_t cols, TokenCount
   return a;
 }
 
-void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceViolationWord& word) {
+// Rows of ctx tokens in a req_to_token of row stride `stride` (>= ctx; a serving table's is its
+// largest context, so with ctx below it the rows start aligned there and only kv_indices
+// sees every alignment).
+void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceViolationWord& word,
+              int64_t stride) {
   const PageSize page_size = *PageSize::Create(ps);
   const int64_t tokens = bs * ctx;
+  const std::string tag = stride != ctx ? absl::StrFormat(" (row stride %d)", stride) : "";
   const int64_t cols = (ctx + ps - 1) / ps;
   const int64_t pool_pages = bs * cols + 1;
   const int64_t set_bytes = tokens * 8 + bs * cols * 8;
   const int sets = static_cast<int>(std::clamp<int64_t>(kRotationBytes / set_bytes, 1, 8));
   // Host arrays of set 0 (the others are shuffled copies), kept for the output checks.
-  std::vector<TokenSlot> table(tokens);
+  std::vector<TokenSlot> table(bs * stride, TokenSlot(0));
   std::vector<ReqPoolIndex> req_rows(bs);
   std::vector<TokenLength> kv(bs, TokenLength(static_cast<int32_t>(ctx))), q(bs, TokenLength(1));
   std::vector<Set> s;
@@ -137,7 +142,8 @@ void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceV
     std::shuffle(page_order.begin(), page_order.end(), rng);
     for (int64_t i = 0; i < bs; ++i) {
       for (int64_t t = 0; t < ctx; ++t) {
-        table[i * ctx + t] = TokenSlot(static_cast<int32_t>(page_order[i * cols + t / ps] * ps + t % ps));
+        table[i * stride + t] =
+            TokenSlot(static_cast<int32_t>(page_order[i * cols + t / ps] * ps + t % ps));
       }
     }
     for (int64_t i = 0; i < bs; ++i) req_rows[i] = ReqPoolIndex(static_cast<int32_t>(i));
@@ -176,7 +182,7 @@ void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceV
       const std::vector<TokenSlot> got = want_indices ? Unwrap(x.indices.ToHost()) : std::vector<TokenSlot>{};
       const std::vector<PageId> pg = want_pages ? Unwrap(x.pages.ToHost()) : std::vector<PageId>{};
       for (int64_t i = 0; i < bs; ++i) {
-        const TokenSlot* row = t.data() + int64_t{r[i].value()} * ctx;
+        const TokenSlot* row = t.data() + int64_t{r[i].value()} * stride;
         if (want_indices && !std::equal(row, row + ctx, got.begin() + i * ctx)) {
           std::fprintf(stderr, "MISMATCH %s kv_indices bs=%lld ctx=%lld ps=%lld row %lld\n", op,
                        (long long)bs, (long long)ctx, (long long)ps, (long long)i);
@@ -207,11 +213,18 @@ void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceV
                             "copy"));
     });
   };
-  auto table_of = [&](int k) { return DeviceReqToToken{s[k].table.const_span(), TokenCount(ctx)}; };
+  auto table_of = [&](int k) {
+    return DeviceReqToToken{s[k].table.const_span(), TokenCount(stride)};
+  };
   // Every launch overlaps the launch ahead by default; `plain` launches without that.
   auto kv_indices_launch = [&](int k, bool plain) {
-    TokenKvIndicesDeviceInputs in{s[k].table.const_span(), TokenCount(ctx), s[k].rows.const_span(),
-                                  s[k].kv_indptr.const_span(), {}, TokenCount(ctx), pool_slots};
+    TokenKvIndicesDeviceInputs in{s[k].table.const_span(),
+                                  TokenCount(stride),
+                                  s[k].rows.const_span(),
+                                  s[k].kv_indptr.const_span(),
+                                  {},
+                                  TokenCount(ctx),
+                                  pool_slots};
     in.overlap_preceding_kernel = !plain;
     BENCH_CHECK(BuildTokenKvIndicesOnDevice(in, s[k].indices.span(), nullptr, word.device()));
   };
@@ -228,11 +241,11 @@ void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceV
                                     s[k].last.span(), page_size, word.device(), nullptr));
   };
   auto fused = [&](int k) {
-    BENCH_CHECK(BuildDecodeMetadataOnDevice(FusedArgs(s[k], ctx, cols, pool_slots, page_size),
-                                            word.device(), nullptr));
+    BENCH_CHECK(BuildDecodeMetadataOnDevice(
+        FusedArgs(s[k], ctx, stride, cols, pool_slots, page_size), word.device(), nullptr));
   };
   auto fused_plain = [&](int k) {
-    DecodeMetadataDeviceArgs a = FusedArgs(s[k], ctx, cols, pool_slots, page_size);
+    DecodeMetadataDeviceArgs a = FusedArgs(s[k], ctx, stride, cols, pool_slots, page_size);
     a.overlap_preceding_kernel = false;
     BENCH_CHECK(BuildDecodeMetadataOnDevice(a, word.device(), nullptr));
   };
@@ -255,8 +268,8 @@ void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceV
   const double kv_us = TimeUs(sets, kv_indices);
   check(true, false, false, "kv_indices");
   const double kv_copy_us = copy_us(tokens * 4);
-  Report({"kv_indices", bs, ctx, ps, token_bytes, kv_us, kv_copy_us});
-  Report({"kv_indices without overlap", bs, ctx, ps, token_bytes, kv_plain_us, kv_copy_us});
+  Report({"kv_indices" + tag, bs, ctx, ps, token_bytes, kv_us, kv_copy_us});
+  Report({"kv_indices without overlap" + tag, bs, ctx, ps, token_bytes, kv_plain_us, kv_copy_us});
 
   poison();
   const double pt_plain_us = TimeUs(sets, [&](int k) { page_table_launch(k, true); });
@@ -265,13 +278,13 @@ void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceV
   const double pt_us = TimeUs(sets, page_table);
   check(false, true, false, "page_table");
   const double pt_copy_us = copy_us(static_cast<int64_t>(page_bytes / 2));
-  Report({"page_table", bs, ctx, ps, page_bytes, pt_us, pt_copy_us});
-  Report({"page_table without overlap", bs, ctx, ps, page_bytes, pt_plain_us, pt_copy_us});
+  Report({"page_table" + tag, bs, ctx, ps, page_bytes, pt_us, pt_copy_us});
+  Report({"page_table without overlap" + tag, bs, ctx, ps, page_bytes, pt_plain_us, pt_copy_us});
 
   poison();
   const double ip_us = TimeUs(sets, indptr);
   check(false, false, true, "indptr");
-  Report({"indptr+last_page_len", bs, ctx, ps, indptr_bytes, ip_us, copy_us(bs * 6)});
+  Report({"indptr+last_page_len" + tag, bs, ctx, ps, indptr_bytes, ip_us, copy_us(bs * 6)});
 
   poison();
   const double sep_us = TimeUs(sets, [&](int k) {
@@ -281,7 +294,7 @@ void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceV
   });
   check(true, true, true, "separate");
   const double separate_bytes = token_bytes + page_bytes + indptr_bytes;
-  Report({"separate (3 launches)", bs, ctx, ps, separate_bytes, sep_us,
+  Report({"separate (3 launches)" + tag, bs, ctx, ps, separate_bytes, sep_us,
           copy_us(static_cast<int64_t>(separate_bytes / 2))});
 
   // The fused launch rewrites kv_indptr from the lengths: the kernels above read it, so it is
@@ -293,8 +306,9 @@ void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceV
   const double fused_us = TimeUs(sets, fused);
   check(true, true, true, "fused");
   const double fused_copy_us = copy_us(static_cast<int64_t>(fused_bytes / 2));
-  Report({"fused (1 launch)", bs, ctx, ps, fused_bytes, fused_us, fused_copy_us});
-  Report({"fused (1 launch) without overlap", bs, ctx, ps, fused_bytes, plain_us, fused_copy_us});
+  Report({"fused (1 launch)" + tag, bs, ctx, ps, fused_bytes, fused_us, fused_copy_us});
+  Report({"fused (1 launch) without overlap" + tag, bs, ctx, ps, fused_bytes, plain_us,
+          fused_copy_us});
   std::printf("    fused / kv_indices alone = %.3f (both without overlap %.3f), fused / separate = "
               "%.3f\n",
               fused_us / kv_us, plain_us / kv_plain_us, fused_us / sep_us);
@@ -535,7 +549,7 @@ void RunEagerLaunchHostTime(DeviceViolationWord& word) {
         Unwrap(DeviceBuffer<uint8_t>::Create(1)),
         Unwrap(DeviceBuffer<uint8_t>::Create(1))};
   const DecodeMetadataDeviceArgs a =
-      FusedArgs(x, ctx, cols, TokenCount(bs * ctx), *PageSize::Create(ps));
+      FusedArgs(x, ctx, ctx, cols, TokenCount(bs * ctx), *PageSize::Create(ps));
   BENCH_CHECK(word.Reset(nullptr));
   std::vector<double> us;
   for (int step = 0; step < 1020; ++step) {
@@ -649,21 +663,27 @@ int main(int argc, char** argv) {
     RunDraftReplayStep(/*overlap=*/true);
     return 0;
   }
-  // --shape=BS,CTX,PS runs that one shape (for a profiler).
+  // --shape=BS,CTX,PS[,STRIDE] runs that one shape (for a profiler), STRIDE the row stride of
+  // req_to_token (CTX by default).
   if (arg < argc && std::string(argv[arg]).rfind("--shape=", 0) == 0) {
-    long long bs = 0, ctx = 0, ps = 0;
-    if (std::sscanf(argv[arg] + 8, "%lld,%lld,%lld", &bs, &ctx, &ps) != 3) return 2;
-    RunShape(bs, ctx, ps, rng, word);
+    long long bs = 0, ctx = 0, ps = 0, stride = 0;
+    const int n = std::sscanf(argv[arg] + 8, "%lld,%lld,%lld,%lld", &bs, &ctx, &ps, &stride);
+    if (n < 3 || (n == 4 && stride < ctx)) return 2;
+    RunShape(bs, ctx, ps, rng, word, n == 4 ? stride : ctx);
     return 0;
   }
   for (int64_t ps : {1, 16, 64}) {
     for (Shape s : {Shape{1, 16384}, Shape{1024, 1024}, Shape{8, 4096}, Shape{64, 4096}, Shape{256, 4096},
                     Shape{1024, 4096}, Shape{8, 131072}, Shape{64, 131072}, Shape{1024, 32768}}) {
-      RunShape(s.bs, s.ctx, ps, rng, word);
+      RunShape(s.bs, s.ctx, ps, rng, word, s.ctx);
     }
   }
-  // Odd context lengths: rows start at every alignment in the table and in kv_indices.
-  for (Shape s : {Shape{1024, 4095}, Shape{1024, 32767}}) RunShape(s.bs, s.ctx, 16, rng, word);
+  // Odd context lengths: rows start at every alignment in kv_indices, and in the table too
+  // when its row stride is the length (a serving table's stride is its largest context).
+  for (Shape s : {Shape{1024, 4095}, Shape{1024, 32767}}) {
+    RunShape(s.bs, s.ctx, 16, rng, word, s.ctx);
+    RunShape(s.bs, s.ctx, 16, rng, word, s.ctx + 1);
+  }
   RunGather(65536, 8, 128, rng, word);
   RunGather(65536, 1, 256, rng, word);
   RunHostBookkeeping();
