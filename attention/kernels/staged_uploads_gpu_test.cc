@@ -246,8 +246,13 @@ TEST_F(StagedUploadsTest, AFailedApplyLaunchKeepsTheBatchLaunchedBeforeIt) {
   ASSERT_NE(u, nullptr);
   auto dst = DeviceBuffer<int32_t>::Create(4);
   ASSERT_TRUE(dst.ok());
-  ASSERT_EQ(hipMemset(dst->data(), 0, 16), hipSuccess);
-  ASSERT_EQ(hipStreamSynchronize(stream_), hipSuccess);
+  // One apply first: the runtime loads a kernel's module at its first launch, which may wait
+  // for the device, and so for the spin below (run alone, this test then saw the queued apply
+  // kernel run before the failed launch, and proved nothing).
+  const int32_t zeros[4] = {0, 0, 0, 0};
+  ASSERT_TRUE(u->Stage(dst->data(), zeros, 16).ok());
+  ASSERT_TRUE(u->Flush().ok());
+  ASSERT_EQ(Read(*dst), std::vector<int32_t>(4, 0));
   // About 10 ms at the H200's clock: far longer than the host takes to fail the launch below.
   ASSERT_EQ(testing::LaunchSpin(20000000, stream_), hipSuccess);
   const int32_t launched[4] = {1, 2, 3, 4};
@@ -256,6 +261,8 @@ TEST_F(StagedUploadsTest, AFailedApplyLaunchKeepsTheBatchLaunchedBeforeIt) {
   ASSERT_FALSE(u->has_open_batch());
   const absl::Status failed = FailedEnqueueApply(*u);
   ASSERT_EQ(failed.code(), absl::StatusCode::kInternal) << failed;
+  ASSERT_EQ(hipStreamQuery(stream_), hipErrorNotReady)
+      << "the spin, and the apply kernel behind it, ended before the failed launch";
   EXPECT_EQ(Read(*dst), std::vector<int32_t>(launched, launched + 4));
 }
 
