@@ -562,6 +562,29 @@ TEST_P(DeviceGraphTest, BadTablesAndRequestsAreRefusedAndChangeNothing) {
             absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE((*graphs)->WriteBatchArrays(r, d.buffers()).ok());
   EXPECT_EQ((*graphs)->graphs_captured(), 1) << "a refused write dropped the captured graph";
+  // A write of the captured key that differs in what the graph fixes is refused and queues
+  // nothing: without the page table, or with kv_indices elsewhere.
+  MetadataWriteRequest no_page_table = r;
+  no_page_table.page_table = false;
+  GraphBuffers shorter = d.buffers();
+  shorter.kv_indices = shorter.kv_indices.subspan(0, shorter.kv_indices.size() - 1);
+  const std::pair<const MetadataWriteRequest*, const GraphBuffers*> differing[] = {
+      {&no_page_table, &d.buffers()}, {&r, &shorter}};
+  for (const auto& [request, buffers] : differing) {
+    ASSERT_EQ(hipStreamBeginCapture(stream_, hipStreamCaptureModeThreadLocal), hipSuccess);
+    const absl::Status refused = (*graphs)->WriteBatchArrays(*request, *buffers);
+    hipGraph_t none = nullptr;
+    ASSERT_EQ(hipStreamEndCapture(stream_, &none), hipSuccess);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+    const absl::string_view what = request == &r ? "buffer kv_indices" : "page_table";
+    EXPECT_NE(refused.message().find(what), absl::string_view::npos) << refused;
+    size_t queued = 1;
+    EXPECT_EQ(hipGraphGetNodes(none, nullptr, &queued), hipSuccess);
+    EXPECT_EQ(queued, 0u) << "a refused write queued work";
+    EXPECT_EQ(hipGraphDestroy(none), hipSuccess);
+  }
+  ASSERT_TRUE((*graphs)->WriteBatchArrays(r, d.buffers()).ok());
+  EXPECT_EQ((*graphs)->graphs_captured(), 1);
   ASSERT_EQ(hipStreamSynchronize(stream_), hipSuccess);
 }
 

@@ -6,12 +6,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "attention/graph/graph_state.h"
 #include "attention/kernels/internal/device_queries.h"
 #include "attention/kernels/internal/launch_checks.h"
-#include "attention/metadata/draft_decode_layout.h"
-#include "glog/logging.h"
-#include "attention/graph/graph_state.h"
 #include "attention/kernels/metadata_kernels.h"
+#include "attention/metadata/draft_decode_layout.h"
+#include "attention/metadata/forward_mode.h"
+#include "glog/logging.h"
 
 namespace attnmeta {
 namespace {
@@ -292,7 +293,7 @@ absl::Status DeviceMetadataWriter::LaunchGraph(const MetadataWriteRequest& r,
     return g.generation == r.generation && g.bucket == r.padded_batch_size && g.mode == r.mode;
   });
   if (it == graphs_.end()) {
-    Graph g{r.generation, r.padded_batch_size, r.mode, nullptr, nullptr};
+    Graph g{r.generation, r.padded_batch_size, r.mode, CapturedWriteOf(r, b), nullptr, nullptr};
     if (absl::Status s = Runtime(hipStreamBeginCapture(stream_, hipStreamCaptureModeThreadLocal),
                                  "begin capture");
         !s.ok()) {
@@ -321,6 +322,12 @@ absl::Status DeviceMetadataWriter::LaunchGraph(const MetadataWriteRequest& r,
     graphs_.push_back(g);
     ++graphs_captured_;
     it = graphs_.end() - 1;
+  } else if (const absl::string_view differs = FirstDifference(it->recorded, CapturedWriteOf(r, b));
+             !differs.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("device metadata writer: the ", differs, " differs from the write captured ",
+                     "for (generation ", r.generation, ", bucket ", r.padded_batch_size, ", mode ",
+                     ForwardModeName(r.mode), "), which its graph relaunches as it was"));
   }
   if (absl::Status s = Runtime(hipGraphLaunch(it->exec, stream_), "graph launch"); !s.ok()) {
     return s;

@@ -34,6 +34,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "attention/graph/captured_write.h"
 #include "attention/graph/metadata_writer.h"
 #include "attention/kernels/device_violation_word.h"
 #include "attention/kernels/hip_port.h"
@@ -80,9 +81,11 @@ class DeviceMetadataWriter : public MetadataWriter {
   // anything; WriteTokenArrays reports the counts of the last WriteBatchArrays, and is
   // FailedPrecondition when that one failed or none ran. With graphs, a write is captured
   // once per (generation, bucket, mode) and later writes of that key relaunch the capture
-  // without checking again: a caller keeps everything else of the request (page table,
-  // split-KV options, page size, draft shape) and the buffers the same within a generation, as
-  // GraphState does (a regrow or a new config starts a new generation).
+  // without checking the lengths again; one that differs from the captured write in anything
+  // else it fixes (page table, split-KV options, page size, draft shape, the buffers:
+  // captured_write.h) is FailedPrecondition, naming the difference, and launches nothing.
+  // GraphState keeps them the same within a generation (a regrow or a new config starts a new
+  // generation).
   MemorySpace space() const override { return MemorySpace::kDevice; }
   absl::Status CheckSupported(const MetadataWriteRequest& request) const override;
   absl::Status WriteBatchArrays(const MetadataWriteRequest& request,
@@ -102,6 +105,7 @@ class DeviceMetadataWriter : public MetadataWriter {
     uint64_t generation;
     int64_t bucket;
     ForwardMode mode;
+    CapturedWrite recorded;  // what its relaunches write
     hipGraph_t graph;
     hipGraphExec_t exec;
   };
