@@ -60,21 +60,26 @@ CapturedWrite CapturedWriteOf(const MetadataWriteRequest& request, const GraphBu
   return w;
 }
 
-absl::string_view FirstDifference(const CapturedWrite& recorded, const CapturedWrite& now) {
-  if (recorded.page_size != now.page_size) return "page_size";
-  if (recorded.page_table != now.page_table) return "page_table";
-  if (recorded.split_kv != now.split_kv) return "split_kv";
+absl::string_view FirstDifference(const CapturedWrite& recorded,
+                                  const MetadataWriteRequest& request,
+                                  const GraphBuffers& buffers) {
+  if (recorded.page_size != request.page_size) return "page_size";
+  if (recorded.page_table != request.page_table) return "page_table";
+  if (recorded.split_kv != request.split_kv) return "split_kv";
   const SplitKvOptions& a = recorded.split_kv_options;
-  const SplitKvOptions& b = now.split_kv_options;
+  const SplitKvOptions& b = request.split_kv_options;
   if (!(a.layout == b.layout)) return "split_kv_options.layout";
   if (a.num_units != b.num_units) return "split_kv_options.num_units";
   if (a.kv_granularity != b.kv_granularity) return "split_kv_options.kv_granularity";
   if (a.q_tile != b.q_tile) return "split_kv_options.q_tile";
-  if (recorded.mask_layout != now.mask_layout) return "mask_layout";
-  if (recorded.draft_decode.topk != now.draft_decode.topk) return "draft_decode.topk";
-  if (recorded.draft_decode.steps != now.draft_decode.steps) return "draft_decode.steps";
-  if (recorded.q_len_per_request != now.q_len_per_request) return "q_len_per_request";
-  return FirstMovedBuffer(recorded.buffers, now.buffers);
+  if (recorded.mask_layout != request.mask_layout) return "mask_layout";
+  if (recorded.draft_decode.topk != request.draft_decode.topk) return "draft_decode.topk";
+  if (recorded.draft_decode.steps != request.draft_decode.steps) return "draft_decode.steps";
+  if (recorded.mask_layout != MaskLayout::kNone &&
+      recorded.q_len_per_request != request.q_len_per_request) {
+    return "q_len_per_request";
+  }
+  return FirstMovedBuffer(recorded.buffers, buffers);
 }
 
 }  // namespace attnmeta

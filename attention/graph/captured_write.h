@@ -31,9 +31,13 @@ struct CapturedWrite {
 // mode).
 CapturedWrite CapturedWriteOf(const MetadataWriteRequest& request, const GraphBuffers& buffers);
 
-// The name of the first field in which `now` differs from `recorded` ("page_table",
-// "split_kv_options.num_units", "buffer kv_indices", ...), or an empty view when none does.
-absl::string_view FirstDifference(const CapturedWrite& recorded, const CapturedWrite& now);
+// The name of the first field in which the write of `request` over `buffers` differs from
+// `recorded` ("page_table", "split_kv_options.num_units", "buffer kv_indices", ...), or an
+// empty view when none does. q_len_per_request counts only with a mask (it bounds the mask's
+// bytes per row; extend captures one bucket at several query lengths). Allocates nothing: a
+// replay calls it.
+absl::string_view FirstDifference(const CapturedWrite& recorded,
+                                  const MetadataWriteRequest& request, const GraphBuffers& buffers);
 
 }  // namespace attnmeta
 

@@ -68,8 +68,7 @@ MetadataWriteRequest Request() {
 TEST(CapturedWriteTest, TheSameWriteDiffersInNothing) {
   Storage s;
   const CapturedWrite w = CapturedWriteOf(Request(), BuffersOver(s));
-  EXPECT_EQ(FirstDifference(w, w), "");
-  EXPECT_EQ(FirstDifference(w, CapturedWriteOf(Request(), BuffersOver(s))), "");
+  EXPECT_EQ(FirstDifference(w, Request(), BuffersOver(s)), "");
 }
 
 TEST(CapturedWriteTest, NamesEachLaunchParameterThatChanged) {
@@ -96,7 +95,7 @@ TEST(CapturedWriteTest, NamesEachLaunchParameterThatChanged) {
   for (const auto& [name, change] : cases) {
     MetadataWriteRequest r = Request();
     change(r);
-    EXPECT_EQ(FirstDifference(recorded, CapturedWriteOf(r, b)), name);
+    EXPECT_EQ(FirstDifference(recorded, r, b), name);
   }
 }
 
@@ -113,7 +112,23 @@ TEST(CapturedWriteTest, IgnoresWhatTheStagedInputsAndTheKeyCarry) {
   r.generation = 4;
   r.padded_batch_size = 4;
   r.mode = ForwardMode::kDecode;
-  EXPECT_EQ(FirstDifference(recorded, CapturedWriteOf(r, b)), "");
+  EXPECT_EQ(FirstDifference(recorded, r, b), "");
+}
+
+// Extend captures one bucket at several query lengths, which only bound a mask's bytes.
+TEST(CapturedWriteTest, QueryRowsCountOnlyWithAMask) {
+  Storage s;
+  const GraphBuffers b = BuffersOver(s);
+  MetadataWriteRequest extend = Request();
+  extend.mode = ForwardMode::kExtend;
+  extend.mask_layout = MaskLayout::kNone;
+  const CapturedWrite recorded = CapturedWriteOf(extend, b);
+  extend.q_len_per_request = TokenLength(2);
+  EXPECT_EQ(FirstDifference(recorded, extend, b), "");
+  MetadataWriteRequest verify = Request();
+  const CapturedWrite with_mask = CapturedWriteOf(verify, b);
+  verify.q_len_per_request = TokenLength(2);
+  EXPECT_EQ(FirstDifference(with_mask, verify, b), "q_len_per_request");
 }
 
 TEST(CapturedWriteTest, NamesEachBufferThatMovedOrChangedSize) {
@@ -158,8 +173,7 @@ TEST(CapturedWriteTest, NamesEachBufferThatMovedOrChangedSize) {
   for (size_t i = 0; i < cases.size(); ++i) {
     GraphBuffers now = b;
     cases[i].second(now);
-    EXPECT_EQ(FirstDifference(recorded, CapturedWriteOf(Request(), now)), cases[i].first)
-        << "case " << i;
+    EXPECT_EQ(FirstDifference(recorded, Request(), now), cases[i].first) << "case " << i;
   }
 }
 

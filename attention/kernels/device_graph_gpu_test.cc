@@ -576,7 +576,8 @@ TEST_P(DeviceGraphTest, BadTablesAndRequestsAreRefusedAndChangeNothing) {
     hipGraph_t none = nullptr;
     ASSERT_EQ(hipStreamEndCapture(stream_, &none), hipSuccess);
     EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
-    const absl::string_view what = request == &r ? "buffer kv_indices" : "page_table";
+    const absl::string_view what =
+        request == &r ? "the buffer kv_indices differs" : "the page_table differs";
     EXPECT_NE(refused.message().find(what), absl::string_view::npos) << refused;
     size_t queued = 1;
     EXPECT_EQ(hipGraphGetNodes(none, nullptr, &queued), hipSuccess);

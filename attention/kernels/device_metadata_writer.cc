@@ -322,7 +322,7 @@ absl::Status DeviceMetadataWriter::LaunchGraph(const MetadataWriteRequest& r,
     graphs_.push_back(g);
     ++graphs_captured_;
     it = graphs_.end() - 1;
-  } else if (const absl::string_view differs = FirstDifference(it->recorded, CapturedWriteOf(r, b));
+  } else if (const absl::string_view differs = FirstDifference(it->recorded, r, b);
              !differs.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("device metadata writer: the ", differs, " differs from the write captured ",

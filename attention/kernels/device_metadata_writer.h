@@ -82,8 +82,9 @@ class DeviceMetadataWriter : public MetadataWriter {
   // FailedPrecondition when that one failed or none ran. With graphs, a write is captured
   // once per (generation, bucket, mode) and later writes of that key relaunch the capture
   // without checking the lengths again; one that differs from the captured write in anything
-  // else it fixes (page table, split-KV options, page size, draft shape, the buffers:
-  // captured_write.h) is FailedPrecondition, naming the difference, and launches nothing.
+  // else it fixes (page size, page table, split-KV options, mask layout, draft shape, with a
+  // mask q_len_per_request, the buffers: captured_write.h) is FailedPrecondition, naming the
+  // difference, and launches nothing.
   // GraphState keeps them the same within a generation (a regrow or a new config starts a new
   // generation).
   MemorySpace space() const override { return MemorySpace::kDevice; }

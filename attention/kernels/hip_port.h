@@ -250,6 +250,7 @@ inline hipError_t hipHostFree(void* p) { return cudaFreeHost(p); }
 inline hipError_t hipEventDestroy(hipEvent_t e) { return cudaEventDestroy(e); }
 inline hipError_t hipEventRecord(hipEvent_t e, hipStream_t s) { return cudaEventRecord(e, s); }
 inline hipError_t hipEventSynchronize(hipEvent_t e) { return cudaEventSynchronize(e); }
+inline hipError_t hipEventQuery(hipEvent_t e) { return cudaEventQuery(e); }
 inline hipError_t hipEventElapsedTime(float* ms, hipEvent_t a, hipEvent_t b) {
   return cudaEventElapsedTime(ms, a, b);
 }

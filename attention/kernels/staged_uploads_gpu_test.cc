@@ -254,15 +254,21 @@ TEST_F(StagedUploadsTest, AFailedApplyLaunchKeepsTheBatchLaunchedBeforeIt) {
   ASSERT_TRUE(u->Flush().ok());
   ASSERT_EQ(Read(*dst), std::vector<int32_t>(4, 0));
   // About 10 ms at the H200's clock: far longer than the host takes to fail the launch below.
+  hipEvent_t spun = nullptr;
+  ASSERT_EQ(hipEventCreateWithFlags(&spun, hipEventDisableTiming), hipSuccess);
   ASSERT_EQ(testing::LaunchSpin(20000000, stream_), hipSuccess);
+  ASSERT_EQ(hipEventRecord(spun, stream_), hipSuccess);
   const int32_t launched[4] = {1, 2, 3, 4};
   ASSERT_TRUE(u->Stage(dst->data(), launched, 16).ok());
   ASSERT_TRUE(u->Flush().ok());
   ASSERT_FALSE(u->has_open_batch());
   const absl::Status failed = FailedEnqueueApply(*u);
   ASSERT_EQ(failed.code(), absl::StatusCode::kInternal) << failed;
-  ASSERT_EQ(hipStreamQuery(stream_), hipErrorNotReady)
-      << "the spin, and the apply kernel behind it, ended before the failed launch";
+  // The apply kernel (a plain launch) cannot have started before the spin ended.
+  const hipError_t spinning = hipEventQuery(spun);
+  EXPECT_EQ(hipEventDestroy(spun), hipSuccess);
+  ASSERT_EQ(spinning, hipErrorNotReady)
+      << "the spin ended before the failed launch: the apply kernel behind it may have run";
   EXPECT_EQ(Read(*dst), std::vector<int32_t>(launched, launched + 4));
 }
 
