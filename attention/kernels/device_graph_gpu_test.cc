@@ -389,6 +389,43 @@ TEST_F(DirectWriterTest, SplitKvLengthsThePlannerRefusesQueueNothing) {
   EXPECT_TRUE(writer.CheckViolations().ok());
 }
 
+// GraphState captures one extend bucket at several query lengths; they share the writer's
+// graph (its key is generation, bucket and mode; without a mask the query length is not part
+// of what the graph fixes), and each replays as the host writer writes it.
+TEST_F(DirectWriterTest, ExtendCapturesAtSeveralQueryLengthsShareOneGraph) {
+  constexpr int64_t kPs = 16;
+  BatchFixture f(kPs, 81, /*num_pages=*/6000 / kPs + 64, /*max_reqs=*/12, /*max_context=*/520);
+  for (int i = 0; i < 8; ++i) f.AddSequence(60 + 40 * i, kExtendRows);
+  const BackendConfig config = MakeTestConfig(
+      kPs, {.max_batch_size = 8, .max_context_len = 512, .split_kv = true, .draft_tokens = kDraft});
+  GraphHarness host(config, f);
+  MakeDevice(f, config, /*staged=*/false);
+  ASSERT_FALSE(HasFatalFailure());
+  GraphState& d = *device_->state;
+  for (int32_t q : {1, kExtendRows, 2}) {
+    SCOPED_TRACE(::testing::Message() << "q_len_per_request " << q);
+    auto dh = d.Capture(8, ForwardMode::kExtend, TokenLength(q));
+    auto hh = host.state().Capture(8, ForwardMode::kExtend, TokenLength(q));
+    ASSERT_TRUE(dh.ok()) << dh.status();
+    ASSERT_TRUE(hh.ok()) << hh.status();
+    EXPECT_EQ(device_->writer->graphs_captured(), 1);
+    const std::vector<TokenLength> q_lens(8, TokenLength(q));
+    const ReplayBatch batch{f.rows(), f.kv_lens(), q_lens};
+    auto dr = d.Replay(*dh, batch);
+    auto hr = host.state().Replay(*hh, batch);
+    ASSERT_TRUE(dr.ok()) << dr.status();
+    ASSERT_TRUE(hr.ok()) << hr.status();
+    ASSERT_TRUE(device_->writer->CheckViolations().ok()) << device_->writer->CheckViolations();
+    const int64_t total = hr->metadata.kv_indptr.back().value();
+    for (const auto& [name, bytes] : std::vector<std::pair<std::string, int64_t>>{
+             {"kv_indptr", 9 * 4}, {"qo_indptr", 9 * 4}, {"kv_indices", total * 4}}) {
+      EXPECT_EQ(Bytes(d, *device_->memory, name, bytes),
+                Bytes(host.state(), host.memory(), name, bytes))
+          << name;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(PageSizes, DeviceGraphTest,
                          ::testing::Combine(::testing::Values(1, 7, 16, 64), ::testing::Bool()));
 
