@@ -84,9 +84,8 @@ class DeviceMetadataWriter : public MetadataWriter {
   // without checking the lengths again; one that differs from the captured write in anything
   // else it fixes (page size, page table, split-KV options, mask layout, draft shape, with a
   // mask q_len_per_request, the buffers: captured_write.h) is FailedPrecondition, naming the
-  // difference, and launches nothing.
-  // GraphState keeps them the same within a generation (a regrow or a new config starts a new
-  // generation).
+  // difference, and launches nothing. GraphState keeps them the same within a generation (a
+  // regrow or a new config starts a new generation).
   MemorySpace space() const override { return MemorySpace::kDevice; }
   absl::Status CheckSupported(const MetadataWriteRequest& request) const override;
   absl::Status WriteBatchArrays(const MetadataWriteRequest& request,
