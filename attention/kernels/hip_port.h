@@ -400,6 +400,26 @@ __device__ inline uint4 LoadReadOnceGlobal16(const void* p) {
 #endif
 }
 
+// For a kernel that warms L2 before WaitForPrecedingGrid (below) with lines it will read
+// after it: LoadThroughL2 is the 4 bytes at p from L2, not allocated in L1 (on NVIDIA; a plain
+// load on AMD), so that a value the kernel ahead may still rewrite leaves no line in L1 that a
+// load after the wait could hit; PrefetchToL2 asks for p's line in L2 and returns at once
+// (nothing on AMD, where launches never overlap). p must lie in an allocation.
+__device__ inline int32_t LoadThroughL2(const int32_t* p) {
+#if defined(ATTNMETA_GPU_CUDA)
+  return __ldcg(p);
+#else
+  return *p;
+#endif
+}
+__device__ inline void PrefetchToL2(const void* p) {
+#if defined(ATTNMETA_GPU_CUDA)
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+#else
+  (void)p;
+#endif
+}
+
 // The 8 bytes at p, in shared memory and 8-byte aligned, loaded where the call stands: the
 // compiler may not hoist the load out of a loop, so a value reread at every iteration holds no
 // registers between them. The caller orders it after the stores it reads (a warp or block

@@ -262,6 +262,7 @@ absl::StatusOr<PagedDecodeLaunch> PagedDecodeLaunchFor(const PagedDecodeArgs& a,
   p.softmax_scale = a.dims.softmax_scale;
   p.violation = violation;
   p.metadata_before_wait = a.overlap == DecodeLaunchOverlap::kMetadataFirst;
+  p.warm_l2_before_wait = a.overlap == DecodeLaunchOverlap::kWarmL2First;
   if (!a.split.has_value() || split.reduce_items == 0 || p.merge_counters != nullptr) {
     return launch;
   }

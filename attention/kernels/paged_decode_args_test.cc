@@ -151,6 +151,7 @@ TEST_F(PagedDecodeArgsTest, AHostPlanLaunchesItsItemsAndAMerge) {
   EXPECT_EQ(p.merge_counters, nullptr);
   EXPECT_EQ(p.dtype, kernels::kElementBf16);
   EXPECT_FALSE(p.metadata_before_wait);
+  EXPECT_FALSE(p.warm_l2_before_wait);
   ASSERT_TRUE(launch->merge_launch);
   EXPECT_EQ(launch->merge.num_reduce, static_cast<int32_t>(plan_.reduce.size()));
   EXPECT_EQ(launch->merge.partial_capacity, plan_.num_partials);
@@ -177,6 +178,24 @@ TEST_F(PagedDecodeArgsTest, MergeCountersMergeInTheAttentionLaunch) {
   EXPECT_EQ(launch->attention.num_reduce, static_cast<int32_t>(plan_.reduce.size()));
   EXPECT_NE(launch->attention.merge_counters, nullptr);
   EXPECT_TRUE(launch->attention.metadata_before_wait);
+  EXPECT_FALSE(launch->attention.warm_l2_before_wait);
+}
+
+// Each overlapping mode's two kernel flags: only kMetadataFirst reads before the wait, only
+// kWarmL2First warms L2 before it.
+TEST_F(PagedDecodeArgsTest, EachOverlapModeSetsItsKernelFlags) {
+  for (const DecodeLaunchOverlap overlap :
+       {DecodeLaunchOverlap::kNone, DecodeLaunchOverlap::kWaitFirst,
+        DecodeLaunchOverlap::kMetadataFirst, DecodeLaunchOverlap::kWarmL2First}) {
+    SCOPED_TRACE(static_cast<int>(overlap));
+    PagedDecodeArgs a = Good();
+    a.overlap = overlap;
+    absl::StatusOr<PagedDecodeLaunch> launch = PagedDecodeLaunchFor(a, nullptr);
+    ASSERT_TRUE(launch.ok()) << launch.status();
+    EXPECT_EQ(launch->attention.metadata_before_wait,
+              overlap == DecodeLaunchOverlap::kMetadataFirst);
+    EXPECT_EQ(launch->attention.warm_l2_before_wait, overlap == DecodeLaunchOverlap::kWarmL2First);
+  }
 }
 
 // A plan held only on the device runs its counts, not what its buffers (a graph's, sized to

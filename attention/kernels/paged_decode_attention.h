@@ -147,6 +147,11 @@ struct PagedDecodeParams {
   // waits. Either way it reads Q, K and V and writes only after the wait. Matters only in a
   // launch that overlaps the kernel ahead (LaunchPagedDecodeKernel's overlap_preceding).
   bool metadata_before_wait;
+  // With metadata_before_wait false, in a launch that overlaps the kernel ahead: before the
+  // wait the block warms L2 with the lines it reads first after it (DecodeLaunchOverlap::
+  // kWarmL2First), from values used for nothing else. Reads only metadata, in bounds whatever
+  // it holds, and records nothing.
+  bool warm_l2_before_wait;
 };
 
 // The blocks of one work item: one per KV head and chunk of heads_per_block query heads of its

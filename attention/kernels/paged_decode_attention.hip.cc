@@ -293,6 +293,49 @@ __device__ __forceinline__ void MergeIfLast(const PagedDecodeParams& p, int32_t 
   }
 }
 
+// PagedDecodeParams::warm_l2_before_wait: before the wait, block `block` brings into L2 the
+// lines it reads first after it: its work item, its sequence's kv_indptr entry or page-table
+// row, and for each warp the first step's index entries (one position per lane) and the K and
+// V rows of their slots. The kernel ahead may still be writing any of these, so the values
+// loaded here only choose lines (LoadThroughL2: none left in L1): every address is clamped
+// into its buffer, nothing is recorded, and the block reads all of it again after the wait.
+template <int kHeadDim, int kHeads, int kStep>
+__device__ inline void WarmL2ForFirstStep(const PagedDecodeParams& p, int32_t block) {
+  const int32_t per_item = static_cast<int32_t>(DecodeBlocksPerItem(p.num_q_heads, kHeads));
+  const int32_t item = block / per_item;
+  const int32_t kv_head = block % per_item * kHeads / (p.num_q_heads / p.num_kv_heads);
+  int32_t seq = item;
+  int64_t lo = 0;
+  if (p.work != nullptr) {
+    seq = LoadThroughL2(&p.work[item].sequence);
+    lo = LoadThroughL2(&p.work[item].kv_begin);
+  }
+  seq = seq < 0 ? 0 : (seq >= p.batch_size ? p.batch_size - 1 : seq);
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  if (lane >= kStep) return;
+  const int64_t pos = (lo < 0 ? 0 : lo) + static_cast<int>(threadIdx.x) / 32 * kStep + lane;
+  int64_t slot;
+  if (p.kv.page_level == 0) {
+    const int64_t e = int64_t{LoadThroughL2(p.kv.kv_indptr + seq)} + pos;
+    if (e < 0 || e >= p.kv.kv_indices_capacity) return;
+    slot = LoadThroughL2(p.kv.kv_indices + e);
+  } else {
+    const int64_t col = pos / p.kv.page_size;
+    if (col >= p.kv.page_table_cols) return;
+    slot = int64_t{LoadThroughL2(p.kv.page_table + int64_t{seq} * p.kv.page_table_cols + col)} *
+               p.kv.page_size +
+           pos % p.kv.page_size;
+  }
+  if (slot < 0 || slot >= p.kv.pool_slots) return;
+  // 2-byte elements: bf16 or fp16.
+  const int64_t row = (slot * p.num_kv_heads + kv_head) * kHeadDim * 2;
+#pragma unroll
+  for (int b = 0; b < kHeadDim * 2; b += 128) {
+    PrefetchToL2(static_cast<const char*>(p.k_pool) + row + b);
+    PrefetchToL2(static_cast<const char*>(p.v_pool) + row + b);
+  }
+}
+
 // One block: one (work item, KV head, chunk of kHeads query heads of its group), kWarps warps.
 // Warp w takes steps w, w + kWarps, ... of kStep tokens of the block's range on the tensor
 // cores (internal/mma_attention.h: the query heads are the vectors). Each step: lane i
@@ -311,14 +354,15 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDe
   __shared__ internal::WarpStates<kWarps, kHeads, kHeadDim> states;
 
   // Launched to overlap the kernel ahead (PagedDecodeArgs::overlap), the block waits for it
-  // here, or with p.metadata_before_wait reads its metadata under that kernel's tail (the
-  // plan's item, the length, the first step's index entries) and waits before Q, K and V and
-  // before any write. Every address the block reads through its steps derives from `block`:
-  // after the wait it is opaque, so that no read-only load can be moved above the wait. (What
-  // a block reads after its steps, the reduce items and partials of a merge, follows atomics
-  // and plain loads that the wait orders anyway.)
+  // here (first warming L2 with p.warm_l2_before_wait), or with p.metadata_before_wait reads
+  // its metadata under that kernel's tail (the plan's item, the length, the first step's index
+  // entries) and waits before Q, K and V and before any write. Every address the block reads
+  // through its steps derives from `block`: after the wait it is opaque, so that no read-only load
+  // can be moved above the wait. (What a block reads after its steps, the reduce items and partials
+  // of a merge, follows atomics and plain loads that the wait orders anyway.)
   int32_t block = static_cast<int32_t>(blockIdx.x);
   if (!p.metadata_before_wait) {
+    if (p.warm_l2_before_wait) WarmL2ForFirstStep<kHeadDim, kHeads, kStep>(p, block);
     WaitForPrecedingGrid();
     block = static_cast<int32_t>(OpaqueAfter(int64_t{block}));
   }

@@ -30,7 +30,7 @@
 //
 // Usage: paged_decode_attention_gpu_benchmark [OUT_DIR] [--variant=N|all] [--shape=BS,CTX]
 //        [--blocks-per-sm=N] [--max-items-per-sequence=N] [--min-chunk=N] [--no-sweep]
-//        [--dims=Q,KV,D] [--overlap=none|wait-first|metadata-first]
+//        [--dims=Q,KV,D] [--overlap=none|wait-first|metadata-first|warm-l2-first]
 // --variant: the table with that variant (or each), no sweep; --shape: that shape only;
 // --dims: query heads, KV heads and head dim (default 32,8,128). Other dims run without the
 // variant sweep (the variants other than 0 are compiled for head dim 128 and groups of a
@@ -41,11 +41,10 @@
 // DecodeSplitOptions::max_items_per_sequence, --min-chunk: its min_chunk (defaults:
 // DecodeSplitOptionsForDevice's). --overlap: how each attention launch may overlap the one
 // before it (PagedDecodeArgs::overlap, DecodeLaunchOverlap; default wait-first, the launcher's
-// default), the contiguous layout's included; rows of the other modes are named "... plain"
-// and "... metadata first"; the read, reads-alone and copy references are timed the same in
-// every mode.
-// Writes OUT_DIR/paged_decode_attention.csv and .md besides stdout. Needs a GPU; exits non-zero
-// on any error or mismatch.
+// default), the contiguous layout's included; rows of the other modes are named "... plain",
+// "... metadata first" and "... warm l2 first"; the read, reads-alone and copy references are timed
+// the same in every mode. Writes OUT_DIR/paged_decode_attention.csv and .md besides stdout. Needs a
+// GPU; exits non-zero on any error or mismatch.
 
 #include <algorithm>
 #include <chrono>
@@ -97,6 +96,8 @@ std::string OverlapSuffix() {
       return "";
     case DecodeLaunchOverlap::kMetadataFirst:
       return " metadata first";
+    case DecodeLaunchOverlap::kWarmL2First:
+      return " warm l2 first";
   }
   return "";
 }
@@ -596,8 +597,11 @@ int main(int argc, char** argv) {
         overlap = DecodeLaunchOverlap::kWaitFirst;
       } else if (mode == "metadata-first") {
         overlap = DecodeLaunchOverlap::kMetadataFirst;
+      } else if (mode == "warm-l2-first") {
+        overlap = DecodeLaunchOverlap::kWarmL2First;
       } else {
-        std::fprintf(stderr, "--overlap takes none, wait-first or metadata-first, not %s\n",
+        std::fprintf(stderr,
+                     "--overlap takes none, wait-first, metadata-first or warm-l2-first, not %s\n",
                      mode.c_str());
         return 2;
       }

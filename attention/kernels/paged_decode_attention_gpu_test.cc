@@ -285,7 +285,14 @@ Result RunDecodeOnce(const DecodeAttentionDims& dims, const DeviceProblem& d, in
     EXPECT_EQ(hipStreamEndCapture(stream, &graph), hipSuccess);
     testing::LaunchGraphOnce(graph, stream);
   }
-  EXPECT_EQ(hipDeviceSynchronize(), hipSuccess);
+  // A launch that faulted (an illegal address loses the context) ends here with its error, for
+  // the caller's ASSERT on r.status: a download would abort the whole binary.
+  const hipError_t synced = hipDeviceSynchronize();
+  EXPECT_EQ(synced, hipSuccess) << hipGetErrorString(synced);
+  if (synced != hipSuccess) {
+    if (r.status.ok()) r.status = absl::InternalError(hipGetErrorString(synced));
+    return r;
+  }
   r.out_bytes = Download(out);
   r.lse = Download(lse);
   r.out.resize(rows * dims.head_dim);
@@ -1003,6 +1010,8 @@ class OverlapDecodeGpuTest : public testing::ViolationWordGpuTest {
         return "waits first";
       case DecodeLaunchOverlap::kMetadataFirst:
         return "metadata first";
+      case DecodeLaunchOverlap::kWarmL2First:
+        return "warms L2 first";
     }
     return "?";
   }
@@ -1018,7 +1027,7 @@ TEST_F(OverlapDecodeGpuTest, AnOverlappingLaunchStartsBeforeTheKernelAheadEnds) 
 }
 
 // Q, K and V hold NaNs until the kernel ahead overwrites them at its end (as a kernel that
-// writes Q and the new tokens' K and V would): an overlapping launch, either mode, reads them
+// writes Q and the new tokens' K and V would): an overlapping launch, any mode, reads them
 // only after waiting for it, and its results are the reference's, without a split, with the
 // partials merged in the launch and by a merge launch, through kv_indices and the page table,
 // at head dims 128 and 256 (Q in shared memory), launched on the stream and replayed from a
@@ -1026,7 +1035,8 @@ TEST_F(OverlapDecodeGpuTest, AnOverlappingLaunchStartsBeforeTheKernelAheadEnds) 
 TEST_F(OverlapDecodeGpuTest, OverlappingLaunchReadsWhatTheKernelAheadWritesAfterIt) {
   if (LaunchesOverlap()) ExpectAnOverlappingProbeStartsFirst();
   for (const DecodeLaunchOverlap overlap :
-       {DecodeLaunchOverlap::kWaitFirst, DecodeLaunchOverlap::kMetadataFirst}) {
+       {DecodeLaunchOverlap::kWaitFirst, DecodeLaunchOverlap::kMetadataFirst,
+        DecodeLaunchOverlap::kWarmL2First}) {
     SCOPED_TRACE(NameOf(overlap));
     for (const DecodeAttentionDims& dims :
          {Dims(32, 8, 128, KvElementType::kBf16), Dims(16, 4, 256, KvElementType::kFp16)}) {
@@ -1085,8 +1095,8 @@ TEST_F(OverlapDecodeGpuTest, OverlappingLaunchReadsWhatTheKernelAheadWritesAfter
 
 // Violations found before the wait are recorded after it: the kernel ahead clears the
 // violation word at its end (as the staged uploads' apply kernel does at the head of a replay),
-// and the violation is still there after the launch, in either mode. Corrupted lengths (the
-// block goes on) and a device plan's work item naming a sequence outside the batch (the block
+// and the violation is still there after the launch, in any overlapping mode. Corrupted lengths
+// (the block goes on) and a device plan's work item naming a sequence outside the batch (the block
 // stops).
 TEST_F(OverlapDecodeGpuTest, ViolationsFoundBeforeTheWaitAreRecordedAfterIt) {
   if (LaunchesOverlap()) ExpectAnOverlappingProbeStartsFirst();
@@ -1094,7 +1104,8 @@ TEST_F(OverlapDecodeGpuTest, ViolationsFoundBeforeTheWaitAreRecordedAfterIt) {
   const DeviceProblem d = ToDevice(p);
   DeviceBuffer<uint8_t> zeros = Upload(std::vector<uint8_t>(sizeof(kernels::DeviceViolation), 0));
   for (const DecodeLaunchOverlap overlap :
-       {DecodeLaunchOverlap::kWaitFirst, DecodeLaunchOverlap::kMetadataFirst}) {
+       {DecodeLaunchOverlap::kWaitFirst, DecodeLaunchOverlap::kMetadataFirst,
+        DecodeLaunchOverlap::kWarmL2First}) {
     SCOPED_TRACE(NameOf(overlap));
     const KernelAhead ahead = Ahead({testing::SpinCopy{word_->device(), zeros.data(),
                                                        static_cast<int64_t>(zeros.size())}},
@@ -1130,13 +1141,15 @@ TEST_F(OverlapDecodeGpuTest, ViolationsFoundBeforeTheWaitAreRecordedAfterIt) {
   }
 }
 
-// The default mode is safe after a kernel that writes the metadata (as the fused decode
-// metadata or a graph replay's writer does): the kernel ahead writes the lengths and the index
-// entries at its end (zero lengths and slots outside the pool before), and, for a plan held on
-// the device, the plan's work and reduce items (cleared to -1 before); a launch that waits
-// first, or a plain launch, reads what it wrote, without a split and with the partials merged
-// in the launch, through kv_indices and the page table, on the stream and in a graph. Where
-// launches cannot overlap (LaunchesOverlap) every launch here is a plain one.
+// The default mode and kWarmL2First are safe after a kernel that writes the metadata (as the
+// fused decode metadata or a graph replay's writer does): the kernel ahead writes the lengths
+// and the index entries at its end (before: kv_indptr entries far past kv_indices, zero
+// lengths for the page table, slots outside the pool), and, for a plan held on the device, the
+// plan's work and reduce items (cleared to -1 before); a launch that waits first, one that
+// warms L2 from those stale values first (every address clamped: an unclamped one reads far
+// outside the buffers), or a plain launch, reads what it wrote, without a split and with the
+// partials merged in the launch, through kv_indices and the page table, on the stream and in a
+// graph. Where launches cannot overlap (LaunchesOverlap) every launch here is a plain one.
 TEST_F(OverlapDecodeGpuTest, WaitingFirstReadsTheMetadataTheKernelAheadWrites) {
   if (LaunchesOverlap()) ExpectAnOverlappingProbeStartsFirst();
   const Problem p = MakeProblem(Dims(32, 8, 128, KvElementType::kBf16), 16, {700, 60, 333}, 117);
@@ -1168,7 +1181,8 @@ TEST_F(OverlapDecodeGpuTest, WaitingFirstReadsTheMetadataTheKernelAheadWrites) {
       ExpectMatches(p, RunDecodeOnce(p.dims, d, p.bs(), kv, k.plan, 0, nullptr, c,
                                      k.device_plan));  // loads it
       for (const DecodeLaunchOverlap overlap :
-           {DecodeLaunchOverlap::kWaitFirst, DecodeLaunchOverlap::kNone}) {
+           {DecodeLaunchOverlap::kWaitFirst, DecodeLaunchOverlap::kWarmL2First,
+            DecodeLaunchOverlap::kNone}) {
         for (bool captured : {false, true}) {
           SCOPED_TRACE(::testing::Message()
                        << (kv.index() == 0 ? "token-level, " : "page table, ")
@@ -1176,7 +1190,7 @@ TEST_F(OverlapDecodeGpuTest, WaitingFirstReadsTheMetadataTheKernelAheadWrites) {
                        << (captured ? ", captured" : ""));
           // Cleared here, rewritten by the kernel ahead: this source's two arrays.
           if (kv.index() == 0) {
-            ASSERT_EQ(hipMemset(indptr.data(), 0, indptr.size() * sizeof(TokenOffset)),
+            ASSERT_EQ(hipMemset(indptr.data(), 0x7f, indptr.size() * sizeof(TokenOffset)),
                       hipSuccess);
             ASSERT_EQ(hipMemset(indices.data(), 0x7f, indices.size() * sizeof(TokenSlot)),
                       hipSuccess);
@@ -1203,7 +1217,7 @@ TEST_F(OverlapDecodeGpuTest, WaitingFirstReadsTheMetadataTheKernelAheadWrites) {
 }
 
 // Which launches ask to overlap the node ahead: captured in a graph after a kernel, the
-// attention launch of either overlapping mode hangs on a programmatic edge, and so does a split
+// attention launch of each overlapping mode hangs on a programmatic edge, and so does a split
 // plan's merge launch after it; a plain launch on none. Deterministic, unlike the tests above,
 // and so run under the sanitizer too. (No launch asks where launches cannot overlap.)
 TEST_F(OverlapDecodeGpuTest, CapturedLaunchesAskToOverlapInTheOverlappingModesOnly) {
@@ -1224,9 +1238,9 @@ TEST_F(OverlapDecodeGpuTest, CapturedLaunchesAskToOverlapInTheOverlappingModesOn
   DeviceBuffer<uint8_t> out =
       *DeviceBuffer<uint8_t>::Create(p.bs() * p.dims.num_q_heads * p.dims.head_dim * 2);
   DeviceBuffer<float> lse = *DeviceBuffer<float>::Create(p.bs() * p.dims.num_q_heads);
-  for (const DecodeLaunchOverlap overlap : {DecodeLaunchOverlap::kNone,
-                                            DecodeLaunchOverlap::kWaitFirst,
-                                            DecodeLaunchOverlap::kMetadataFirst}) {
+  for (const DecodeLaunchOverlap overlap :
+       {DecodeLaunchOverlap::kNone, DecodeLaunchOverlap::kWaitFirst,
+        DecodeLaunchOverlap::kMetadataFirst, DecodeLaunchOverlap::kWarmL2First}) {
     for (bool merge_launch : {false, true}) {
       SCOPED_TRACE(::testing::Message() << NameOf(overlap)
                                         << (merge_launch ? ", merge launch" : ", no split"));

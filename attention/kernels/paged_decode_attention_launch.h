@@ -16,7 +16,8 @@ namespace kernels {
 // hipErrorInvalidValue for a shape that is not compiled. overlap_preceding: a launch whose
 // blocks may start under the tail of the kernel ahead on the stream (LaunchKernelAfterPreceding
 // in hip_port.h); before waiting for that kernel a block reads nothing, or only its metadata
-// with p.metadata_before_wait, and writes nothing. Every block allows the next kernel to start
+// with p.metadata_before_wait or p.warm_l2_before_wait, and writes nothing. Every block allows
+// the next kernel to start
 // once it has read its K and V.
 // REQUIRES: the launcher's checks passed (shapes, alignment, the grid fits).
 hipError_t LaunchPagedDecodeKernel(const PagedDecodeParams& p, bool overlap_preceding,

@@ -23,6 +23,8 @@ absl::Status PagedDecodeAttention(const PagedDecodeArgs& a, kernels::DeviceViola
     if (!can.ok()) return can.status();
     overlap = *can;
   }
+  // The warm-up only pays under the kernel ahead's tail.
+  if (!overlap) launch->attention.warm_l2_before_wait = false;
   if (absl::Status s = LaunchResult(
           kernels::LaunchPagedDecodeKernel(launch->attention, overlap, stream), "paged decode");
       !s.ok() || !launch->merge_launch) {
