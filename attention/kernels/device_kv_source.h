@@ -25,7 +25,8 @@ struct DeviceKvSource {
   int64_t kv_indices_capacity;  // <= 2^30, >= kv_indptr[batch_size] (else clamped)
   // Page-level KV (page_level == 1).
   const int32_t* page_table;  // [batch_size][page_table_cols] page ids; columns past a
-                              // sequence's ceil(kv_len / page_size) pages are not read
+                              // sequence's ceil(kv_len / page_size) pages are not used (a
+                              // decode L2 warm-up may load them: any column is in bounds)
   int32_t page_table_cols;    // page_table_cols * page_size <= 2^30
   const int32_t* kv_lens;     // [batch_size], 0 <= kv_lens[i] <= page_table_cols * page_size
                               // (else clamped)

@@ -100,7 +100,7 @@ struct DecodeSplitKv {
 // (docs/paged_decode_attention.md, "Waiting first, the default"), bs 1 x 16k takes 23.67-24.07
 // us with kNone, 22.94-23.19 with kWaitFirst and 22.25-22.45 with kMetadataFirst (one call).
 //
-// In both overlapping modes a split plan's merge launch (no merge counters) overlaps the
+// In every overlapping mode a split plan's merge launch (no merge counters) overlaps the
 // attention launch the same way, waiting for it before it reads anything.
 //
 // Whatever the mode, the kernel lets the next kernel start once its blocks have read K and V;
@@ -128,8 +128,9 @@ enum class DecodeLaunchOverlap {
   // the new tokens' K and V is fine.
   kMetadataFirst,
   // As kWaitFirst (safe after any kernel), but before it waits a block brings into L2 what it
-  // reads first after the wait: its work item, its sequence's kv_indptr entry, its warps'
-  // first index entries and the K and V rows of their slots, found from values loaded before
+  // reads first after the wait: its work item, its sequence's kv_indptr entry (or kv_lens entry
+  // and page-table row), its warps' first index entries and the K and V rows of their slots, found
+  // from values loaded before
   // the wait, which choose lines to warm and nothing else (the block reads everything again
   // after the wait). It pays where the kernel ahead lets this launch start well before its end
   // (it calls griddepcontrol.launch_dependents early, as this kernel and the metadata kernels

@@ -149,8 +149,8 @@ struct PagedDecodeParams {
   bool metadata_before_wait;
   // With metadata_before_wait false, in a launch that overlaps the kernel ahead: before the
   // wait the block warms L2 with the lines it reads first after it (DecodeLaunchOverlap::
-  // kWarmL2First), from values used for nothing else. Reads only metadata, in bounds whatever
-  // it holds, and records nothing.
+  // kWarmL2First), from values used for nothing else. Loads only metadata and prefetches
+  // lines of the K and V pools, in bounds whatever the metadata holds, and records nothing.
   bool warm_l2_before_wait;
 };
 

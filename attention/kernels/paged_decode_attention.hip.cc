@@ -294,13 +294,15 @@ __device__ __forceinline__ void MergeIfLast(const PagedDecodeParams& p, int32_t 
 }
 
 // PagedDecodeParams::warm_l2_before_wait: before the wait, block `block` brings into L2 the
-// lines it reads first after it: its work item, its sequence's kv_indptr entry or page-table
-// row, and for each warp the first step's index entries (one position per lane) and the K and
-// V rows of their slots. The kernel ahead may still be writing any of these, so the values
-// loaded here only choose lines (LoadThroughL2: none left in L1): every address is clamped
-// into its buffer, nothing is recorded, and the block reads all of it again after the wait.
+// lines it reads first after it: its work item, its sequence's kv_indptr entry (or kv_lens
+// entry and page-table row), and for each warp the first step's index entries (one position
+// per lane) and the K and V rows of their slots. The kernel ahead may still be writing any of
+// these, so the values loaded here only choose lines (LoadThroughL2: none left in L1): every
+// address is clamped into its buffer, nothing is recorded, and the block reads all of it again
+// after the wait.
 template <int kHeadDim, int kHeads, int kStep>
 __device__ inline void WarmL2ForFirstStep(const PagedDecodeParams& p, int32_t block) {
+  if (p.batch_size <= 0) return;  // no sequence to clamp to (the launcher launches no block)
   const int32_t per_item = static_cast<int32_t>(DecodeBlocksPerItem(p.num_q_heads, kHeads));
   const int32_t item = block / per_item;
   const int32_t kv_head = block % per_item * kHeads / (p.num_q_heads / p.num_kv_heads);
@@ -320,6 +322,7 @@ __device__ inline void WarmL2ForFirstStep(const PagedDecodeParams& p, int32_t bl
     if (e < 0 || e >= p.kv.kv_indices_capacity) return;
     slot = LoadThroughL2(p.kv.kv_indices + e);
   } else {
+    PrefetchToL2(p.kv.kv_lens + seq);
     const int64_t col = pos / p.kv.page_size;
     if (col >= p.kv.page_table_cols) return;
     slot = int64_t{LoadThroughL2(p.kv.page_table + int64_t{seq} * p.kv.page_table_cols + col)} *
