@@ -128,8 +128,9 @@ enum class DecodeLaunchOverlap {
   // the new tokens' K and V is fine.
   kMetadataFirst,
   // As kWaitFirst (safe after any kernel), but before it waits a block brings into L2 what it
-  // reads first after the wait: its work item, its sequence's kv_indptr entry (or kv_lens entry
-  // and page-table row), its warps' first index entries and the K and V rows of their slots, found
+  // reads first after the wait: its work item, its sequence's kv_indptr entry (token-level),
+  // its warps' first index entries (or page-table entries) and the K and V rows of their slots,
+  // found
   // from values loaded before
   // the wait, which choose lines to warm and nothing else (the block reads everything again
   // after the wait). It pays where the kernel ahead lets this launch start well before its end

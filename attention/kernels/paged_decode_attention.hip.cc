@@ -294,12 +294,13 @@ __device__ __forceinline__ void MergeIfLast(const PagedDecodeParams& p, int32_t 
 }
 
 // PagedDecodeParams::warm_l2_before_wait: before the wait, block `block` brings into L2 the
-// lines it reads first after it: its work item, its sequence's kv_indptr entry (or kv_lens
-// entry and page-table row), and for each warp the first step's index entries (one position
-// per lane) and the K and V rows of their slots. The kernel ahead may still be writing any of
-// these, so the values loaded here only choose lines (LoadThroughL2: none left in L1): every
-// address is clamped into its buffer, nothing is recorded, and the block reads all of it again
-// after the wait.
+// lines it reads first after it: its work item, its sequence's kv_indptr entry (token-level),
+// and for each warp the first step's index entries or page-table entries (one position per
+// lane) and the K and V rows of their slots. (Not the page table's kv_lens entry: prefetching
+// it made the page-table launches 0.2-0.5 us slower on an H100, docs/paged_decode_attention.md.)
+// The kernel ahead may still be writing any of these, so the values loaded here only choose lines
+// (LoadThroughL2: none left in L1): every address is clamped into its buffer, nothing is recorded,
+// and the block reads all of it again after the wait.
 template <int kHeadDim, int kHeads, int kStep>
 __device__ inline void WarmL2ForFirstStep(const PagedDecodeParams& p, int32_t block) {
   if (p.batch_size <= 0) return;  // no sequence to clamp to (the launcher launches no block)
@@ -322,7 +323,6 @@ __device__ inline void WarmL2ForFirstStep(const PagedDecodeParams& p, int32_t bl
     if (e < 0 || e >= p.kv.kv_indices_capacity) return;
     slot = LoadThroughL2(p.kv.kv_indices + e);
   } else {
-    PrefetchToL2(p.kv.kv_lens + seq);
     const int64_t col = pos / p.kv.page_size;
     if (col >= p.kv.page_table_cols) return;
     slot = int64_t{LoadThroughL2(p.kv.page_table + int64_t{seq} * p.kv.page_table_cols + col)} *
