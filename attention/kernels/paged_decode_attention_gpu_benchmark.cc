@@ -42,9 +42,10 @@
 // DecodeSplitOptionsForDevice's). --overlap: how each attention launch may overlap the one
 // before it (PagedDecodeArgs::overlap, DecodeLaunchOverlap; default wait-first, the launcher's
 // default), the contiguous layout's included; rows of the other modes are named "... plain",
-// "... metadata first" and "... warm l2 first"; the read, reads-alone and copy references are timed
-// the same in every mode. Writes OUT_DIR/paged_decode_attention.csv and .md besides stdout. Needs a
-// GPU; exits non-zero on any error or mismatch.
+// "... metadata first" and "... warm l2 first"; the read, reads-alone and copy references are
+// timed the same in every mode.
+// Writes OUT_DIR/paged_decode_attention.csv and .md besides stdout. Needs a GPU; exits non-zero
+// on any error or mismatch.
 
 #include <algorithm>
 #include <chrono>
