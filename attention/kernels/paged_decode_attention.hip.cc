@@ -438,10 +438,13 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDe
 
 // One warp per (reduce item, query head), kMergeWarps heads per block: no block barrier on
 // the path (MergeHead). Launched to overlap the attention kernel, it waits for it first; every
-// address it reads derives from `r`, opaque after the wait (as in PagedDecodeKernel).
+// address it reads derives from `r`, opaque after the wait (as in PagedDecodeKernel). Then it
+// lets the next kernel's blocks start under it, as the metadata kernels do: a kernel launched
+// to overlap waits for this one's end before it writes anything or reads what this one writes.
 template <typename Dtype, int kHeadDim>
 __global__ void __launch_bounds__(kMergeWarps * 32) DecodeMergeKernel(DecodeMergeParams p) {
   WaitForPrecedingGrid();
+  AllowDependentGridLaunch();
   const int32_t r = static_cast<int32_t>(OpaqueAfter(int64_t{blockIdx.x}));
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int32_t h =
