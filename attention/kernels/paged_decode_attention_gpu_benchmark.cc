@@ -31,6 +31,7 @@
 // Usage: paged_decode_attention_gpu_benchmark [OUT_DIR] [--variant=N|all] [--shape=BS,CTX]
 //        [--blocks-per-sm=N] [--max-items-per-sequence=N] [--min-chunk=N] [--no-sweep]
 //        [--dims=Q,KV,D] [--overlap=none|wait-first|metadata-first|warm-l2-first]
+//        [--pool-gb=G]
 // --variant: the table with that variant (or each), no sweep; --shape: that shape only;
 // --dims: query heads, KV heads and head dim (default 32,8,128). Other dims run without the
 // variant sweep (the variants other than 0 are compiled for head dim 128 and groups of a
@@ -43,7 +44,10 @@
 // before it (PagedDecodeArgs::overlap, DecodeLaunchOverlap; default wait-first, the launcher's
 // default), the contiguous layout's included; rows of the other modes are named "... plain",
 // "... metadata first" and "... warm l2 first"; the read, reads-alone and copy references are
-// timed the same in every mode.
+// timed the same in every mode. --pool-gb: a pool of at least G GB of K and V (default: what
+// the shapes' rotation sets need, 34.4 GB for the whole table, under 1 GB for some single
+// shapes); the shuffled slots spread over all of it, as in a serving pool, which the address
+// translation of page size 1 feels.
 // Writes OUT_DIR/paged_decode_attention.csv and .md besides stdout. Needs a GPU; exits non-zero
 // on any error or mismatch.
 
@@ -549,6 +553,7 @@ int main(int argc, char** argv) {
   int32_t blocks_per_sm = 0;
   int32_t max_items_per_sequence = 0;
   int32_t min_chunk = 0;
+  double pool_gb = 0;
   for (int k = 1; k < argc; ++k) {
     const std::string arg = argv[k];
     if (arg.rfind("--variant=", 0) == 0) {
@@ -586,6 +591,12 @@ int main(int argc, char** argv) {
       min_chunk = std::atoi(arg.c_str() + 12);
       if (min_chunk < 1) {
         std::fprintf(stderr, "--min-chunk=N needs N >= 1\n");
+        return 2;
+      }
+    } else if (arg.rfind("--pool-gb=", 0) == 0) {
+      pool_gb = std::atof(arg.c_str() + 10);
+      if (!(pool_gb > 0 && pool_gb <= 1024)) {
+        std::fprintf(stderr, "--pool-gb=G needs 0 < G <= 1024\n");
         return 2;
       }
     } else if (arg == "--no-sweep") {
@@ -634,6 +645,9 @@ int main(int argc, char** argv) {
   if (only.has_value() && shapes.empty()) shapes.push_back(*only);
   int64_t max_tokens = 0;
   for (const Shape& s : shapes) max_tokens = std::max<int64_t>(max_tokens, s.bs * s.ctx * SetsFor(s));
+  // Slots of K and V: 2 * RowBytes bytes each.
+  max_tokens =
+      std::max<int64_t>(max_tokens, static_cast<int64_t>(pool_gb * 1e9 / (2.0 * dims.RowBytes())));
   std::mt19937_64 rng(42);
   Bench bench(max_tokens, blocks_per_sm, max_items_per_sequence, min_chunk, rng);
   {  // A caller that plans every step asks for the options every step.
