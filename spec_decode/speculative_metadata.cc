@@ -6,10 +6,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "attention/metadata/lengths.h"
+#include "attention/metadata/mode_rules.h"
 #include "attention/metadata/validator.h"
 
 namespace attnmeta {
 namespace {
+
+// All steps of a draft-decode together: each step's kv_indices are bounded by int32 offsets
+// (CheckDraftDecodeBatch), but not their sum, which grows with the square of the steps.
+constexpr int64_t kMaxDraftDecodeIndices = std::numeric_limits<int32_t>::max();
 
 absl::Status CheckQueryRows(absl::string_view mode, int64_t rows, TokenCount num_query_rows) {
   if (rows != num_query_rows.value()) {
@@ -122,11 +127,28 @@ absl::StatusOr<std::vector<ForwardMetadata>> BuildDraftDecodeMetadata(
       !s.ok()) {
     return s;
   }
+  // Not empty (the validator's rule): the steps' arrays would be sized by the shape alone.
+  if (absl::Status s =
+          CheckModeBatchSize(ForwardMode::kDraftDecode, static_cast<int64_t>(req_rows.size()));
+      !s.ok()) {
+    return s;
+  }
   const size_t branches = req_rows.size() * shape.topk;
   if (absl::Status s = CheckQueryRows("draft-decode", static_cast<int64_t>(branches),
                                       num_query_rows);
       !s.ok()) {
     return s;
+  }
+  // Each step holds at least one more entry than the one before, so this loop ends within
+  // about 2^16 steps.
+  int64_t total = 0;
+  for (int32_t step = 0; step < shape.steps; ++step) {
+    total += DraftStepTokens(seq_lens, shape, step).value();
+    if (total > kMaxDraftDecodeIndices) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "draft-decode: ", shape.steps, " steps of ", branches, " branches need more than ",
+          kMaxDraftDecodeIndices, " kv_indices entries in all (", total, " by step ", step, ")"));
+    }
   }
   std::vector<ForwardMetadata> steps(shape.steps);
   for (int32_t step = 0; step < shape.steps; ++step) {

@@ -412,7 +412,42 @@ TEST(DraftDecodeBadInputTest, ShapesRowsAndInt32Offsets) {
                 .status()
                 .code(),
             absl::StatusCode::kOutOfRange);
-  EXPECT_TRUE(BuildDraftDecodeMetadata(f.pool(), {}, {}, {1, 256}, TokenCount(0), ps).ok());
+  // An empty batch within a row: refused as the validator refuses it (idle batches and only
+  // they are empty), whether checked or not; its steps' arrays would be sized by the shape
+  // alone.
+  EXPECT_EQ(BuildDraftDecodeMetadata(f.pool(), {}, {}, {1, 256}, TokenCount(0), ps).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  SpecBuildOptions checked;
+  checked.check_pool_slots = f.pool_slots();
+  EXPECT_EQ(BuildDraftDecodeMetadata(f.pool(), {}, {}, {1, 256}, TokenCount(0), ps, checked)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Each step fits int32 offsets and every draft run fits its row, but all steps together do
+// not: 65536 steps of one branch over an empty prefix need 65536 * 65537 / 2 = 2^31 + 2^15
+// kv_indices entries (8 GiB, and 65536 steps' metadata, were they allocated).
+// ResourceExhausted before anything is allocated.
+TEST(DraftDecodeBadInputTest, AllStepsTogetherBeyondInt32) {
+  BatchFixture f(1, 5, 64, 1, 1 << 16);
+  f.AddSequence(1, 0);
+  const std::vector<TokenLength> lens = {TokenLength(0)};
+  const absl::StatusOr<std::vector<ForwardMetadata>> steps = BuildDraftDecodeMetadata(
+      f.pool(), f.rows(), lens, {1, 1 << 16}, TokenCount(1), f.page_size());
+  EXPECT_EQ(steps.status().code(), absl::StatusCode::kResourceExhausted) << steps.status();
+  // One step fewer: 2^31 - 2^15 entries, within the bound (not built here: 8 GiB). The last
+  // step alone, as the device path builds it, fits.
+  std::vector<TokenSlot> kv_indices(1 << 16);
+  std::vector<TokenLength> kv_lens(1);
+  std::vector<TokenOffset> kv_indptr(2), qo_indptr(2);
+  std::vector<TokenLength> last_page_len(1);
+  EXPECT_TRUE(BuildDraftDecodeStep(
+                  f.pool(), f.rows(), lens, {1, 1 << 16}, (1 << 16) - 1, f.page_size(),
+                  DraftDecodeStepSpans{absl::MakeSpan(kv_lens), absl::MakeSpan(kv_indptr),
+                                       absl::MakeSpan(qo_indptr), absl::MakeSpan(last_page_len),
+                                       absl::MakeSpan(kv_indices)})
+                  .ok());
 }
 
 // The layout's own int32 check (field-bug row 10), called directly: the eager builder now
