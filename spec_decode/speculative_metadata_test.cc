@@ -436,8 +436,7 @@ TEST(DraftDecodeBadInputTest, AllStepsTogetherBeyondInt32) {
   const absl::StatusOr<std::vector<ForwardMetadata>> steps = BuildDraftDecodeMetadata(
       f.pool(), f.rows(), lens, {1, 1 << 16}, TokenCount(1), f.page_size());
   EXPECT_EQ(steps.status().code(), absl::StatusCode::kResourceExhausted) << steps.status();
-  // One step fewer: 2^31 - 2^15 entries, within the bound (not built here: 8 GiB). The last
-  // step alone, as the device path builds it, fits.
+  // The last step alone, as the device path builds it step by step, still builds.
   std::vector<TokenSlot> kv_indices(1 << 16);
   std::vector<TokenLength> kv_lens(1);
   std::vector<TokenOffset> kv_indptr(2), qo_indptr(2);

@@ -130,16 +130,16 @@ enum class DecodeLaunchOverlap {
   // As kWaitFirst (safe after any kernel), but before it waits a block brings into L2 what it
   // reads first after the wait: its work item, its sequence's kv_indptr entry (token-level),
   // its warps' first index entries (or page-table entries) and the K and V rows of their slots,
-  // found
-  // from values loaded before
-  // the wait, which choose lines to warm and nothing else (the block reads everything again
-  // after the wait). It pays where the kernel ahead lets this launch start well before its end
-  // (it calls griddepcontrol.launch_dependents early, as this kernel and the metadata kernels
-  // do): on the H200, back to back, bs 1 x 16k 21.3 us against 23.0 waiting first and 22.2
-  // reading the metadata first, bs 8 x 4k 35.9 against 38.1. Where blocks start only as the
-  // kernel ahead ends, the warm-up's loads come before the block's own: bs 1 x 4k behind a
-  // merge launch took 14.8 us against 13.2 (docs/paged_decode_attention.md, "Warming L2
-  // before the wait"). A plain launch where launches cannot overlap.
+  // found from values loaded before the wait, which choose lines to warm and nothing else (the
+  // block reads everything again after the wait). It pays where the kernel ahead lets this
+  // launch start well before its end (it calls griddepcontrol.launch_dependents early, as every
+  // kernel of this library does): on the H200, back to back, bs 1 x 16k 21.3 us against 23.0
+  // waiting first and 22.2 reading the metadata first, bs 8 x 4k 35.9 against 38.1. Where
+  // blocks start only as the kernel ahead ends, the warm-up's loads come before the block's
+  // own: bs 1 x 4k behind a merge kernel that allowed no early start took 14.8 us against 13.2.
+  // Page size 1 over a pool of 34 GB or more gains nothing and can lose up to 2 us
+  // (docs/paged_decode_attention.md, "Warming L2 before the wait" and "Page size 1 over a
+  // large pool"). A plain launch where launches cannot overlap.
   kWarmL2First,
 };
 
