@@ -424,7 +424,9 @@ TEST_F(PagedDecodeArgsTest, BadArgumentsAreRefused) {
        },
        kInvalid},
       {"no kv_indptr",
-       [&](PagedDecodeArgs& a) { a.kv = DecodeTokenLevelKv{{}, HostSpan(metadata_.kv_indices)}; },
+       [&](PagedDecodeArgs& a) {
+         a.kv = DecodeTokenLevelKv{{}, HostSpan(metadata_.kv_indices)};
+       },
        kInvalid},
       {"q of another batch",
        [&](PagedDecodeArgs& a) { a.q = DeviceSpan<const uint8_t>(q_.data(), q_bytes_ - 512); },
@@ -453,6 +455,21 @@ TEST_F(PagedDecodeArgsTest, BadArgumentsAreRefused) {
          const size_t bytes = ((size_t{1} << 31) + 1) * kKvHeads * kHeadDim * 2;
          a.k_pool = DeviceSpan<const uint8_t>(k_.data(), bytes);
          a.v_pool = DeviceSpan<const uint8_t>(v_.data(), bytes);
+       },
+       absl::StatusCode::kOutOfRange},
+      {"pools whose claimed size passes INT64_MAX",
+       [&](PagedDecodeArgs& a) {
+         // A whole number of rows, negative as an int64 (-2048): once it passed as -1 slots,
+         // which the kernel's unsigned slot check reads as no bound.
+         a.k_pool = DeviceSpan<const uint8_t>(k_.data(), SIZE_MAX - 2047);
+         a.v_pool = DeviceSpan<const uint8_t>(v_.data(), SIZE_MAX - 2047);
+       },
+       absl::StatusCode::kOutOfRange},
+      {"kv_indices whose claimed size passes INT64_MAX",
+       [&](PagedDecodeArgs& a) {
+         a.kv = DecodeTokenLevelKv{
+             HostSpan(metadata_.kv_indptr),
+             DeviceSpan<const TokenSlot>(metadata_.kv_indices.data(), (size_t{1} << 63) + 1)};
        },
        absl::StatusCode::kOutOfRange},
       {"a batch beyond int32",
@@ -502,7 +519,9 @@ TEST_F(PagedDecodeArgsTest, BadArgumentsAreRefused) {
        },
        absl::StatusCode::kResourceExhausted},
       {"merge counters null with a size",
-       [&](PagedDecodeArgs& a) { a.split->merge_counters = DeviceSpan<uint32_t>(nullptr, counters); },
+       [&](PagedDecodeArgs& a) {
+         a.split->merge_counters = DeviceSpan<uint32_t>(nullptr, counters);
+       },
        kInvalid},
       {"null work items",
        [&](PagedDecodeArgs& a) {
@@ -533,8 +552,7 @@ TEST_F(PagedDecodeArgsTest, BadArgumentsAreRefused) {
                                  partial_out_.span<float>(), partial_lse_.span<float>()};
        },
        kInvalid},
-      {"plan for another layout",
-       [&](PagedDecodeArgs& a) { a.kv = PageLevel(); }, kInvalid},
+      {"plan for another layout", [&](PagedDecodeArgs& a) { a.kv = PageLevel(); }, kInvalid},
       {"device plan for another layout",
        [&](PagedDecodeArgs& a) {
          DeviceSplitKvPlan dp = DevicePlanOf(plan_);

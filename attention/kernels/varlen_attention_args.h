@@ -61,7 +61,7 @@ struct VarlenAttentionArgs {
   // With a bit-packed mask it must be the batch's maximum q_len exactly, not a bound: the
   // width of the mask's words, MaskWordBytes(max_q_len), comes from it, and a looser bound
   // (say 9 for a batch whose longest q_len is 8) reads the 1-byte words as 2-byte ones, which
-  // gives wrong rows without any violation recorded.
+  // gives wrong rows, recorded only where a sequence's words then run past the mask buffer.
   TokenCount max_q_len;
   DeviceSpan<const uint8_t> k_pool;  // [pool_slots][num_kv_heads][head_dim] of dtype, aligned
   DeviceSpan<const uint8_t> v_pool;  // like k_pool, the same size; pool_slots <= 2^31
@@ -119,7 +119,8 @@ struct VarlenAttentionLaunch {
 //   - in checked mode (args.checked): host metadata that fails validation or is not the
 //     launch's (CheckLaunchedMetadata);
 //  OutOfRange (beyond the kernel's int32 arithmetic or the grid):
-//   - more than 2^31 - 1 query rows, more than 2^31 pool slots, a batch beyond int32;
+//   - more than 2^31 - 1 query rows, more than 2^31 pool slots, a pool slot (num_kv_heads *
+//     head_dim elements) of 2^31 bytes or more, a batch beyond int32;
 //   - kv_indices of more than 2^30 entries, a page table covering more than 2^30 tokens;
 //   - a grid of more than 2^24 blocks, 2^23 for kTiledTensorCores (bs * ceil(max_q_len / rows
 //     per block) * num_q_heads / heads per block, or bs * num_kv_heads * vector chunks on the

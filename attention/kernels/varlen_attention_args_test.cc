@@ -243,19 +243,18 @@ TEST_F(VarlenAttentionArgsTest, BadArgumentsAreRefused) {
       {"unknown element type",
        [](VarlenAttentionArgs& a) { a.dims.dtype = static_cast<KvElementType>(7); }, kInvalid,
        "unknown element type"},
-      {"NaN scale", [](VarlenAttentionArgs& a) { a.dims.softmax_scale = std::nanf(""); },
-       kInvalid, "is not finite and > 0"},
+      {"NaN scale", [](VarlenAttentionArgs& a) { a.dims.softmax_scale = std::nanf(""); }, kInvalid,
+       "is not finite and > 0"},
       {"zero scale", [](VarlenAttentionArgs& a) { a.dims.softmax_scale = 0; }, kInvalid,
        "softmax_scale 0 is not finite and > 0"},
-      {"q misaligned",
-       [&](VarlenAttentionArgs& a) { a.q = q_.span<const uint8_t>(2, q_bytes); }, kInvalid,
-       "must be 16-byte aligned"},
+      {"q misaligned", [&](VarlenAttentionArgs& a) { a.q = q_.span<const uint8_t>(2, q_bytes); },
+       kInvalid, "must be 16-byte aligned"},
       {"k_pool misaligned",
-       [&](VarlenAttentionArgs& a) { a.k_pool = k_.span<const uint8_t>(8, pool_bytes); },
-       kInvalid, "must be 16-byte aligned"},
+       [&](VarlenAttentionArgs& a) { a.k_pool = k_.span<const uint8_t>(8, pool_bytes); }, kInvalid,
+       "must be 16-byte aligned"},
       {"v_pool misaligned",
-       [&](VarlenAttentionArgs& a) { a.v_pool = v_.span<const uint8_t>(4, pool_bytes); },
-       kInvalid, "must be 16-byte aligned"},
+       [&](VarlenAttentionArgs& a) { a.v_pool = v_.span<const uint8_t>(4, pool_bytes); }, kInvalid,
+       "must be 16-byte aligned"},
       {"out misaligned", [&](VarlenAttentionArgs& a) { a.out = out_.span<uint8_t>(2, q_bytes); },
        kInvalid, "must be 16-byte aligned"},
       {"null q", [&](VarlenAttentionArgs& a) { a.q = DeviceSpan<const uint8_t>(nullptr, q_bytes); },
@@ -299,8 +298,8 @@ TEST_F(VarlenAttentionArgsTest, BadArgumentsAreRefused) {
       {"max_q_len past the query rows",
        [&](VarlenAttentionArgs& a) { a.max_q_len = TokenCount(rows + 1); }, kInvalid,
        "max_q_len 68 does not fit 67 query rows over 3 sequences"},
-      {"negative max_q_len", [](VarlenAttentionArgs& a) { a.max_q_len = TokenCount(-1); },
-       kInvalid, "max_q_len -1 does not fit"},
+      {"negative max_q_len", [](VarlenAttentionArgs& a) { a.max_q_len = TokenCount(-1); }, kInvalid,
+       "max_q_len -1 does not fit"},
       {"max_q_len too small for the rows",
        [](VarlenAttentionArgs& a) { a.max_q_len = TokenCount(10); }, kInvalid,
        "max_q_len 10 does not fit 67 query rows"},
@@ -396,6 +395,14 @@ TEST_F(VarlenAttentionArgsTest, BadArgumentsAreRefused) {
          a.lse = lse_.span<float>(0, (size_t{1} << 31) * 32);
        },
        absl::StatusCode::kOutOfRange, "2147483648 query rows, beyond int32"},
+      {"pools whose claimed size passes INT64_MAX",
+       [&](VarlenAttentionArgs& a) {
+         // A whole number of rows, negative as an int64 (-2048): once it passed as -1 slots,
+         // which the kernel's unsigned slot check reads as no bound.
+         a.k_pool = k_.span<const uint8_t>(0, SIZE_MAX - 2047);
+         a.v_pool = v_.span<const uint8_t>(0, SIZE_MAX - 2047);
+       },
+       absl::StatusCode::kOutOfRange, "more than 2^31 pool slots"},
       {"a pool slot past 2^31 bytes",
        [&](VarlenAttentionArgs& a) {
          a.dims.num_q_heads = a.dims.num_kv_heads = int32_t{1} << 22;

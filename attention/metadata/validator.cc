@@ -318,6 +318,32 @@ absl::Status ValidateLayout(const ForwardMetadataView& m, const ValidationContex
   return absl::OkStatus();
 }
 
+// A draft tree's rows (DESIGN.md 2b): every row sees the root (query row 0's position) and,
+// in a FULL block, every committed position before it; the QLEN_ONLY and bit-packed layouts
+// hold no prefix columns (the kernel takes them as seen). A cleared prefix column would
+// silently drop a committed token from the verify.
+// REQUIRES: the mask passed CheckCustomMask's size checks.
+absl::Status CheckTreeMaskRows(const ForwardMetadataView& m, int32_t word_bytes) {
+  const CustomMaskView& mask = m.custom_mask;
+  for (int64_t i = 0; i < m.batch_size(); ++i) {
+    const int64_t q_len = (m.qo_indptr[i + 1] - m.qo_indptr[i]).value();
+    const int64_t kv_len = m.kv_lens[i].value();
+    const int64_t root = kv_len - q_len;
+    const int64_t seen_before = mask.layout == MaskLayout::kFull ? 0 : root;
+    for (int64_t r = 0; r < q_len; ++r) {
+      for (int64_t c = seen_before; c <= root; ++c) {
+        if (!MaskSees(mask, i, q_len, kv_len, word_bytes, r, c)) {
+          return Invalid("custom_mask",
+                         absl::StrCat("row ", r, " of sequence ", i, " does not see ",
+                                      c == root ? "the root, position " : "committed position ", c,
+                                      " (a draft tree's rows see the root and the prefix)"));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The custom mask: allowed by the mode, mask_indptr the batch's for its layout, the mask
 // long enough, 0/1 bytes, and every row seeing its own position (a row that sees nothing
 // has no softmax).
@@ -379,6 +405,7 @@ absl::Status CheckCustomMask(const ForwardMetadataView& m) {
       }
     }
   }
+  if (m.mode == ForwardMode::kTargetVerify) return CheckTreeMaskRows(m, word_bytes);
   return absl::OkStatus();
 }
 

@@ -38,10 +38,11 @@ struct ValidationContext {
 // the pool, consistent with kv_indices token by token, and padded past each sequence's pages;
 // the custom mask (custom_mask.h): the mode allows its layout (target-verify needs one),
 // mask_indptr [bs + 1] with the layout's block sizes, the mask at least mask_indptr[bs] bytes
-// of 0/1 (FULL, QLEN_ONLY), every query row seeing its own position.
-// With check_slot_ownership: no written slot is shared (the message names both users).
-// Its cost is linear in bs + kv_indptr[bs] + page table entries (plus the ownership check's
-// sort of the qo_indptr[bs] written slots).
+// of 0/1 (FULL, QLEN_ONLY), every query row seeing its own position, and in target-verify
+// (a draft tree, DESIGN.md 2b) every row seeing the root and, in a FULL block, every prefix
+// column. With check_slot_ownership: no written slot is shared (the message names both users).
+// Its cost is linear in bs + kv_indptr[bs] + page table entries + mask_indptr[bs] (plus the
+// ownership check's sort of the qo_indptr[bs] written slots).
 absl::Status ValidateForwardMetadata(const ForwardMetadataView& m, const ValidationContext& ctx);
 
 }  // namespace attnmeta

@@ -6,6 +6,7 @@
 
 #include "attention/metadata/builders.h"
 #include "attention/metadata/testing/batch_fixture.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace attnmeta {
@@ -304,14 +305,33 @@ TEST_F(MaskValidatorTest, NamesEachBrokenMaskInvariant) {
     // Sequence 1 (q_len 20, kv_len 20): row 7 at position 7.
     m.custom_mask[m.mask_indptr[1] + 7 * 20 + 7] = 0;
   });
+  // A draft tree's row that does not see a committed position or the root. Sequence 0: 37
+  // committed tokens, 5 rows over kv_len 42, the root at position 37.
+  expect(full, "custom_mask", [](ForwardMetadata& m) { m.custom_mask[m.mask_indptr[0] + 0] = 0; });
+  expect(full, "custom_mask",
+         [](ForwardMetadata& m) { m.custom_mask[m.mask_indptr[0] + 4 * 42 + 36] = 0; });
+  expect(full, "custom_mask",
+         [](ForwardMetadata& m) { m.custom_mask[m.mask_indptr[0] + 3 * 42 + 37] = 0; });
   ForwardMetadata bits = Verify(MaskLayout::kBitPacked);
   ASSERT_TRUE(Validate(bits).ok()) << Validate(bits);
   expect(bits, "custom_mask", [](ForwardMetadata& m) {
     // Sequence 0 has 5 rows of 4-byte words (max_q_len 20): clear row 4's own bit.
     m.custom_mask[4 * 4] &= static_cast<uint8_t>(~(1u << 4));
   });
+  // Row 2 without the root's bit.
+  expect(bits, "custom_mask",
+         [](ForwardMetadata& m) { m.custom_mask[2 * 4] &= static_cast<uint8_t>(~1u); });
   ForwardMetadata qlen = Verify(MaskLayout::kQLenOnly);
   EXPECT_TRUE(Validate(qlen).ok()) << Validate(qlen);
+  // Sequence 0's [5][5] block: row 1 without the root.
+  expect(qlen, "custom_mask", [](ForwardMetadata& m) { m.custom_mask[1 * 5 + 0] = 0; });
+  ForwardMetadata no_root = full;
+  no_root.custom_mask[no_root.mask_indptr[0] + 3 * 42 + 37] = 0;
+  EXPECT_THAT(std::string(Validate(no_root).message()),
+              ::testing::HasSubstr("row 3 of sequence 0 does not see the root, position 37"));
+  // An extend mask need not be a tree's: the same row is fine there.
+  no_root.mode = ForwardMode::kExtend;
+  EXPECT_TRUE(Validate(no_root).ok()) << Validate(no_root);
 }
 
 }  // namespace
