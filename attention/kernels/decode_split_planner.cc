@@ -72,8 +72,12 @@ absl::StatusOr<SplitKvPlan> PlanDecodeSplitKv(absl::Span<const TokenOffset> kv_i
   // reduce item merges every partial of it, 32 per round trip.
   const int64_t shortest = std::max<int64_t>(
       o.min_chunk.value(), (longest + o.max_items_per_sequence - 1) / o.max_items_per_sequence);
-  int64_t lo = std::max<int64_t>(1, (shortest + quantum - 1) / quantum);
-  int64_t hi = std::max<int64_t>(lo, (std::min(longest, kMaxTokens) + quantum - 1) / quantum);
+  // Chunks stay within the planner's kv_granularity limit (kMaxTokens), even where min_chunk
+  // or a sequence longer than max_items_per_sequence such chunks asks for more.
+  const int64_t most = kMaxTokens / quantum;
+  int64_t lo = std::clamp<int64_t>((shortest + quantum - 1) / quantum, 1, most);
+  int64_t hi =
+      std::clamp<int64_t>((std::min(longest, kMaxTokens) + quantum - 1) / quantum, lo, most);
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo) / 2;
     if (items_for(mid * quantum) <= target_items) {

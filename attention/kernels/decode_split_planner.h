@@ -48,7 +48,9 @@ struct DecodeSplitOptions {
 //  - otherwise the shortest chunk (at least min_chunk, a multiple of 16 and of the blocks of
 //    `layout`) that cuts the sequences into at most floor(target / blocks_per_item) items and
 //    no sequence into more than max_items_per_sequence, one item per chunk: items are of equal
-//    size except each sequence's last, and none spills into a second wave.
+//    size except each sequence's last, and none spills into a second wave. A chunk is at most
+//    2^30 tokens (PlanSplitKv's limit), rounded down to the multiple: min_chunk beyond that, or
+//    a sequence longer than max_items_per_sequence such chunks, gets chunks of that size.
 // `kv_indptr` is the host copy of the batch's token-level indptr. Errors: PlanSplitKv's
 // (InvalidArgument for an empty sequence: a decode row needs kv_len >= 1; run batches with
 // empty sequences without a plan), InvalidArgument for options out of range, OutOfRange for

@@ -199,6 +199,17 @@ TEST(DecodeSplitPlannerTest, MinChunkBoundsTheSplit) {
   EXPECT_EQ(ExpectTiles(*plan, lens), 4);
 }
 
+// min_chunk at its limit, with page size 48: the chunk, a multiple of 48, rounds down to
+// fit 2^30 rather than up past it (which PlanSplitKv refused, naming kv_granularity).
+TEST(DecodeSplitPlannerTest, ChunksStayWithinThePlannersLimit) {
+  DecodeSplitOptions options = kH200;
+  options.min_chunk = TokenCount(int64_t{1} << 30);
+  auto plan = PlanDecodeSplitKv(Indptr({100}), KvLayout::Paged(*PageSize::Create(48)), options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->chunk.value(), (int64_t{1} << 30) / 48 * 48);
+  EXPECT_EQ(ExpectTiles(*plan, {100}), 1);
+}
+
 TEST(DecodeSplitPlannerTest, BadOptionsAndBatchesAreRefused) {
   const std::vector<TokenOffset> indptr = Indptr({100, 200});
   for (DecodeSplitOptions o :

@@ -1,9 +1,11 @@
 #include "attention/metadata/builders.h"
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "attention/metadata/testing/batch_fixture.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace attnmeta {
@@ -319,11 +321,17 @@ TEST(ForwardModeTest, NamesRoundTripAndSpeculativeRules) {
   ForwardBatch draft_decode = f.Batch(ForwardMode::kDraftDecode);
   draft_decode.q_lens = one;
   EXPECT_TRUE(BuildForwardMetadata(draft_decode, f.pool(), f.page_size()).ok());
+  // Target-verify with a sequence of no query rows, its mask otherwise in order (the second
+  // sequence's 4 x 4 chain), so that only the q_len rule can refuse it.
   std::vector<TokenLength> none = {TokenLength(0), TokenLength(4)};
   ForwardBatch verify_without_rows = f.Batch(ForwardMode::kTargetVerify);
   verify_without_rows.q_lens = none;
-  EXPECT_EQ(BuildForwardMetadata(verify_without_rows, f.pool(), f.page_size()).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  const std::vector<uint8_t> second_chain(chains.begin() + 16, chains.end());
+  verify_without_rows.tree_mask = second_chain;
+  const absl::Status no_rows =
+      BuildForwardMetadata(verify_without_rows, f.pool(), f.page_size(), with_mask).status();
+  EXPECT_EQ(no_rows.code(), absl::StatusCode::kInvalidArgument) << no_rows;
+  EXPECT_THAT(std::string(no_rows.message()), ::testing::HasSubstr("needs q_len >= 1, got 0"));
 }
 
 }  // namespace

@@ -67,6 +67,18 @@ struct PlanShape {
   int64_t total_chunks;
 };
 
+// OutOfRange when a plan of `tiles` query tiles could hold more work items than int32
+// offsets (unit_indptr, partial slots) address: up to tiles + num_units - 1 of them.
+absl::Status CheckWorkItemBound(int64_t tiles, const SplitKvOptions& options) {
+  const int64_t most = SplitKvCapacityFor(tiles, options.num_units).work_items;
+  if (most > std::numeric_limits<int32_t>::max()) {
+    return absl::OutOfRangeError(absl::StrCat("split-KV plan: ", tiles, " query tiles over ",
+                                              options.num_units, " units can make ", most,
+                                              " work items, past int32 offsets"));
+  }
+  return absl::OkStatus();
+}
+
 // The input checks shared by both entry points; returns the chunk and the batch's total
 // chunk count.
 absl::StatusOr<PlanShape> CheckPlanInputs(absl::Span<const TokenOffset> qo_indptr,
@@ -90,6 +102,10 @@ absl::StatusOr<PlanShape> CheckPlanInputs(absl::Span<const TokenOffset> qo_indpt
           absl::StrCat("sequence ", i, ": q_len ", q, " exceeds kv_len ", kv));
     }
     if (q > 0) total_chunks += (q + q_tile - 1) / q_tile * ((kv + chunk - 1) / chunk);
+  }
+  if (absl::Status s = CheckWorkItemBound(CountQueryTiles(qo_indptr, options.q_tile), options);
+      !s.ok()) {
+    return s;
   }
   return PlanShape{chunk, total_chunks};
 }
@@ -181,7 +197,7 @@ absl::StatusOr<SplitKvPlanCounts> CountSplitKvPlan(absl::Span<const TokenLength>
   }
   const int64_t chunk = SplitKvChunk(options).value();
   const int64_t q_tile = options.q_tile.value();
-  int64_t total_chunks = 0;
+  int64_t total_chunks = 0, tiles = 0;
   int64_t q_total = 0, kv_total = 0;
   for (size_t i = 0; i < q_lens.size(); ++i) {
     const int64_t q = q_lens[i].value();
@@ -199,8 +215,12 @@ absl::StatusOr<SplitKvPlanCounts> CountSplitKvPlan(absl::Span<const TokenLength>
       return absl::OutOfRangeError(absl::StrCat(
           "split-KV counts: the lengths through sequence ", i, " pass int32 offsets"));
     }
-    if (q > 0) total_chunks += (q + q_tile - 1) / q_tile * ((kv + chunk - 1) / chunk);
+    if (q > 0) {
+      tiles += (q + q_tile - 1) / q_tile;
+      total_chunks += (q + q_tile - 1) / q_tile * ((kv + chunk - 1) / chunk);
+    }
   }
+  if (absl::Status s = CheckWorkItemBound(tiles, options); !s.ok()) return s;
   // WritePlan hands out chunks in order, units [0, extra) taking base + 1 and the rest base:
   // the unit of the g-th chunk is arithmetic, and a tile's items are the units its chunks span.
   const int64_t base = total_chunks / options.num_units;

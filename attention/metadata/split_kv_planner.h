@@ -108,7 +108,8 @@ absl::StatusOr<int64_t> NumQueryTiles(absl::Span<const TokenOffset> qo_indptr, T
 // exactly once by its items, split only at multiples of the chunk (kv_granularity rounded up
 // to whole blocks of the layout); units get their share in order, none more than the mean
 // plus one chunk. InvalidArgument: options out of range, indptrs of different sizes, not
-// starting at 0 or decreasing, or a sequence with q_len > kv_len.
+// starting at 0 or decreasing, or a sequence with q_len > kv_len; OutOfRange: more work items
+// than int32 offsets address can come of it (query tiles + num_units - 1 > INT32_MAX).
 // (Partial slots number at most 2 * (num_units - 1) < 2^21, so they fit in int32.)
 absl::StatusOr<SplitKvPlan> PlanSplitKv(absl::Span<const TokenOffset> qo_indptr,
                                         absl::Span<const TokenOffset> kv_indptr,
@@ -143,10 +144,11 @@ absl::Status CheckSplitKvOptions(const SplitKvOptions& options);
 TokenCount SplitKvChunk(const SplitKvOptions& options);
 
 // What PlanSplitKvInto writes for the batch of per-sequence query rows `q_lens` and KV lengths
-// `kv_lens`, computed in O(batch) without writing the plan: for writers that write the plan on
-// the device and must still report its counts on the host. InvalidArgument: options out of
-// range, lengths of different sizes, a negative length, or q_len > kv_len; OutOfRange: query
-// rows or KV tokens summing past INT32_MAX (the indptrs' int32 offsets).
+// `kv_lens`, computed in O(batch + query tiles) without writing the plan: for writers that
+// write the plan on the device and must still report its counts on the host. InvalidArgument:
+// options out of range, lengths of different sizes, a negative length, or q_len > kv_len;
+// OutOfRange: query rows or KV tokens summing past INT32_MAX (the indptrs' int32 offsets), or
+// PlanSplitKv's bound on work items.
 absl::StatusOr<SplitKvPlanCounts> CountSplitKvPlan(absl::Span<const TokenLength> q_lens,
                                                    absl::Span<const TokenLength> kv_lens,
                                                    const SplitKvOptions& options);

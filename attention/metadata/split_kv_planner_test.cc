@@ -1,12 +1,14 @@
 #include "attention/metadata/split_kv_planner.h"
 
 #include <algorithm>
-#include <limits>
 #include <functional>
+#include <limits>
 #include <map>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace attnmeta {
@@ -228,6 +230,25 @@ std::vector<TokenLength> Lengths(const std::vector<int32_t>& lens) {
   std::vector<TokenLength> out;
   for (int32_t l : lens) out.push_back(TokenLength(l));
   return out;
+}
+
+// A batch whose query tiles plus unit boundaries pass int32 work-item offsets: refused before
+// the planner allocates (about 51 GB here) or the counter loops over 2^31 tiles.
+TEST(SplitKvPlannerTest, WorkItemsPastInt32AreRefused) {
+  SplitKvOptions o;
+  o.num_units = 1 << 20;
+  o.kv_granularity = TokenCount(1);
+  o.q_tile = TokenCount(1);
+  // 2^31 - 2^20 + 1 tiles and 2^20 - 1 boundaries: 2^31 work items at most, one too many.
+  const int32_t q = std::numeric_limits<int32_t>::max() - (1 << 20) + 2;
+  const absl::Status counted = CountSplitKvPlan(Lengths({q}), Lengths({q}), o).status();
+  EXPECT_EQ(counted.code(), absl::StatusCode::kOutOfRange) << counted;
+  EXPECT_THAT(std::string(counted.message()), ::testing::HasSubstr("2147483648 work items"));
+  // Into empty spans, so that a planner without the bound fails on capacity, allocating
+  // nothing; PlanSplitKv runs the same input checks.
+  const absl::Status planned =
+      PlanSplitKvInto(Indptr({q}), Indptr({q}), o, SplitKvPlanSpans{}).status();
+  EXPECT_EQ(planned.code(), absl::StatusCode::kOutOfRange) << planned;
 }
 
 // CountSplitKvPlan, from the lengths alone, reports what the planner writes, on random batches

@@ -281,7 +281,7 @@ TEST_F(MaskValidatorTest, NamesEachBrokenMaskInvariant) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << array;
     EXPECT_EQ(std::string(s.message()).rfind(array + ":", 0), 0u) << s.message();
   };
-  // Target-verify without its mask; a mask where the mode takes none.
+  // Target-verify without its mask; layout none that still carries mask bytes.
   expect(full, "custom_mask", [](ForwardMetadata& m) {
     m.mask_layout = MaskLayout::kNone;
     m.custom_mask.clear();
@@ -291,6 +291,26 @@ TEST_F(MaskValidatorTest, NamesEachBrokenMaskInvariant) {
     m.mode = ForwardMode::kExtend;
     m.mask_layout = MaskLayout::kNone;
   });
+  // A mask where the mode takes none: one query row per sequence, so that only the mode's
+  // mask rule can refuse it as decode.
+  ForwardBatch single = f_.Batch(ForwardMode::kTargetVerify);
+  const std::vector<TokenLength> ones(3, TokenLength(1));
+  const std::vector<uint8_t> one_row_trees(3, 1);
+  single.q_lens = ones;
+  single.tree_mask = one_row_trees;
+  BuildOptions full_mask;
+  full_mask.mask_layout = MaskLayout::kFull;
+  absl::StatusOr<ForwardMetadata> rows =
+      BuildForwardMetadata(single, f_.pool(), f_.page_size(), full_mask);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ValidationContext three_rows = Context();
+  three_rows.num_query_rows = TokenCount(3);
+  ASSERT_TRUE(ValidateForwardMetadata(rows->view(), three_rows).ok());
+  rows->mode = ForwardMode::kDecode;
+  const absl::Status decode_with_mask = ValidateForwardMetadata(rows->view(), three_rows);
+  EXPECT_EQ(decode_with_mask.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(decode_with_mask.message()),
+              ::testing::HasSubstr("custom_mask: decode takes no custom mask, got full"));
   // mask_indptr: size, start, a step that is not the layout's block.
   expect(full, "mask_indptr", [](ForwardMetadata& m) { m.mask_indptr.pop_back(); });
   expect(full, "mask_indptr", [](ForwardMetadata& m) { m.mask_indptr[0] = 1; });
