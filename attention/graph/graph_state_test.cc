@@ -170,6 +170,12 @@ TEST_F(GraphStateTest, RefusedReplaysWriteNothing) {
   forged = good;
   forged.mode = ForwardMode::kMixed;
   expect_handle_refused(absl::StatusCode::kInvalidArgument, forged, "mixed");
+  // A mode that is none of the enumerators, with negative query rows: it passed every
+  // per-mode rule, and the replay failed (Internal) after writing kv_indptr.
+  forged = good;
+  forged.mode = static_cast<ForwardMode>(99);
+  forged.q_len_per_request = TokenLength(-1);
+  expect_handle_refused(absl::StatusCode::kInvalidArgument, forged, "unknown mode");
   GraphHarness other(MakeTestConfig(16, {.max_batch_size = 2}), f_);
   auto foreign = other.state().Capture(2, ForwardMode::kDecode);
   ASSERT_TRUE(foreign.ok());
@@ -203,6 +209,9 @@ TEST_F(GraphStateTest, CaptureRules) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(g.Capture(4, ForwardMode::kExtend, TokenLength(4)).ok());
   EXPECT_EQ(g.Capture(4, ForwardMode::kMixed).status().code(), absl::StatusCode::kInvalidArgument);
+  const absl::Status unknown = g.Capture(4, static_cast<ForwardMode>(99)).status();
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument) << unknown;
+  EXPECT_EQ(unknown.message(), "mode 99 is not a forward mode");
   // Speculative modes: draft-extend needs its rows; this config plans no draft tokens, top-k
   // or steps, so target-verify and draft-decode cannot be captured.
   EXPECT_EQ(g.Capture(4, ForwardMode::kDraftExtend).status().code(),

@@ -45,13 +45,16 @@ absl::StatusOr<kernels::TokenKvIndicesParams> TokenKvIndicesParamsFor(
   if (in.kv_indptr.empty()) {
     return absl::InvalidArgumentError("kv_indptr must have batch_size + 1 >= 1 entries, got 0");
   }
-  const int64_t bs = static_cast<int64_t>(in.kv_indptr.size()) - 1;
-  if (static_cast<int64_t>(in.req_pool_indices.size()) != bs) {
+  const int64_t bs = internal::ClaimedSize(in.kv_indptr) - 1;
+  if (bs > std::numeric_limits<int32_t>::max()) {
+    return absl::OutOfRangeError(absl::StrCat("batch_size ", bs, " exceeds the grid"));
+  }
+  if (internal::ClaimedSize(in.req_pool_indices) != bs) {
     return absl::InvalidArgumentError(
         absl::StrCat("req_pool_indices has ", in.req_pool_indices.size(),
                      " entries, kv_indptr implies batch_size ", bs));
   }
-  if (!in.kv_start_idx.empty() && static_cast<int64_t>(in.kv_start_idx.size()) != bs) {
+  if (!in.kv_start_idx.empty() && internal::ClaimedSize(in.kv_start_idx) != bs) {
     return absl::InvalidArgumentError(absl::StrCat("kv_start_idx has ", in.kv_start_idx.size(),
                                                    " entries, want 0 or batch_size ", bs));
   }
@@ -64,9 +67,6 @@ absl::StatusOr<kernels::TokenKvIndicesParams> TokenKvIndicesParamsFor(
   if (in.max_kv_len.value() < 0 || in.max_kv_len.value() > stride) {
     return absl::OutOfRangeError(absl::StrCat("max_kv_len ", in.max_kv_len.value(),
                                               " outside [0, max_context_len = ", stride, "]"));
-  }
-  if (bs > std::numeric_limits<int32_t>::max()) {
-    return absl::OutOfRangeError(absl::StrCat("batch_size ", bs, " exceeds the grid"));
   }
   for (absl::Status s : {CheckNotNull("req_pool_indices", in.req_pool_indices),
                          CheckNotNull("kv_indptr", in.kv_indptr),
@@ -90,7 +90,7 @@ absl::StatusOr<kernels::TokenKvIndicesParams> TokenKvIndicesParamsFor(
                             ? nullptr
                             : reinterpret_cast<const int32_t*>(in.kv_start_idx.data());
   params.kv_indices = reinterpret_cast<int32_t*>(kv_indices.data());
-  params.kv_indices_capacity = static_cast<int64_t>(kv_indices.size());
+  params.kv_indices_capacity = internal::ClaimedSize(kv_indices);
   params.batch_size = static_cast<int32_t>(bs);
   params.violation = violation;
   return params;
@@ -134,14 +134,14 @@ absl::StatusOr<kernels::PageTableParams> PageTableParamsFor(
   const int64_t cols = page_cols.value();
   absl::StatusOr<kernels::SlotSource> src = Source(req_to_token, pool_slots, page_size);
   if (!src.ok()) return src.status();
-  const int64_t bs = static_cast<int64_t>(rows.size());
+  const int64_t bs = internal::ClaimedSize(rows);
   if (kv_lens.size() != rows.size()) {
     return absl::InvalidArgumentError(absl::StrCat(rows.size(), " rows but ", kv_lens.size(),
                                                    " kv_lens"));
   }
   if (bs > std::numeric_limits<int32_t>::max()) return absl::OutOfRangeError("batch beyond the grid");
   if (cols < 0 || cols > std::numeric_limits<int32_t>::max() ||
-      static_cast<int64_t>(page_table.size()) < bs * cols) {
+      internal::ClaimedSize(page_table) < bs * cols) {
     return absl::InvalidArgumentError(absl::StrCat("page_table of ", page_table.size(),
                                                    " entries is not [", bs, "][", cols, "]"));
   }
@@ -203,7 +203,7 @@ absl::StatusOr<kernels::FusedMetadataParams> FusedMetadataParamsFor(
   p.qo_indptr = reinterpret_cast<int32_t*>(a.qo_indptr.data());
   p.kv_last_page_len = reinterpret_cast<int32_t*>(a.kv_last_page_len.data());
   p.kv_indices = reinterpret_cast<int32_t*>(a.kv_indices.data());
-  p.kv_indices_capacity = static_cast<int64_t>(a.kv_indices.size());
+  p.kv_indices_capacity = internal::ClaimedSize(a.kv_indices);
   p.page_table = a.page_table.empty() ? nullptr : reinterpret_cast<int32_t*>(a.page_table.data());
   p.page_table_cols = static_cast<int32_t>(a.page_table_cols.value());
   p.padded_batch = static_cast<int32_t>(b);
@@ -234,10 +234,10 @@ absl::StatusOr<kernels::TreeMaskParams> TreeMaskParamsFor(const TreeMaskDeviceAr
   p.q_lens = reinterpret_cast<const int32_t*>(a.q_lens.data());
   p.kv_lens = reinterpret_cast<const int32_t*>(a.kv_lens.data());
   p.tree = a.tree.data();
-  p.tree_capacity = static_cast<int64_t>(a.tree.size());
+  p.tree_capacity = internal::ClaimedSize(a.tree);
   p.mask_indptr = a.mask_indptr.data();
   p.mask = a.mask.data();
-  p.mask_capacity = static_cast<int64_t>(a.mask.size());
+  p.mask_capacity = internal::ClaimedSize(a.mask);
   p.padded_batch = static_cast<int32_t>(b);
   p.violation = violation;
   return p;
@@ -285,7 +285,7 @@ absl::StatusOr<kernels::DraftStepParams> DraftStepParamsFor(const DraftStepDevic
   p.qo_indptr = reinterpret_cast<int32_t*>(a.qo_indptr.data());
   p.kv_last_page_len = reinterpret_cast<int32_t*>(a.kv_last_page_len.data());
   p.kv_indices = reinterpret_cast<int32_t*>(a.kv_indices.data());
-  p.kv_indices_capacity = static_cast<int64_t>(a.kv_indices.size());
+  p.kv_indices_capacity = internal::ClaimedSize(a.kv_indices);
   p.violation = violation;
   return p;
 }
@@ -319,10 +319,10 @@ absl::StatusOr<kernels::SplitKvPlanParams> SplitKvPlanParamsFor(
   p.chunk = static_cast<int32_t>(SplitKvChunk(a.options).value());
   p.q_tile = static_cast<int32_t>(a.options.q_tile.value());
   p.work = reinterpret_cast<kernels::SplitKvWorkEntry*>(a.work.data());
-  p.work_capacity = static_cast<int64_t>(a.work.size());
+  p.work_capacity = internal::ClaimedSize(a.work);
   p.unit_indptr = a.unit_indptr.data();
   p.reduce = reinterpret_cast<kernels::SplitKvReduceEntry*>(a.reduce.data());
-  p.reduce_capacity = static_cast<int64_t>(a.reduce.size());
+  p.reduce_capacity = internal::ClaimedSize(a.reduce);
   p.violation = violation;
   return p;
 }
@@ -349,6 +349,12 @@ absl::StatusOr<kernels::GatherKvParams> GatherKvParamsFor(const GatherKvDeviceAr
         "gather: K/V pools of ", a.k_pool.size(), " and ", a.v_pool.size(), " bytes and outputs of ",
         a.k_out.size(), " and ", a.v_out.size(), " bytes are not whole rows of ", row_bytes));
   }
+  // Slots and output rows are int32 (tok_idx, cu_k): rows past 2^31 are not addressable, and
+  // a claimed size past that is refused rather than trusted.
+  if (internal::ClaimedSize(a.k_pool) / row_bytes > (int64_t{1} << 31) ||
+      internal::ClaimedSize(a.k_out) / row_bytes > (int64_t{1} << 31)) {
+    return absl::OutOfRangeError("gather: K/V pools or outputs of more than 2^31 rows");
+  }
   if (a.cu_k.empty()) return absl::InvalidArgumentError("gather: cu_k needs bs + 1 >= 1 entries");
   if (a.cu_k.size() - 1 > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
     return absl::OutOfRangeError("gather: more than INT32_MAX sequences");
@@ -370,15 +376,15 @@ absl::StatusOr<kernels::GatherKvParams> GatherKvParamsFor(const GatherKvDeviceAr
   kernels::GatherKvParams p{};
   p.k_pool = a.k_pool.data();
   p.v_pool = a.v_pool.data();
-  p.pool_slots = static_cast<int64_t>(a.k_pool.size()) / row_bytes;
+  p.pool_slots = internal::ClaimedSize(a.k_pool) / row_bytes;
   p.row_bytes = row_bytes;
   p.tok_idx = reinterpret_cast<const int32_t*>(a.tok_idx.data());
-  p.tok_capacity = static_cast<int64_t>(a.tok_idx.size());
+  p.tok_capacity = internal::ClaimedSize(a.tok_idx);
   p.cu_k = reinterpret_cast<const int32_t*>(a.cu_k.data());
   p.batch_size = static_cast<int32_t>(a.cu_k.size() - 1);
   p.k_out = a.k_out.data();
   p.v_out = a.v_out.data();
-  p.out_rows = static_cast<int64_t>(a.k_out.size()) / row_bytes;
+  p.out_rows = internal::ClaimedSize(a.k_out) / row_bytes;
   p.violation = violation;
   return p;
 }

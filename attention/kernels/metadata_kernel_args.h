@@ -162,7 +162,8 @@ enum class KvElementType { kBf16, kFp16 };
 // tok_idx[r] (ContextGather's arrays), each [num_kv_heads][head_dim] of `dtype`.
 // InvalidArgument: head_dim outside [1, 256], num_kv_heads < 1, pools that are not whole
 // rows or differ in size, outputs that are not whole rows, a pointer not aligned to the
-// element size, null pointers; OutOfRange: more than INT32_MAX sequences.
+// element size, null pointers; OutOfRange: more than INT32_MAX sequences, pools or outputs of
+// more than 2^31 rows.
 struct GatherKvDeviceArgs {
   DeviceSpan<const uint8_t> k_pool;  // [pool_slots][num_kv_heads][head_dim]
   DeviceSpan<const uint8_t> v_pool;  // [pool_slots][num_kv_heads][head_dim], k_pool's size

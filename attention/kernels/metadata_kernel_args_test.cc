@@ -158,14 +158,22 @@ TEST_F(MetadataKernelArgsTest, TokenKvIndices) {
           a.in.kv_start_idx = {};
         },
         kOutOfRange},
+       {"a batch claimed past INT64_MAX",
+        [&](Args& a) {
+          // As int64 these sizes were negative and passed the grid bound as a batch of 3.
+          a.in.req_pool_indices = Claimed(rows_, (size_t{1} << 63) + 3);
+          a.in.kv_indptr = Claimed(indptr_, (size_t{1} << 63) + 4);
+          a.in.kv_start_idx = {};
+        },
+        kOutOfRange},
        {"more than 2^31 pool slots",
         [](Args& a) { a.in.pool_slots = TokenCount((int64_t{1} << 31) + 1); }, kOutOfRange},
        {"null req_pool_indices",
         [](Args& a) { a.in.req_pool_indices = Null<const ReqPoolIndex>(kBatch); }, kInvalid},
        {"null kv_indptr", [](Args& a) { a.in.kv_indptr = Null<const TokenOffset>(kBatch + 1); },
         kInvalid},
-       {"null kv_start_idx",
-        [](Args& a) { a.in.kv_start_idx = Null<const TokenPosition>(kBatch); }, kInvalid},
+       {"null kv_start_idx", [](Args& a) { a.in.kv_start_idx = Null<const TokenPosition>(kBatch); },
+        kInvalid},
        {"null kv_indices", [](Args& a) { a.kv_indices = Null<TokenSlot>(256); }, kInvalid},
        {"null req_to_token",
         [](Args& a) { a.in.req_to_token = Null<const TokenSlot>(kRows * kStride); }, kInvalid}});
@@ -252,6 +260,13 @@ TEST_F(MetadataKernelArgsTest, PageTable) {
           a.cols = PageCount(0);
         },
         kOutOfRange},
+       {"a batch claimed past INT64_MAX",
+        [&](Args& a) {
+          a.rows = Claimed(rows_, (size_t{1} << 63) + 3);
+          a.kv_lens = Claimed(lens_, (size_t{1} << 63) + 3);
+          a.cols = PageCount(1);
+        },
+        kOutOfRange},
        {"null rows", [](Args& a) { a.rows = Null<const ReqPoolIndex>(kBatch); }, kInvalid},
        {"null kv_lens", [](Args& a) { a.kv_lens = Null<const TokenLength>(kBatch); }, kInvalid},
        {"null page table", [](Args& a) { a.page_table = Null<PageId>(kBatch * 4); }, kInvalid}});
@@ -290,8 +305,7 @@ TEST_F(MetadataKernelArgsTest, FusedDecodeMetadata) {
       {{"no req_to_token", [](A& a) { a.req_to_token.table = {}; }, kInvalid},
        {"kv_lens of another batch", [&](A& a) { a.kv_lens = Over(lens_, kBatch - 1); }, kInvalid},
        {"q_lens of another batch", [&](A& a) { a.q_lens = Over(lens2_, kBatch + 1); }, kInvalid},
-       {"kv_indptr of another batch", [&](A& a) { a.kv_indptr = Over(indptr_, kBatch); },
-        kInvalid},
+       {"kv_indptr of another batch", [&](A& a) { a.kv_indptr = Over(indptr_, kBatch); }, kInvalid},
        {"qo_indptr of another batch", [&](A& a) { a.qo_indptr = Over(indptr2_, kBatch + 2); },
         kInvalid},
        {"kv_last_page_len of another batch",
@@ -300,8 +314,7 @@ TEST_F(MetadataKernelArgsTest, FusedDecodeMetadata) {
         [&](A& a) { a.page_table = Over(pages_, kBatch * 4 - 1); }, kInvalid},
        {"a page table of no columns", [](A& a) { a.page_table_cols = PageCount(0); }, kInvalid},
        {"max_kv_len 0", [](A& a) { a.max_kv_len = TokenCount(0); }, kOutOfRange},
-       {"max_kv_len past a row", [](A& a) { a.max_kv_len = TokenCount(kStride + 1); },
-        kOutOfRange},
+       {"max_kv_len past a row", [](A& a) { a.max_kv_len = TokenCount(kStride + 1); }, kOutOfRange},
        {"a batch beyond int32",
         [&](A& a) {
           const size_t huge = size_t{1} << 31;
@@ -312,6 +325,12 @@ TEST_F(MetadataKernelArgsTest, FusedDecodeMetadata) {
           a.qo_indptr = Claimed(indptr2_, huge + 1);
           a.kv_last_page_len = Claimed(lens3_, huge);
           a.page_table = {};
+        },
+        kOutOfRange},
+       {"req_to_token claimed past INT64_MAX",
+        [&](A& a) {
+          // Whole rows: as int64 the size was negative and passed as 5 rows.
+          a.req_to_token.table = Claimed(table_, (size_t{1} << 63) + 5 * kStride);
         },
         kOutOfRange},
        {"null rows", [](A& a) { a.rows = Null<const ReqPoolIndex>(kBatch); }, kInvalid},
@@ -514,10 +533,28 @@ TEST_F(MetadataKernelArgsTest, GatherKv) {
        {"no cu_k", [](A& a) { a.cu_k = {}; }, kInvalid},
        {"more than INT32_MAX sequences",
         [&](A& a) { a.cu_k = Claimed(indptr_, (size_t{1} << 31) + 1); }, kOutOfRange},
-       {"k_pool off the element", [&](A& a) { a.k_pool = pool_k.span<const uint8_t>(1, 100 * kRow); },
-        kInvalid},
-       {"v_pool off the element", [&](A& a) { a.v_pool = pool_v.span<const uint8_t>(1, 100 * kRow); },
-        kInvalid},
+       {"pools of more than 2^31 rows",
+        [&](A& a) {
+          a.k_pool = pool_k.span<const uint8_t>(0, ((size_t{1} << 31) + 1) * kRow);
+          a.v_pool = pool_v.span<const uint8_t>(0, ((size_t{1} << 31) + 1) * kRow);
+        },
+        kOutOfRange},
+       {"pools claimed past INT64_MAX",
+        [&](A& a) {
+          a.k_pool = pool_k.span<const uint8_t>(0, size_t{1} << 63);
+          a.v_pool = pool_v.span<const uint8_t>(0, size_t{1} << 63);
+        },
+        kOutOfRange},
+       {"outputs of more than 2^31 rows",
+        [&](A& a) {
+          a.k_out = out_k.span<uint8_t>(0, ((size_t{1} << 31) + 1) * kRow);
+          a.v_out = out_v.span<uint8_t>(0, ((size_t{1} << 31) + 1) * kRow);
+        },
+        kOutOfRange},
+       {"k_pool off the element",
+        [&](A& a) { a.k_pool = pool_k.span<const uint8_t>(1, 100 * kRow); }, kInvalid},
+       {"v_pool off the element",
+        [&](A& a) { a.v_pool = pool_v.span<const uint8_t>(1, 100 * kRow); }, kInvalid},
        {"k_out off the element", [&](A& a) { a.k_out = out_k.span<uint8_t>(1, 10 * kRow); },
         kInvalid},
        {"v_out off the element", [&](A& a) { a.v_out = out_v.span<uint8_t>(1, 10 * kRow); },

@@ -86,8 +86,8 @@ absl::StatusOr<int64_t> CheckKv(const DecodeKv& kv, kernels::PagedDecodeParams& 
 absl::StatusOr<int64_t> CheckBuffers(const PagedDecodeArgs& a, int64_t bs) {
   const DecodeAttentionDims& d = a.dims;
   const int64_t q_bytes = bs * d.num_q_heads * d.head_dim * internal::kElementBytes;
-  if (static_cast<int64_t>(a.q.size()) != q_bytes || static_cast<int64_t>(a.out.size()) != q_bytes ||
-      static_cast<int64_t>(a.lse.size()) != bs * d.num_q_heads) {
+  if (internal::ClaimedSize(a.q) != q_bytes || internal::ClaimedSize(a.out) != q_bytes ||
+      internal::ClaimedSize(a.lse) != bs * d.num_q_heads) {
     return absl::InvalidArgumentError(absl::StrCat(
         "decode attention: q of ", a.q.size(), " bytes, out of ", a.out.size(), " bytes and lse of ",
         a.lse.size(), " floats; a batch of ", bs, " wants ", q_bytes, ", ", q_bytes, " and ",
@@ -140,8 +140,8 @@ absl::StatusOr<SplitKvPlanCounts> CheckPlanOf(const DecodeSplitKv& s, const KvLa
     return absl::OutOfRangeError(absl::StrCat("split-KV device plan: ", c.work_items,
                                               " work items, at most ", kMaxBlocks));
   }
-  if (c.work_items > static_cast<int64_t>(s.work.size()) ||
-      c.reduce_items > static_cast<int64_t>(s.reduce.size())) {
+  if (c.work_items > internal::ClaimedSize(s.work) ||
+      c.reduce_items > internal::ClaimedSize(s.reduce)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "split-KV device plan: ", c.work_items, " work and ", c.reduce_items,
         " reduce items, but the device buffers hold ", s.work.size(), " and ", s.reduce.size()));
@@ -156,15 +156,15 @@ absl::StatusOr<SplitKvPlanCounts> CheckSplit(const DecodeSplitKv& s, const Decod
   const SplitKvPlanCounts& plan = *counts;
   const int64_t need_out = int64_t{plan.num_partials} * d.num_q_heads * d.head_dim;
   const int64_t need_lse = int64_t{plan.num_partials} * d.num_q_heads;
-  if (static_cast<int64_t>(s.partial_out.size()) < need_out ||
-      static_cast<int64_t>(s.partial_lse.size()) < need_lse) {
+  if (internal::ClaimedSize(s.partial_out) < need_out ||
+      internal::ClaimedSize(s.partial_lse) < need_lse) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "split-KV: partial_out holds ", s.partial_out.size(), " floats and partial_lse ",
         s.partial_lse.size(), "; the plan's ", plan.num_partials, " partial slots need ", need_out,
         " and ", need_lse));
   }
   const int64_t need_counters = plan.reduce_items * d.num_q_heads;
-  if (!s.merge_counters.empty() && static_cast<int64_t>(s.merge_counters.size()) < need_counters) {
+  if (!s.merge_counters.empty() && internal::ClaimedSize(s.merge_counters) < need_counters) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "split-KV: merge_counters holds ", s.merge_counters.size(), " counters; the plan's ",
         plan.reduce_items, " reduce items x ", d.num_q_heads, " query heads need ", need_counters));

@@ -32,10 +32,10 @@ struct BufferSizes {
 absl::StatusOr<BufferSizes> CheckBuffers(const VarlenAttentionArgs& a) {
   const DecodeAttentionDims& d = a.dims;
   const int64_t q_row = int64_t{d.num_q_heads} * d.head_dim * kElementBytes;
-  const int64_t q_bytes = static_cast<int64_t>(a.q.size());
+  const int64_t q_bytes = internal::ClaimedSize(a.q);
   const int64_t rows = q_bytes / q_row;
-  if (q_bytes % q_row != 0 || static_cast<int64_t>(a.out.size()) != q_bytes ||
-      static_cast<int64_t>(a.lse.size()) != rows * d.num_q_heads) {
+  if (q_bytes % q_row != 0 || internal::ClaimedSize(a.out) != q_bytes ||
+      internal::ClaimedSize(a.lse) != rows * d.num_q_heads) {
     return absl::InvalidArgumentError(absl::StrCat(
         "varlen attention: q of ", q_bytes, " bytes, out of ", a.out.size(), " bytes and lse of ",
         a.lse.size(), " floats are not the same whole rows of ", q_row, " bytes and ",
@@ -52,7 +52,7 @@ absl::StatusOr<BufferSizes> CheckBuffers(const VarlenAttentionArgs& a) {
 
 // qo_indptr and max_q_len against the batch and the query rows.
 absl::Status CheckQueries(const VarlenAttentionArgs& a, int64_t bs, int64_t rows) {
-  if (static_cast<int64_t>(a.qo_indptr.size()) != bs + 1) {
+  if (internal::ClaimedSize(a.qo_indptr) != bs + 1) {
     return absl::InvalidArgumentError(absl::StrCat("varlen attention: qo_indptr has ",
                                                    a.qo_indptr.size(),
                                                    " entries, the KV source's batch of ", bs,
@@ -96,7 +96,7 @@ absl::Status CheckMask(const VarlenAttentionArgs& a, int64_t bs, kernels::Varlen
     p.mask_layout = kernels::kVarlenCausal;
     return absl::OkStatus();
   }
-  if (static_cast<int64_t>(m.mask_indptr.size()) != bs + 1) {
+  if (internal::ClaimedSize(m.mask_indptr) != bs + 1) {
     return absl::InvalidArgumentError(absl::StrCat("varlen attention: a ", MaskLayoutName(m.layout),
                                                    " mask needs mask_indptr of bs + 1 = ", bs + 1,
                                                    " entries, got ", m.mask_indptr.size()));
@@ -115,7 +115,7 @@ absl::Status CheckMask(const VarlenAttentionArgs& a, int64_t bs, kernels::Varlen
   }
   p.mask_layout = *layout;
   p.mask = m.mask.data();
-  p.mask_capacity = static_cast<int64_t>(m.mask.size());
+  p.mask_capacity = internal::ClaimedSize(m.mask);
   p.mask_indptr = m.mask_indptr.data();
   p.mask_word_bytes = word_bytes;
   return absl::OkStatus();
@@ -156,7 +156,7 @@ absl::StatusOr<VarlenAttentionLaunch> VarlenAttentionLaunchFor(
     LaunchedMetadataShape shape =
         internal::LaunchedKvShape(a.kv, *bs, sizes->rows, sizes->pool_slots);
     shape.mask_layout = a.mask.layout;
-    shape.mask_bytes = static_cast<int64_t>(a.mask.mask.size());
+    shape.mask_bytes = internal::ClaimedSize(a.mask.mask);
     shape.max_q_len = a.max_q_len;
     shape.max_q_len_exact = a.mask.layout == MaskLayout::kBitPacked;
     if (absl::Status s = CheckLaunchedMetadata(*a.checked, shape); !s.ok()) return s;

@@ -24,6 +24,8 @@ absl::string_view ForwardModeName(ForwardMode mode) {
   return "unknown";
 }
 
+bool IsKnownForwardMode(ForwardMode mode) { return ForwardModeName(mode) != "unknown"; }
+
 absl::StatusOr<ForwardMode> ParseForwardMode(absl::string_view name) {
   for (ForwardMode m : {ForwardMode::kDecode, ForwardMode::kExtend, ForwardMode::kMixed,
                         ForwardMode::kIdle, ForwardMode::kDraftExtend, ForwardMode::kTargetVerify,

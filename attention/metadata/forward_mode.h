@@ -22,7 +22,11 @@ enum class ForwardMode {
   kDraftDecode,   // one draft step: one query row per branch
 };
 
+// The mode's name, or "unknown" for a value that is none of the enumerators (an integer cast
+// to ForwardMode).
 absl::string_view ForwardModeName(ForwardMode mode);
+// Whether `mode` is one of the enumerators: every entry point that takes a mode refuses the rest.
+bool IsKnownForwardMode(ForwardMode mode);
 // Parses a name returned by ForwardModeName; InvalidArgument otherwise.
 absl::StatusOr<ForwardMode> ParseForwardMode(absl::string_view name);
 

@@ -13,8 +13,8 @@
 
 namespace attnmeta {
 
-// InvalidArgument unless a batch of `batch_size` sequences is allowed in `mode`
-// (idle: exactly 0; the others: any).
+// InvalidArgument unless `mode` is a forward mode (IsKnownForwardMode) and a batch of
+// `batch_size` sequences is allowed in it (idle: exactly 0; the others: any).
 absl::Status CheckModeBatchSize(ForwardMode mode, int64_t batch_size);
 
 // InvalidArgument unless sequence `i` with q_len query rows over kv_len KV tokens is allowed

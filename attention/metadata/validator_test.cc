@@ -51,6 +51,7 @@ class ValidatorTest : public ::testing::Test {
 };
 
 TEST_F(ValidatorTest, NamesEachBrokenInvariant) {
+  ExpectRejected("mode", [](ForwardMetadata& m) { m.mode = static_cast<ForwardMode>(99); });
   ExpectRejected("kv_indptr", [](ForwardMetadata& m) { m.kv_indptr.pop_back(); });
   ExpectRejected("kv_indptr", [](ForwardMetadata& m) { m.kv_indptr[0] = TokenOffset(1); });
   ExpectRejected("kv_indptr", [](ForwardMetadata& m) { m.kv_indptr[2] = TokenOffset(3); });

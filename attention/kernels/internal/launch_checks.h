@@ -25,6 +25,15 @@
 namespace attnmeta {
 namespace internal {
 
+// A span's element count as an int64, saturated at INT64_MAX: a claimed size of 2^63 or more
+// must not turn negative and pass a bound.
+template <typename T>
+int64_t ClaimedSize(DeviceSpan<T> span) {
+  return span.size() > static_cast<size_t>(std::numeric_limits<int64_t>::max())
+             ? std::numeric_limits<int64_t>::max()
+             : static_cast<int64_t>(span.size());
+}
+
 // InvalidArgument for a span with elements but no pointer.
 template <typename T>
 absl::Status CheckNotNull(absl::string_view name, DeviceSpan<T> span) {
@@ -49,7 +58,7 @@ inline absl::StatusOr<kernels::SlotSource> CheckedSlotSource(DeviceSpan<const To
                                                    cols));
   }
   if (absl::Status s = CheckNotNull("req_to_token", table); !s.ok()) return s;
-  const int64_t rows = static_cast<int64_t>(table.size()) / cols;
+  const int64_t rows = ClaimedSize(table) / cols;
   if (rows > INT32_MAX || pool_slots.value() < 0 || pool_slots.value() > (int64_t{1} << 31) ||
       page_size.tokens() > (int64_t{1} << 30)) {
     return absl::OutOfRangeError("req_to_token rows, pool slots or page size beyond int32");
@@ -148,11 +157,11 @@ absl::StatusOr<int64_t> CheckKvSource(absl::string_view op,
     p.kv.page_level = 0;
     p.kv.kv_indptr = reinterpret_cast<const int32_t*>(t->kv_indptr.data());
     p.kv.kv_indices = reinterpret_cast<const int32_t*>(t->kv_indices.data());
-    p.kv.kv_indices_capacity = static_cast<int64_t>(t->kv_indices.size());
-    return static_cast<int64_t>(t->kv_indptr.size()) - 1;
+    p.kv.kv_indices_capacity = ClaimedSize(t->kv_indices);
+    return ClaimedSize(t->kv_indptr) - 1;
   }
   const PageTableKv& pt = std::get<PageTableKv>(kv);
-  const int64_t bs = static_cast<int64_t>(pt.kv_lens.size());
+  const int64_t bs = ClaimedSize(pt.kv_lens);
   const int64_t cols = pt.cols.value();
   if (cols < 0 || cols > kMaxKvTokens / pt.page_size.tokens()) {
     return absl::OutOfRangeError(absl::StrCat(op, ": a page table of ", cols,
@@ -160,7 +169,7 @@ absl::StatusOr<int64_t> CheckKvSource(absl::string_view op,
                                               " covers more than ", kMaxKvTokens, " tokens"));
   }
   // By division: bs is a span's size, so bs * cols can pass INT64_MAX.
-  if (cols > 0 && static_cast<int64_t>(pt.page_table.size()) / cols < bs) {
+  if (cols > 0 && ClaimedSize(pt.page_table) / cols < bs) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": page_table of ", pt.page_table.size(),
                                                    " entries is not [", bs, "][", cols, "]"));
   }
@@ -188,7 +197,7 @@ LaunchedMetadataShape LaunchedKvShape(const std::variant<TokenLevelKv, PageTable
   shape.query_rows = TokenCount(query_rows);
   shape.pool_slots = TokenCount(pool_slots);
   if (const auto* t = std::get_if<TokenLevelKv>(&kv)) {
-    shape.kv_indices_entries = TokenCount(static_cast<int64_t>(t->kv_indices.size()));
+    shape.kv_indices_entries = TokenCount(ClaimedSize(t->kv_indices));
   } else {
     const PageTableKv& pt = std::get<PageTableKv>(kv);
     shape.page_table = true;
