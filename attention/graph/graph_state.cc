@@ -177,11 +177,8 @@ absl::Status GraphState::Reserve(int64_t batch_capacity) {
 
 absl::Status GraphState::CheckShape(int64_t bucket, ForwardMode mode, TokenLength q) const {
   if (bucket < 1) return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket, " < 1"));
-  if (!IsKnownForwardMode(mode)) {
-    // The switch below has no case for it: it would pass every per-mode rule.
-    return absl::InvalidArgumentError(
-        absl::StrCat("mode ", static_cast<int>(mode), " is not a forward mode"));
-  }
+  // The switch below has no case for a mode outside the enum: it would pass every rule.
+  if (absl::Status s = CheckKnownForwardMode(mode); !s.ok()) return s;
   switch (mode) {
     case ForwardMode::kDecode:
       if (q != TokenLength(1)) {

@@ -351,8 +351,9 @@ absl::StatusOr<kernels::GatherKvParams> GatherKvParamsFor(const GatherKvDeviceAr
   }
   // Slots and output rows are int32 (tok_idx, cu_k): rows past 2^31 are not addressable, and
   // a claimed size past that is refused rather than trusted.
-  if (internal::ClaimedSize(a.k_pool) / row_bytes > (int64_t{1} << 31) ||
-      internal::ClaimedSize(a.k_out) / row_bytes > (int64_t{1} << 31)) {
+  const int64_t pool_rows = internal::ClaimedSize(a.k_pool) / row_bytes;
+  const int64_t out_rows = internal::ClaimedSize(a.k_out) / row_bytes;
+  if (pool_rows > (int64_t{1} << 31) || out_rows > (int64_t{1} << 31)) {
     return absl::OutOfRangeError("gather: K/V pools or outputs of more than 2^31 rows");
   }
   if (a.cu_k.empty()) return absl::InvalidArgumentError("gather: cu_k needs bs + 1 >= 1 entries");
@@ -376,7 +377,7 @@ absl::StatusOr<kernels::GatherKvParams> GatherKvParamsFor(const GatherKvDeviceAr
   kernels::GatherKvParams p{};
   p.k_pool = a.k_pool.data();
   p.v_pool = a.v_pool.data();
-  p.pool_slots = internal::ClaimedSize(a.k_pool) / row_bytes;
+  p.pool_slots = pool_rows;
   p.row_bytes = row_bytes;
   p.tok_idx = reinterpret_cast<const int32_t*>(a.tok_idx.data());
   p.tok_capacity = internal::ClaimedSize(a.tok_idx);
@@ -384,7 +385,7 @@ absl::StatusOr<kernels::GatherKvParams> GatherKvParamsFor(const GatherKvDeviceAr
   p.batch_size = static_cast<int32_t>(a.cu_k.size() - 1);
   p.k_out = a.k_out.data();
   p.v_out = a.v_out.data();
-  p.out_rows = internal::ClaimedSize(a.k_out) / row_bytes;
+  p.out_rows = out_rows;
   p.violation = violation;
   return p;
 }

@@ -24,7 +24,11 @@ absl::string_view ForwardModeName(ForwardMode mode) {
   return "unknown";
 }
 
-bool IsKnownForwardMode(ForwardMode mode) { return ForwardModeName(mode) != "unknown"; }
+absl::Status CheckKnownForwardMode(ForwardMode mode) {
+  if (ForwardModeName(mode) != "unknown") return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("mode ", static_cast<int>(mode), " is not a forward mode"));
+}
 
 absl::StatusOr<ForwardMode> ParseForwardMode(absl::string_view name) {
   for (ForwardMode m : {ForwardMode::kDecode, ForwardMode::kExtend, ForwardMode::kMixed,

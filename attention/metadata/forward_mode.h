@@ -6,6 +6,7 @@
 
 #include <ostream>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -25,8 +26,9 @@ enum class ForwardMode {
 // The mode's name, or "unknown" for a value that is none of the enumerators (an integer cast
 // to ForwardMode).
 absl::string_view ForwardModeName(ForwardMode mode);
-// Whether `mode` is one of the enumerators: every entry point that takes a mode refuses the rest.
-bool IsKnownForwardMode(ForwardMode mode);
+// OK when `mode` is one of the enumerators, else InvalidArgument ("mode N is not a forward
+// mode"): every entry point that takes a mode refuses the rest.
+absl::Status CheckKnownForwardMode(ForwardMode mode);
 // Parses a name returned by ForwardModeName; InvalidArgument otherwise.
 absl::StatusOr<ForwardMode> ParseForwardMode(absl::string_view name);
 

@@ -5,10 +5,7 @@
 namespace attnmeta {
 
 absl::Status CheckModeBatchSize(ForwardMode mode, int64_t batch_size) {
-  if (!IsKnownForwardMode(mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("mode ", static_cast<int>(mode), " is not a forward mode"));
-  }
+  if (absl::Status s = CheckKnownForwardMode(mode); !s.ok()) return s;
   if (batch_size < 0 || (mode == ForwardMode::kIdle) != (batch_size == 0)) {
     return absl::InvalidArgumentError(absl::StrCat("mode ", ForwardModeName(mode),
                                                    " with batch_size ", batch_size,

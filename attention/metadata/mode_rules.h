@@ -13,7 +13,7 @@
 
 namespace attnmeta {
 
-// InvalidArgument unless `mode` is a forward mode (IsKnownForwardMode) and a batch of
+// InvalidArgument unless `mode` is a forward mode (CheckKnownForwardMode) and a batch of
 // `batch_size` sequences is allowed in it (idle: exactly 0; the others: any).
 absl::Status CheckModeBatchSize(ForwardMode mode, int64_t batch_size);
 

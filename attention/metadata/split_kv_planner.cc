@@ -65,6 +65,7 @@ namespace {
 struct PlanShape {
   int64_t chunk;
   int64_t total_chunks;
+  int64_t tiles;  // (sequence, query tile) pairs: NumQueryTiles
 };
 
 // OutOfRange when a plan of `tiles` query tiles could hold more work items than int32
@@ -93,7 +94,7 @@ absl::StatusOr<PlanShape> CheckPlanInputs(absl::Span<const TokenOffset> qo_indpt
   if (absl::Status s = internal::CheckIndptr("kv_indptr", kv_indptr); !s.ok()) return s;
   const int64_t chunk = SplitKvChunk(options).value();
   const int64_t q_tile = options.q_tile.value();
-  int64_t total_chunks = 0;
+  int64_t total_chunks = 0, tiles = 0;
   for (size_t i = 0; i + 1 < qo_indptr.size(); ++i) {
     const int64_t q = (qo_indptr[i + 1] - qo_indptr[i]).value();
     const int64_t kv = (kv_indptr[i + 1] - kv_indptr[i]).value();
@@ -101,13 +102,14 @@ absl::StatusOr<PlanShape> CheckPlanInputs(absl::Span<const TokenOffset> qo_indpt
       return absl::InvalidArgumentError(
           absl::StrCat("sequence ", i, ": q_len ", q, " exceeds kv_len ", kv));
     }
-    if (q > 0) total_chunks += (q + q_tile - 1) / q_tile * ((kv + chunk - 1) / chunk);
+    if (q > 0) {
+      const int64_t q_tiles = (q + q_tile - 1) / q_tile;
+      tiles += q_tiles;
+      total_chunks += q_tiles * ((kv + chunk - 1) / chunk);
+    }
   }
-  if (absl::Status s = CheckWorkItemBound(CountQueryTiles(qo_indptr, options.q_tile), options);
-      !s.ok()) {
-    return s;
-  }
-  return PlanShape{chunk, total_chunks};
+  if (absl::Status s = CheckWorkItemBound(tiles, options); !s.ok()) return s;
+  return PlanShape{chunk, total_chunks, tiles};
 }
 
 // The plan of inputs CheckPlanInputs accepted (their `shape`), written into `out` after its
@@ -121,8 +123,7 @@ absl::StatusOr<SplitKvPlanCounts> WritePlan(absl::Span<const TokenOffset> qo_ind
   const int64_t bs = static_cast<int64_t>(qo_indptr.size()) - 1;
   const int64_t q_tile = options.q_tile.value();
   const int64_t units = options.num_units;
-  const SplitKvCapacity cap =
-      SplitKvCapacityFor(CountQueryTiles(qo_indptr, options.q_tile), options.num_units);
+  const SplitKvCapacity cap = SplitKvCapacityFor(shape.tiles, options.num_units);
   if (static_cast<int64_t>(out.work.size()) < cap.work_items ||
       static_cast<int64_t>(out.reduce.size()) < cap.reduce_items ||
       static_cast<int64_t>(out.unit_indptr.size()) < units + 1) {
@@ -216,8 +217,9 @@ absl::StatusOr<SplitKvPlanCounts> CountSplitKvPlan(absl::Span<const TokenLength>
           "split-KV counts: the lengths through sequence ", i, " pass int32 offsets"));
     }
     if (q > 0) {
-      tiles += (q + q_tile - 1) / q_tile;
-      total_chunks += (q + q_tile - 1) / q_tile * ((kv + chunk - 1) / chunk);
+      const int64_t q_tiles = (q + q_tile - 1) / q_tile;
+      tiles += q_tiles;
+      total_chunks += q_tiles * ((kv + chunk - 1) / chunk);
     }
   }
   if (absl::Status s = CheckWorkItemBound(tiles, options); !s.ok()) return s;
@@ -254,8 +256,7 @@ absl::StatusOr<SplitKvPlan> PlanSplitKv(absl::Span<const TokenOffset> qo_indptr,
   if (!shape.ok()) return shape.status();
   SplitKvPlan plan;
   plan.layout = options.layout;
-  const SplitKvCapacity cap =
-      SplitKvCapacityFor(CountQueryTiles(qo_indptr, options.q_tile), options.num_units);
+  const SplitKvCapacity cap = SplitKvCapacityFor(shape->tiles, options.num_units);
   plan.work.resize(cap.work_items);
   plan.reduce.resize(cap.reduce_items);
   plan.unit_indptr.resize(options.num_units + 1);

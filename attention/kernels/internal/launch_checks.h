@@ -145,8 +145,7 @@ absl::StatusOr<int64_t> CheckKvSource(absl::string_view op,
     if (t->kv_indptr.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(op, ": kv_indptr needs bs + 1 >= 1 entries"));
     }
-    // Compared unsigned: a claimed size past INT64_MAX must not turn negative and pass.
-    if (t->kv_indices.size() > static_cast<size_t>(kMaxKvTokens)) {
+    if (ClaimedSize(t->kv_indices) > kMaxKvTokens) {
       return absl::OutOfRangeError(absl::StrCat(op, ": kv_indices of ", t->kv_indices.size(),
                                                 " entries, at most ", kMaxKvTokens));
     }
@@ -224,18 +223,17 @@ inline absl::StatusOr<int64_t> CheckAttentionBuffers(absl::string_view op,
     return absl::OutOfRangeError(absl::StrCat(op, ": a pool slot of ", row,
                                               " bytes, past the kernels' 32-bit row offsets"));
   }
-  // Unsigned: a claimed size past INT64_MAX must not turn into a negative slot count, which
-  // the kernels' unsigned slot check would read as no bound at all.
-  const uint64_t pool_bytes = k_pool.size();
-  if (k_pool.size() != v_pool.size() || pool_bytes % static_cast<uint64_t>(row) != 0) {
+  if (k_pool.size() != v_pool.size() || k_pool.size() % static_cast<size_t>(row) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": K/V pools of ", k_pool.size(), " and ",
                                                    v_pool.size(),
                                                    " bytes are not the same whole rows of ", row));
   }
-  if (pool_bytes / static_cast<uint64_t>(row) > (uint64_t{1} << 31)) {
+  // Saturated: a negative slot count would pass here and leave the kernels' unsigned slot
+  // check with no bound at all.
+  const int64_t slots = ClaimedSize(k_pool) / row;
+  if (slots > (int64_t{1} << 31)) {
     return absl::OutOfRangeError(absl::StrCat(op, ": more than 2^31 pool slots"));
   }
-  const int64_t slots = static_cast<int64_t>(pool_bytes / static_cast<uint64_t>(row));
   for (const void* ptr : {static_cast<const void*>(q.data()), static_cast<const void*>(k_pool.data()),
                           static_cast<const void*>(v_pool.data()),
                           static_cast<const void*>(out.data())}) {
