@@ -61,7 +61,11 @@ absl::StatusOr<ForwardMetadata> BuildDraftExtendMetadata(const DraftExtendBatch&
                                                          const SpecBuildOptions& options = {});
 
 // The tree's seq_lens are the committed prefixes; the n draft tokens of request b must be in
-// its row at positions [seq_len, seq_len + n). InvalidArgument: rows not the tree's batch
+// its row at positions [seq_len, seq_len + n). The draft tokens' K/V are read from the cache
+// like the prefix's (attention/kernels read every key through the metadata), so kv_lens[b] is
+// seq_len + n and kv_indptr their prefix sum, the FULL mask's column count per row. (DESIGN.md
+// 2b's kv_indptr over the committed prefix alone is for a kernel handed the draft tokens' K/V
+// beside the cache; here that prefix is kv_lens[b] - n.) InvalidArgument: rows not the tree's batch
 // size, mask layout kNone, num_query_rows != bs * n; OutOfRange: a request's seq_len + n
 // beyond INT32_MAX; then BuildForwardMetadata's errors.
 absl::StatusOr<ForwardMetadata> BuildTargetVerifyMetadata(

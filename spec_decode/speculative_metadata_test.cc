@@ -194,9 +194,12 @@ TEST_P(TargetVerifyTest, ReferenceAttentionMatchesDenseMaskedAttention) {
                                        f.page_size(), checked);
     ASSERT_TRUE(m.ok()) << m.status();
     EXPECT_EQ(m->max_q_len, TokenCount(c.n));
+    int64_t kv_before = 0;  // the draft tokens are read from the cache: kv_indptr counts them
     for (int64_t b = 0; b < bs; ++b) {
       EXPECT_EQ(m->qo_indptr[b + 1].value(), (b + 1) * c.n);
       EXPECT_EQ(m->kv_lens[b].value(), prefixes[b] + c.n);
+      kv_before += prefixes[b] + c.n;
+      EXPECT_EQ(m->kv_indptr[b + 1].value(), kv_before);
     }
     std::vector<float> out(p.q.size(), -1.0f);
     ASSERT_TRUE(ReferenceAttentionTokenLevel(Inputs(p, *m, f.page_size(), p.q), absl::MakeSpan(out)).ok());
