@@ -31,7 +31,7 @@
 // Usage: paged_decode_attention_gpu_benchmark [OUT_DIR] [--variant=N|all] [--shape=BS,CTX]
 //        [--blocks-per-sm=N] [--max-items-per-sequence=N] [--min-chunk=N] [--no-sweep]
 //        [--dims=Q,KV,D] [--overlap=none|wait-first|metadata-first|warm-l2-first]
-//        [--pool-gb=G]
+//        [--pool-gb=G] [--slots=churn]
 // --variant: the table with that variant (or each), no sweep; --shape: that shape only;
 // --dims: query heads, KV heads and head dim (default 32,8,128). Other dims run without the
 // variant sweep (the variants other than 0 are compiled for head dim 128 and groups of a
@@ -47,9 +47,11 @@
 // timed the same in every mode. --pool-gb: a pool of at least G GB of K and V (default: what
 // the shapes' rotation sets need, 34.4 GB for the whole table, under 1 GB for some single
 // shapes); the shuffled slots spread over all of it, as in a serving pool, which the address
-// translation of page size 1 feels.
-// Writes OUT_DIR/paged_decode_attention.csv and .md besides stdout. Needs a GPU; exits non-zero
-// on any error or mismatch.
+// translation of page size 1 feels. --slots=churn: also page size 1 through the slots a
+// long-running server's allocator hands out (testing::ServingChurnSlots; the pool must hold its 64
+// running requests, so give --pool-gb of a few GB or more), the row "kv_indices ps1 churn". Writes
+// OUT_DIR/paged_decode_attention.csv and .md besides stdout. Needs a GPU; exits non-zero on any
+// error or mismatch.
 
 #include <algorithm>
 #include <chrono>
@@ -68,8 +70,8 @@
 
 #include "absl/strings/str_format.h"
 #include "attention/kernels/device_violation_word.h"
-#include "attention/kernels/paged_decode_attention.h"
 #include "attention/kernels/metadata_launchers.h"
+#include "attention/kernels/paged_decode_attention.h"
 #include "attention/kernels/paged_decode_launcher.h"
 #include "attention/kernels/testing/bench_check.h"
 #include "attention/kernels/testing/device_buffer.h"
@@ -77,6 +79,7 @@
 #include "attention/kernels/testing/kv_bench.h"
 #include "attention/kernels/testing/stream_read.h"
 #include "attention/metadata/split_kv_planner.h"
+#include "kvcache/testing/serving_churn.h"
 
 namespace attnmeta {
 namespace {
@@ -113,9 +116,14 @@ constexpr int64_t kMaxCopyBytes = int64_t{2} << 30;
 constexpr int64_t kMaxPageSize = 64;
 constexpr double kSampleUs = 1000;  // GPU time one replay aims at
 
+// --slots=churn: also time page size 1 through slots as PagedTokenAllocator hands them out on
+// a server that has run a while (kvcache/testing/serving_churn.h), not uniformly shuffled.
+bool churn = false;
+
 struct Shape {
   int64_t bs, ctx;
 };
+
 constexpr Shape kShapes[] = {
     {1, 1024},   {1, 4096},   {1, 16384},   {1, 32768},   {8, 1024},   {8, 4096},
     {8, 16384},  {8, 32768},  {32, 1024},   {32, 4096},   {32, 16384}, {32, 32768},
@@ -290,6 +298,23 @@ class Bench {
         Report(RowOf(l.name + " nosplit", variant, s, c.ps, bytes, nosplit_us, layout_refs, s.bs));
       }
     }
+    if (churn && all_configs) {
+      const std::vector<TokenSlot> churned =
+          Unwrap(testing::ServingChurnSlots(pool_slots_, sets * s.bs, TokenCount(s.ctx), rng_()));
+      const testing::SlotLocality near =
+          testing::MeasureSlotLocality(churned, TokenCount(s.ctx), 1024);
+      std::printf(
+          "churned slots: %.1f%% of consecutive tokens in neighbouring slots, %.0f regions "
+          "of 1024 slots per sequence\n",
+          100.0 * near.neighbour_fraction, near.regions_per_request);
+      std::vector<int32_t> pages(churned.size());
+      for (size_t e = 0; e < churned.size(); ++e) pages[e] = churned[e].value();
+      Layout l = MakeLayout("kv_indices ps1 churn", s, sets, 1, false, true, std::move(pages));
+      const double us = TimeLayout(s, sets, launches, l, variant, Split::kInLaunch);
+      Refs layout_refs = refs;
+      layout_refs.pattern_us = ReadsAloneUs(s, sets, launches, l, variant);
+      Report(RowOf(l.name, variant, s, 1, bytes, us, layout_refs));
+    }
   }
 
  private:
@@ -309,12 +334,17 @@ class Bench {
   // Token t of sequence i of set k: slot k * tokens + i * ctx + t + ps (contiguous, past the
   // padding page), or slot page * ps + t % ps with the pages of all sets shuffled.
   Layout MakeLayout(const std::string& name, const Shape& s, int sets, int64_t ps, bool page_table,
-                    bool shuffled) {
+                    bool shuffled, std::vector<int32_t> given_pages = {}) {
     const int64_t tokens = s.bs * s.ctx;
     const int64_t cols = s.ctx / ps;
     std::vector<int32_t> pages(sets * s.bs * cols);
     std::iota(pages.begin(), pages.end(), 1);  // page 0 is the padding page
-    if (shuffled) {
+    if (!given_pages.empty()) {
+      if (given_pages.size() != pages.size()) {
+        BENCH_CHECK(absl::InternalError("given pages are not the layout's"));
+      }
+      pages = std::move(given_pages);
+    } else if (shuffled) {
       // Shuffle over the whole pool so that sets interleave too.
       std::vector<int32_t> all(pool_slots_ / ps - 1);
       std::iota(all.begin(), all.end(), 1);
@@ -599,6 +629,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "--pool-gb=G needs 0 < G <= 1024\n");
         return 2;
       }
+    } else if (arg == "--slots=churn") {
+      churn = true;
     } else if (arg == "--no-sweep") {
       sweep = false;
     } else if (arg.rfind("--overlap=", 0) == 0) {
