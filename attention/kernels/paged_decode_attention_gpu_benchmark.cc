@@ -48,10 +48,10 @@
 // the shapes' rotation sets need, 34.4 GB for the whole table, under 1 GB for some single
 // shapes); the shuffled slots spread over all of it, as in a serving pool, which the address
 // translation of page size 1 feels. --slots=churn: also page size 1 through the slots a
-// long-running server's allocator hands out (testing::ServingChurnSlots; the pool must hold its 64
-// running requests, so give --pool-gb of a few GB or more), the row "kv_indices ps1 churn". Writes
-// OUT_DIR/paged_decode_attention.csv and .md besides stdout. Needs a GPU; exits non-zero on any
-// error or mismatch.
+// long-running server's allocator hands out (testing::ServingChurnSlots; the pool must hold its
+// 64 running requests, so give --pool-gb of a few GB or more), the row "kv_indices ps1 churn".
+// Writes OUT_DIR/paged_decode_attention.csv and .md besides stdout. Needs a GPU; exits non-zero
+// on any error or mismatch.
 
 #include <algorithm>
 #include <chrono>
