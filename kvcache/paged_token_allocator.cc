@@ -80,15 +80,16 @@ absl::StatusOr<int64_t> PagedTokenAllocator::CheckRequest(int64_t index, TokenCo
                                                      last_loc.value(),
                                                      " was freed in the open free group"));
     }
-    const TokenCount next_offset = OffsetInPage(last_loc + TokenCount(1), page_size_);
-    if (next_offset != TokenOffsetInPage(prefix_len, page_size_)) {
+    // In 64 bits: last_loc + 1 is 2^31 for the last slot of a pool of kMaxSlots.
+    const int64_t next_offset = (int64_t{last_loc.value()} + 1) % page_size_.tokens();
+    if (next_offset != TokenOffsetInPage(prefix_len, page_size_).value()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "request ", index, ": (last_loc + 1) % page_size must equal prefix_len % page_size; ",
           "last_loc ", last_loc.value(), ", prefix_len ", prefix_len.value(), ", page_size ",
           page_size_.tokens()));
     }
-    if (next_offset.value() != 0) {
-      const int64_t room = page_size_.tokens() - next_offset.value();
+    if (next_offset != 0) {
+      const int64_t room = page_size_.tokens() - next_offset;
       const int64_t used = std::min(room, (seq_len - prefix_len).value());
       for (int64_t i = 1; i <= used; ++i) {
         if (live_[last_loc.value() + i]) {
@@ -109,8 +110,7 @@ absl::StatusOr<int64_t> PagedTokenAllocator::CheckRequest(int64_t index, TokenCo
 }
 
 template <typename GetRequest>
-absl::Status PagedTokenAllocator::AllocateBatch(int64_t n, GetRequest get,
-                                                absl::Span<TokenSlot> out) {
+absl::StatusOr<int64_t> PagedTokenAllocator::CheckBatch(int64_t n, GetRequest get) {
   int64_t pages_needed = 0;
   int64_t tokens_needed = 0;
   absl::Status past_pool;  // the first request larger than the pool
@@ -149,16 +149,39 @@ absl::Status PagedTokenAllocator::AllocateBatch(int64_t n, GetRequest get,
         "batch of ", n, " requests needs ", pages_needed, " new pages (", tokens_needed,
         " tokens), only ", free_pages().value(), " of ", num_pages_, " are free"));
   }
-  if (tokens_needed > static_cast<int64_t>(out.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("output span holds ", out.size(),
-                                                   " slots, the batch needs ", tokens_needed));
-  }
-  TokenSlot* o = out.data();
+  return tokens_needed;
+}
+
+template <typename GetRequest>
+void PagedTokenAllocator::PlaceBatch(int64_t n, GetRequest get, TokenSlot* out) {
   for (int64_t i = 0; i < n; ++i) {
     const ExtendRequest r = get(i);
-    o = Place(r.prefix_len, r.seq_len, r.last_loc, o);
+    out = Place(r.prefix_len, r.seq_len, r.last_loc, out);
   }
+}
+
+template <typename GetRequest>
+absl::Status PagedTokenAllocator::AllocateBatch(int64_t n, GetRequest get,
+                                                absl::Span<TokenSlot> out) {
+  absl::StatusOr<int64_t> tokens = CheckBatch(n, get);
+  if (!tokens.ok()) return tokens.status();
+  if (*tokens > static_cast<int64_t>(out.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("output span holds ", out.size(), " slots, the batch needs ", *tokens));
+  }
+  PlaceBatch(n, get, out.data());
   return absl::OkStatus();
+}
+
+// Sized by the checked batch, so a batch that cannot be served allocates nothing.
+template <typename GetRequest>
+absl::StatusOr<std::vector<TokenSlot>> PagedTokenAllocator::AllocateBatch(int64_t n,
+                                                                          GetRequest get) {
+  absl::StatusOr<int64_t> tokens = CheckBatch(n, get);
+  if (!tokens.ok()) return tokens.status();
+  std::vector<TokenSlot> out(*tokens);
+  PlaceBatch(n, get, out.data());
+  return out;
 }
 
 TokenSlot PagedTokenAllocator::TakeSlot(TokenSlot slot) {
@@ -199,23 +222,8 @@ absl::Status PagedTokenAllocator::AllocateExtend(absl::Span<const ExtendRequest>
 
 absl::StatusOr<std::vector<TokenSlot>> PagedTokenAllocator::AllocateExtend(
     absl::Span<const ExtendRequest> requests) {
-  // The output holds the batch's new tokens. A batch is served only if they fit the free
-  // pages plus the rest of each request's partially filled page, so a batch that asks for more
-  // fails in the span version (ResourceExhausted, or InvalidArgument for a bad request) before
-  // it looks at the output, which is then not allocated. Invalid requests count 0 here.
-  const int64_t ps = page_size_.tokens();
-  const int64_t servable =
-      free_pages().value() * ps + static_cast<int64_t>(requests.size()) * (ps - 1);
-  int64_t total = 0;
-  for (const ExtendRequest& r : requests) {
-    if (r.prefix_len.value() < 0 || r.seq_len < r.prefix_len) continue;
-    total += std::min(servable + 1 - total, (r.seq_len - r.prefix_len).value());
-    if (total > servable) break;
-  }
-  if (total > servable) return AllocateExtend(requests, absl::Span<TokenSlot>());
-  std::vector<TokenSlot> out(total);
-  if (absl::Status s = AllocateExtend(requests, absl::MakeSpan(out)); !s.ok()) return s;
-  return out;
+  return AllocateBatch(static_cast<int64_t>(requests.size()),
+                       [&](int64_t i) { return requests[i]; });
 }
 
 absl::Status PagedTokenAllocator::AllocateDecode(absl::Span<const DecodeRequest> requests,

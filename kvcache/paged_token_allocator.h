@@ -73,8 +73,10 @@ class PagedTokenAllocator {
   // batch order, each taking its whole pages first and its final partial page last.
   // Errors (the allocator and `out` are untouched):
   //   InvalidArgument: negative lengths, prefix_len > seq_len, a last_loc outside the pool, in
-  //     the padding page, not live, breaking the page-offset invariant, with a live slot
-  //     after it that the extend would need, or shared by two requests of the batch;
+  //     the padding page, not live, breaking the page-offset invariant, or with a live slot
+  //     after it that the extend would need; two requests of the batch continuing the same
+  //     partially filled page (a last_loc shared at a page's end, or by a request with no new
+  //     tokens, is fine: a shared prefix);
   //     `out` smaller than the number of new tokens;
   //   ResourceExhausted: a request with more new tokens than the pool has slots, or not
   //     enough free pages for the whole batch (checked after every request is checked for
@@ -135,9 +137,16 @@ class PagedTokenAllocator {
   PagedTokenAllocator(int64_t num_pages, PageSize page_size, FreePagePolicy policy);
 
   // The shared body of AllocateExtend and AllocateDecode; get(i) returns request i as an
-  // ExtendRequest.
+  // ExtendRequest. CheckBatch returns every error of the batch but the output's size, and the
+  // number of new tokens; PlaceBatch then serves the checked batch into out[0 .. that number).
+  template <typename GetRequest>
+  absl::StatusOr<int64_t> CheckBatch(int64_t n, GetRequest get);
+  template <typename GetRequest>
+  void PlaceBatch(int64_t n, GetRequest get, TokenSlot* out);
   template <typename GetRequest>
   absl::Status AllocateBatch(int64_t n, GetRequest get, absl::Span<TokenSlot> out);
+  template <typename GetRequest>
+  absl::StatusOr<std::vector<TokenSlot>> AllocateBatch(int64_t n, GetRequest get);
   // Checks one request that continues from (prefix_len, last_loc) to seq_len and returns the
   // number of new pages it needs.
   absl::StatusOr<int64_t> CheckRequest(int64_t index, TokenCount prefix_len, TokenCount seq_len,

@@ -387,5 +387,41 @@ TEST(PagedTokenAllocatorTest, VectorFormRefusesBeforeSizingItsOutput) {
   EXPECT_LT(bench::HeapPeakBytes() - live, 64 << 10);
 }
 
+// Requests that start new pages have no partially filled page to add room: 64 of them on a
+// full pool must not size an output for the room they do not have.
+TEST(PagedTokenAllocatorTest, VectorFormRefusesManyNewPageRequestsBeforeSizing) {
+  if (!bench::HeapCounterIsLive()) GTEST_SKIP() << "a sanitizer owns operator new";
+  PagedTokenAllocator a = MakeInOrder(1, 1 << 16);
+  ASSERT_TRUE(a.AllocateExtend({{TokenCount(0), TokenCount(1 << 16), TokenSlot(0)}}).ok());
+  const State before = Snapshot(a);
+  const std::vector<ExtendRequest> reqs(
+      64, ExtendRequest{TokenCount(0), TokenCount((1 << 16) - 1), TokenSlot(0)});
+  const int64_t live = bench::HeapLiveBytes();
+  bench::ResetHeapPeak();
+  const auto r = a.AllocateExtend(reqs);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  // 16 MiB if each request counted a page's room.
+  EXPECT_LT(bench::HeapPeakBytes() - live, 64 << 10);
+  EXPECT_TRUE(Snapshot(a) == before);
+}
+
+// Requests forking from one cached prefix share its last_loc. Where the prefix ends a page,
+// or a request adds nothing, no two of them take the same slots: the batch is served.
+TEST(PagedTokenAllocatorTest, SharedPrefixAtAPageEndIsServed) {
+  PagedTokenAllocator a = MakeInOrder(8, 4);
+  const std::vector<TokenSlot> prefix =
+      *a.AllocateExtend({{TokenCount(0), TokenCount(8), TokenSlot(0)}});
+  const TokenSlot last = prefix.back();
+  const auto forks = a.AllocateExtend({{TokenCount(8), TokenCount(10), last},
+                                       {TokenCount(8), TokenCount(9), last},
+                                       {TokenCount(8), TokenCount(8), last}});
+  ASSERT_TRUE(forks.ok()) << forks.status();
+  ASSERT_EQ(forks->size(), 3u);
+  EXPECT_NE(PageOf((*forks)[0], *PageSize::Create(4)), PageOf((*forks)[2], *PageSize::Create(4)));
+  const auto decode = a.AllocateDecode({{TokenCount(9), last}, {TokenCount(9), last}});
+  ASSERT_TRUE(decode.ok()) << decode.status();
+  EXPECT_NE((*decode)[0], (*decode)[1]);
+}
+
 }  // namespace
 }  // namespace attnmeta

@@ -22,8 +22,13 @@ HostDeviceMemory::~HostDeviceMemory() {
 }
 
 absl::StatusOr<DeviceBuffer> HostDeviceMemory::Allocate(absl::string_view name, int64_t bytes) {
-  if (bytes < 0 || bytes > (int64_t{1} << 62)) {
+  if (bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": allocation of ", bytes, " bytes"));
+  }
+  // Bounded so that the canaries and the rounding below stay inside int64.
+  if (bytes > (int64_t{1} << 62)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(name, ": cannot allocate ", bytes, " bytes of host memory"));
   }
   const int64_t total = bytes + 2 * kCanaryBytes;
   char* base = static_cast<char*>(std::aligned_alloc(kCanaryBytes, (total + 63) / 64 * 64));

@@ -29,6 +29,10 @@ TEST(HostDeviceMemoryTest, CopiesFillsAndCounts) {
   m.Free(*b);
   EXPECT_EQ(m.live_allocations(), 0);
   EXPECT_EQ(m.Allocate("neg", -1).status().code(), absl::StatusCode::kInvalidArgument);
+  // A size no memory can hold is what the interface calls ResourceExhausted.
+  EXPECT_EQ(m.Allocate("huge", (int64_t{1} << 62) + 1).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(m.live_allocations(), 0);
 }
 
 TEST(HostDeviceMemoryTest, CanariesCatchWritesOutsideABuffer) {
