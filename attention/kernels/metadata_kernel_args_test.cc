@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -17,6 +18,7 @@
 #include "attention/metadata/draft_decode_layout.h"
 #include "attention/metadata/split_kv_planner.h"
 #include "glog/logging.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kvcache/units.h"
 
@@ -53,9 +55,11 @@ struct Refusal {
   const char* what;
   std::function<void(Args&)> edit;
   absl::StatusCode code;
+  // The check that refuses it, not a later one that a wrong case would reach.
+  const char* message;
 };
 
-// Runs each edit on `good` and expects its code; `good` itself passes.
+// Runs each edit on `good` and expects its code and message; `good` itself passes.
 template <typename Args, typename Check>
 void ExpectRefusals(const Args& good, const Check& check,
                     const std::vector<Refusal<Args>>& cases) {
@@ -66,6 +70,7 @@ void ExpectRefusals(const Args& good, const Check& check,
     c.edit(a);
     const absl::Status s = check(a);
     EXPECT_EQ(s.code(), c.code) << s;
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr(c.message));
   }
 }
 
@@ -139,17 +144,22 @@ TEST_F(MetadataKernelArgsTest, TokenKvIndices) {
   ExpectRefusals<Args>(
       good,
       [](const Args& a) { return TokenKvIndicesParamsFor(a.in, a.kv_indices, nullptr).status(); },
-      {{"no kv_indptr", [](Args& a) { a.in.kv_indptr = {}; }, kInvalid},
+      {{"no kv_indptr", [](Args& a) { a.in.kv_indptr = {}; }, kInvalid,
+        "kv_indptr must have batch_size + 1 >= 1 entries, got 0"},
        {"req_pool_indices of another batch",
-        [&](Args& a) { a.in.req_pool_indices = Over(rows_, kBatch - 1); }, kInvalid},
+        [&](Args& a) { a.in.req_pool_indices = Over(rows_, kBatch - 1); }, kInvalid,
+        "req_pool_indices has 3 entries, kv_indptr implies batch_size 4"},
        {"kv_start_idx of another batch", [&](Args& a) { a.in.kv_start_idx = Over(starts, 1); },
-        kInvalid},
+        kInvalid, "kv_start_idx has 1 entries, want 0 or batch_size 4"},
        {"req_to_token not whole rows",
-        [&](Args& a) { a.in.req_to_token = Over(table_, kRows * kStride - 1); }, kInvalid},
-       {"a row stride of 0", [](Args& a) { a.in.max_context_len = TokenCount(0); }, kInvalid},
-       {"negative max_kv_len", [](Args& a) { a.in.max_kv_len = TokenCount(-1); }, kOutOfRange},
+        [&](Args& a) { a.in.req_to_token = Over(table_, kRows * kStride - 1); }, kInvalid,
+        "req_to_token has 383 entries, not a whole number of rows of 64"},
+       {"a row stride of 0", [](Args& a) { a.in.max_context_len = TokenCount(0); }, kInvalid,
+        "req_to_token has 384 entries, not a whole number of rows of 0"},
+       {"negative max_kv_len", [](Args& a) { a.in.max_kv_len = TokenCount(-1); }, kOutOfRange,
+        "max_kv_len -1 outside [0, max_context_len = 64]"},
        {"max_kv_len past a row", [](Args& a) { a.in.max_kv_len = TokenCount(kStride + 1); },
-        kOutOfRange},
+        kOutOfRange, "max_kv_len 65 outside [0, max_context_len = 64]"},
        {"a batch beyond the grid",
         [&](Args& a) {
           const size_t huge = (size_t{1} << 31) + 1;
@@ -157,7 +167,7 @@ TEST_F(MetadataKernelArgsTest, TokenKvIndices) {
           a.in.kv_indptr = Claimed(indptr_, huge);
           a.in.kv_start_idx = {};
         },
-        kOutOfRange},
+        kOutOfRange, "batch_size 2147483648 exceeds the grid"},
        {"a batch claimed past INT64_MAX",
         [&](Args& a) {
           // As int64 these sizes were negative and passed the grid bound as a batch of 3.
@@ -165,18 +175,22 @@ TEST_F(MetadataKernelArgsTest, TokenKvIndices) {
           a.in.kv_indptr = Claimed(indptr_, (size_t{1} << 63) + 4);
           a.in.kv_start_idx = {};
         },
-        kOutOfRange},
+        kOutOfRange, "batch_size 9223372036854775806 exceeds the grid"},
        {"more than 2^31 pool slots",
-        [](Args& a) { a.in.pool_slots = TokenCount((int64_t{1} << 31) + 1); }, kOutOfRange},
+        [](Args& a) { a.in.pool_slots = TokenCount((int64_t{1} << 31) + 1); }, kOutOfRange,
+        "req_to_token rows, pool slots or page size beyond int32"},
        {"null req_pool_indices",
-        [](Args& a) { a.in.req_pool_indices = Null<const ReqPoolIndex>(kBatch); }, kInvalid},
+        [](Args& a) { a.in.req_pool_indices = Null<const ReqPoolIndex>(kBatch); }, kInvalid,
+        "req_pool_indices has 4 elements but a null pointer"},
        {"null kv_indptr", [](Args& a) { a.in.kv_indptr = Null<const TokenOffset>(kBatch + 1); },
-        kInvalid},
+        kInvalid, "kv_indptr has 5 elements but a null pointer"},
        {"null kv_start_idx", [](Args& a) { a.in.kv_start_idx = Null<const TokenPosition>(kBatch); },
-        kInvalid},
-       {"null kv_indices", [](Args& a) { a.kv_indices = Null<TokenSlot>(256); }, kInvalid},
+        kInvalid, "kv_start_idx has 4 elements but a null pointer"},
+       {"null kv_indices", [](Args& a) { a.kv_indices = Null<TokenSlot>(256); }, kInvalid,
+        "kv_indices has 256 elements but a null pointer"},
        {"null req_to_token",
-        [](Args& a) { a.in.req_to_token = Null<const TokenSlot>(kRows * kStride); }, kInvalid}});
+        [](Args& a) { a.in.req_to_token = Null<const TokenSlot>(kRows * kStride); }, kInvalid,
+        "req_to_token has 384 elements but a null pointer"}});
 }
 
 TEST_F(MetadataKernelArgsTest, Indptr) {
@@ -236,40 +250,50 @@ TEST_F(MetadataKernelArgsTest, PageTable) {
   ExpectRefusals<Args>(
       good, check,
       {{"req_to_token not whole rows",
-        [&](Args& a) { a.req_to_token.table = Over(table_, kRows * kStride - 1); }, kInvalid},
-       {"no req_to_token", [](Args& a) { a.req_to_token.table = {}; }, kInvalid},
+        [&](Args& a) { a.req_to_token.table = Over(table_, kRows * kStride - 1); }, kInvalid,
+        "req_to_token has 383 entries, not a whole number >= 1 of rows of 64"},
+       {"no req_to_token", [](Args& a) { a.req_to_token.table = {}; }, kInvalid,
+        "req_to_token has 0 entries, not a whole number >= 1 of rows of 64"},
        {"a row stride of 0", [](Args& a) { a.req_to_token.max_context_len = TokenCount(0); },
-        kInvalid},
+        kInvalid, "req_to_token has 384 entries, not a whole number >= 1 of rows of 0"},
        {"null req_to_token",
-        [](Args& a) { a.req_to_token.table = Null<const TokenSlot>(kRows * kStride); }, kInvalid},
+        [](Args& a) { a.req_to_token.table = Null<const TokenSlot>(kRows * kStride); }, kInvalid,
+        "req_to_token has 384 elements but a null pointer"},
        {"more than 2^31 pool slots",
-        [](Args& a) { a.pool_slots = TokenCount((int64_t{1} << 31) + 1); }, kOutOfRange},
-       {"negative pool slots", [](Args& a) { a.pool_slots = TokenCount(-1); }, kOutOfRange},
-       {"kv_lens of another batch", [&](Args& a) { a.kv_lens = Over(lens_, kBatch - 1); },
-        kInvalid},
+        [](Args& a) { a.pool_slots = TokenCount((int64_t{1} << 31) + 1); }, kOutOfRange,
+        "req_to_token rows, pool slots or page size beyond int32"},
+       {"negative pool slots", [](Args& a) { a.pool_slots = TokenCount(-1); }, kOutOfRange,
+        "req_to_token rows, pool slots or page size beyond int32"},
+       {"kv_lens of another batch", [&](Args& a) { a.kv_lens = Over(lens_, kBatch - 1); }, kInvalid,
+        "4 rows but 3 kv_lens"},
        {"a table smaller than [bs][cols]",
-        [&](Args& a) { a.page_table = Over(pages_, kBatch * 4 - 1); }, kInvalid},
-       {"negative columns", [](Args& a) { a.cols = PageCount(-1); }, kInvalid},
+        [&](Args& a) { a.page_table = Over(pages_, kBatch * 4 - 1); }, kInvalid,
+        "page_table of 15 entries is not [4][4]"},
+       {"negative columns", [](Args& a) { a.cols = PageCount(-1); }, kInvalid,
+        "page_table of 16 entries is not [4][-1]"},
        {"columns beyond int32",
         [](Args& a) { a.cols = PageCount(int64_t{std::numeric_limits<int32_t>::max()} + 1); },
-        kInvalid},
+        kInvalid, "page_table of 16 entries is not [4][2147483648]"},
        {"a batch beyond int32",
         [&](Args& a) {
           a.rows = Claimed(rows_, (size_t{1} << 31) + 1);
           a.kv_lens = Claimed(lens_, (size_t{1} << 31) + 1);
           a.cols = PageCount(0);
         },
-        kOutOfRange},
+        kOutOfRange, "batch beyond the grid"},
        {"a batch claimed past INT64_MAX",
         [&](Args& a) {
           a.rows = Claimed(rows_, (size_t{1} << 63) + 3);
           a.kv_lens = Claimed(lens_, (size_t{1} << 63) + 3);
           a.cols = PageCount(1);
         },
-        kOutOfRange},
-       {"null rows", [](Args& a) { a.rows = Null<const ReqPoolIndex>(kBatch); }, kInvalid},
-       {"null kv_lens", [](Args& a) { a.kv_lens = Null<const TokenLength>(kBatch); }, kInvalid},
-       {"null page table", [](Args& a) { a.page_table = Null<PageId>(kBatch * 4); }, kInvalid}});
+        kOutOfRange, "batch beyond the grid"},
+       {"null rows", [](Args& a) { a.rows = Null<const ReqPoolIndex>(kBatch); }, kInvalid,
+        "rows has 4 elements but a null pointer"},
+       {"null kv_lens", [](Args& a) { a.kv_lens = Null<const TokenLength>(kBatch); }, kInvalid,
+        "kv_lens has 4 elements but a null pointer"},
+       {"null page table", [](Args& a) { a.page_table = Null<PageId>(kBatch * 4); }, kInvalid,
+        "page_table has 16 elements but a null pointer"}});
 }
 
 TEST_F(MetadataKernelArgsTest, FusedDecodeMetadata) {
@@ -302,19 +326,28 @@ TEST_F(MetadataKernelArgsTest, FusedDecodeMetadata) {
   using A = DecodeMetadataDeviceArgs;
   ExpectRefusals<A>(
       good, [](const A& a) { return FusedMetadataParamsFor(a, nullptr).status(); },
-      {{"no req_to_token", [](A& a) { a.req_to_token.table = {}; }, kInvalid},
-       {"kv_lens of another batch", [&](A& a) { a.kv_lens = Over(lens_, kBatch - 1); }, kInvalid},
-       {"q_lens of another batch", [&](A& a) { a.q_lens = Over(lens2_, kBatch + 1); }, kInvalid},
-       {"kv_indptr of another batch", [&](A& a) { a.kv_indptr = Over(indptr_, kBatch); }, kInvalid},
+      {{"no req_to_token", [](A& a) { a.req_to_token.table = {}; }, kInvalid,
+        "req_to_token has 0 entries, not a whole number >= 1 of rows of 64"},
+       {"kv_lens of another batch", [&](A& a) { a.kv_lens = Over(lens_, kBatch - 1); }, kInvalid,
+        "decode metadata: 4 rows, 3 kv_lens, 4 q_lens, 5 kv_indptr, 5 qo_indptr,"},
+       {"q_lens of another batch", [&](A& a) { a.q_lens = Over(lens2_, kBatch + 1); }, kInvalid,
+        "decode metadata: 4 rows, 4 kv_lens, 5 q_lens, 5 kv_indptr, 5 qo_indptr,"},
+       {"kv_indptr of another batch", [&](A& a) { a.kv_indptr = Over(indptr_, kBatch); }, kInvalid,
+        "decode metadata: 4 rows, 4 kv_lens, 4 q_lens, 4 kv_indptr, 5 qo_indptr,"},
        {"qo_indptr of another batch", [&](A& a) { a.qo_indptr = Over(indptr2_, kBatch + 2); },
-        kInvalid},
+        kInvalid, "decode metadata: 4 rows, 4 kv_lens, 4 q_lens, 5 kv_indptr, 6 qo_indptr,"},
        {"kv_last_page_len of another batch",
-        [&](A& a) { a.kv_last_page_len = Over(lens3_, kBatch - 1); }, kInvalid},
+        [&](A& a) { a.kv_last_page_len = Over(lens3_, kBatch - 1); }, kInvalid,
+        "decode metadata: 4 rows, 4 kv_lens, 4 q_lens, 5 kv_indptr, 5 qo_indptr,"},
        {"a page table smaller than [B][cols]",
-        [&](A& a) { a.page_table = Over(pages_, kBatch * 4 - 1); }, kInvalid},
-       {"a page table of no columns", [](A& a) { a.page_table_cols = PageCount(0); }, kInvalid},
-       {"max_kv_len 0", [](A& a) { a.max_kv_len = TokenCount(0); }, kOutOfRange},
-       {"max_kv_len past a row", [](A& a) { a.max_kv_len = TokenCount(kStride + 1); }, kOutOfRange},
+        [&](A& a) { a.page_table = Over(pages_, kBatch * 4 - 1); }, kInvalid,
+        "page_table of 15 entries is not [4][4]"},
+       {"a page table of no columns", [](A& a) { a.page_table_cols = PageCount(0); }, kInvalid,
+        "page_table of 16 entries is not [4][0]"},
+       {"max_kv_len 0", [](A& a) { a.max_kv_len = TokenCount(0); }, kOutOfRange,
+        "max_kv_len 0 outside [1, max_context_len = 64]"},
+       {"max_kv_len past a row", [](A& a) { a.max_kv_len = TokenCount(kStride + 1); }, kOutOfRange,
+        "max_kv_len 65 outside [1, max_context_len = 64]"},
        {"a batch beyond int32",
         [&](A& a) {
           const size_t huge = size_t{1} << 31;
@@ -326,22 +359,29 @@ TEST_F(MetadataKernelArgsTest, FusedDecodeMetadata) {
           a.kv_last_page_len = Claimed(lens3_, huge);
           a.page_table = {};
         },
-        kOutOfRange},
+        kOutOfRange, "batch beyond the grid"},
        {"req_to_token claimed past INT64_MAX",
         [&](A& a) {
           // Whole rows: as int64 the size was negative and passed as 5 rows.
           a.req_to_token.table = Claimed(table_, (size_t{1} << 63) + 5 * kStride);
         },
-        kOutOfRange},
-       {"null rows", [](A& a) { a.rows = Null<const ReqPoolIndex>(kBatch); }, kInvalid},
-       {"null kv_lens", [](A& a) { a.kv_lens = Null<const TokenLength>(kBatch); }, kInvalid},
-       {"null q_lens", [](A& a) { a.q_lens = Null<const TokenLength>(kBatch); }, kInvalid},
-       {"null kv_indptr", [](A& a) { a.kv_indptr = Null<TokenOffset>(kBatch + 1); }, kInvalid},
-       {"null qo_indptr", [](A& a) { a.qo_indptr = Null<TokenOffset>(kBatch + 1); }, kInvalid},
+        kOutOfRange, "req_to_token rows, pool slots or page size beyond int32"},
+       {"null rows", [](A& a) { a.rows = Null<const ReqPoolIndex>(kBatch); }, kInvalid,
+        "rows has 4 elements but a null pointer"},
+       {"null kv_lens", [](A& a) { a.kv_lens = Null<const TokenLength>(kBatch); }, kInvalid,
+        "kv_lens has 4 elements but a null pointer"},
+       {"null q_lens", [](A& a) { a.q_lens = Null<const TokenLength>(kBatch); }, kInvalid,
+        "q_lens has 4 elements but a null pointer"},
+       {"null kv_indptr", [](A& a) { a.kv_indptr = Null<TokenOffset>(kBatch + 1); }, kInvalid,
+        "kv_indptr has 5 elements but a null pointer"},
+       {"null qo_indptr", [](A& a) { a.qo_indptr = Null<TokenOffset>(kBatch + 1); }, kInvalid,
+        "qo_indptr has 5 elements but a null pointer"},
        {"null kv_last_page_len", [](A& a) { a.kv_last_page_len = Null<TokenLength>(kBatch); },
-        kInvalid},
-       {"null kv_indices", [](A& a) { a.kv_indices = Null<TokenSlot>(256); }, kInvalid},
-       {"null page table", [](A& a) { a.page_table = Null<PageId>(kBatch * 4); }, kInvalid}});
+        kInvalid, "kv_last_page_len has 4 elements but a null pointer"},
+       {"null kv_indices", [](A& a) { a.kv_indices = Null<TokenSlot>(256); }, kInvalid,
+        "kv_indices has 256 elements but a null pointer"},
+       {"null page table", [](A& a) { a.page_table = Null<PageId>(kBatch * 4); }, kInvalid,
+        "page_table has 16 elements but a null pointer"}});
 }
 
 TEST_F(MetadataKernelArgsTest, TreeMask) {
@@ -361,11 +401,12 @@ TEST_F(MetadataKernelArgsTest, TreeMask) {
   using A = TreeMaskDeviceArgs;
   ExpectRefusals<A>(
       good, [](const A& a) { return TreeMaskParamsFor(a, nullptr).status(); },
-      {{"kv_lens of another batch", [&](A& a) { a.kv_lens = Over(lens2_, kBatch - 1); },
-        kInvalid},
+      {{"kv_lens of another batch", [&](A& a) { a.kv_lens = Over(lens2_, kBatch - 1); }, kInvalid,
+        "tree mask: 4 q_lens, 3 kv_lens, 5 mask_indptr"},
        {"mask_indptr of another batch", [&](A& a) { a.mask_indptr = Over(mask_indptr_, kBatch); },
-        kInvalid},
-       {"no mask bytes per row", [](A& a) { a.max_mask_bytes_per_row = 0; }, kOutOfRange},
+        kInvalid, "tree mask: 4 q_lens, 4 kv_lens, 4 mask_indptr"},
+       {"no mask bytes per row", [](A& a) { a.max_mask_bytes_per_row = 0; }, kOutOfRange,
+        "tree mask: max_mask_bytes_per_row must be >= 1"},
        {"a batch beyond int32",
         [&](A& a) {
           const size_t huge = size_t{1} << 31;
@@ -373,12 +414,17 @@ TEST_F(MetadataKernelArgsTest, TreeMask) {
           a.kv_lens = Claimed(lens2_, huge);
           a.mask_indptr = Claimed(mask_indptr_, huge + 1);
         },
-        kOutOfRange},
-       {"null q_lens", [](A& a) { a.q_lens = Null<const TokenLength>(kBatch); }, kInvalid},
-       {"null kv_lens", [](A& a) { a.kv_lens = Null<const TokenLength>(kBatch); }, kInvalid},
-       {"null tree", [](A& a) { a.tree = Null<const uint8_t>(64); }, kInvalid},
-       {"null mask_indptr", [](A& a) { a.mask_indptr = Null<int64_t>(kBatch + 1); }, kInvalid},
-       {"null mask", [](A& a) { a.mask = Null<uint8_t>(1024); }, kInvalid}});
+        kOutOfRange, "batch beyond the grid"},
+       {"null q_lens", [](A& a) { a.q_lens = Null<const TokenLength>(kBatch); }, kInvalid,
+        "q_lens has 4 elements but a null pointer"},
+       {"null kv_lens", [](A& a) { a.kv_lens = Null<const TokenLength>(kBatch); }, kInvalid,
+        "kv_lens has 4 elements but a null pointer"},
+       {"null tree", [](A& a) { a.tree = Null<const uint8_t>(64); }, kInvalid,
+        "tree has 64 elements but a null pointer"},
+       {"null mask_indptr", [](A& a) { a.mask_indptr = Null<int64_t>(kBatch + 1); }, kInvalid,
+        "mask_indptr has 5 elements but a null pointer"},
+       {"null mask", [](A& a) { a.mask = Null<uint8_t>(1024); }, kInvalid,
+        "mask has 1024 elements but a null pointer"}});
 }
 
 TEST_F(MetadataKernelArgsTest, DraftStep) {
@@ -406,35 +452,46 @@ TEST_F(MetadataKernelArgsTest, DraftStep) {
   using A = DraftStepDeviceArgs;
   ExpectRefusals<A>(
       good, [](const A& a) { return DraftStepParamsFor(a, nullptr).status(); },
-      {{"no req_to_token", [](A& a) { a.req_to_token.table = {}; }, kInvalid},
-       {"topk 0", [](A& a) { a.shape.topk = 0; }, kInvalid},
-       {"no steps", [](A& a) { a.shape.steps = 0; }, kInvalid},
-       {"step past the steps", [](A& a) { a.step = 3; }, kInvalid},
-       {"negative step", [](A& a) { a.step = -1; }, kInvalid},
-       {"seq_lens of another batch", [&](A& a) { a.seq_lens = Over(lens_, kBatch - 1); },
-        kInvalid},
+      {{"no req_to_token", [](A& a) { a.req_to_token.table = {}; }, kInvalid,
+        "req_to_token has 0 entries, not a whole number >= 1 of rows of 64"},
+       {"topk 0", [](A& a) { a.shape.topk = 0; }, kInvalid,
+        "draft-decode: topk 0 and steps 3 must be >= 1"},
+       {"no steps", [](A& a) { a.shape.steps = 0; }, kInvalid,
+        "draft-decode: topk 2 and steps 0 must be >= 1"},
+       {"step past the steps", [](A& a) { a.step = 3; }, kInvalid, "draft step 3 outside [0, 3)"},
+       {"negative step", [](A& a) { a.step = -1; }, kInvalid, "draft step -1 outside [0, 3)"},
+       {"seq_lens of another batch", [&](A& a) { a.seq_lens = Over(lens_, kBatch - 1); }, kInvalid,
+        "draft step: 4 rows, 3 seq_lens, and outputs of 8/9/9/8 entries for 8"},
        {"kv_lens of the requests, not the branches",
-        [&](A& a) { a.kv_lens = Over(lens2_, kBatch); }, kInvalid},
+        [&](A& a) { a.kv_lens = Over(lens2_, kBatch); }, kInvalid,
+        "draft step: 4 rows, 4 seq_lens, and outputs of 4/9/9/8 entries for 8"},
        {"kv_indptr of another batch", [&](A& a) { a.kv_indptr = Over(indptr_, branches); },
-        kInvalid},
+        kInvalid, "draft step: 4 rows, 4 seq_lens, and outputs of 8/8/9/8 entries for 8"},
        {"qo_indptr of another batch", [&](A& a) { a.qo_indptr = Over(indptr2_, branches + 2); },
-        kInvalid},
+        kInvalid, "draft step: 4 rows, 4 seq_lens, and outputs of 8/9/10/8 entries for 8"},
        {"kv_last_page_len of another batch",
-        [&](A& a) { a.kv_last_page_len = Over(lens3_, branches - 1); }, kInvalid},
+        [&](A& a) { a.kv_last_page_len = Over(lens3_, branches - 1); }, kInvalid,
+        "draft step: 4 rows, 4 seq_lens, and outputs of 8/9/9/7 entries for 8"},
        {"branches beyond int32",
         [&](A& a) {
           a.rows = Claimed(rows_, size_t{1} << 30);
           a.shape.topk = 2;
         },
-        kOutOfRange},
-       {"null rows", [](A& a) { a.rows = Null<const ReqPoolIndex>(kBatch); }, kInvalid},
-       {"null seq_lens", [](A& a) { a.seq_lens = Null<const TokenLength>(kBatch); }, kInvalid},
-       {"null kv_lens", [&](A& a) { a.kv_lens = Null<TokenLength>(branches); }, kInvalid},
-       {"null kv_indptr", [&](A& a) { a.kv_indptr = Null<TokenOffset>(branches + 1); }, kInvalid},
-       {"null qo_indptr", [&](A& a) { a.qo_indptr = Null<TokenOffset>(branches + 1); }, kInvalid},
+        kOutOfRange, "draft step: branches beyond the grid"},
+       {"null rows", [](A& a) { a.rows = Null<const ReqPoolIndex>(kBatch); }, kInvalid,
+        "rows has 4 elements but a null pointer"},
+       {"null seq_lens", [](A& a) { a.seq_lens = Null<const TokenLength>(kBatch); }, kInvalid,
+        "seq_lens has 4 elements but a null pointer"},
+       {"null kv_lens", [&](A& a) { a.kv_lens = Null<TokenLength>(branches); }, kInvalid,
+        "kv_lens has 8 elements but a null pointer"},
+       {"null kv_indptr", [&](A& a) { a.kv_indptr = Null<TokenOffset>(branches + 1); }, kInvalid,
+        "kv_indptr has 9 elements but a null pointer"},
+       {"null qo_indptr", [&](A& a) { a.qo_indptr = Null<TokenOffset>(branches + 1); }, kInvalid,
+        "qo_indptr has 9 elements but a null pointer"},
        {"null kv_last_page_len", [&](A& a) { a.kv_last_page_len = Null<TokenLength>(branches); },
-        kInvalid},
-       {"null kv_indices", [](A& a) { a.kv_indices = Null<TokenSlot>(512); }, kInvalid}});
+        kInvalid, "kv_last_page_len has 8 elements but a null pointer"},
+       {"null kv_indices", [](A& a) { a.kv_indices = Null<TokenSlot>(512); }, kInvalid,
+        "kv_indices has 512 elements but a null pointer"}});
 }
 
 TEST_F(MetadataKernelArgsTest, SplitKvPlan) {
@@ -459,32 +516,38 @@ TEST_F(MetadataKernelArgsTest, SplitKvPlan) {
   using A = SplitKvPlanDeviceArgs;
   ExpectRefusals<A>(
       good, [](const A& a) { return SplitKvPlanParamsFor(a, nullptr).status(); },
-      {{"no units", [](A& a) { a.options.num_units = 0; }, kInvalid},
-       {"q_tile 0", [](A& a) { a.options.q_tile = TokenCount(0); }, kInvalid},
-       {"granularity 0", [](A& a) { a.options.kv_granularity = TokenCount(0); }, kInvalid},
+      {{"no units", [](A& a) { a.options.num_units = 0; }, kInvalid,
+        "split-KV options: need num_units in [1, 1048576] and kv_granularity,"},
+       {"q_tile 0", [](A& a) { a.options.q_tile = TokenCount(0); }, kInvalid,
+        "split-KV options: need num_units in [1, 1048576] and kv_granularity,"},
+       {"granularity 0", [](A& a) { a.options.kv_granularity = TokenCount(0); }, kInvalid,
+        "split-KV options: need num_units in [1, 1048576] and kv_granularity,"},
        {"no qo_indptr",
         [](A& a) {
           a.qo_indptr = {};
           a.kv_indptr = {};
         },
-        kInvalid},
+        kInvalid, "split-KV plan: qo_indptr has 0 entries, kv_indptr 0"},
        {"indptrs of different batches", [&](A& a) { a.kv_indptr = Over(indptr2_, kBatch); },
-        kInvalid},
+        kInvalid, "split-KV plan: qo_indptr has 5 entries, kv_indptr 4"},
        {"unit_indptr short of num_units + 1", [&](A& a) { a.unit_indptr = Over(units_, 8); },
-        kInvalid},
+        kInvalid, "split-KV plan: unit_indptr holds 8 entries, 9 needed"},
        {"a batch beyond int32",
         [&](A& a) {
           a.qo_indptr = Claimed(indptr_, (size_t{1} << 31) + 1);
           a.kv_indptr = Claimed(indptr2_, (size_t{1} << 31) + 1);
         },
-        kOutOfRange},
-       {"null qo_indptr", [](A& a) { a.qo_indptr = Null<const TokenOffset>(kBatch + 1); },
-        kInvalid},
-       {"null kv_indptr", [](A& a) { a.kv_indptr = Null<const TokenOffset>(kBatch + 1); },
-        kInvalid},
-       {"null work", [](A& a) { a.work = Null<SplitKvWorkItem>(32); }, kInvalid},
-       {"null unit_indptr", [](A& a) { a.unit_indptr = Null<int32_t>(9); }, kInvalid},
-       {"null reduce", [](A& a) { a.reduce = Null<SplitKvReduceItem>(16); }, kInvalid}});
+        kOutOfRange, "split-KV plan: batch beyond int32"},
+       {"null qo_indptr", [](A& a) { a.qo_indptr = Null<const TokenOffset>(kBatch + 1); }, kInvalid,
+        "qo_indptr has 5 elements but a null pointer"},
+       {"null kv_indptr", [](A& a) { a.kv_indptr = Null<const TokenOffset>(kBatch + 1); }, kInvalid,
+        "kv_indptr has 5 elements but a null pointer"},
+       {"null work", [](A& a) { a.work = Null<SplitKvWorkItem>(32); }, kInvalid,
+        "work has 32 elements but a null pointer"},
+       {"null unit_indptr", [](A& a) { a.unit_indptr = Null<int32_t>(9); }, kInvalid,
+        "unit_indptr has 9 elements but a null pointer"},
+       {"null reduce", [](A& a) { a.reduce = Null<SplitKvReduceItem>(16); }, kInvalid,
+        "reduce has 16 elements but a null pointer"}});
 }
 
 TEST_F(MetadataKernelArgsTest, GatherKv) {
@@ -510,61 +573,75 @@ TEST_F(MetadataKernelArgsTest, GatherKv) {
   using A = GatherKvDeviceArgs;
   ExpectRefusals<A>(
       good, [](const A& a) { return GatherKvParamsFor(a, nullptr).status(); },
-      {{"head dim 0", [](A& a) { a.head_dim = 0; }, kInvalid},
-       {"head dim 257", [](A& a) { a.head_dim = 257; }, kInvalid},
-       {"no KV heads", [](A& a) { a.num_kv_heads = 0; }, kInvalid},
-       {"unknown element type", [](A& a) { a.dtype = static_cast<KvElementType>(5); }, kInvalid},
+      {{"head dim 0", [](A& a) { a.head_dim = 0; }, kInvalid,
+        "gather: head_dim 0 outside [1, 256] or num_kv_heads 2 < 1"},
+       {"head dim 257", [](A& a) { a.head_dim = 257; }, kInvalid,
+        "gather: head_dim 257 outside [1, 256] or num_kv_heads 2 < 1"},
+       {"no KV heads", [](A& a) { a.num_kv_heads = 0; }, kInvalid,
+        "gather: head_dim 128 outside [1, 256] or num_kv_heads 0 < 1"},
+       {"unknown element type", [](A& a) { a.dtype = static_cast<KvElementType>(5); }, kInvalid,
+        "gather: unknown K/V element type"},
        {"pools of different sizes",
-        [&](A& a) { a.v_pool = pool_v.span<const uint8_t>(0, 99 * kRow); }, kInvalid},
+        [&](A& a) { a.v_pool = pool_v.span<const uint8_t>(0, 99 * kRow); }, kInvalid,
+        "gather: K/V pools of 51200 and 50688 bytes and outputs of 5120 and 5120"},
        {"pools that are not whole rows",
         [&](A& a) {
           a.k_pool = pool_k.span<const uint8_t>(0, 100 * kRow - 2);
           a.v_pool = pool_v.span<const uint8_t>(0, 100 * kRow - 2);
         },
-        kInvalid},
+        kInvalid, "gather: K/V pools of 51198 and 51198 bytes and outputs of 5120 and 5120"},
        {"outputs of different sizes", [&](A& a) { a.v_out = out_v.span<uint8_t>(0, 9 * kRow); },
-        kInvalid},
+        kInvalid, "gather: K/V pools of 51200 and 51200 bytes and outputs of 5120 and 4608"},
        {"outputs that are not whole rows",
         [&](A& a) {
           a.k_out = out_k.span<uint8_t>(0, 10 * kRow - 2);
           a.v_out = out_v.span<uint8_t>(0, 10 * kRow - 2);
         },
-        kInvalid},
-       {"no cu_k", [](A& a) { a.cu_k = {}; }, kInvalid},
+        kInvalid, "gather: K/V pools of 51200 and 51200 bytes and outputs of 5118 and 5118"},
+       {"no cu_k", [](A& a) { a.cu_k = {}; }, kInvalid, "gather: cu_k needs bs + 1 >= 1 entries"},
        {"more than INT32_MAX sequences",
-        [&](A& a) { a.cu_k = Claimed(indptr_, (size_t{1} << 31) + 1); }, kOutOfRange},
+        [&](A& a) { a.cu_k = Claimed(indptr_, (size_t{1} << 31) + 1); }, kOutOfRange,
+        "gather: more than INT32_MAX sequences"},
        {"pools of more than 2^31 rows",
         [&](A& a) {
           a.k_pool = pool_k.span<const uint8_t>(0, ((size_t{1} << 31) + 1) * kRow);
           a.v_pool = pool_v.span<const uint8_t>(0, ((size_t{1} << 31) + 1) * kRow);
         },
-        kOutOfRange},
+        kOutOfRange, "gather: K/V pools or outputs of more than 2^31 rows"},
        {"pools claimed past INT64_MAX",
         [&](A& a) {
           a.k_pool = pool_k.span<const uint8_t>(0, size_t{1} << 63);
           a.v_pool = pool_v.span<const uint8_t>(0, size_t{1} << 63);
         },
-        kOutOfRange},
+        kOutOfRange, "gather: K/V pools or outputs of more than 2^31 rows"},
        {"outputs of more than 2^31 rows",
         [&](A& a) {
           a.k_out = out_k.span<uint8_t>(0, ((size_t{1} << 31) + 1) * kRow);
           a.v_out = out_v.span<uint8_t>(0, ((size_t{1} << 31) + 1) * kRow);
         },
-        kOutOfRange},
+        kOutOfRange, "gather: K/V pools or outputs of more than 2^31 rows"},
        {"k_pool off the element",
-        [&](A& a) { a.k_pool = pool_k.span<const uint8_t>(1, 100 * kRow); }, kInvalid},
+        [&](A& a) { a.k_pool = pool_k.span<const uint8_t>(1, 100 * kRow); }, kInvalid,
+        "gather: a K/V pointer is not aligned to the 2-byte element"},
        {"v_pool off the element",
-        [&](A& a) { a.v_pool = pool_v.span<const uint8_t>(1, 100 * kRow); }, kInvalid},
+        [&](A& a) { a.v_pool = pool_v.span<const uint8_t>(1, 100 * kRow); }, kInvalid,
+        "gather: a K/V pointer is not aligned to the 2-byte element"},
        {"k_out off the element", [&](A& a) { a.k_out = out_k.span<uint8_t>(1, 10 * kRow); },
-        kInvalid},
+        kInvalid, "gather: a K/V pointer is not aligned to the 2-byte element"},
        {"v_out off the element", [&](A& a) { a.v_out = out_v.span<uint8_t>(1, 10 * kRow); },
-        kInvalid},
-       {"null k_pool", [](A& a) { a.k_pool = Null<const uint8_t>(100 * kRow); }, kInvalid},
-       {"null v_pool", [](A& a) { a.v_pool = Null<const uint8_t>(100 * kRow); }, kInvalid},
-       {"null tok_idx", [](A& a) { a.tok_idx = Null<const TokenSlot>(10); }, kInvalid},
-       {"null cu_k", [](A& a) { a.cu_k = Null<const TokenOffset>(kBatch + 1); }, kInvalid},
-       {"null k_out", [](A& a) { a.k_out = Null<uint8_t>(10 * kRow); }, kInvalid},
-       {"null v_out", [](A& a) { a.v_out = Null<uint8_t>(10 * kRow); }, kInvalid}});
+        kInvalid, "gather: a K/V pointer is not aligned to the 2-byte element"},
+       {"null k_pool", [](A& a) { a.k_pool = Null<const uint8_t>(100 * kRow); }, kInvalid,
+        "k_pool has 51200 elements but a null pointer"},
+       {"null v_pool", [](A& a) { a.v_pool = Null<const uint8_t>(100 * kRow); }, kInvalid,
+        "v_pool has 51200 elements but a null pointer"},
+       {"null tok_idx", [](A& a) { a.tok_idx = Null<const TokenSlot>(10); }, kInvalid,
+        "tok_idx has 10 elements but a null pointer"},
+       {"null cu_k", [](A& a) { a.cu_k = Null<const TokenOffset>(kBatch + 1); }, kInvalid,
+        "cu_k has 5 elements but a null pointer"},
+       {"null k_out", [](A& a) { a.k_out = Null<uint8_t>(10 * kRow); }, kInvalid,
+        "k_out has 5120 elements but a null pointer"},
+       {"null v_out", [](A& a) { a.v_out = Null<uint8_t>(10 * kRow); }, kInvalid,
+        "v_out has 5120 elements but a null pointer"}});
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -23,6 +24,7 @@
 #include "attention/metadata/split_kv_planner.h"
 #include "attention/metadata/testing/batch_fixture.h"
 #include "attention/metadata/validator.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kvcache/units.h"
 
@@ -310,111 +312,125 @@ TEST_F(PagedDecodeArgsTest, BadArgumentsAreRefused) {
     const char* what;
     Edit edit;
     absl::StatusCode code;
+    // The check that refuses it, not a later one that a wrong case would reach.
+    const char* message;
   };
   const Case cases[] = {
       {"checked: kv_indptr not stepping by kv_lens",
-       [&](PagedDecodeArgs& a) { a.checked = &checked_skewed; }, kInvalid},
+       [&](PagedDecodeArgs& a) { a.checked = &checked_skewed; }, kInvalid,
+       "checked mode: kv_indptr: step 0 = 201 differs from kv_lens[0] = 200"},
       {"checked: a context of another launch's query rows",
-       [&](PagedDecodeArgs& a) { a.checked = &checked_other; }, kInvalid},
+       [&](PagedDecodeArgs& a) { a.checked = &checked_other; }, kInvalid,
+       "checked mode: the context's num_query_rows is 2, the launch's query"},
       {"checked: the host plan of the step before",
        [&](PagedDecodeArgs& a) {
          a.split->plan = &stale;
          a.checked = &checked;
        },
-       kInvalid},
+       kInvalid, "checked mode: the split-KV plan's items of sequence 2 end at 332, its"},
       {"checked: a page table that disagrees with kv_indices",
        [&](PagedDecodeArgs& a) {
          a.kv = PageLevel();
          a.split.reset();
          a.checked = &checked_table;
        },
-       kInvalid},
-      {"heads that do not divide", [](PagedDecodeArgs& a) { a.dims.num_kv_heads = 5; }, kInvalid},
-      {"no query heads", [](PagedDecodeArgs& a) { a.dims.num_q_heads = 0; }, kInvalid},
-      {"no KV heads", [](PagedDecodeArgs& a) { a.dims.num_kv_heads = 0; }, kInvalid},
+       kInvalid, "checked mode: page_table: [1][0] = page 45 disagrees with kv_indices:"},
+      {"heads that do not divide", [](PagedDecodeArgs& a) { a.dims.num_kv_heads = 5; }, kInvalid,
+       "decode attention: num_q_heads 32 is not a positive multiple of"},
+      {"no query heads", [](PagedDecodeArgs& a) { a.dims.num_q_heads = 0; }, kInvalid,
+       "decode attention: num_q_heads 0 is not a positive multiple of"},
+      {"no KV heads", [](PagedDecodeArgs& a) { a.dims.num_kv_heads = 0; }, kInvalid,
+       "decode attention: num_q_heads 32 is not a positive multiple of"},
       {"more query heads than the merge grid",
        [](PagedDecodeArgs& a) {
          a.dims.num_q_heads = 65536;
          a.dims.num_kv_heads = 1;
        },
-       absl::StatusCode::kOutOfRange},
-      {"head dim 96", [](PagedDecodeArgs& a) { a.dims.head_dim = 96; }, kInvalid},
-      {"head dim 512", [](PagedDecodeArgs& a) { a.dims.head_dim = 512; }, kInvalid},
+       absl::StatusCode::kOutOfRange, "decode attention: 65536 query heads, at most 65535"},
+      {"head dim 96", [](PagedDecodeArgs& a) { a.dims.head_dim = 96; }, kInvalid,
+       "decode attention: head_dim 96 is not 64, 128 or 256"},
+      {"head dim 512", [](PagedDecodeArgs& a) { a.dims.head_dim = 512; }, kInvalid,
+       "decode attention: head_dim 512 is not 64, 128 or 256"},
       {"unknown element type",
-       [](PagedDecodeArgs& a) { a.dims.dtype = static_cast<KvElementType>(7); }, kInvalid},
-      {"NaN scale", [](PagedDecodeArgs& a) { a.dims.softmax_scale = std::nanf(""); }, kInvalid},
-      {"zero scale", [](PagedDecodeArgs& a) { a.dims.softmax_scale = 0; }, kInvalid},
+       [](PagedDecodeArgs& a) { a.dims.dtype = static_cast<KvElementType>(7); }, kInvalid,
+       "decode attention: unknown element type"},
+      {"NaN scale", [](PagedDecodeArgs& a) { a.dims.softmax_scale = std::nanf(""); }, kInvalid,
+       "decode attention: softmax_scale nan is not finite and > 0"},
+      {"zero scale", [](PagedDecodeArgs& a) { a.dims.softmax_scale = 0; }, kInvalid,
+       "decode attention: softmax_scale 0 is not finite and > 0"},
       {"infinite scale",
        [](PagedDecodeArgs& a) { a.dims.softmax_scale = std::numeric_limits<float>::infinity(); },
-       kInvalid},
-      {"variant -1", [](PagedDecodeArgs& a) { a.variant = -1; }, kInvalid},
+       kInvalid, "decode attention: softmax_scale inf is not finite and > 0"},
+      {"variant -1", [](PagedDecodeArgs& a) { a.variant = -1; }, kInvalid,
+       "decode attention: variant -1 outside [0, 5)"},
       {"variant past the table",
-       [](PagedDecodeArgs& a) { a.variant = kernels::kNumDecodeVariants; }, kInvalid},
+       [](PagedDecodeArgs& a) { a.variant = kernels::kNumDecodeVariants; }, kInvalid,
+       "decode attention: variant 5 outside [0, 5)"},
       {"variant not compiled for the group",
        [](PagedDecodeArgs& a) {
          a.variant = 1;
          a.dims.num_q_heads = 16;  // a group of 2
        },
-       kInvalid},
+       kInvalid, "decode attention: variant 1 is compiled only for head_dim 128 and"},
       {"variant not compiled for the head dim",
        [](PagedDecodeArgs& a) {
          a.variant = 1;
          a.dims.head_dim = 64;
        },
-       kInvalid},
+       kInvalid, "decode attention: variant 1 is compiled only for head_dim 128 and"},
       {"q misaligned",
        [&](PagedDecodeArgs& a) { a.q = DeviceSpan<const uint8_t>(q_.data() + 2, q_bytes_); },
-       kInvalid},
+       kInvalid, "decode attention: q, k_pool, v_pool and out must be 16-byte aligned"},
       {"k_pool misaligned",
        [&](PagedDecodeArgs& a) {
          a.k_pool = DeviceSpan<const uint8_t>(k_.data() + 8, pool_bytes_);
        },
-       kInvalid},
+       kInvalid, "decode attention: q, k_pool, v_pool and out must be 16-byte aligned"},
       {"v_pool misaligned",
        [&](PagedDecodeArgs& a) {
          a.v_pool = DeviceSpan<const uint8_t>(v_.data() + 4, pool_bytes_);
        },
-       kInvalid},
+       kInvalid, "decode attention: q, k_pool, v_pool and out must be 16-byte aligned"},
       {"out misaligned",
        [&](PagedDecodeArgs& a) { a.out = DeviceSpan<uint8_t>(out_.data() + 2, q_bytes_); },
-       kInvalid},
+       kInvalid, "decode attention: q, k_pool, v_pool and out must be 16-byte aligned"},
       {"partial_out misaligned",
        [&](PagedDecodeArgs& a) {
          a.split->partial_out =
              DeviceSpan<float>(reinterpret_cast<float*>(partial_out_.data()) + 1, partial_floats);
        },
-       kInvalid},
+       kInvalid, "split-KV: partial_out must be 16-byte aligned"},
       {"null q", [&](PagedDecodeArgs& a) { a.q = DeviceSpan<const uint8_t>(nullptr, q_bytes_); },
-       kInvalid},
+       kInvalid, "q has 24576 elements but a null pointer"},
       {"null k_pool",
        [&](PagedDecodeArgs& a) { a.k_pool = DeviceSpan<const uint8_t>(nullptr, pool_bytes_); },
-       kInvalid},
+       kInvalid, "k_pool has 4227072 elements but a null pointer"},
       {"null v_pool",
        [&](PagedDecodeArgs& a) { a.v_pool = DeviceSpan<const uint8_t>(nullptr, pool_bytes_); },
-       kInvalid},
+       kInvalid, "v_pool has 4227072 elements but a null pointer"},
       {"null out", [&](PagedDecodeArgs& a) { a.out = DeviceSpan<uint8_t>(nullptr, q_bytes_); },
-       kInvalid},
+       kInvalid, "out has 24576 elements but a null pointer"},
       {"null lse", [&](PagedDecodeArgs& a) { a.lse = DeviceSpan<float>(nullptr, bs_ * kQHeads); },
-       kInvalid},
+       kInvalid, "lse has 96 elements but a null pointer"},
       {"null kv_indptr",
        [&](PagedDecodeArgs& a) {
          a.kv = DecodeTokenLevelKv{DeviceSpan<const TokenOffset>(nullptr, bs_ + 1),
                                    HostSpan(metadata_.kv_indices)};
        },
-       kInvalid},
+       kInvalid, "kv_indptr has 4 elements but a null pointer"},
       {"null kv_indices",
        [&](PagedDecodeArgs& a) {
          a.kv = DecodeTokenLevelKv{HostSpan(metadata_.kv_indptr),
                                    DeviceSpan<const TokenSlot>(nullptr, metadata_.kv_indices.size())};
        },
-       kInvalid},
+       kInvalid, "kv_indices has 583 elements but a null pointer"},
       {"null page table",
        [&](PagedDecodeArgs& a) {
          a.kv = DecodePageTableKv{DeviceSpan<const PageId>(nullptr, page_table_.size()), cols,
                                   HostSpan(metadata_.kv_lens), fixture_.page_size()};
          a.split.reset();
        },
-       kInvalid},
+       kInvalid, "page_table has 63 elements but a null pointer"},
       {"null kv_lens",
        [&](PagedDecodeArgs& a) {
          a.kv = DecodePageTableKv{HostSpan(page_table_), cols,
@@ -422,41 +438,41 @@ TEST_F(PagedDecodeArgsTest, BadArgumentsAreRefused) {
                                   fixture_.page_size()};
          a.split.reset();
        },
-       kInvalid},
+       kInvalid, "kv_lens has 3 elements but a null pointer"},
       {"no kv_indptr",
        [&](PagedDecodeArgs& a) {
          a.kv = DecodeTokenLevelKv{{}, HostSpan(metadata_.kv_indices)};
        },
-       kInvalid},
+       kInvalid, "decode attention: kv_indptr needs bs + 1 >= 1 entries"},
       {"q of another batch",
        [&](PagedDecodeArgs& a) { a.q = DeviceSpan<const uint8_t>(q_.data(), q_bytes_ - 512); },
-       kInvalid},
+       kInvalid, "decode attention: q of 24064 bytes, out of 24576 bytes and lse of 96"},
       {"out of another batch",
        [&](PagedDecodeArgs& a) { a.out = DeviceSpan<uint8_t>(out_.data(), q_bytes_ - 512); },
-       kInvalid},
+       kInvalid, "decode attention: q of 24576 bytes, out of 24064 bytes and lse of 96"},
       {"lse of another batch",
        [&](PagedDecodeArgs& a) {
          a.lse = DeviceSpan<float>(reinterpret_cast<float*>(lse_.data()), bs_ * kQHeads + 1);
        },
-       kInvalid},
+       kInvalid, "decode attention: q of 24576 bytes, out of 24576 bytes and lse of 97"},
       {"K and V pools of different sizes",
        [&](PagedDecodeArgs& a) {
          a.v_pool = DeviceSpan<const uint8_t>(v_.data(), pool_bytes_ - 2048);
        },
-       kInvalid},
+       kInvalid, "decode attention: K/V pools of 4227072 and 4225024 bytes are not the"},
       {"pools that are not whole rows",
        [&](PagedDecodeArgs& a) {
          a.k_pool = DeviceSpan<const uint8_t>(k_.data(), pool_bytes_ - 16);
          a.v_pool = DeviceSpan<const uint8_t>(v_.data(), pool_bytes_ - 16);
        },
-       kInvalid},
+       kInvalid, "decode attention: K/V pools of 4227056 and 4227056 bytes are not the"},
       {"a pool of more than 2^31 slots",
        [&](PagedDecodeArgs& a) {
          const size_t bytes = ((size_t{1} << 31) + 1) * kKvHeads * kHeadDim * 2;
          a.k_pool = DeviceSpan<const uint8_t>(k_.data(), bytes);
          a.v_pool = DeviceSpan<const uint8_t>(v_.data(), bytes);
        },
-       absl::StatusCode::kOutOfRange},
+       absl::StatusCode::kOutOfRange, "decode attention: more than 2^31 pool slots"},
       {"pools whose claimed size passes INT64_MAX",
        [&](PagedDecodeArgs& a) {
          // A whole number of rows, negative as an int64 (-2048): once it passed as -1 slots,
@@ -464,14 +480,15 @@ TEST_F(PagedDecodeArgsTest, BadArgumentsAreRefused) {
          a.k_pool = DeviceSpan<const uint8_t>(k_.data(), SIZE_MAX - 2047);
          a.v_pool = DeviceSpan<const uint8_t>(v_.data(), SIZE_MAX - 2047);
        },
-       absl::StatusCode::kOutOfRange},
+       absl::StatusCode::kOutOfRange, "decode attention: more than 2^31 pool slots"},
       {"kv_indices whose claimed size passes INT64_MAX",
        [&](PagedDecodeArgs& a) {
          a.kv = DecodeTokenLevelKv{
              HostSpan(metadata_.kv_indptr),
              DeviceSpan<const TokenSlot>(metadata_.kv_indices.data(), (size_t{1} << 63) + 1)};
        },
-       absl::StatusCode::kOutOfRange},
+       absl::StatusCode::kOutOfRange,
+       "decode attention: kv_indices of 9223372036854775809 entries, at most"},
       {"a batch beyond int32",
        [&](PagedDecodeArgs& a) {
          a.kv = DecodeTokenLevelKv{
@@ -479,161 +496,173 @@ TEST_F(PagedDecodeArgsTest, BadArgumentsAreRefused) {
              HostSpan(metadata_.kv_indices)};
          a.split.reset();
        },
-       absl::StatusCode::kOutOfRange},
+       absl::StatusCode::kOutOfRange, "decode attention: batch beyond int32"},
       {"kv_indices beyond 2^30 entries",
        [&](PagedDecodeArgs& a) {
          a.kv = DecodeTokenLevelKv{HostSpan(metadata_.kv_indptr),
                                    DeviceSpan<const TokenSlot>(metadata_.kv_indices.data(),
                                                                (size_t{1} << 30) + 1)};
        },
-       absl::StatusCode::kOutOfRange},
+       absl::StatusCode::kOutOfRange,
+       "decode attention: kv_indices of 1073741825 entries, at most 1073741824"},
       {"page table smaller than the batch",
        [&](PagedDecodeArgs& a) {
          a.kv = DecodePageTableKv{DeviceSpan<const PageId>(page_table_.data(), page_table_.size() - 1),
                                   cols, HostSpan(metadata_.kv_lens), fixture_.page_size()};
          a.split.reset();
        },
-       kInvalid},
+       kInvalid, "decode attention: page_table of 62 entries is not [3][21]"},
       {"page table beyond int32 tokens",
        [&](PagedDecodeArgs& a) {
          a.kv = DecodePageTableKv{HostSpan(page_table_), PageCount(int64_t{1} << 27),
                                   HostSpan(metadata_.kv_lens), fixture_.page_size()};
          a.split.reset();
        },
-       absl::StatusCode::kOutOfRange},
+       absl::StatusCode::kOutOfRange,
+       "decode attention: a page table of 134217728 columns of page_size 16"},
       {"partial_out too small",
        [&](PagedDecodeArgs& a) {
          a.split->partial_out =
              DeviceSpan<float>(reinterpret_cast<float*>(partial_out_.data()), partial_floats - 1);
        },
-       absl::StatusCode::kResourceExhausted},
+       absl::StatusCode::kResourceExhausted,
+       "split-KV: partial_out holds 20479 floats and partial_lse 160; the"},
       {"partial_lse too small",
        [&](PagedDecodeArgs& a) {
          a.split->partial_lse = DeviceSpan<float>(reinterpret_cast<float*>(partial_lse_.data()), 1);
        },
-       absl::StatusCode::kResourceExhausted},
+       absl::StatusCode::kResourceExhausted,
+       "split-KV: partial_out holds 20480 floats and partial_lse 1; the plan's"},
       {"merge counters too small",
        [&](PagedDecodeArgs& a) {
          a.split->merge_counters =
              DeviceSpan<uint32_t>(reinterpret_cast<uint32_t*>(counters_.data()), counters - 1);
        },
-       absl::StatusCode::kResourceExhausted},
+       absl::StatusCode::kResourceExhausted,
+       "split-KV: merge_counters holds 63 counters; the plan's 2 reduce items x"},
       {"merge counters null with a size",
        [&](PagedDecodeArgs& a) {
          a.split->merge_counters = DeviceSpan<uint32_t>(nullptr, counters);
        },
-       kInvalid},
+       kInvalid, "merge_counters has 64 elements but a null pointer"},
       {"null work items",
        [&](PagedDecodeArgs& a) {
          a.split->work = DeviceSpan<const SplitKvWorkItem>(nullptr, plan_.work.size());
        },
-       kInvalid},
+       kInvalid, "work has 6 elements but a null pointer"},
       {"null partial_lse",
        [&](PagedDecodeArgs& a) {
          a.split->partial_lse =
              DeviceSpan<float>(nullptr, static_cast<size_t>(plan_.num_partials) * kQHeads);
        },
-       kInvalid},
-      {"no plan", [&](PagedDecodeArgs& a) { a.split->plan = nullptr; }, kInvalid},
+       kInvalid, "partial_lse has 160 elements but a null pointer"},
+      {"no plan", [&](PagedDecodeArgs& a) { a.split->plan = nullptr; }, kInvalid,
+       "split-KV: no plan"},
       {"device copy of another plan",
-       [&](PagedDecodeArgs& a) { a.split->work = HostSpan(plan4->work); }, kInvalid},
+       [&](PagedDecodeArgs& a) { a.split->work = HostSpan(plan4->work); }, kInvalid,
+       "split-KV: the device copy holds 4 work and 2 reduce items, the plan 6"},
       {"plan for a larger batch",
        [&](PagedDecodeArgs& a) {
          a.split = DecodeSplitKv{&*plan4, HostSpan(plan4->work), HostSpan(plan4->reduce),
                                  partial_out_.span<float>(), partial_lse_.span<float>()};
        },
-       kInvalid},
+       kInvalid, "split-KV plan: work item 3 (sequence 3, rows [3, 4), KV [0, 10),"},
       {"plan with more partial slots than items",
-       [&](PagedDecodeArgs& a) { a.split->plan = &many; }, kInvalid},
-      {"plan whose items leave a gap", [&](PagedDecodeArgs& a) { a.split->plan = &gap; }, kInvalid},
+       [&](PagedDecodeArgs& a) { a.split->plan = &many; }, kInvalid,
+       "split-KV plan: 2147483647 partial slots for 6 work items"},
+      {"plan whose items leave a gap", [&](PagedDecodeArgs& a) { a.split->plan = &gap; }, kInvalid,
+       "split-KV plan: the items of sequence 0 do not tile its KV from 0: an"},
       {"plan missing a sequence",
        [&](PagedDecodeArgs& a) {
          a.split = DecodeSplitKv{&missing, HostSpan(missing.work), HostSpan(missing.reduce),
                                  partial_out_.span<float>(), partial_lse_.span<float>()};
        },
-       kInvalid},
-      {"plan for another layout", [&](PagedDecodeArgs& a) { a.kv = PageLevel(); }, kInvalid},
+       kInvalid, "split-KV plan: 5 partial slots for 3 work items"},
+      {"plan for another layout", [&](PagedDecodeArgs& a) { a.kv = PageLevel(); }, kInvalid,
+       "split-KV plan: made for layout LinearPerToken, but this decode reads"},
       {"device plan for another layout",
        [&](PagedDecodeArgs& a) {
          DeviceSplitKvPlan dp = DevicePlanOf(plan_);
          dp.layout = KvLayout::Paged(fixture_.page_size());
          a.split->plan = dp;
        },
-       kInvalid},
+       kInvalid, "split-KV device plan: made for layout Paged(page_size 16), but this"},
       {"device plan with more items than its buffers",
        [&](PagedDecodeArgs& a) {
          DeviceSplitKvPlan dp = DevicePlanOf(plan_);
          ++dp.counts.work_items;
          a.split->plan = dp;
        },
-       kInvalid},
+       kInvalid, "split-KV device plan: 7 work and 2 reduce items, but the device buffers"},
       {"device plan with more reduce items than its buffer",
        [&](PagedDecodeArgs& a) {
          DeviceSplitKvPlan dp = DevicePlanOf(plan_);
          dp.counts.reduce_items = static_cast<int64_t>(plan_.reduce.size()) + 1;
          a.split->plan = dp;
        },
-       kInvalid},
+       kInvalid, "split-KV device plan: 6 work and 3 reduce items, but the device buffers"},
       {"device plan with more partial slots than items",
        [&](PagedDecodeArgs& a) {
          DeviceSplitKvPlan dp = DevicePlanOf(plan_);
          dp.counts.num_partials = static_cast<int32_t>(dp.counts.work_items) + 1;
          a.split->plan = dp;
        },
-       kInvalid},
+       kInvalid, "split-KV device plan: counts of 6 work items, 2 reduce items and 7"},
       {"device plan with partial slots that nothing merges",
        [&](PagedDecodeArgs& a) {
          DeviceSplitKvPlan dp = DevicePlanOf(plan_);
          dp.counts.reduce_items = 0;
          a.split->plan = dp;
        },
-       kInvalid},
+       kInvalid, "split-KV device plan: counts of 6 work items, 0 reduce items and 5"},
       {"device plan with no work item for the batch",
        [&](PagedDecodeArgs& a) {
          a.split->plan = DeviceSplitKvPlan{KvLayout::LinearPerToken(), SplitKvPlanCounts{}};
        },
-       kInvalid},
+       kInvalid, "split-KV device plan: 0 work items for a batch of 3"},
       {"device plan with more reduce items than partial slots",
        [&](PagedDecodeArgs& a) {
          DeviceSplitKvPlan dp = DevicePlanOf(plan_);
          dp.counts.reduce_items = dp.counts.num_partials + 1;
          a.split->plan = dp;
        },
-       kInvalid},
+       kInvalid, "split-KV device plan: counts of 6 work items, 6 reduce items and 5"},
       {"device plan with reduce items and no partial slot",
        [&](PagedDecodeArgs& a) {
          DeviceSplitKvPlan dp = DevicePlanOf(plan_);
          dp.counts.num_partials = 0;
          a.split->plan = dp;
        },
-       kInvalid},
+       kInvalid, "split-KV device plan: counts of 6 work items, 2 reduce items and 0"},
       {"device plan beyond the grid",
        [&](PagedDecodeArgs& a) {
          DeviceSplitKvPlan dp = DevicePlanOf(plan_);
          dp.counts.work_items = (int64_t{1} << 23) + 1;
          a.split->plan = dp;
        },
-       absl::StatusCode::kOutOfRange},
+       absl::StatusCode::kOutOfRange, "split-KV device plan: 8388609 work items, at most 8388608"},
       {"device plan with negative counts",
        [&](PagedDecodeArgs& a) {
          DeviceSplitKvPlan dp = DevicePlanOf(plan_);
          dp.counts.work_items = -1;
          a.split->plan = dp;
        },
-       kInvalid},
+       kInvalid, "split-KV device plan: counts of -1 work items, 2 reduce items and 5"},
       {"device plan with partial buffers too small",
        [&](PagedDecodeArgs& a) {
          a.split->plan = DevicePlanOf(plan_);
          a.split->partial_lse = DeviceSpan<float>(reinterpret_cast<float*>(partial_lse_.data()), 1);
        },
-       absl::StatusCode::kResourceExhausted},
+       absl::StatusCode::kResourceExhausted,
+       "split-KV: partial_out holds 20480 floats and partial_lse 1; the plan's"},
       {"device plan with merge counters too small",
        [&](PagedDecodeArgs& a) {
          a.split->plan = DevicePlanOf(plan_);
          a.split->merge_counters =
              DeviceSpan<uint32_t>(reinterpret_cast<uint32_t*>(counters_.data()), counters - 1);
        },
-       absl::StatusCode::kResourceExhausted},
+       absl::StatusCode::kResourceExhausted,
+       "split-KV: merge_counters holds 63 counters; the plan's 2 reduce items x"},
       {"a grid of more than 2^23 blocks",
        [&](PagedDecodeArgs& a) {
          DeviceSplitKvPlan dp = DevicePlanOf(plan_);
@@ -641,7 +670,8 @@ TEST_F(PagedDecodeArgsTest, BadArgumentsAreRefused) {
          a.split->plan = dp;
          a.split->work = DeviceSpan<const SplitKvWorkItem>(plan_.work.data(), size_t{1} << 23);
        },
-       absl::StatusCode::kOutOfRange},
+       absl::StatusCode::kOutOfRange,
+       "decode attention: 8388616 blocks, at most 8388608 (fewer work items or"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
@@ -649,6 +679,7 @@ TEST_F(PagedDecodeArgsTest, BadArgumentsAreRefused) {
     c.edit(a);
     const absl::StatusOr<PagedDecodeLaunch> launch = PagedDecodeLaunchFor(a, nullptr);
     EXPECT_EQ(launch.status().code(), c.code) << launch.status();
+    EXPECT_THAT(std::string(launch.status().message()), ::testing::HasSubstr(c.message));
   }
   // The unedited arguments pass, also checked, through both sources, and with the device plan.
   PagedDecodeArgs a = Good();
