@@ -66,6 +66,35 @@ TEST_F(MetadataDiffTest, EveryArrayIsCompared) {
   }
 }
 
+// The replayed verify mask is compared only here (graph and speculative tests use
+// DiffMetadata): each of its three fields must be. DiffMetadata compares, it does not
+// validate, so any bytes do as the mask.
+TEST_F(MetadataDiffTest, TheCustomMaskIsCompared) {
+  want_.mask_layout = MaskLayout::kFull;
+  want_.mask_indptr = {0, 3 * 43, 3 * 43 + 5 * 22};
+  want_.custom_mask.assign(want_.mask_indptr.back(), 1);
+  for (size_t i = 0; i < want_.custom_mask.size(); i += 7) want_.custom_mask[i] = 0;
+  ASSERT_TRUE(DiffMetadata(want_.view(), want_.view()).ok());
+  struct Case {
+    const char* prefix;
+    void (*corrupt)(ForwardMetadata&);
+  };
+  const Case cases[] = {
+      {"custom mask layout: got bit_packed",
+       [](ForwardMetadata& m) { m.mask_layout = MaskLayout::kBitPacked; }},
+      {"mask_indptr[1]", [](ForwardMetadata& m) { m.mask_indptr[1] = 3 * 43 + 1; }},
+      {"custom_mask[200]", [](ForwardMetadata& m) { m.custom_mask[200] ^= 1; }},
+      {"custom_mask: got has", [](ForwardMetadata& m) { m.custom_mask.pop_back(); }},
+  };
+  for (const Case& c : cases) {
+    ForwardMetadata got = want_;
+    c.corrupt(got);
+    const absl::Status s = DiffMetadata(got.view(), want_.view());
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << c.prefix;
+    EXPECT_TRUE(absl::StartsWith(s.message(), c.prefix)) << c.prefix << ": " << s;
+  }
+}
+
 TEST_F(MetadataDiffTest, WiderPageTableMustBePaddedPastTheRows) {
   const PageTableSpan<const PageId> want = want_.page_table.span();
   const int64_t cols = want.cols().value();
