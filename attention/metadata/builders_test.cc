@@ -7,6 +7,7 @@
 #include "attention/metadata/testing/batch_fixture.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tools/bench/heap_counter.h"
 
 namespace attnmeta {
 namespace {
@@ -193,8 +194,14 @@ TEST(BuildForwardMetadataTest, LengthsPastTheRowFailBeforeAllocating) {
   std::vector<TokenLength> huge = {TokenLength(2000000000)};
   std::vector<TokenLength> q = {TokenLength(1)};
   ForwardBatch b{ForwardMode::kDecode, f.rows(), huge, q, {}};
+  const int64_t live = bench::HeapLiveBytes();
+  bench::ResetHeapPeak();
   EXPECT_EQ(BuildForwardMetadata(b, f.pool(), f.page_size()).status().code(),
             absl::StatusCode::kOutOfRange);
+  // kv_indices sized by the lengths would be 8 GB.
+  if (bench::HeapCounterIsLive()) {
+    EXPECT_LT(bench::HeapPeakBytes() - live, 64 << 10);
+  }
 }
 
 // A custom mask's tree rows are checked before the mask is allocated: 8 requests of 60,000
@@ -205,11 +212,16 @@ TEST(BuildForwardMetadataTest, MissingTreeRowsFailBeforeTheMaskIsAllocated) {
   for (int i = 0; i < 8; ++i) f.AddSequence(0, 60000);
   BuildOptions options;
   options.mask_layout = MaskLayout::kFull;
-  const absl::Status s = BuildForwardMetadata(f.Batch(ForwardMode::kExtend), f.pool(),
-                                              f.page_size(), options)
-                             .status();
+  const ForwardBatch batch = f.Batch(ForwardMode::kExtend);
+  const int64_t live = bench::HeapLiveBytes();
+  bench::ResetHeapPeak();
+  const absl::Status s = BuildForwardMetadata(batch, f.pool(), f.page_size(), options).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("tree rows"), absl::string_view::npos) << s;
+  // Whatever the other arrays take (kv_indices: 1.9 MB), far below the mask's 28.8 GB.
+  if (bench::HeapCounterIsLive()) {
+    EXPECT_LT(bench::HeapPeakBytes() - live, int64_t{64} << 20);
+  }
 }
 
 // Every input array's size is checked before it is read: a kv_start_idx shorter or longer
