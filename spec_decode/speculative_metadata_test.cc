@@ -243,6 +243,13 @@ TEST(TargetVerifyBadInputTest, RefusedBeforeAnythingIsBuilt) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+  // A layout cast from an integer would build a batch with no mask bytes at all.
+  const absl::Status unknown =
+      BuildTargetVerifyMetadata(f.pool(), f.rows(), *tree, static_cast<MaskLayout>(7),
+                                TokenCount(8), f.page_size())
+          .status();
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument) << unknown;
+  EXPECT_EQ(unknown.message(), "mask layout 7 is not a mask layout");
   EXPECT_EQ(BuildTargetVerifyMetadata(f.pool(), absl::MakeConstSpan(f.rows()).subspan(1), *tree,
                                       MaskLayout::kFull, TokenCount(8), f.page_size())
                 .status()

@@ -21,6 +21,12 @@ absl::string_view MaskLayoutName(MaskLayout layout) {
   return "unknown";
 }
 
+absl::Status CheckKnownMaskLayout(MaskLayout layout) {
+  if (MaskLayoutName(layout) != "unknown") return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("mask layout ", static_cast<int>(layout), " is not a mask layout"));
+}
+
 absl::StatusOr<MaskLayout> ParseMaskLayout(absl::string_view name) {
   if (name.empty()) return MaskLayout::kNone;
   for (MaskLayout l : {MaskLayout::kNone, MaskLayout::kFull, MaskLayout::kQLenOnly,
@@ -81,6 +87,7 @@ absl::Status CheckQueryLengths(absl::Span<const TokenLength> q_lens) {
 // The shared checks of the two builders; sets *word_bytes.
 absl::Status CheckBatch(MaskLayout layout, absl::Span<const TokenLength> q_lens,
                         absl::Span<const TokenLength> kv_lens, int32_t* word_bytes) {
+  if (absl::Status s = CheckKnownMaskLayout(layout); !s.ok()) return s;
   if (layout == MaskLayout::kNone) {
     return absl::InvalidArgumentError("custom mask: layout none has no mask to build");
   }

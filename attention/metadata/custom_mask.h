@@ -27,6 +27,8 @@ namespace attnmeta {
 enum class MaskLayout { kNone, kFull, kQLenOnly, kBitPacked };
 
 absl::string_view MaskLayoutName(MaskLayout layout);
+// InvalidArgument for a value outside the enumerators (a layout cast from an integer).
+absl::Status CheckKnownMaskLayout(MaskLayout layout);
 // The layout named `name` ("" is kNone). InvalidArgument for an unknown name.
 absl::StatusOr<MaskLayout> ParseMaskLayout(absl::string_view name);
 

@@ -125,10 +125,20 @@ TEST_F(TwoTrees, BadInputIsRefusedAndWritesNothing) {
                 .code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(out, untouched);
-  // Layout none, q_len > kv_len, too many rows to bit-pack, a wrong-size indptr.
+  // A layout cast from an integer: no block size, so no mask at all, were it let through.
+  const absl::Status unknown = BuildCustomMask(static_cast<MaskLayout>(7), tree, q_lens, kv_lens,
+                                               indptr, absl::MakeSpan(out));
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(unknown.message(), "mask layout 7 is not a mask layout");
+  EXPECT_EQ(out, untouched);
+  // Layout none or unknown, q_len > kv_len, too many rows to bit-pack, a wrong-size indptr.
   std::vector<int64_t> three(3);
   EXPECT_EQ(BuildMaskIndptr(MaskLayout::kNone, q_lens, kv_lens, absl::MakeSpan(three)).code(),
             absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      BuildMaskIndptr(static_cast<MaskLayout>(7), q_lens, kv_lens, absl::MakeSpan(three)).code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(three, std::vector<int64_t>(3, 0));
   std::vector<TokenLength> long_q = {TokenLength(6), TokenLength(2)};
   EXPECT_EQ(BuildMaskIndptr(MaskLayout::kFull, long_q, kv_lens, absl::MakeSpan(three)).code(),
             absl::StatusCode::kInvalidArgument);

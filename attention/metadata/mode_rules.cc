@@ -35,6 +35,7 @@ absl::Status CheckModeSequence(ForwardMode mode, int64_t i, TokenCount q_len, To
 }
 
 absl::Status CheckModeMask(ForwardMode mode, MaskLayout layout) {
+  if (absl::Status s = CheckKnownMaskLayout(layout); !s.ok()) return s;
   if (mode == ForwardMode::kTargetVerify && layout == MaskLayout::kNone) {
     return absl::InvalidArgumentError("target_verify needs a custom mask (the draft tree)");
   }
