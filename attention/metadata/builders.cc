@@ -38,6 +38,24 @@ absl::StatusOr<absl::Span<const TokenSlot>> RowRange(const ReqToTokenPool& pool,
   return r;
 }
 
+// InvalidArgument when a request row is listed twice. A batch's requests are distinct, which
+// also bounds every array BuildForwardMetadata sizes by the pool's table: with a repeated row
+// the page table is bs x the longest row's pages for any bs.
+absl::Status CheckDistinctRows(absl::Span<const ReqPoolIndex> rows) {
+  std::vector<int32_t> sorted(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) sorted[i] = rows[i].value();
+  std::sort(sorted.begin(), sorted.end());
+  const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
+  if (twice == sorted.end()) return absl::OkStatus();
+  std::vector<size_t> at;
+  for (size_t i = 0; i < rows.size() && at.size() < 2; ++i) {
+    if (rows[i].value() == *twice) at.push_back(i);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("requests ", at[0], " and ", at[1],
+                                                 " share req row ", *twice,
+                                                 " (a row holds one request's tokens)"));
+}
+
 }  // namespace
 
 absl::Status BuildIndptr(absl::Span<const TokenLength> lens, absl::Span<TokenOffset> out) {
@@ -169,6 +187,7 @@ absl::StatusOr<ForwardMetadata> BuildForwardMetadata(const ForwardBatch& batch,
     }
   }
   // Every row range first, so that no array is sized from a length the pool cannot hold.
+  if (absl::Status s = CheckDistinctRows(batch.req_rows); !s.ok()) return s;
   for (size_t i = 0; i < bs; ++i) {
     const int64_t start = batch.kv_start_idx.empty() ? 0 : batch.kv_start_idx[i].value();
     if (absl::Status s = RowRange(pool, i, batch.req_rows[i], start, batch.kv_lens[i].value())

@@ -87,7 +87,8 @@ struct BuildOptions {
 
 // All the metadata of `batch`. Errors: those of the builders above and of BuildMaskIndptr /
 // BuildCustomMask, and InvalidArgument for a batch or mask layout its mode does not allow
-// (mode_rules.h) or a tree mask without a layout; in checked mode, the validator's error.
+// (mode_rules.h), a tree mask without a layout, or a request row listed twice; in checked
+// mode, the validator's error.
 absl::StatusOr<ForwardMetadata> BuildForwardMetadata(const ForwardBatch& batch,
                                                      const ReqToTokenPool& pool,
                                                      PageSize page_size,

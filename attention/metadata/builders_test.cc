@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "attention/metadata/testing/batch_fixture.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -202,6 +203,36 @@ TEST(BuildForwardMetadataTest, LengthsPastTheRowFailBeforeAllocating) {
   if (bench::HeapCounterIsLive()) {
     EXPECT_LT(bench::HeapPeakBytes() - live, 64 << 10);
   }
+}
+
+// A request row listed twice is refused before anything is sized: the page table of 1025
+// requests reading up to 8192 tokens of a two-row pool would be 1025 x 8192 entries.
+TEST(BuildForwardMetadataTest, ARepeatedRequestRowIsRefusedBeforeAllocating) {
+  BatchFixture f(1, 3, /*num_pages=*/16384, /*max_reqs=*/2, /*max_context=*/8192);
+  f.AddSequence(8191, 1);
+  f.AddSequence(0, 1);
+  std::vector<ReqPoolIndex> rows(1025, f.rows()[1]);
+  rows[0] = f.rows()[0];
+  std::vector<TokenLength> kv(1025, TokenLength(1));
+  kv[0] = TokenLength(8192);
+  const std::vector<TokenLength> q(1025, TokenLength(1));
+  const ForwardBatch b{ForwardMode::kDecode, rows, kv, q, {}};
+  const int64_t live = bench::HeapLiveBytes();
+  bench::ResetHeapPeak();
+  const absl::Status s = BuildForwardMetadata(b, f.pool(), f.page_size()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(s.message(), absl::StrCat("requests 1 and 2 share req row ", f.rows()[1].value(),
+                                      " (a row holds one request's tokens)"));
+  if (bench::HeapCounterIsLive()) {
+    EXPECT_LT(bench::HeapPeakBytes() - live, 64 << 10);
+  }
+  // The same lengths over distinct rows are built.
+  const ForwardBatch two{ForwardMode::kDecode,
+                         f.rows(),
+                         absl::MakeConstSpan(kv).subspan(0, 2),
+                         absl::MakeConstSpan(q).subspan(0, 2),
+                         {}};
+  EXPECT_TRUE(BuildForwardMetadata(two, f.pool(), f.page_size()).ok());
 }
 
 // A custom mask's tree rows are checked before the mask is allocated: 8 requests of 60,000

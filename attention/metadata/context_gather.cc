@@ -5,12 +5,14 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "attention/metadata/internal/indptr.h"
 #include "attention/metadata/internal/slot_range.h"
 #include "glog/logging.h"
 
 namespace attnmeta {
 namespace {
 
+// REQUIRES: kv_indptr non-decreasing (CheckGather).
 int64_t ClampedLength(const ContextGatherInputs& in, size_t i) {
   const int64_t step = (in.kv_indptr[i + 1] - in.kv_indptr[i]).value();
   return std::max<int64_t>(0, std::min<int64_t>(in.kv_lens[i].value(), step));
@@ -31,6 +33,9 @@ absl::StatusOr<int64_t> CheckGather(const ContextGatherInputs& in) {
     return absl::InvalidArgumentError(absl::StrCat("kv_indptr has ", in.kv_indptr.size(),
                                                    " entries, kv_lens ", in.kv_lens.size()));
   }
+  // Non-decreasing from 0: the sequences' ranges of kv_indices are disjoint, so the output is
+  // no larger than the table it reads (a step down would let them read one stretch again).
+  if (absl::Status s = internal::CheckIndptr("kv_indptr", in.kv_indptr); !s.ok()) return s;
   const int64_t table_len = static_cast<int64_t>(in.kv_indices.size());
   const int64_t pool = in.pool_slots.value();
   int64_t sum = 0;

@@ -139,6 +139,23 @@ TEST(ContextGatherTest, HugeLengthsFailBeforeAllocating) {
   EXPECT_EQ(GatherContextTokens(in).status().code(), absl::StatusCode::kOutOfRange);
 }
 
+// A step down would let sequences read one stretch of kv_indices again, making an output
+// larger than the table; an indptr must start at 0 and never decrease.
+TEST(ContextGatherTest, AnIndptrThatDecreasesOrStartsElsewhereIsInvalidArgument) {
+  const std::vector<TokenSlot> idx = Slots({10, 11, 12, 13});
+  const std::vector<TokenLength> lens = Lens({4, 4, 4});
+  const std::vector<TokenOffset> down = Offsets({0, 4, 0, 4});
+  const absl::Status s =
+      GatherContextTokens({ForwardMode::kExtend, down, idx, lens, TokenCount(100)}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(s.message(),
+            "kv_indptr: entry 2 = 0 is less than entry 1 = 4 (must be non-decreasing)");
+  const std::vector<TokenOffset> late = Offsets({1, 2, 3, 4});
+  EXPECT_EQ(
+      GatherContextTokens({ForwardMode::kExtend, late, idx, lens, TokenCount(100)}).status().code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ContextGatherTest, BadShapesAreInvalidArgument) {
   const std::vector<TokenSlot> idx = Slots({10, 11});
   const std::vector<TokenOffset> indptr = Offsets({0, 2});
