@@ -181,8 +181,9 @@ class KvCacheModelRun {
         ASSERT_EQ(out[at + k].value(), want[k])
             << "request " << ids[i] << " token " << len + static_cast<int64_t>(k) << Context();
       }
-      ASSERT_TRUE(pool_.Write(r.row, TokenCount(len), absl::MakeSpan(out).subspan(at, want.size()))
-                      .ok());
+      ASSERT_TRUE(
+          pool_.Write(r.row, TokenCount(len), absl::MakeSpan(out).subspan(at, want.size())).ok())
+          << Context();
       r.slots.insert(r.slots.end(), want.begin(), want.end());
       for (int32_t slot : want) ++model_.page_live[slot / ps_];
       at += want.size();
@@ -207,7 +208,8 @@ class KvCacheModelRun {
   void Admit() {
     if (pool_.num_free_rows() == 0) {
       Log("admit: no free row");
-      EXPECT_EQ(pool_.Allocate().status().code(), absl::StatusCode::kResourceExhausted);
+      EXPECT_EQ(pool_.Allocate().status().code(), absl::StatusCode::kResourceExhausted)
+          << Context();
       return;
     }
     const int id = next_id_++;

@@ -39,6 +39,7 @@ class SpeculativeGraphTest : public ::testing::TestWithParam<int64_t> {
 };
 
 TEST_P(SpeculativeGraphTest, DraftExtendFixedAndVariable) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed() << ", page_size " << ps());
   std::mt19937_64 rng(seed());
   BatchFixture f(ps(), seed());
   for (int i = 0; i < 6; ++i) {
@@ -78,6 +79,7 @@ TEST_P(SpeculativeGraphTest, DraftExtendFixedAndVariable) {
 }
 
 TEST_P(SpeculativeGraphTest, TargetVerifyWithTreeMask) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed() << ", page_size " << ps());
   std::mt19937_64 rng(seed());
   BatchFixture f(ps(), seed());
   std::vector<TokenLength> seq_lens;
@@ -113,6 +115,7 @@ TEST_P(SpeculativeGraphTest, DraftDecodeEveryStep) {
   for (int32_t topk : {1, 3}) {
     SCOPED_TRACE(::testing::Message() << "page_size " << ps() << " topk " << topk);
     const DraftDecodeShape shape{topk, 3};
+    SCOPED_TRACE(::testing::Message() << "seed " << seed() + topk);
     std::mt19937_64 rng(seed() + topk);
     BatchFixture f(ps(), seed() + topk);
     std::vector<TokenLength> seq_lens;

@@ -151,6 +151,8 @@ class TargetVerifyTest : public ::testing::TestWithParam<VerifyCase> {};
 TEST_P(TargetVerifyTest, ReferenceAttentionMatchesDenseMaskedAttention) {
   const VerifyCase c = GetParam();
   const uint64_t seed = 1000 + c.page_size * 31 + c.n;
+  SCOPED_TRACE(::testing::Message()
+               << "seed " << seed << " page_size " << c.page_size << " n " << c.n);
   std::mt19937_64 rng(seed);
   BatchFixture f(c.page_size, seed);
   const std::vector<int64_t> prefixes = {1, 45, 130, 64};

@@ -177,8 +177,9 @@ TEST(VerifyTreeTest, MalformedInputIsRefused) {
   // Mask outputs too small, and n past the bit-packed limit.
   auto tree = BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 0, 1}, Lens({2}), TokenLength(3));
   ASSERT_TRUE(tree.ok());
-  std::vector<uint8_t> small(14);  // FULL needs 3 * (2 + 3) = 15
-  std::vector<int64_t> indptr(2);
+  // Poisoned with 7, a value no mask byte or indptr entry of this tree takes.
+  std::vector<uint8_t> small(14, 7);  // FULL needs 3 * (2 + 3) = 15
+  std::vector<int64_t> indptr(2, 7);
   EXPECT_EQ(
       WriteTreeMask(*tree, MaskLayout::kFull, absl::MakeSpan(small), absl::MakeSpan(indptr)).code(),
       bad);
@@ -190,7 +191,8 @@ TEST(VerifyTreeTest, MalformedInputIsRefused) {
                           absl::MakeSpan(indptr))
                 .code(),
             bad);
-  EXPECT_EQ(indptr, (std::vector<int64_t>{0, 0})) << "nothing written on error";
+  EXPECT_EQ(indptr, (std::vector<int64_t>{7, 7})) << "nothing written on error";
+  EXPECT_EQ(small, std::vector<uint8_t>(14, 7)) << "nothing written on error";
   EXPECT_EQ(WriteTreeMask(*tree, MaskLayout::kNone, absl::MakeSpan(small), absl::MakeSpan(indptr))
                 .code(),
             bad);

@@ -42,6 +42,9 @@ void ReplayMatchesEager(GraphHarness& h, const BatchFixture& f, ForwardMode mode
   ASSERT_TRUE(eager.ok()) << eager.status();
   const ForwardMetadataView& v = r->metadata;
   EXPECT_EQ(std::vector<TokenSlot>(v.kv_indices.begin(), v.kv_indices.end()), eager->kv_indices);
+  // A page table exactly when the config asks for one: a replay that dropped it would
+  // otherwise skip the comparison below.
+  ASSERT_EQ(v.page_table.rows() > 0, g.config().consumers().page_table());
   if (v.page_table.rows() > 0) {
     for (int64_t i = 0; i < bs; ++i) {
       const absl::Span<const PageId> want = eager->page_table.span().row(i);

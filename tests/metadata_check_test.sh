@@ -53,6 +53,6 @@ rmdir "$bad.rewrite"
 rc=0; "$check" --bogus "$good" 2>/dev/null || rc=$?
 [[ $rc -eq 2 ]] || { echo "unknown flag: exit code $rc, want 2"; exit 1; }
 
-out=$("$check" "$TEST_TMPDIR/does-not-exist" || true)
-[[ "$out" == *"cannot read"* ]] || { echo "missing file not reported: $out"; exit 1; }
+rc=0; out=$("$check" "$TEST_TMPDIR/does-not-exist") || rc=$?
+[[ $rc -eq 1 && "$out" == *"cannot read"* ]] || { echo "missing file: exit code $rc, $out"; exit 1; }
 echo "metadata_check: all checks passed"

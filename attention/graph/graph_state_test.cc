@@ -69,6 +69,8 @@ TEST_F(GraphStateTest, PaddedRowsGetSafeValues) {
     EXPECT_EQ(b.q_lens[i], TokenLength(0)) << i;
     EXPECT_EQ(b.qo_indptr[i + 1].value(), real_q) << i;
     EXPECT_EQ(b.kv_last_page_len[i], TokenLength(1)) << i;
+    // The loop below reads the row's kv_indices: it must have some.
+    EXPECT_EQ(b.kv_indptr[i + 1] - b.kv_indptr[i], GraphState::kPaddedKvLen.count()) << i;
     for (int32_t k = b.kv_indptr[i].value(); k < b.kv_indptr[i + 1].value(); ++k) {
       EXPECT_LT(b.kv_indices[k].value(), 16) << "padded row " << i << " leaves the padding page";
       EXPECT_GE(b.kv_indices[k].value(), 0);

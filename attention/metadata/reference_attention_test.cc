@@ -99,7 +99,7 @@ TEST(DenseAttentionTest, EqualsTheNaiveComputation) {
   for (auto [qh, kvh] : {std::pair{4, 4}, {4, 2}, {8, 2}, {6, 1}}) {
     for (auto [q_len, kv_len] : {std::pair{1, 1}, {1, 37}, {5, 5}, {7, 19}}) {
       SCOPED_TRACE(::testing::Message() << qh << "/" << kvh << " heads, q " << q_len << " kv "
-                                        << kv_len);
+                                        << kv_len << ", seed 99 (one stream for every case)");
       const int dim = 8;
       const std::vector<float> q = Random(q_len * qh * dim, rng);
       const std::vector<float> k = Random(kv_len * kvh * dim, rng);
@@ -115,7 +115,7 @@ TEST(DenseAttentionTest, EqualsTheNaiveComputation) {
 // logical sequences (read from the fixture's own req_to_token rows).
 TEST(ReferenceAttentionTest, EveryPathEqualsTheNaiveComputation) {
   for (int64_t ps : {1, 16, 7}) {
-    SCOPED_TRACE(::testing::Message() << "page_size " << ps);
+    SCOPED_TRACE(::testing::Message() << "page_size " << ps << ", seeds 31 (fixture) and 7");
     BatchFixture f(ps, 31);
     f.AddSequence(30, 4);
     f.AddSequence(0, 9);
