@@ -2,7 +2,9 @@
 
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "attention/metadata/reference_attention.h"
@@ -288,6 +290,44 @@ TEST(DraftDecodeLayoutTest, SourcePositionsWorkedByHand) {
   // Used entries: seq_lens_sum * topk + branches * (step + 1).
   std::vector<TokenLength> lens = {TokenLength(6), TokenLength(9)};
   EXPECT_EQ(DraftStepTokens(lens, shape, 1).value(), 15 * 3 + 6 * 2);
+}
+
+// What the layout is for, checked over many shapes without its formula: every branch's run
+// of `steps` draft positions starts past the prefix, no two runs share a position and the row
+// holds them all (DraftRowTokens); with pages of several tokens and several branches, a run
+// starts at the prefix's offset in its page (the prefix's tail is copied there) and no page
+// holds positions of two branches' runs.
+TEST(DraftDecodeLayoutTest, BranchesRunApartInTheirOwnPages) {
+  for (int64_t p : {1, 2, 7, 16, 64}) {
+    const PageSize ps = *PageSize::Create(p);
+    for (int32_t topk : {1, 2, 3, 8}) {
+      for (int32_t steps : {1, 2, 5, 17, 70}) {
+        const DraftDecodeShape shape{topk, steps};
+        for (int32_t len = 0; len <= 3 * p + 2; ++len) {
+          SCOPED_TRACE(::testing::Message() << "page_size " << p << " topk " << topk << " steps "
+                                            << steps << " seq_len " << len);
+          const int64_t row = DraftRowTokens(TokenLength(len), shape, ps).value();
+          std::map<int64_t, int32_t> owner;  // page (or position at page size 1) -> branch
+          std::set<int64_t> used;
+          for (int32_t k = 0; k < topk; ++k) {
+            const int64_t src = DraftSourcePosition(TokenLength(len), k, shape, ps).value();
+            ASSERT_GE(src, len);
+            ASSERT_LE(src + steps, row);
+            const bool own_pages = p > 1 && topk > 1;
+            if (own_pages) {
+              ASSERT_EQ(src % p, len % p);
+            }
+            for (int64_t pos = src; pos < src + steps; ++pos) {
+              ASSERT_TRUE(used.insert(pos).second) << "position " << pos << " of two runs";
+              if (!own_pages) continue;
+              const auto [it, fresh] = owner.emplace(pos / p, k);
+              ASSERT_TRUE(fresh || it->second == k) << "page " << pos / p << " of two branches";
+            }
+          }
+        }
+      }
+    }
+  }
 }
 
 struct DraftCase {
