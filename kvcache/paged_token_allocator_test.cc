@@ -421,6 +421,13 @@ TEST(PagedTokenAllocatorTest, SharedPrefixAtAPageEndIsServed) {
   const auto decode = a.AllocateDecode({{TokenCount(9), last}, {TokenCount(9), last}});
   ASSERT_TRUE(decode.ok()) << decode.status();
   EXPECT_NE((*decode)[0], (*decode)[1]);
+  // Mid-page, a request that adds nothing shares last_loc with one that continues the page.
+  PagedTokenAllocator b = MakeInOrder(8, 4);
+  const TokenSlot mid = b.AllocateExtend({{TokenCount(0), TokenCount(6), TokenSlot(0)}})->back();
+  const auto one =
+      b.AllocateExtend({{TokenCount(6), TokenCount(7), mid}, {TokenCount(6), TokenCount(6), mid}});
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(*one, std::vector<TokenSlot>{mid + TokenCount(1)});
 }
 
 }  // namespace

@@ -70,6 +70,7 @@ void ExpectRefusals(const Args& good, const Check& check,
     c.edit(a);
     const absl::Status s = check(a);
     EXPECT_EQ(s.code(), c.code) << s;
+    ASSERT_NE(c.message, nullptr);
     EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr(c.message));
   }
 }

@@ -268,6 +268,10 @@ TEST_F(PagedDecodeArgsTest, BadArgumentsAreRefused) {
       std::remove_if(missing.reduce.begin(), missing.reduce.end(),
                      [&](const SplitKvReduceItem& r) { return r.sequence == bs_ - 1; }),
       missing.reduce.end());
+  // Its partial slots those of the items left, so that only the missing sequence is wrong.
+  missing.num_partials = static_cast<int32_t>(
+      std::count_if(missing.work.begin(), missing.work.end(),
+                    [](const SplitKvWorkItem& w) { return w.partial_slot >= 0; }));
   // A plan claiming far more partial slots than it has items, and one whose first item starts
   // past position 0 (a gap).
   SplitKvPlan many = plan_;
@@ -577,7 +581,7 @@ TEST_F(PagedDecodeArgsTest, BadArgumentsAreRefused) {
          a.split = DecodeSplitKv{&missing, HostSpan(missing.work), HostSpan(missing.reduce),
                                  partial_out_.span<float>(), partial_lse_.span<float>()};
        },
-       kInvalid, "split-KV plan: 5 partial slots for 3 work items"},
+       kInvalid, "split-KV plan: sequence 2 has 0 direct items, 0 split items and 0 reduce items"},
       {"plan for another layout", [&](PagedDecodeArgs& a) { a.kv = PageLevel(); }, kInvalid,
        "split-KV plan: made for layout LinearPerToken, but this decode reads"},
       {"device plan for another layout",
@@ -679,6 +683,7 @@ TEST_F(PagedDecodeArgsTest, BadArgumentsAreRefused) {
     c.edit(a);
     const absl::StatusOr<PagedDecodeLaunch> launch = PagedDecodeLaunchFor(a, nullptr);
     EXPECT_EQ(launch.status().code(), c.code) << launch.status();
+    ASSERT_NE(c.message, nullptr);
     EXPECT_THAT(std::string(launch.status().message()), ::testing::HasSubstr(c.message));
   }
   // The unedited arguments pass, also checked, through both sources, and with the device plan.

@@ -186,8 +186,8 @@ absl::StatusOr<ForwardMetadata> BuildForwardMetadata(const ForwardBatch& batch,
       return s;
     }
   }
-  // Every row range first, so that no array is sized from a length the pool cannot hold.
   if (absl::Status s = CheckDistinctRows(batch.req_rows); !s.ok()) return s;
+  // Every row range first, so that no array is sized from a length the pool cannot hold.
   for (size_t i = 0; i < bs; ++i) {
     const int64_t start = batch.kv_start_idx.empty() ? 0 : batch.kv_start_idx[i].value();
     if (absl::Status s = RowRange(pool, i, batch.req_rows[i], start, batch.kv_lens[i].value())

@@ -4,9 +4,10 @@
 //
 // Token-level in, token-level out: kv_indices entries are token slots and are copied as
 // they are (the reference system once applied `// page_size` and `% page_size` to them and
-// lost most of its accuracy at page_size 64). Any error means "this batch cannot take the
+// lost most of its accuracy at page_size 64). OutOfRange means "this batch cannot take the
 // linear path": the caller falls back to the paged kernel, and a WARNING is logged with the
-// mode, batch size, offending value and table length. Nothing is ever read out of bounds.
+// mode, batch size, offending value and table length; InvalidArgument is a malformed call.
+// Nothing is ever read out of bounds.
 
 #ifndef ATTNMETA_ATTENTION_METADATA_CONTEXT_GATHER_H_
 #define ATTNMETA_ATTENTION_METADATA_CONTEXT_GATHER_H_

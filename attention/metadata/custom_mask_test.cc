@@ -132,13 +132,13 @@ TEST_F(TwoTrees, BadInputIsRefusedAndWritesNothing) {
   EXPECT_EQ(unknown.message(), "mask layout 7 is not a mask layout");
   EXPECT_EQ(out, untouched);
   // Layout none or unknown, q_len > kv_len, too many rows to bit-pack, a wrong-size indptr.
-  std::vector<int64_t> three(3);
+  std::vector<int64_t> three(3, 7);  // 7: no entry of these indptrs
   EXPECT_EQ(BuildMaskIndptr(MaskLayout::kNone, q_lens, kv_lens, absl::MakeSpan(three)).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(
       BuildMaskIndptr(static_cast<MaskLayout>(7), q_lens, kv_lens, absl::MakeSpan(three)).code(),
       absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(three, std::vector<int64_t>(3, 0));
+  EXPECT_EQ(three, std::vector<int64_t>(3, 7));
   std::vector<TokenLength> long_q = {TokenLength(6), TokenLength(2)};
   EXPECT_EQ(BuildMaskIndptr(MaskLayout::kFull, long_q, kv_lens, absl::MakeSpan(three)).code(),
             absl::StatusCode::kInvalidArgument);

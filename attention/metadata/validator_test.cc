@@ -319,8 +319,13 @@ TEST_F(MaskValidatorTest, NamesEachBrokenMaskInvariant) {
   // An entry whose difference from its predecessor overflows (UBSan's CI run sees it).
   expect(full, "mask_indptr", [](ForwardMetadata& m) { m.mask_indptr.back() = INT64_MIN; });
   expect(full, "mask_indptr", [](ForwardMetadata& m) { m.mask_layout = MaskLayout::kQLenOnly; });
-  expect(full, "custom_mask",
-         [](ForwardMetadata& m) { m.mask_layout = static_cast<MaskLayout>(7); });
+  {
+    ForwardMetadata unknown = full;
+    unknown.mask_layout = static_cast<MaskLayout>(7);
+    const absl::Status s = Validate(unknown);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(s.message(), "custom_mask: mask layout 7 is not a mask layout");
+  }
   // The mask: too short, a byte that is not 0/1, a row that does not see itself.
   expect(full, "custom_mask", [](ForwardMetadata& m) { m.custom_mask.pop_back(); });
   expect(full, "custom_mask", [](ForwardMetadata& m) { m.custom_mask[3] = 2; });
