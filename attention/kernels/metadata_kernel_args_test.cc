@@ -210,13 +210,24 @@ TEST_F(MetadataKernelArgsTest, Indptr) {
   p = IndptrParamsFor(Over(lens_, 4), Over(indptr_, 5), {}, ps, nullptr);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->last_page_len, nullptr);
-  EXPECT_EQ(check(Over(lens_, 4), Over(indptr_, 4), {}).code(), kInvalid);
-  EXPECT_EQ(check(Over(lens_, 4), Over(indptr_, 5), Over(lens2_, 3)).code(), kInvalid);
-  EXPECT_EQ(check(Null<const TokenLength>(4), Over(indptr_, 5), {}).code(), kInvalid);
-  EXPECT_EQ(check(Over(lens_, 4), Null<TokenOffset>(5), {}).code(), kInvalid);
-  EXPECT_EQ(check(Over(lens_, 4), Over(indptr_, 5), Null<TokenLength>(4)).code(), kInvalid);
+  // Each refusal with its check's message, not a later check's.
+  const auto refused = [](const absl::Status& s, absl::StatusCode code, const std::string& what) {
+    EXPECT_EQ(s.code(), code) << s;
+    EXPECT_EQ(std::string(s.message()), what);
+  };
+  refused(check(Over(lens_, 4), Over(indptr_, 4), {}), kInvalid,
+          "indptr has 4 entries, want lens + 1 = 5");
+  refused(check(Over(lens_, 4), Over(indptr_, 5), Over(lens2_, 3)), kInvalid,
+          "last_page_len has 3 entries, want 0 or 4");
+  refused(check(Null<const TokenLength>(4), Over(indptr_, 5), {}), kInvalid,
+          "lens has 4 elements but a null pointer");
+  refused(check(Over(lens_, 4), Null<TokenOffset>(5), {}), kInvalid,
+          "indptr has 5 elements but a null pointer");
+  refused(check(Over(lens_, 4), Over(indptr_, 5), Null<TokenLength>(4)), kInvalid,
+          "last_page_len has 4 elements but a null pointer");
   const size_t huge = size_t{1} << 31;
-  EXPECT_EQ(check(Claimed(lens_, huge), Claimed(indptr_, huge + 1), {}).code(), kOutOfRange);
+  refused(check(Claimed(lens_, huge), Claimed(indptr_, huge + 1), {}), kOutOfRange,
+          "2147483648 lengths, beyond int32");
 }
 
 TEST_F(MetadataKernelArgsTest, PageTable) {
