@@ -309,7 +309,8 @@ class Bench {
           100.0 * near.neighbour_fraction, near.regions_per_request);
       std::vector<int32_t> pages(churned.size());
       for (size_t e = 0; e < churned.size(); ++e) pages[e] = churned[e].value();
-      Layout l = MakeLayout("kv_indices ps1 churn", s, sets, 1, false, true, std::move(pages));
+      Layout l = MakeLayout("kv_indices ps1 churn", s, sets, 1, false, /*shuffled=*/false,
+                            std::move(pages));
       const double us = TimeLayout(s, sets, launches, l, variant, Split::kInLaunch);
       Refs layout_refs = refs;
       layout_refs.pattern_us = ReadsAloneUs(s, sets, launches, l, variant);

@@ -62,10 +62,23 @@ TokenCount SplitKvChunk(const SplitKvOptions& options) {
 
 namespace {
 
+// A batch's query tiles and their KV chunks, counted sequence by sequence as WritePlan walks
+// them. REQUIRES: q_tile and chunk in [1, kMaxTokens], 0 <= q <= kv <= INT32_MAX.
+struct TileCount {
+  int64_t tiles = 0;         // (sequence, query tile) pairs: NumQueryTiles
+  int64_t total_chunks = 0;  // (query tile, KV chunk) pairs
+  void Add(int64_t q, int64_t kv, int64_t q_tile, int64_t chunk) {
+    if (q <= 0) return;
+    const int64_t q_tiles = (q + q_tile - 1) / q_tile;
+    tiles += q_tiles;
+    total_chunks += q_tiles * ((kv + chunk - 1) / chunk);
+  }
+};
+
 struct PlanShape {
   int64_t chunk;
   int64_t total_chunks;
-  int64_t tiles;  // (sequence, query tile) pairs: NumQueryTiles
+  int64_t tiles;
 };
 
 // OutOfRange when a plan of `tiles` query tiles could hold more work items than int32
@@ -94,7 +107,7 @@ absl::StatusOr<PlanShape> CheckPlanInputs(absl::Span<const TokenOffset> qo_indpt
   if (absl::Status s = internal::CheckIndptr("kv_indptr", kv_indptr); !s.ok()) return s;
   const int64_t chunk = SplitKvChunk(options).value();
   const int64_t q_tile = options.q_tile.value();
-  int64_t total_chunks = 0, tiles = 0;
+  TileCount count;
   for (size_t i = 0; i + 1 < qo_indptr.size(); ++i) {
     const int64_t q = (qo_indptr[i + 1] - qo_indptr[i]).value();
     const int64_t kv = (kv_indptr[i + 1] - kv_indptr[i]).value();
@@ -102,14 +115,10 @@ absl::StatusOr<PlanShape> CheckPlanInputs(absl::Span<const TokenOffset> qo_indpt
       return absl::InvalidArgumentError(
           absl::StrCat("sequence ", i, ": q_len ", q, " exceeds kv_len ", kv));
     }
-    if (q > 0) {
-      const int64_t q_tiles = (q + q_tile - 1) / q_tile;
-      tiles += q_tiles;
-      total_chunks += q_tiles * ((kv + chunk - 1) / chunk);
-    }
+    count.Add(q, kv, q_tile, chunk);
   }
-  if (absl::Status s = CheckWorkItemBound(tiles, options); !s.ok()) return s;
-  return PlanShape{chunk, total_chunks, tiles};
+  if (absl::Status s = CheckWorkItemBound(count.tiles, options); !s.ok()) return s;
+  return PlanShape{chunk, count.total_chunks, count.tiles};
 }
 
 // The plan of inputs CheckPlanInputs accepted (their `shape`), written into `out` after its
@@ -198,7 +207,7 @@ absl::StatusOr<SplitKvPlanCounts> CountSplitKvPlan(absl::Span<const TokenLength>
   }
   const int64_t chunk = SplitKvChunk(options).value();
   const int64_t q_tile = options.q_tile.value();
-  int64_t total_chunks = 0, tiles = 0;
+  TileCount count;
   int64_t q_total = 0, kv_total = 0;
   for (size_t i = 0; i < q_lens.size(); ++i) {
     const int64_t q = q_lens[i].value();
@@ -216,13 +225,10 @@ absl::StatusOr<SplitKvPlanCounts> CountSplitKvPlan(absl::Span<const TokenLength>
       return absl::OutOfRangeError(absl::StrCat(
           "split-KV counts: the lengths through sequence ", i, " pass int32 offsets"));
     }
-    if (q > 0) {
-      const int64_t q_tiles = (q + q_tile - 1) / q_tile;
-      tiles += q_tiles;
-      total_chunks += q_tiles * ((kv + chunk - 1) / chunk);
-    }
+    count.Add(q, kv, q_tile, chunk);
   }
-  if (absl::Status s = CheckWorkItemBound(tiles, options); !s.ok()) return s;
+  if (absl::Status s = CheckWorkItemBound(count.tiles, options); !s.ok()) return s;
+  const int64_t total_chunks = count.total_chunks;
   // WritePlan hands out chunks in order, units [0, extra) taking base + 1 and the rest base:
   // the unit of the g-th chunk is arithmetic, and a tile's items are the units its chunks span.
   const int64_t base = total_chunks / options.num_units;
