@@ -34,7 +34,8 @@ GraphState::GraphState(const BackendConfig& config, const ReqToTokenPool* req_to
       page_size_(page_size),
       memory_(memory),
       writer_(writer),
-      generation_(NextGeneration()) {}
+      generation_(NextGeneration()),
+      row_listed_(static_cast<size_t>(req_to_token->max_reqs()), 0) {}
 
 GraphState::~GraphState() { FreeAll(allocated_); }
 
@@ -297,6 +298,24 @@ absl::StatusOr<CaptureHandle> GraphState::Capture(int64_t bucket, ForwardMode mo
   return handle;
 }
 
+absl::Status GraphState::CheckDistinctRows(absl::Span<const ReqPoolIndex> rows) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    uint8_t& listed = row_listed_[rows[i].value()];
+    if (listed == 0) {
+      listed = 1;
+      continue;
+    }
+    size_t first = 0;
+    while (rows[first] != rows[i]) ++first;
+    for (size_t j = 0; j < i; ++j) row_listed_[rows[j].value()] = 0;
+    return absl::InvalidArgumentError(absl::StrCat("requests ", first, " and ", i,
+                                                   " share req row ", rows[i].value(),
+                                                   " (a row holds one request's tokens)"));
+  }
+  for (const ReqPoolIndex row : rows) row_listed_[row.value()] = 0;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const ReplayBatch& batch) {
   namespace gb = graph_buffer;
   if (h.generation != generation_) {
@@ -393,6 +412,7 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
                                           /*word_bytes=*/0)
                          : 0;
   }
+  if (absl::Status s = CheckDistinctRows(batch.req_rows); !s.ok()) return s;
   total += (h.bucket - bs) * kPaddedKvLen.value();
   // The capacity checks below cannot fail for a correct plan (rows are at most
   // max_context_len + draft_tokens, buckets at most the capacity); they turn a plan that

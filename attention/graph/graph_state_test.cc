@@ -188,6 +188,28 @@ TEST_F(GraphStateTest, RefusedReplaysWriteNothing) {
   EXPECT_TRUE(h_.memory().VerifyCanaries().ok());
 }
 
+// Two requests on one req_to_token row would write one row's slots (and the validator sees
+// only their slots collide): refused before anything is written. The marks the check leaves
+// are cleared on both paths, so that the rows replay again.
+TEST_F(GraphStateTest, ARowListedTwiceIsRefused) {
+  GraphState& g = h_.state();
+  auto handle = g.Capture(4, ForwardMode::kDecode);
+  ASSERT_TRUE(handle.ok());
+  ASSERT_TRUE(g.Replay(*handle, Batch(2)).ok());
+  const auto before = h_.Contents();
+  const std::vector<ReqPoolIndex> rows = {f_.rows()[0], f_.rows()[1], f_.rows()[0]};
+  const std::vector<TokenLength> lens = {f_.kv_lens()[0], f_.kv_lens()[1], f_.kv_lens()[0]};
+  const absl::Status s = g.Replay(*handle, ReplayBatch{rows, lens}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("requests 0 and 2 share req row"), absl::string_view::npos) << s;
+  EXPECT_TRUE(h_.Contents() == before) << "buffers changed";
+  for (int rep = 0; rep < 2; ++rep) {
+    auto r = g.Replay(*handle, Batch(3));
+    ASSERT_TRUE(r.ok()) << "replay " << rep << ": " << r.status();
+    EXPECT_TRUE(ValidateForwardMetadata(r->metadata, Context(3)).ok());
+  }
+}
+
 TEST_F(GraphStateTest, HugeReservesAreRefused) {
   GraphState& g = h_.state();
   const uint64_t gen = g.generation();
