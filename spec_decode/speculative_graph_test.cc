@@ -209,6 +209,12 @@ TEST(SpeculativeGraphBadInputTest, RefusedReplaysWriteNothing) {
   std::vector<uint8_t> short_tree(tree.begin(), tree.end() - 1);
   std::vector<uint8_t> bad_byte = tree;
   bad_byte[5] = 2;
+  // Request 1's row 2 does not see the root (column 0), then does not see itself: a verify row
+  // that drops the root, and a row that sees nothing past the prefix.
+  std::vector<uint8_t> rootless = tree;
+  rootless[kDraft * kDraft + 2 * kDraft] = 0;
+  std::vector<uint8_t> selfless = tree;
+  selfless[kDraft * kDraft + 2 * kDraft + 2] = 0;
   std::vector<TokenLength> too_many = {TokenLength(1), TokenLength(5), TokenLength(1)};
   std::vector<TokenLength> ones = {TokenLength(1), TokenLength(1), TokenLength(1)};
   std::vector<TokenLength> past_context = {TokenLength(100), TokenLength(513), TokenLength(102)};
@@ -217,18 +223,51 @@ TEST(SpeculativeGraphBadInputTest, RefusedReplaysWriteNothing) {
     const CaptureHandle& handle;
     ReplayBatch batch;
     absl::StatusCode code;
+    const char* message = "";  // the refusal's message starts with it
   } cases[] = {
-      {"verify without a tree", *verify, {f.rows(), f.kv_lens()}, absl::StatusCode::kInvalidArgument},
-      {"a short tree", *verify, {f.rows(), f.kv_lens(), {}, short_tree}, absl::StatusCode::kInvalidArgument},
-      {"a tree byte of 2", *verify, {f.rows(), f.kv_lens(), {}, bad_byte}, absl::StatusCode::kInvalidArgument},
-      {"a tree to draft-extend", *extend, {f.rows(), f.kv_lens(), {}, tree}, absl::StatusCode::kInvalidArgument},
-      {"more rows than captured", *extend, {f.rows(), f.kv_lens(), too_many}, absl::StatusCode::kInvalidArgument},
-      {"q_lens to decode", *plain, {f.rows(), f.kv_lens(), ones}, absl::StatusCode::kInvalidArgument},
-      {"a committed length past max_context_len", *decode, {f.rows(), past_context},
+      {"verify without a tree",
+       *verify,
+       {f.rows(), f.kv_lens()},
+       absl::StatusCode::kInvalidArgument},
+      {"a short tree",
+       *verify,
+       {f.rows(), f.kv_lens(), {}, short_tree},
+       absl::StatusCode::kInvalidArgument},
+      {"a tree byte of 2",
+       *verify,
+       {f.rows(), f.kv_lens(), {}, bad_byte},
+       absl::StatusCode::kInvalidArgument},
+      {"a row not seeing the root",
+       *verify,
+       {f.rows(), f.kv_lens(), {}, rootless},
+       absl::StatusCode::kInvalidArgument,
+       "tree_mask of request 1: custom mask: row 2 of sequence 0 does not see the root"},
+      {"a row not seeing itself",
+       *verify,
+       {f.rows(), f.kv_lens(), {}, selfless},
+       absl::StatusCode::kInvalidArgument,
+       "tree_mask of request 1: custom mask: row 2 of sequence 0 does not see itself"},
+      {"a tree to draft-extend",
+       *extend,
+       {f.rows(), f.kv_lens(), {}, tree},
+       absl::StatusCode::kInvalidArgument},
+      {"more rows than captured",
+       *extend,
+       {f.rows(), f.kv_lens(), too_many},
+       absl::StatusCode::kInvalidArgument},
+      {"q_lens to decode",
+       *plain,
+       {f.rows(), f.kv_lens(), ones},
+       absl::StatusCode::kInvalidArgument},
+      {"a committed length past max_context_len",
+       *decode,
+       {f.rows(), past_context},
        absl::StatusCode::kOutOfRange},
   };
   for (const Case& c : cases) {
-    EXPECT_EQ(g.Replay(c.handle, c.batch).status().code(), c.code) << c.what;
+    const absl::Status s = g.Replay(c.handle, c.batch).status();
+    EXPECT_EQ(s.code(), c.code) << c.what << ": " << s;
+    EXPECT_EQ(std::string(s.message()).rfind(c.message, 0), 0u) << c.what << ": " << s;
     EXPECT_EQ(h.Contents(), before) << c.what;
   }
 }

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "attention/metadata/lengths.h"
 #include "attention/metadata/mode_rules.h"
+#include "attention/metadata/request_rows.h"
 #include "attention/metadata/validator.h"
 
 namespace attnmeta {
@@ -126,6 +127,12 @@ absl::StatusOr<std::vector<ForwardMetadata>> BuildDraftDecodeMetadata(
   if (absl::Status s = CheckDraftDecodeBatch(pool, req_rows, seq_lens, shape, page_size);
       !s.ok()) {
     return s;
+  }
+  // Distinct rows, as every builder and graph replay ask: two requests on one row would draft
+  // into one row's slots, and the steps' arrays are sized by the rows.
+  std::vector<uint8_t> row_marks(static_cast<size_t>(pool.max_reqs()), 0);
+  if (absl::Status s = CheckDistinctRows(req_rows, absl::MakeSpan(row_marks)); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("draft-decode: ", s.message()));
   }
   // Not empty (the validator's rule): the steps' arrays would be sized by the shape alone.
   if (absl::Status s =

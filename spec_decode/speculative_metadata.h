@@ -74,10 +74,10 @@ absl::StatusOr<ForwardMetadata> BuildTargetVerifyMetadata(
     const SpecBuildOptions& options = {});
 
 // Every step of a multi-step draft-decode, step 0 first. The errors of CheckDraftDecodeBatch
-// (draft_decode_layout.h), then InvalidArgument: an empty batch (CheckModeBatchSize), or
-// num_query_rows != bs * topk; ResourceExhausted: all steps' kv_indices together beyond
-// INT32_MAX entries; all returned before any step's arrays are allocated. In checked mode
-// also the validator's errors.
+// (draft_decode_layout.h), then InvalidArgument: a request row listed twice
+// (CheckDistinctRows), an empty batch (CheckModeBatchSize), or num_query_rows != bs * topk;
+// ResourceExhausted: all steps' kv_indices together beyond INT32_MAX entries; all returned before
+// any step's arrays are allocated. In checked mode also the validator's errors.
 absl::StatusOr<std::vector<ForwardMetadata>> BuildDraftDecodeMetadata(
     const ReqToTokenPool& pool, absl::Span<const ReqPoolIndex> req_rows,
     absl::Span<const TokenLength> seq_lens, DraftDecodeShape shape, TokenCount num_query_rows,

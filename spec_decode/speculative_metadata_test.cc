@@ -11,6 +11,7 @@
 #include "attention/metadata/testing/attention_problem.h"
 #include "attention/metadata/testing/batch_fixture.h"
 #include "gtest/gtest.h"
+#include "tools/bench/heap_counter.h"
 
 namespace attnmeta {
 namespace {
@@ -475,6 +476,36 @@ TEST(DraftDecodeBadInputTest, ShapesRowsAndInt32Offsets) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A request row listed twice is refused before any step is allocated, as BuildForwardMetadata
+// and graph replay refuse it. Without the check nothing bounds the steps by the pool: 1000
+// requests on one row drafting 4 branches of 1000 steps pass every other check (all steps
+// together need 2,002,000,000 entries, under INT32_MAX) and take 8 GB. The test's batch is
+// 100 requests of 4 branches of 100 steps (8 MB), which the heap check sees as well.
+TEST(DraftDecodeBadInputTest, ARepeatedRowIsRefusedBeforeAllocating) {
+  BatchFixture f(1, 5, /*num_pages=*/64, /*max_reqs=*/2, /*max_context=*/8192);
+  f.AddSequence(0, 0);
+  f.AddSequence(0, 0);
+  std::vector<ReqPoolIndex> rows(100, f.rows()[1]);
+  rows[0] = f.rows()[0];
+  const std::vector<TokenLength> lens(100, TokenLength(0));
+  const DraftDecodeShape shape{4, 100};
+  const int64_t live = bench::HeapLiveBytes();
+  bench::ResetHeapPeak();
+  const absl::Status s =
+      BuildDraftDecodeMetadata(f.pool(), rows, lens, shape, TokenCount(400), f.page_size())
+          .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(s.message(), absl::StrCat("draft-decode: requests 1 and 2 share req row ",
+                                      f.rows()[1].value(), " (a row holds one request's tokens)"));
+  if (bench::HeapCounterIsLive()) {
+    EXPECT_LT(bench::HeapPeakBytes() - live, 64 << 10);
+  }
+  // The two distinct rows with the same shape are built.
+  EXPECT_TRUE(BuildDraftDecodeMetadata(f.pool(), f.rows(), absl::MakeConstSpan(lens).subspan(0, 2),
+                                       shape, TokenCount(8), f.page_size())
+                  .ok());
 }
 
 // Each step fits int32 offsets and every draft run fits its row, but all steps together do

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "attention/metadata/request_rows.h"
 
 namespace attnmeta {
 namespace {
@@ -35,7 +36,7 @@ GraphState::GraphState(const BackendConfig& config, const ReqToTokenPool* req_to
       memory_(memory),
       writer_(writer),
       generation_(NextGeneration()),
-      row_listed_(static_cast<size_t>(req_to_token->max_reqs()), 0) {}
+      row_marks_(static_cast<size_t>(req_to_token->max_reqs()), 0) {}
 
 GraphState::~GraphState() { FreeAll(allocated_); }
 
@@ -298,24 +299,6 @@ absl::StatusOr<CaptureHandle> GraphState::Capture(int64_t bucket, ForwardMode mo
   return handle;
 }
 
-absl::Status GraphState::CheckDistinctRows(absl::Span<const ReqPoolIndex> rows) {
-  for (size_t i = 0; i < rows.size(); ++i) {
-    uint8_t& listed = row_listed_[rows[i].value()];
-    if (listed == 0) {
-      listed = 1;
-      continue;
-    }
-    size_t first = 0;
-    while (rows[first] != rows[i]) ++first;
-    for (size_t j = 0; j < i; ++j) row_listed_[rows[j].value()] = 0;
-    return absl::InvalidArgumentError(absl::StrCat("requests ", first, " and ", i,
-                                                   " share req row ", rows[i].value(),
-                                                   " (a row holds one request's tokens)"));
-  }
-  for (const ReqPoolIndex row : rows) row_listed_[row.value()] = 0;
-  return absl::OkStatus();
-}
-
 absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const ReplayBatch& batch) {
   namespace gb = graph_buffer;
   if (h.generation != generation_) {
@@ -369,10 +352,13 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
       return absl::InvalidArgumentError(absl::StrCat("tree_mask: ", batch.tree_mask.size(),
                                                      " bytes, want bs * n * n = ", bs * q * q));
     }
-    for (size_t k = 0; k < batch.tree_mask.size(); ++k) {
-      if (batch.tree_mask[k] > 1) {
-        return absl::InvalidArgumentError(absl::StrCat("tree_mask: byte ", k, " = ",
-                                                       batch.tree_mask[k], ", want 0 or 1"));
+    // Each request's [n][n] block on its own: a verify batch's q_lens are all n.
+    const TokenLength n[1] = {TokenLength(static_cast<int32_t>(q))};
+    for (int64_t i = 0; i < bs; ++i) {
+      if (absl::Status s = CheckTreeRows(batch.tree_mask.subspan(i * q * q, q * q), n,
+                                         /*draft_tree=*/true);
+          !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("tree_mask of request ", i, ": ", s.message()));
       }
     }
   }
@@ -412,7 +398,9 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
                                           /*word_bytes=*/0)
                          : 0;
   }
-  if (absl::Status s = CheckDistinctRows(batch.req_rows); !s.ok()) return s;
+  if (absl::Status s = CheckDistinctRows(batch.req_rows, absl::MakeSpan(row_marks_)); !s.ok()) {
+    return s;
+  }
   total += (h.bucket - bs) * kPaddedKvLen.value();
   // The capacity checks below cannot fail for a correct plan (rows are at most
   // max_context_len + draft_tokens, buckets at most the capacity); they turn a plan that

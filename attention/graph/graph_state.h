@@ -175,9 +175,6 @@ class GraphState {
   // InvalidArgument unless (bucket, mode, q_len_per_request) is a shape this state captures:
   // the rules of Capture, shared by Replay so that a forged handle is refused too.
   absl::Status CheckShape(int64_t bucket, ForwardMode mode, TokenLength q_len_per_request) const;
-  // InvalidArgument when a row is listed twice. REQUIRES: every row is inside req_to_token.
-  // Marks rows in row_listed_ and clears them again: no allocation per replay.
-  absl::Status CheckDistinctRows(absl::Span<const ReqPoolIndex> rows);
   // Stages the inputs of a padded batch and runs the writer.
   absl::StatusOr<SplitKvPlanCounts> Write(const CaptureHandle& handle, const ReplayBatch& batch);
 
@@ -190,8 +187,9 @@ class GraphState {
   std::vector<DeviceBuffer> allocated_;  // parallel to plan_.buffers
   GraphBuffers views_;
   uint64_t generation_;  // unique in the process: a handle of another state never matches
-  // [req_to_token max_reqs], all 0 between calls: CheckDistinctRows's marks.
-  std::vector<uint8_t> row_listed_;
+  // [req_to_token max_reqs], all 0 between replays: CheckDistinctRows's scratch, so that
+  // Replay allocates nothing.
+  std::vector<uint8_t> row_marks_;
   // Host staging of the padded inputs, [batch capacity] each: sized by Reserve, so that
   // Replay allocates nothing.
   std::vector<ReqPoolIndex> staged_rows_;

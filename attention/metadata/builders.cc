@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "attention/metadata/internal/indptr.h"
 #include "attention/metadata/mode_rules.h"
+#include "attention/metadata/request_rows.h"
 #include "attention/metadata/validator.h"
 
 namespace attnmeta {
@@ -36,24 +37,6 @@ absl::StatusOr<absl::Span<const TokenSlot>> RowRange(const ReqToTokenPool& pool,
     return absl::Status(r.status().code(), absl::StrCat("request ", i, ": ", r.status().message()));
   }
   return r;
-}
-
-// InvalidArgument when a request row is listed twice. A batch's requests are distinct, which
-// also bounds every array BuildForwardMetadata sizes by the pool's table: with a repeated row
-// the page table is bs x the longest row's pages for any bs.
-absl::Status CheckDistinctRows(absl::Span<const ReqPoolIndex> rows) {
-  std::vector<int32_t> sorted(rows.size());
-  for (size_t i = 0; i < rows.size(); ++i) sorted[i] = rows[i].value();
-  std::sort(sorted.begin(), sorted.end());
-  const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
-  if (twice == sorted.end()) return absl::OkStatus();
-  std::vector<size_t> at;
-  for (size_t i = 0; i < rows.size() && at.size() < 2; ++i) {
-    if (rows[i].value() == *twice) at.push_back(i);
-  }
-  return absl::InvalidArgumentError(absl::StrCat("requests ", at[0], " and ", at[1],
-                                                 " share req row ", *twice,
-                                                 " (a row holds one request's tokens)"));
 }
 
 }  // namespace
@@ -186,7 +169,6 @@ absl::StatusOr<ForwardMetadata> BuildForwardMetadata(const ForwardBatch& batch,
       return s;
     }
   }
-  if (absl::Status s = CheckDistinctRows(batch.req_rows); !s.ok()) return s;
   // Every row range first, so that no array is sized from a length the pool cannot hold.
   for (size_t i = 0; i < bs; ++i) {
     const int64_t start = batch.kv_start_idx.empty() ? 0 : batch.kv_start_idx[i].value();
@@ -195,6 +177,12 @@ absl::StatusOr<ForwardMetadata> BuildForwardMetadata(const ForwardBatch& batch,
         !s.ok()) {
       return s;
     }
+  }
+  // Distinct rows bound the page table too: with a repeated row it is bs x the longest row's
+  // pages for any bs.
+  std::vector<uint8_t> row_marks(static_cast<size_t>(pool.max_reqs()), 0);
+  if (absl::Status s = CheckDistinctRows(batch.req_rows, absl::MakeSpan(row_marks)); !s.ok()) {
+    return s;
   }
   ForwardMetadata m;
   m.mode = batch.mode;
@@ -236,6 +224,11 @@ absl::StatusOr<ForwardMetadata> BuildForwardMetadata(const ForwardBatch& batch,
     // The tree rows' size first: mask_indptr's total is the batch's q_len * kv_len, which the
     // caller's lengths can make gigabytes, and BuildCustomMask would refuse the rows after.
     if (absl::Status s = CheckTreeRowsSize(batch.tree_mask, batch.q_lens); !s.ok()) return s;
+    if (absl::Status s = CheckTreeRows(batch.tree_mask, batch.q_lens,
+                                       /*draft_tree=*/batch.mode == ForwardMode::kTargetVerify);
+        !s.ok()) {
+      return s;
+    }
     m.custom_mask.resize(m.mask_indptr.back());
     if (absl::Status s = BuildCustomMask(m.mask_layout, batch.tree_mask, batch.q_lens,
                                          batch.kv_lens, m.mask_indptr,

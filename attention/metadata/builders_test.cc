@@ -343,6 +343,20 @@ TEST(ForwardModeTest, NamesRoundTripAndSpeculativeRules) {
   auto built = BuildForwardMetadata(verify, f.pool(), f.page_size(), with_mask);
   ASSERT_TRUE(built.ok()) << built.status();
   EXPECT_EQ(built->mask_indptr, (std::vector<int64_t>{0, 4 * 34, 4 * 34 + 4 * 54}));  // kv_len = cached + 4
+  // A verify row that drops the root is refused unchecked too (CheckTreeRows); the same rows
+  // are an extend's custom mask, which need not see the first query row.
+  std::vector<uint8_t> rootless = chains;
+  rootless[(1 * 4 + 3) * 4 + 0] = 0;
+  verify.tree_mask = rootless;
+  const absl::Status no_root =
+      BuildForwardMetadata(verify, f.pool(), f.page_size(), with_mask).status();
+  EXPECT_EQ(no_root.code(), absl::StatusCode::kInvalidArgument) << no_root;
+  EXPECT_THAT(std::string(no_root.message()),
+              ::testing::HasSubstr("row 3 of sequence 1 does not see the root"));
+  ForwardBatch extend = f.Batch(ForwardMode::kDraftExtend);
+  extend.tree_mask = rootless;
+  EXPECT_TRUE(BuildForwardMetadata(extend, f.pool(), f.page_size(), with_mask).ok());
+  verify.tree_mask = chains;
   // A mask in a mode that takes none, and a tree without a layout.
   std::vector<TokenLength> one_row = {TokenLength(1), TokenLength(1)};
   ForwardBatch decode = f.Batch(ForwardMode::kDecode);

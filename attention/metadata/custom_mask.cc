@@ -154,6 +154,36 @@ absl::Status CheckTreeRowsSize(absl::Span<const uint8_t> tree_rows,
   return absl::OkStatus();
 }
 
+absl::Status CheckTreeRows(absl::Span<const uint8_t> tree_rows,
+                           absl::Span<const TokenLength> q_lens, bool draft_tree) {
+  int64_t at = 0;  // where sequence i's block starts
+  for (size_t i = 0; i < q_lens.size(); ++i) {
+    const int64_t q = q_lens[i].value();
+    const uint8_t* block = tree_rows.data() + at;
+    for (int64_t k = 0; k < q * q; ++k) {
+      if (block[k] > 1) {
+        return absl::InvalidArgumentError(absl::StrCat("custom mask: tree row byte ", at + k,
+                                                       " (sequence ", i, ", row ", k / q,
+                                                       ") = ", block[k], ", want 0 or 1"));
+      }
+    }
+    for (int64_t r = 0; r < q; ++r) {
+      if (block[r * q + r] == 0) {
+        return absl::InvalidArgumentError(absl::StrCat("custom mask: row ", r, " of sequence ", i,
+                                                       " does not see itself (tree row byte ",
+                                                       at + r * q + r, ")"));
+      }
+      if (draft_tree && block[r * q] == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "custom mask: row ", r, " of sequence ", i, " does not see the root (tree row byte ",
+            at + r * q, "; a draft tree's rows see the root)"));
+      }
+    }
+    at += q * q;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status BuildCustomMask(MaskLayout layout, absl::Span<const uint8_t> tree_rows,
                              absl::Span<const TokenLength> q_lens,
                              absl::Span<const TokenLength> kv_lens,
@@ -162,12 +192,7 @@ absl::Status BuildCustomMask(MaskLayout layout, absl::Span<const uint8_t> tree_r
   if (absl::Status s = CheckBatch(layout, q_lens, kv_lens, &word_bytes); !s.ok()) return s;
   const size_t bs = q_lens.size();
   if (absl::Status s = CheckTreeRowsSize(tree_rows, q_lens); !s.ok()) return s;
-  for (size_t k = 0; k < tree_rows.size(); ++k) {
-    if (tree_rows[k] > 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("custom mask: tree row byte ", k, " = ", tree_rows[k], ", want 0 or 1"));
-    }
-  }
+  if (absl::Status s = CheckTreeRows(tree_rows, q_lens, /*draft_tree=*/false); !s.ok()) return s;
   if (mask_indptr.size() != bs + 1 || mask_indptr[0] != 0) {
     return absl::InvalidArgumentError("custom mask: mask_indptr is not the batch's");
   }

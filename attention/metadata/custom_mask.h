@@ -67,12 +67,20 @@ int64_t TreeRowsBytes(absl::Span<const TokenLength> q_lens);
 absl::Status CheckTreeRowsSize(absl::Span<const uint8_t> tree_rows,
                                absl::Span<const TokenLength> q_lens);
 
+// InvalidArgument unless every byte of tree_rows (per sequence a [q_len][q_len] block, blocks
+// back to back) is 0 or 1 and every row sees itself (byte (r, r)): a row that sees nothing has
+// no softmax. With `draft_tree` (target-verify, DESIGN.md 2b) also unless every row sees row 0,
+// the tree's root. The message names the sequence, the row and the byte.
+// REQUIRES: tree_rows holds TreeRowsBytes(q_lens) bytes (CheckTreeRowsSize).
+absl::Status CheckTreeRows(absl::Span<const uint8_t> tree_rows,
+                           absl::Span<const TokenLength> q_lens, bool draft_tree);
+
 // Writes the mask of `layout` from tree rows: per sequence a [q_len][q_len] block of 0/1
 // bytes (byte (r, c) = query row r sees query row c), blocks back to back; the QLEN_ONLY
 // layout of a batch with equal q_lens. `mask_indptr` as BuildMaskIndptr wrote it. Writes
 // bytes [0, mask_indptr[bs]) of `out` and nothing else. InvalidArgument: tree_rows not
-// sum(q_len^2) bytes, a byte other than 0 and 1, mask_indptr not the batch's, out shorter
-// than mask_indptr[bs]; OutOfRange as BuildMaskIndptr.
+// sum(q_len^2) bytes, tree rows CheckTreeRows refuses (draft_tree false), mask_indptr not the
+// batch's, out shorter than mask_indptr[bs]; OutOfRange as BuildMaskIndptr.
 absl::Status BuildCustomMask(MaskLayout layout, absl::Span<const uint8_t> tree_rows,
                              absl::Span<const TokenLength> q_lens,
                              absl::Span<const TokenLength> kv_lens,

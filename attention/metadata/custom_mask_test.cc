@@ -152,6 +152,44 @@ TEST_F(TwoTrees, BadInputIsRefusedAndWritesNothing) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Every row sees itself; a draft tree's rows also see the root. BuildCustomMask asks the first
+// (an extend's custom mask need not see the first query row) and writes nothing when refused.
+TEST_F(TwoTrees, TreeRowsSeeThemselvesAndDraftTreesTheRoot) {
+  EXPECT_TRUE(CheckTreeRows(tree, q_lens, /*draft_tree=*/true).ok());
+  std::vector<uint8_t> rootless = tree;
+  rootless[3 * 3 + 1 * 2] = 0;  // the second tree's row 1 drops its root
+  rootless[3 * 3 + 1 * 2 + 1] = 1;
+  EXPECT_TRUE(CheckTreeRows(rootless, q_lens, /*draft_tree=*/false).ok());
+  const absl::Status no_root = CheckTreeRows(rootless, q_lens, /*draft_tree=*/true);
+  EXPECT_EQ(no_root.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(no_root.message(),
+            "custom mask: row 1 of sequence 1 does not see the root (tree row byte 11; a draft "
+            "tree's rows see the root)");
+  std::vector<uint8_t> selfless = tree;
+  selfless[2 * 3 + 2] = 0;  // the first tree's row 2 sees only the root
+  for (bool draft_tree : {false, true}) {
+    const absl::Status no_self = CheckTreeRows(selfless, q_lens, draft_tree);
+    EXPECT_EQ(no_self.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(no_self.message(),
+              "custom mask: row 2 of sequence 0 does not see itself (tree row "
+              "byte 8)");
+  }
+  std::vector<uint8_t> bad_byte = tree;
+  bad_byte[10] = 2;
+  EXPECT_EQ(CheckTreeRows(bad_byte, q_lens, false).message(),
+            "custom mask: tree row byte 10 (sequence 1, row 0) = 2, want 0 or 1");
+  std::vector<int64_t> indptr = Indptr(MaskLayout::kFull);
+  std::vector<uint8_t> out(19, 7);
+  EXPECT_EQ(
+      BuildCustomMask(MaskLayout::kFull, selfless, q_lens, kv_lens, indptr, absl::MakeSpan(out))
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(out, std::vector<uint8_t>(19, 7));
+  EXPECT_TRUE(
+      BuildCustomMask(MaskLayout::kFull, rootless, q_lens, kv_lens, indptr, absl::MakeSpan(out))
+          .ok());
+}
+
 // Block sizes are products of lengths: a batch whose lengths sum past INT32_MAX could wrap the
 // int64 offsets back into a small buffer, so it is refused before any sum is taken.
 TEST(CustomMaskBatchTest, LengthsSummingPastInt32AreRefusedBeforeAnyBlockIsSized) {

@@ -74,7 +74,9 @@ absl::Status CheckDraftDecodeBatch(const ReqToTokenPool& pool, absl::Span<const 
 
 // Writes step `step` of requests `rows` with committed lengths `seq_lens`. Checks everything
 // first and writes nothing on error: CheckDraftDecodeBatch's errors, then InvalidArgument for
-// a step outside [0, steps) or outputs of other sizes than the step's.
+// a step outside [0, steps) or outputs of other sizes than the step's. Rows listed twice are
+// its callers' to refuse (CheckDistinctRows: BuildDraftDecodeMetadata, GraphState::Replay),
+// so that a graph replay's steps allocate nothing.
 absl::Status BuildDraftDecodeStep(const ReqToTokenPool& pool, absl::Span<const ReqPoolIndex> rows,
                                   absl::Span<const TokenLength> seq_lens, DraftDecodeShape shape,
                                   int32_t step, PageSize page_size,

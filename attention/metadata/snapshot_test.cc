@@ -275,7 +275,9 @@ TEST(SnapshotMaskTest, TargetVerifyRecordsItsTreeAndMask) {
     MetadataSnapshot other_tree = *snap;
     (*other_tree.mutable_tree_mask())[4] = 0;  // request 0's row 1 no longer sees itself
     EXPECT_EQ(std::string(CheckSnapshot(other_tree).message())
-                  .rfind("rebuilding from the recorded inputs: custom_mask", 0),
+                  .rfind("rebuilding from the recorded inputs: custom mask: row 1 of sequence 0 "
+                         "does not see itself",
+                         0),
               0u)
         << CheckSnapshot(other_tree);
     MetadataSnapshot bad_layout = *snap;
