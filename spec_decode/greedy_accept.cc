@@ -9,6 +9,12 @@ absl::StatusOr<AcceptResult> AcceptGreedy(const AcceptInputs& in) {
   const VerifyTree& tree = *in.tree;
   const int64_t n = tree.num_draft_tokens.value();
   const int64_t bs = tree.batch_size();
+  // Before anything is sized by n: an empty batch passes every size check below.
+  if (n < 1 || n > kMaxVerifyTreeTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("greedy acceptance: a tree of ", n,
+                                                   " tokens per request, outside [1, ",
+                                                   kMaxVerifyTreeTokens, "]"));
+  }
   const size_t want = static_cast<size_t>(bs * n);
   if (in.draft_tokens.size() != want || in.target_predict.size() != want ||
       in.tree_slots.size() != want) {
@@ -18,7 +24,7 @@ absl::StatusOr<AcceptResult> AcceptGreedy(const AcceptInputs& in) {
         " entries; the tree has ", bs, " requests of ", n, " tokens"));
   }
   // The tree is a public aggregate: its links are checked before the walk follows them.
-  if (n < 1 || tree.next_token.size() != want || tree.next_sibling.size() != want) {
+  if (tree.next_token.size() != want || tree.next_sibling.size() != want) {
     return absl::InvalidArgumentError(absl::StrCat(
         "greedy acceptance: a tree of ", bs, " requests of ", n, " tokens with ",
         tree.next_token.size(), " next_token and ", tree.next_sibling.size(),

@@ -35,7 +35,8 @@ struct AcceptResult {
   std::vector<TokenSlot> free_slots;  // every other tree slot, request by request
 };
 
-// InvalidArgument: no tree, arrays whose sizes are not bs * n, or a tree whose links
+// InvalidArgument: no tree, n outside [1, kMaxVerifyTreeTokens], arrays whose sizes are not
+// bs * n, or a tree whose links
 // (next_token, next_sibling) are not -1 or a non-root token, or go round a cycle.
 absl::StatusOr<AcceptResult> AcceptGreedy(const AcceptInputs& in);
 

@@ -1,5 +1,6 @@
 #include "spec_decode/greedy_accept.h"
 
+#include <limits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -96,6 +97,20 @@ TEST(GreedyAcceptTest, MalformedTreesAreRefused) {
     t.seq_lens = {TokenLength(3)};
     const std::vector<int32_t> none;
     EXPECT_EQ(AcceptGreedy(AcceptInputs{&t, none, none, {}}).status().code(), bad);
+  }
+  {  // More tokens per request than a tree holds, in an empty batch that every size check
+     // passes: refused before a per-token array is sized (n = INT32_MAX would take 2 GiB).
+    VerifyTree t;
+    t.num_draft_tokens = TokenLength(std::numeric_limits<int32_t>::max());
+    const std::vector<int32_t> none;
+    const absl::Status s = AcceptGreedy(AcceptInputs{&t, none, none, {}}).status();
+    EXPECT_EQ(s.code(), bad);
+    EXPECT_EQ(s.message(),
+              "greedy acceptance: a tree of 2147483647 tokens per request, outside [1, 64]");
+    t.num_draft_tokens = TokenLength(65);
+    EXPECT_EQ(AcceptGreedy(AcceptInputs{&t, none, none, {}}).status().code(), bad);
+    t.num_draft_tokens = TokenLength(64);
+    EXPECT_TRUE(AcceptGreedy(AcceptInputs{&t, none, none, {}}).ok());
   }
   {  // Links missing for the second request.
     VerifyTree t = GoldenTree();

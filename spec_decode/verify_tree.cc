@@ -7,12 +7,10 @@
 namespace attnmeta {
 namespace {
 
-constexpr int32_t kMaxDraftTokens = 64;
-
 absl::Status CheckCommon(absl::Span<const TokenLength> seq_lens, int32_t n) {
-  if (n < 1 || n > kMaxDraftTokens) {
+  if (n < 1 || n > kMaxVerifyTreeTokens) {
     return absl::InvalidArgumentError(
-        absl::StrCat("num_draft_tokens ", n, " outside [1, ", kMaxDraftTokens, "]"));
+        absl::StrCat("num_draft_tokens ", n, " outside [1, ", kMaxVerifyTreeTokens, "]"));
   }
   for (size_t b = 0; b < seq_lens.size(); ++b) {
     if (seq_lens[b].value() < 0) {

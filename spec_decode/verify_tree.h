@@ -27,6 +27,10 @@
 
 namespace attnmeta {
 
+// The most draft tokens (the root included) a verify tree holds: bit-packed mask rows are one
+// 64-bit word at most.
+inline constexpr int32_t kMaxVerifyTreeTokens = 64;
+
 struct VerifyTree {
   TokenLength num_draft_tokens;               // n, the root included: query rows per request
   std::vector<TokenLength> seq_lens;          // [bs] committed tokens per request

@@ -144,9 +144,15 @@ TEST(VerifyTreeTest, MalformedInputIsRefused) {
   EXPECT_EQ(
       code(BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 0, 1}, Lens({-3}), TokenLength(3))),
       bad);
-  EXPECT_EQ(
-      code(BuildVerifyTreeFromParents(std::vector<int32_t>(65, 0), Lens({1}), TokenLength(65))),
-      bad);
+  // 65 tokens, a well-formed star (the root, then 64 children of it): only the size refuses it.
+  std::vector<int32_t> star(65, 0);
+  star[0] = -1;
+  const absl::Status too_many =
+      BuildVerifyTreeFromParents(star, Lens({1}), TokenLength(65)).status();
+  EXPECT_EQ(too_many.code(), bad);
+  EXPECT_EQ(too_many.message(), "num_draft_tokens 65 outside [1, 64]");
+  star.pop_back();
+  EXPECT_TRUE(BuildVerifyTreeFromParents(star, Lens({1}), TokenLength(64)).ok());
   // Reference encoding: a cycle (tokens 1 and 2 name each other), a slot past parent_list,
   // a negative selection, sizes, top-k or depth 0.
   const absl::Status cycle =

@@ -8,7 +8,9 @@
 // requests into the same buffers: real rows exactly as the eager path builds them, padded
 // rows with safe values (KV length kPaddedKvLen on slots of the reserved padding page, no
 // query rows, page-table rows all padding). Every enabled consumer's buffers are written at
-// every replay, for every page size.
+// every replay, for every page size, but for draft-decode, which is token-level only: its
+// replays write neither the page table nor the split-KV plan, which keep the last other
+// replay's rows (so a kernel that reads either must not be captured for draft-decode).
 //
 // Reserve(capacity) regrows every per-batch buffer when an engine pads its capture batch
 // past the current capacity (the reference system regrew some buffers and not others: DESIGN.md
