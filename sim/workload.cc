@@ -9,6 +9,7 @@
 #include "attention/graph/buffer_plan.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "spec_decode/verify_tree.h"
 
 extern const char kAttnmetaDefaultWorkloadText[];
 
@@ -103,8 +104,9 @@ absl::Status ValidateScenario(const Workload& w, const Scenario& s, absl::string
   if (s.max_steps() < 1) return Bad(absl::StrCat(path, ".max_steps"), "must be >= 1");
   const SpeculativeConfig& spec = s.backend().speculative();
   if (spec.draft_tokens() > 0) {
-    if (spec.draft_tokens() > 64) {
-      return Bad(absl::StrCat(path, ".backend.speculative.draft_tokens"), "at most 64");
+    if (spec.draft_tokens() > kMaxVerifyTreeTokens) {
+      return Bad(absl::StrCat(path, ".backend.speculative.draft_tokens"),
+                 absl::StrCat("at most ", kMaxVerifyTreeTokens));
     }
     if (spec.topk() < 1 || spec.steps() < 1) {
       return Bad(absl::StrCat(path, ".backend.speculative"),

@@ -130,8 +130,7 @@ absl::StatusOr<std::vector<ForwardMetadata>> BuildDraftDecodeMetadata(
   }
   // Distinct rows, as every builder and graph replay ask: two requests on one row would draft
   // into one row's slots, and the steps' arrays are sized by the rows.
-  std::vector<uint8_t> row_marks(static_cast<size_t>(pool.max_reqs()), 0);
-  if (absl::Status s = CheckDistinctRows(req_rows, absl::MakeSpan(row_marks)); !s.ok()) {
+  if (absl::Status s = CheckDistinctRows(req_rows); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("draft-decode: ", s.message()));
   }
   // Not empty (the validator's rule): the steps' arrays would be sized by the shape alone.

@@ -27,8 +27,8 @@
 
 namespace attnmeta {
 
-// The most draft tokens (the root included) a verify tree holds: bit-packed mask rows are one
-// 64-bit word at most.
+// The most draft tokens (the root included) a verify tree holds, the builders' and greedy
+// acceptance's bound (the bit-packed mask layout takes at most kMaxBitPackedRows of them).
 inline constexpr int32_t kMaxVerifyTreeTokens = 64;
 
 struct VerifyTree {

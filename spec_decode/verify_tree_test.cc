@@ -1,5 +1,6 @@
 #include "spec_decode/verify_tree.h"
 
+#include <algorithm>
 #include <limits>
 #include <vector>
 
@@ -250,6 +251,29 @@ TEST(VerifyTreeTest, AHandBuiltTreeWhoseMaskWouldWrapIsRefused) {
   const absl::Status s = WriteTreeMask(tree, MaskLayout::kQLenOnly, {}, absl::MakeSpan(indptr));
   EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
   EXPECT_EQ(indptr, std::vector<int64_t>(17, -1));
+}
+
+// A hand-built tree whose row drops the root is refused as BuildTargetVerifyMetadata and graph
+// replay refuse it, and nothing is written.
+TEST(VerifyTreeTest, AHandBuiltRowWithoutTheRootIsRefused) {
+  auto tree = BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 0, 1}, Lens({2}), TokenLength(3));
+  ASSERT_TRUE(tree.ok());
+  std::vector<uint8_t> mask(15, 7);
+  std::vector<int64_t> indptr(2, 7);
+  ASSERT_TRUE(
+      WriteTreeMask(*tree, MaskLayout::kFull, absl::MakeSpan(mask), absl::MakeSpan(indptr)).ok());
+  VerifyTree rootless = *tree;
+  rootless.sees[2 * 3 + 0] = 0;  // row 2 sees rows 1 and 2 only
+  std::fill(mask.begin(), mask.end(), 7);
+  std::fill(indptr.begin(), indptr.end(), 7);
+  const absl::Status s =
+      WriteTreeMask(rootless, MaskLayout::kFull, absl::MakeSpan(mask), absl::MakeSpan(indptr));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(s.message(),
+            "custom mask: row 2 of sequence 0 does not see the root (tree row byte 6; a draft "
+            "tree's rows see the root)");
+  EXPECT_EQ(mask, std::vector<uint8_t>(15, 7));
+  EXPECT_EQ(indptr, (std::vector<int64_t>{7, 7}));
 }
 
 // Bit-packed word widths: 1 byte up to 8 tokens, 2 up to 16, 4 up to 32, little-endian.

@@ -63,16 +63,16 @@ void ReplayMatchesEager(GraphHarness& h, const BatchFixture& f, ForwardMode mode
 // Row 1: the graph kv_indices buffer sized max_bs * pages_per_seq and filled per token; an
 // illegal memory access once the batch's tokens grew (page_size > 1).
 TEST(GraphFieldBugTest, Row1_TokenBuffersAreSizedInTokens) {
-  const int64_t ps = 16, ctx = 256;
-  const int bs = 4;
+  constexpr int64_t ps = 16, ctx = 256;
+  constexpr int bs = 4;
   const BatchFixture f = FullContext(ps, bs, ctx);
   GraphHarness h(MakeTestConfig(ps, {.max_batch_size = bs, .max_context_len = ctx,
                                      .page_table = false, .split_kv = false}),
                  f);
-  const int64_t need = bs * ctx;                          // one slot per token
-  const int64_t buggy = bs * ((ctx + ps - 1) / ps);        // max_bs * pages_per_seq
+  constexpr int64_t need = bs * ctx;                     // one slot per token
+  constexpr int64_t buggy = bs * ((ctx + ps - 1) / ps);  // max_bs * pages_per_seq
+  static_assert(buggy < need, "the shape must make the buggy formula too small");
   EXPECT_EQ(h.state().plan().Find("kv_indices")->capacity, need);
-  EXPECT_LT(buggy, need) << "the buggy formula must be too small at this shape";
   ReplayMatchesEager(h, f, ForwardMode::kDecode, 1);
 }
 
@@ -127,31 +127,31 @@ TEST(GraphFieldBugTest, Row4_ReserveRegrowsEveryPerBatchBuffer) {
 // Row 6: the graph kv_indices buffer of the MLA (non-unified) path sized in pages; silent
 // overflow at page_size 64.
 TEST(GraphFieldBugTest, Row6_MlaTokenBufferIsSizedInTokensAtPageSize64) {
-  const int64_t ps = 64, ctx = 1024;
-  const int bs = 4;
+  constexpr int64_t ps = 64, ctx = 1024;
+  constexpr int bs = 4;
   const BatchFixture f = FullContext(ps, bs, ctx);
   GraphHarness h(MakeTestConfig(ps, {.max_batch_size = bs, .max_context_len = ctx,
                                      .split_kv = false, .num_kv_heads = 1}),
                  f);
-  const int64_t buggy = bs * (ctx / ps);  // pages, read as slots
+  constexpr int64_t buggy = bs * (ctx / ps);  // pages, read as slots
+  static_assert(buggy < bs * ctx, "the shape must make the buggy formula too small");
   EXPECT_EQ(h.state().plan().Find("kv_indices")->capacity, bs * ctx);
-  EXPECT_LT(buggy, bs * ctx);
   ReplayMatchesEager(h, f, ForwardMode::kDecode, 1);
 }
 
 // Row 7: the verify buffer without the draft-token slack; overflow near full context. A
 // request at max_context_len plus its draft tokens fits.
 TEST(GraphFieldBugTest, Row7_RowsCarryTheDraftTokenSlack) {
-  const int64_t ps = 16, ctx = 160;
-  const int32_t draft = 4;
-  const int bs = 3;
+  constexpr int64_t ps = 16, ctx = 160;
+  constexpr int32_t draft = 4;
+  constexpr int bs = 3;
   const BatchFixture f = FullContext(ps, bs, ctx + draft, /*new_tokens=*/draft);
   GraphHarness h(MakeTestConfig(ps, {.max_batch_size = bs, .max_context_len = ctx,
                                      .draft_tokens = draft, .max_query_rows_per_request = draft}),
                  f);
-  const int64_t buggy = bs * ctx;  // no slack
+  constexpr int64_t buggy = bs * ctx;  // no slack
+  static_assert(buggy < bs * (ctx + draft), "the shape must make the buggy formula too small");
   EXPECT_EQ(h.state().plan().Find("kv_indices")->capacity, bs * (ctx + draft));
-  EXPECT_LT(buggy, bs * (ctx + draft));
   ReplayMatchesEager(h, f, ForwardMode::kExtend, draft);
 }
 

@@ -4,10 +4,11 @@
 // past 2^31 elements (4 GiB of bf16, where an element offset wraps) in pools of 4 GiB + 4 MiB
 // each (2^21 + 2048 slots of 8 KV heads x 128 bf16 dims): decode through token-level kv_indices
 // and through the page table, unsplit and split, and varlen attention's three kernels on extend
-// rows. Every output row must equal attention computed in double over the same rows. Only the
-// rows the batch uses are written (nothing else of the pools is read). The GPU mutants row11_*
-// put 32-bit offset arithmetic back into each kernel's address computation. Needs a GPU with
-// 9 GB free.
+// rows. Every output row must equal attention computed in double over the same rows. The
+// context-prefill gather (GatherKvOnDevice) copies the same rows into linear K and V, which
+// must equal them bit for bit. Only the rows the batch uses are written (nothing else of the
+// pools is read). The GPU mutants row11_* put 32-bit offset arithmetic back into each kernel's
+// address computation. Needs a GPU with 9 GB free.
 
 #include <algorithm>
 #include <cmath>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "attention/kernels/metadata_launchers.h"
 #include "attention/kernels/paged_decode_launcher.h"
 #include "attention/kernels/testing/attention_inputs.h"
 #include "attention/kernels/testing/device_buffer.h"
@@ -273,6 +275,40 @@ TEST_F(KvOffsetFieldBugGpuTest, VarlenKernelsReadRowsPast2GiB) {
           ExpectRow(i * kRows + r, i, kLens[i] - kRows + r + 1, what);
           ASSERT_FALSE(HasFatalFailure());
         }
+      }
+    }
+  }
+}
+
+TEST_F(KvOffsetFieldBugGpuTest, GatherCopiesRowsPast2GiB) {
+  const int64_t rows = static_cast<int64_t>(slots_.size());
+  DeviceBuffer<uint8_t> k_out = *DeviceBuffer<uint8_t>::Create(rows * kRow * 2);
+  DeviceBuffer<uint8_t> v_out = *DeviceBuffer<uint8_t>::Create(rows * kRow * 2);
+  Poison(k_out.data(), k_out.size());
+  Poison(v_out.data(), v_out.size());
+  GatherKvDeviceArgs a;
+  a.k_pool = k_->const_span();
+  a.v_pool = v_->const_span();
+  a.num_kv_heads = kKvHeads;
+  a.head_dim = kHeadDim;
+  a.dtype = KvElementType::kBf16;
+  a.tok_idx = d_kv_indices_->const_span();
+  a.cu_k = d_kv_indptr_->const_span();
+  a.k_out = k_out.span();
+  a.v_out = v_out.span();
+  ASSERT_TRUE(GatherKvOnDevice(a, word_->device(), nullptr).ok());
+  ASSERT_EQ(hipDeviceSynchronize(), hipSuccess);
+  ASSERT_TRUE(word_->Check(nullptr).ok()) << word_->Check(nullptr);
+  const std::vector<uint8_t> k = Download(k_out), v = Download(v_out);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (auto [out, host] : {std::pair{&k, &k_host_}, std::pair{&v, &v_host_}}) {
+      const std::vector<float>& want = host->at(slots_[r]);
+      for (int64_t x = 0; x < kRow; ++x) {
+        uint16_t b;
+        std::memcpy(&b, out->data() + (r * kRow + x) * 2, 2);
+        ASSERT_EQ(testing::FromBits(KvElementType::kBf16, b), want[x])
+            << (out == &k ? "K" : "V") << " row " << r << " (slot " << slots_[r] << ") element "
+            << x;
       }
     }
   }

@@ -352,14 +352,10 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
       return absl::InvalidArgumentError(absl::StrCat("tree_mask: ", batch.tree_mask.size(),
                                                      " bytes, want bs * n * n = ", bs * q * q));
     }
-    // Each request's [n][n] block on its own: a verify batch's q_lens are all n.
-    const TokenLength n[1] = {TokenLength(static_cast<int32_t>(q))};
-    for (int64_t i = 0; i < bs; ++i) {
-      if (absl::Status s = CheckTreeRows(batch.tree_mask.subspan(i * q * q, q * q), n,
-                                         /*draft_tree=*/true);
-          !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat("tree_mask of request ", i, ": ", s.message()));
-      }
+    if (absl::Status s = CheckTreeRows(batch.tree_mask, bs, TokenLength(static_cast<int32_t>(q)),
+                                       /*draft_tree=*/true);
+        !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("tree_mask: ", s.message()));
     }
   }
   const bool draft_decode = h.mode == ForwardMode::kDraftDecode;

@@ -149,7 +149,8 @@ class GraphState {
   //     request row listed twice (two requests would write one row's slots), an idle
   //     handle given rows or another handle none, a KV length below the query rows per
   //     request, q_lens outside [1, the handle's] or given to another mode, a tree mask
-  //     missing, of the wrong size or with bytes other than 0/1, or given to another mode;
+  //     missing, of the wrong size, given to another mode, or with rows CheckTreeRows refuses
+  //     as a draft tree's (a byte other than 0/1, a row not seeing itself or the root);
   //   OutOfRange: a row outside req_to_token, a KV length beyond max_context_len +
   //     draft_tokens, or beyond the row (draft-decode: its branches' draft runs beyond the
   //     row);

@@ -180,9 +180,16 @@ absl::StatusOr<ForwardMetadata> BuildForwardMetadata(const ForwardBatch& batch,
   }
   // Distinct rows bound the page table too: with a repeated row it is bs x the longest row's
   // pages for any bs.
-  std::vector<uint8_t> row_marks(static_cast<size_t>(pool.max_reqs()), 0);
-  if (absl::Status s = CheckDistinctRows(batch.req_rows, absl::MakeSpan(row_marks)); !s.ok()) {
-    return s;
+  if (absl::Status s = CheckDistinctRows(batch.req_rows); !s.ok()) return s;
+  // The tree rows before any array: the mask is the batch's q_len * kv_len bytes, which the
+  // caller's lengths can make gigabytes, and BuildCustomMask would refuse the rows after.
+  if (options.mask_layout != MaskLayout::kNone) {
+    if (absl::Status s = CheckTreeRowsSize(batch.tree_mask, batch.q_lens); !s.ok()) return s;
+    if (absl::Status s = CheckTreeRows(batch.tree_mask, batch.q_lens,
+                                       /*draft_tree=*/batch.mode == ForwardMode::kTargetVerify);
+        !s.ok()) {
+      return s;
+    }
   }
   ForwardMetadata m;
   m.mode = batch.mode;
@@ -218,14 +225,6 @@ absl::StatusOr<ForwardMetadata> BuildForwardMetadata(const ForwardBatch& batch,
     m.mask_indptr.resize(bs + 1);
     if (absl::Status s = BuildMaskIndptr(m.mask_layout, batch.q_lens, batch.kv_lens,
                                          absl::MakeSpan(m.mask_indptr));
-        !s.ok()) {
-      return s;
-    }
-    // The tree rows' size first: mask_indptr's total is the batch's q_len * kv_len, which the
-    // caller's lengths can make gigabytes, and BuildCustomMask would refuse the rows after.
-    if (absl::Status s = CheckTreeRowsSize(batch.tree_mask, batch.q_lens); !s.ok()) return s;
-    if (absl::Status s = CheckTreeRows(batch.tree_mask, batch.q_lens,
-                                       /*draft_tree=*/batch.mode == ForwardMode::kTargetVerify);
         !s.ok()) {
       return s;
     }

@@ -87,10 +87,10 @@ struct BuildOptions {
 
 // All the metadata of `batch`. Errors: those of the builders above and of BuildMaskIndptr /
 // BuildCustomMask, and InvalidArgument for a batch or mask layout its mode does not allow
-// (mode_rules.h), a tree mask without a layout, or a request row listed twice (here, where
-// arrays are sized from the batch; GraphState's fixed buffers bound a replay whatever its rows,
-// and there a repeated row is refused only by the validator's slot-ownership check, which a
-// checked launcher runs); in checked mode, the validator's error.
+// (mode_rules.h), a tree mask without a layout, tree rows CheckTreeRows refuses (target-verify:
+// also a row that does not see the root), or a request row listed twice (CheckDistinctRows,
+// as graph replay refuses it); in checked mode, the validator's error. The tree rows and the
+// rows are checked before any array is allocated.
 absl::StatusOr<ForwardMetadata> BuildForwardMetadata(const ForwardBatch& batch,
                                                      const ReqToTokenPool& pool,
                                                      PageSize page_size,

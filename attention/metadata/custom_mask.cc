@@ -154,11 +154,15 @@ absl::Status CheckTreeRowsSize(absl::Span<const uint8_t> tree_rows,
   return absl::OkStatus();
 }
 
-absl::Status CheckTreeRows(absl::Span<const uint8_t> tree_rows,
-                           absl::Span<const TokenLength> q_lens, bool draft_tree) {
-  int64_t at = 0;  // where sequence i's block starts
-  for (size_t i = 0; i < q_lens.size(); ++i) {
-    const int64_t q = q_lens[i].value();
+namespace {
+
+// CheckTreeRows over `blocks` blocks, block i of q_of(i) rows.
+template <typename QOf>
+absl::Status CheckTreeRowBlocks(absl::Span<const uint8_t> tree_rows, size_t blocks, const QOf& q_of,
+                                bool draft_tree) {
+  int64_t at = 0;  // where block i starts
+  for (size_t i = 0; i < blocks; ++i) {
+    const int64_t q = q_of(i);
     const uint8_t* block = tree_rows.data() + at;
     for (int64_t k = 0; k < q * q; ++k) {
       if (block[k] > 1) {
@@ -182,6 +186,21 @@ absl::Status CheckTreeRows(absl::Span<const uint8_t> tree_rows,
     at += q * q;
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckTreeRows(absl::Span<const uint8_t> tree_rows,
+                           absl::Span<const TokenLength> q_lens, bool draft_tree) {
+  return CheckTreeRowBlocks(
+      tree_rows, q_lens.size(), [&](size_t i) { return int64_t{q_lens[i].value()}; }, draft_tree);
+}
+
+absl::Status CheckTreeRows(absl::Span<const uint8_t> tree_rows, int64_t blocks, TokenLength q,
+                           bool draft_tree) {
+  return CheckTreeRowBlocks(
+      tree_rows, static_cast<size_t>(blocks), [&](size_t) { return int64_t{q.value()}; },
+      draft_tree);
 }
 
 absl::Status BuildCustomMask(MaskLayout layout, absl::Span<const uint8_t> tree_rows,

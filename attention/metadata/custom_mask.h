@@ -74,6 +74,10 @@ absl::Status CheckTreeRowsSize(absl::Span<const uint8_t> tree_rows,
 // REQUIRES: tree_rows holds TreeRowsBytes(q_lens) bytes (CheckTreeRowsSize).
 absl::Status CheckTreeRows(absl::Span<const uint8_t> tree_rows,
                            absl::Span<const TokenLength> q_lens, bool draft_tree);
+// The same over `blocks` blocks of q rows each (a target-verify batch, q draft tokens per
+// request). REQUIRES: blocks >= 0, q >= 0, tree_rows holds blocks * q * q bytes.
+absl::Status CheckTreeRows(absl::Span<const uint8_t> tree_rows, int64_t blocks, TokenLength q,
+                           bool draft_tree);
 
 // Writes the mask of `layout` from tree rows: per sequence a [q_len][q_len] block of 0/1
 // bytes (byte (r, c) = query row r sees query row c), blocks back to back; the QLEN_ONLY

@@ -37,6 +37,23 @@ TEST(CheckDistinctRowsTest, ARepeatedRowNamesBothRequestsAndLeavesNoMarks) {
   EXPECT_TRUE(CheckDistinctRows(Rows({2, 4, 6}), absl::MakeSpan(marks)).ok());
 }
 
+// The sorting form finds the same pair: the earliest request whose row an earlier one holds.
+TEST(CheckDistinctRowsTest, TheSortingFormNamesTheSamePair) {
+  EXPECT_TRUE(CheckDistinctRows(Rows({3, 0, 7, 5})).ok());
+  EXPECT_TRUE(CheckDistinctRows({}).ok());
+  for (const std::vector<ReqPoolIndex>& rows :
+       {Rows({2, 4, 6, 4, 2}), Rows({9, 1, 1, 9}), Rows({5, 3, 5, 3, 3}), Rows({7, 7}),
+        Rows({0, 8, 6, 4, 2, 6, 8})}) {
+    std::vector<uint8_t> marks(16, 0);
+    const absl::Status by_marks = CheckDistinctRows(rows, absl::MakeSpan(marks));
+    const absl::Status by_sorting = CheckDistinctRows(rows);
+    EXPECT_EQ(by_sorting.code(), absl::StatusCode::kInvalidArgument) << by_sorting;
+    EXPECT_EQ(by_sorting, by_marks);
+  }
+  EXPECT_EQ(CheckDistinctRows(Rows({9, 1, 1, 9})).message(),
+            "requests 1 and 2 share req row 1 (a row holds one request's tokens)");
+}
+
 TEST(CheckDistinctRowsTest, ARowOutsideTheMarksIsOutOfRangeAndLeavesNoMarks) {
   std::vector<uint8_t> marks(4, 0);
   for (int32_t bad : {4, -1, 1 << 30}) {
