@@ -7,7 +7,8 @@ In a consuming WORKSPACE, after attnmeta itself:
     load("@attnmeta//bazel:dependencies.bzl", "attnmeta_dependencies")
     attnmeta_dependencies()
 
-A repository the consumer defined before the call is kept: a monorepo's own Abseil,
+The repository must be named "attnmeta" (the shims' BUILD files and system_lib.bzl load and
+select through @attnmeta//). A repository the consumer defined before the call is kept: a monorepo's own Abseil,
 GoogleTest, glog, protobuf or rules wins. The others are Debian's packages (see
 third_party/README.md) and the in-tree shims that Bazel 4.2.3 needs, found through labels of
 this repository, so they resolve wherever attnmeta is checked out.
