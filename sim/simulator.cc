@@ -1168,6 +1168,33 @@ void Run::CheckReplay(ForwardMode mode, const ReplayBatch& batch,
     CheckView(label, host->view(), dense[i]);
     if (failure_.has_value()) return;
   }
+  // The whole bucket, as a kernel captured for it reads it: it validates, its padded rows on
+  // the padding page, and but in the variable-row form its qo_indptr ends at the rows of the
+  // padded query tensor (the bucket's requests or branches times the captured rows).
+  std::vector<ForwardMetadataView> padded;
+  if (mode == ForwardMode::kDraftDecode) {
+    padded.assign(replay->padded_draft_steps.begin(), replay->padded_draft_steps.end());
+  } else {
+    padded.push_back(replay->padded);
+  }
+  const int64_t requests = mode == ForwardMode::kDraftDecode ? *bucket * spec_.topk() : *bucket;
+  for (size_t i = 0; i < padded.size(); ++i) {
+    const std::string label = absl::StrCat(what, padded.size() > 1 ? absl::StrCat(" step ", i) : "",
+                                           ", the padded bucket");
+    absl::StatusOr<ForwardMetadata> host = ReadBack(padded[i]);
+    if (!host.ok()) {
+      Fail(label, host.status(), nullptr, nullptr);
+      return;
+    }
+    const int64_t rows = batch.q_lens.empty() ? requests * it->second.q_len_per_request.value()
+                                              : host->view().qo_indptr[requests].value();
+    ValidationContext ctx = Context(rows);
+    ctx.allow_padding_page = true;
+    if (absl::Status s = ValidateForwardMetadata(host->view(), ctx); !s.ok()) {
+      Fail(label, s, nullptr, nullptr);
+      return;
+    }
+  }
   ModeReport& m = Mode(mode);
   m.set_replays(m.replays() + 1);
 }

@@ -147,8 +147,10 @@ TEST_P(SpeculativeGraphTest, DraftDecodeEveryStep) {
 INSTANTIATE_TEST_SUITE_P(PageSizes, SpeculativeGraphTest, ::testing::Values(1, 7, 16, 64));
 
 // Padded branches of a draft-decode replay (the padded requests' topk each) read one token of
-// the padding page and have no query row, at every step; target-verify's padded rows have no
-// mask bytes.
+// the padding page and have one query row, at every step, so that the bucket's qo_indptr ends
+// at its branches (the rows of the query tensor a captured kernel is given); target-verify's
+// padded rows have draft_tokens query rows over as many padding slots, their mask blocks all
+// ones. The padded views validate against the bucket's query rows.
 TEST(SpeculativeGraphPaddingTest, PaddedBranchesAndRowsGetSafeValues) {
   const DraftDecodeShape shape{2, 3};
   BatchFixture f(16, 12);
@@ -162,13 +164,14 @@ TEST(SpeculativeGraphPaddingTest, PaddedBranchesAndRowsGetSafeValues) {
   GraphState& g = h.state();
   auto decode = g.Capture(8, ForwardMode::kDraftDecode);
   ASSERT_TRUE(decode.ok()) << decode.status();
-  ASSERT_TRUE(g.Replay(*decode, ReplayBatch{f.rows(), seq_lens}).ok());
+  auto drafted = g.Replay(*decode, ReplayBatch{f.rows(), seq_lens});
+  ASSERT_TRUE(drafted.ok()) << drafted.status();
   const GraphBuffers& b = g.buffers();
   const int64_t real = 2 * shape.topk, padded = 8 * shape.topk;
   for (int64_t z = real; z < padded; ++z) {
-    EXPECT_EQ(b.draft_qo_indptr[z + 1], b.draft_qo_indptr[real]) << "branch " << z;
+    EXPECT_EQ(b.draft_qo_indptr[z + 1].value(), z + 1) << "branch " << z;
   }
-  EXPECT_EQ(b.draft_qo_indptr[real].value(), real);
+  ASSERT_EQ(drafted->padded_draft_steps.size(), static_cast<size_t>(shape.steps));
   for (int step = 0; step < shape.steps; ++step) {
     const DraftStepBuffers& d = b.draft_steps[step];
     for (int64_t z = real; z < padded; ++z) {
@@ -177,16 +180,46 @@ TEST(SpeculativeGraphPaddingTest, PaddedBranchesAndRowsGetSafeValues) {
       EXPECT_EQ(d.kv_indptr[z + 1] - d.kv_indptr[z], TokenCount(1));
       EXPECT_EQ(PageOf(d.kv_indices[d.kv_indptr[z].value()], f.page_size()), kPaddingPage);
     }
+    const ForwardMetadataView& all = drafted->padded_draft_steps[step];
+    EXPECT_EQ(all.batch_size(), padded) << "step " << step;
+    ValidationContext ctx{f.pool_slots(), f.page_size(), TokenCount(padded)};
+    ctx.allow_padding_page = true;
+    EXPECT_TRUE(ValidateForwardMetadata(all, ctx).ok())
+        << "step " << step << ": " << ValidateForwardMetadata(all, ctx);
   }
-  // Target-verify: mask_indptr stops growing after the real rows.
-  std::vector<uint8_t> tree(2 * kDraft * kDraft, 1);
+  EXPECT_EQ(drafted->padded.kv_indptr.data(), drafted->padded_draft_steps[0].kv_indptr.data());
+
+  std::vector<uint8_t> tree(2 * kDraft * kDraft, 0);
+  for (int i = 0; i < 2 * kDraft; ++i) {
+    tree[i * kDraft] = 1;               // the root
+    tree[i * kDraft + i % kDraft] = 1;  // itself
+  }
   std::vector<TokenLength> kv = {TokenLength(30), TokenLength(44)};
   auto verify = g.Capture(8, ForwardMode::kTargetVerify);
   ASSERT_TRUE(verify.ok()) << verify.status();
   auto r = g.Replay(*verify, ReplayBatch{f.rows(), kv, {}, tree});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(b.mask_indptr[2], kDraft * (30 + 44));
-  for (int i = 3; i <= 8; ++i) EXPECT_EQ(b.mask_indptr[i], b.mask_indptr[2]) << i;
+  for (int i = 2; i < 8; ++i) {
+    EXPECT_EQ(b.q_lens[i].value(), kDraft) << i;
+    EXPECT_EQ(b.kv_lens[i].value(), kDraft) << i;
+    EXPECT_EQ(b.qo_indptr[i + 1].value(), (i + 1) * kDraft) << i;
+    EXPECT_EQ(b.mask_indptr[i + 1] - b.mask_indptr[i], kDraft * kDraft) << i;
+    for (int64_t e = b.mask_indptr[i]; e < b.mask_indptr[i + 1]; ++e) {
+      ASSERT_EQ(b.custom_mask[e], 1) << "row " << i << " byte " << e - b.mask_indptr[i];
+    }
+    for (int64_t k = b.kv_indptr[i].value(); k < b.kv_indptr[i + 1].value(); ++k) {
+      EXPECT_EQ(PageOf(b.kv_indices[k], f.page_size()), kPaddingPage) << i;
+    }
+  }
+  EXPECT_EQ(r->padded.custom_mask.mask.size(), static_cast<size_t>(b.mask_indptr[8]));
+  ValidationContext ctx{f.pool_slots(), f.page_size(), TokenCount(8 * kDraft)};
+  ctx.allow_padding_page = true;
+  EXPECT_TRUE(ValidateForwardMetadata(r->padded, ctx).ok())
+      << ValidateForwardMetadata(r->padded, ctx);
+  // The real rows' view stops at them.
+  EXPECT_EQ(r->metadata.batch_size(), 2);
+  EXPECT_EQ(r->metadata.custom_mask.mask.size(), static_cast<size_t>(kDraft * (30 + 44)));
 }
 
 // Refused replays name the problem and write nothing.

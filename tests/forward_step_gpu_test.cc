@@ -6,12 +6,14 @@
 // the slots the allocator gave its sequence, with no metadata code in between. Page sizes 1, 7,
 // 16 and 64, K/V read through token-level kv_indptr / kv_indices or through the page table.
 //  - Decode: PagedDecodeAttention unsplit, and split by the plan the replay wrote on the device
-//    (DeviceSplitKvPlan), merged by a second launch and in the attention launch; a launch over
-//    the whole bucket (the fixed shape a captured graph runs) gives the real rows the same bytes
-//    and the padded rows finite values.
+//    (DeviceSplitKvPlan, which covers the padded rows), merged by a second launch and in the
+//    attention launch; a launch over the whole bucket (the fixed shape a captured graph runs)
+//    gives the real rows the same bytes and the padded rows finite values.
 //  - Target-verify: VarlenAttention, with each of its kernels, reads the replay's qo_indptr and
 //    its FULL tree mask: draft token r of a request sees the committed prefix and the draft
-//    tokens its tree row marks.
+//    tokens its tree row marks. A launch over the whole bucket (ReplayResult::padded: its
+//    qo_indptr ends at the padded query tensor's rows) gives the real rows the same bytes, the
+//    padded rows finite values, and records no violation.
 //  - Extend and draft-extend: 1 to 4 query rows per request, causal over the cached prefix.
 // Needs a GPU.
 
@@ -363,11 +365,13 @@ TEST_P(ForwardStepGpuTest, DecodeOverReplayedDeviceMetadataMatchesTheMath) {
     };
 
     const Outputs unsplit = Run(real, bs);
-    PagedDecodeArgs split_merge_launch = real;
+    // The plan covers the whole bucket, padded rows too: a split launch runs over the bucket.
+    PagedDecodeArgs split_merge_launch = bucket;
     split_merge_launch.split = split(false);
-    PagedDecodeArgs split_in_launch = real;
+    PagedDecodeArgs split_in_launch = bucket;
     split_in_launch.split = split(true);
-    const Outputs runs[] = {unsplit, Run(split_merge_launch, bs), Run(split_in_launch, bs)};
+    const Outputs runs[] = {unsplit, Run(split_merge_launch, kBucket),
+                            Run(split_in_launch, kBucket)};
     EXPECT_EQ(Download(counters), zeros) << "merge counters left nonzero";
     const char* names[] = {"unsplit", "split, merge launch", "split, merged in the launch"};
     for (int64_t j = 0; j < bs; ++j) {
@@ -448,6 +452,27 @@ TEST_P(ForwardStepGpuTest, VerifyOverReplayedDeviceMetadataMatchesTheMath) {
                     absl::StrCat(VarlenKernelName(kernel), ", sequence ", pick[j], " draft ", r));
           ASSERT_FALSE(HasFatalFailure());
         }
+      }
+
+      // The whole bucket, as a kernel captured for it runs: Finish checks that nothing was
+      // recorded (before padded rows had query rows, rows past qo_indptr[bucket] were).
+      const ForwardMetadataView& w = replay->padded;
+      const int64_t bucket_rows = int64_t{kBucket} * kDraft;
+      ASSERT_EQ(w.qo_indptr.size(), static_cast<size_t>(kBucket + 1));
+      VarlenAttentionArgs b = VarlenArgs(w, source, bucket_rows, kernel);
+      b.mask = VarlenMask{
+          w.custom_mask.layout,
+          DeviceSpan<const uint8_t>(w.custom_mask.mask.data(), w.custom_mask.mask.size()),
+          DeviceSpan<const int64_t>(w.custom_mask.mask_indptr.data(),
+                                    w.custom_mask.mask_indptr.size())};
+      PoisonOutputs(bucket_rows, b.out, b.lse);
+      const Outputs whole = Finish(VarlenAttention(b, word_->device(), stream_), bucket_rows);
+      ASSERT_TRUE(whole.status.ok()) << VarlenKernelName(kernel) << ": " << whole.status;
+      EXPECT_TRUE(std::equal(o.out_bytes.begin(), o.out_bytes.end(), whole.out_bytes.begin()))
+          << VarlenKernelName(kernel) << ": the bucket launch gave the real rows other bytes";
+      for (int64_t e = q_rows * kQHeads * kHeadDim; e < bucket_rows * kQHeads * kHeadDim; ++e) {
+        ASSERT_TRUE(std::isfinite(whole.Out(e)))
+            << VarlenKernelName(kernel) << ": padded row element " << e;
       }
     }
   }

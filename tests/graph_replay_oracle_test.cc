@@ -5,6 +5,7 @@
 // and the split-KV plan written at replay) equals dense attention over the logical sequences.
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <numeric>
 #include <random>
@@ -124,7 +125,34 @@ void RunPageSize(int64_t ps, uint64_t seed) {
     out.assign(q.size(), NAN);
     ASSERT_TRUE(ReferenceAttentionPageTable(in, absl::MakeSpan(out)).ok());
     EXPECT_LT(testing::RelativeL2Error(out, want), 1e-5) << "page table";
-    // The split-KV plan the replay wrote into its fixed buffers.
+    // The whole bucket, as a kernel captured for it reads it: its qo_indptr ends at the padded
+    // query tensor's rows (DESIGN.md section 2), its real rows are the real view's, and it
+    // validates. Padded rows' queries are random too, so that only a padding slot can make
+    // their outputs what they are.
+    const ForwardMetadataView& w = r->padded;
+    const int64_t rows_per_request = decode ? 1 : kExtendRows;
+    ASSERT_EQ(w.batch_size(), bucket);
+    ASSERT_EQ(w.qo_indptr[bucket].value(), bucket * rows_per_request);
+    EXPECT_EQ(Prefix(w.kv_indices, v.kv_indices.size()), Prefix(v.kv_indices, v.kv_indices.size()));
+    EXPECT_EQ(Prefix(w.qo_indptr, bs + 1), Prefix(v.qo_indptr, bs + 1));
+    std::vector<float> padded_q = q;
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    while (static_cast<int64_t>(padded_q.size()) < bucket * rows_per_request * q_row) {
+      padded_q.push_back(normal(rng));
+    }
+    ValidationContext padded_ctx{f.pool_slots(), f.page_size(),
+                                 TokenCount(bucket * rows_per_request)};
+    padded_ctx.allow_padding_page = true;
+    ASSERT_TRUE(ValidateForwardMetadata(w, padded_ctx).ok())
+        << ValidateForwardMetadata(w, padded_ctx);
+    ReferenceAttentionInputs padded_in{kDims,
+                                       w,
+                                       f.page_size(),
+                                       padded_q,
+                                       p.k_pool,
+                                       p.v_pool,
+                                       /*allow_padding_page=*/true};
+    // The split-KV plan the replay wrote into its fixed buffers: the whole bucket's.
     const GraphBuffers& b = g.buffers();
     SplitKvPlan plan;
     plan.layout = KvLayout::Paged(f.page_size());
@@ -134,9 +162,15 @@ void RunPageSize(int64_t ps, uint64_t seed) {
     plan.unit_indptr = Prefix<int32_t>(b.split_kv.unit_indptr, 8);
     plan.num_partials = r->split_kv.num_partials;
     ASSERT_EQ(plan.unit_indptr.back(), r->split_kv.work_items);
-    out.assign(q.size(), NAN);
-    ASSERT_TRUE(ReferenceAttentionSplitKv(in, plan, absl::MakeSpan(out)).ok());
+    std::vector<float> padded_out(padded_q.size(), NAN);
+    const absl::Status split =
+        ReferenceAttentionSplitKv(padded_in, plan, absl::MakeSpan(padded_out));
+    ASSERT_TRUE(split.ok()) << split;
+    out.assign(padded_out.begin(), padded_out.begin() + q.size());
     EXPECT_LT(testing::RelativeL2Error(out, want), 1e-5) << "split-KV plan from the graph";
+    for (size_t e = q.size(); e < padded_out.size(); ++e) {
+      ASSERT_TRUE(std::isfinite(padded_out[e])) << "padded query row element " << e - q.size();
+    }
     ASSERT_TRUE(h.memory().VerifyCanaries().ok()) << h.memory().VerifyCanaries();
   }
 }

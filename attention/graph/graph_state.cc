@@ -153,6 +153,7 @@ void GraphState::BuildViews() {
   }
   views_ = std::move(v);
   draft_step_views_.assign(steps, ForwardMetadataView{});
+  padded_draft_step_views_.assign(steps, ForwardMetadataView{});
   tree_mask_buffer_ = buffer(gb::kTreeMask);
   staged_rows_.assign(plan_.batch_capacity, kPaddedRow);
   staged_kv_lens_.assign(plan_.batch_capacity, kPaddedKvLen);
@@ -360,6 +361,8 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
   }
   const bool draft_decode = h.mode == ForwardMode::kDraftDecode;
   const DraftDecodeShape shape{config_.speculative().topk(), config_.speculative().steps()};
+  const int64_t padded_rows = h.bucket - bs;
+  const int64_t padded_kv = PaddedRowKvLen(h.q_len_per_request).value();
   const int64_t limit = config_.max_context_len() +
                         (draft_decode ? 0 : config_.speculative().draft_tokens());
   int64_t total = 0;
@@ -397,7 +400,10 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
   if (absl::Status s = CheckDistinctRows(batch.req_rows, absl::MakeSpan(row_marks_)); !s.ok()) {
     return s;
   }
-  total += (h.bucket - bs) * kPaddedKvLen.value();
+  const int64_t real_total = total;
+  const int64_t real_mask_bytes = mask_bytes;
+  total += padded_rows * padded_kv;
+  if (verify) mask_bytes += padded_rows * q * padded_kv;
   // The capacity checks below cannot fail for a correct plan (rows are at most
   // max_context_len + draft_tokens, buckets at most the capacity); they turn a plan that
   // sized a buffer wrong (DESIGN.md section 3, rows 1, 6, 7, 10) into an error before any
@@ -413,9 +419,8 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
                                                      views_.custom_mask.size()));
   }
   if (draft_decode) {
-    const int64_t need =
-        DraftStepTokens(batch.kv_lens, shape, shape.steps - 1).value() +
-        (h.bucket - bs) * shape.topk * kPaddedKvLen.value();
+    const int64_t need = DraftStepTokens(batch.kv_lens, shape, shape.steps - 1).value() +
+                         padded_rows * shape.topk * padded_kv;
     const int64_t capacity = static_cast<int64_t>(views_.draft_steps[0].kv_indices.size());
     if (need > capacity) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -424,7 +429,8 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
     }
   }
   const bool page_table = config_.consumers().page_table() && !draft_decode;
-  const PageCount pages = PagesForTokensCeil(TokenCount(longest), page_size_);
+  const int64_t padded_longest = padded_rows > 0 ? std::max(longest, padded_kv) : longest;
+  const PageCount pages = PagesForTokensCeil(TokenCount(padded_longest), page_size_);
   if (page_table && pages > views_.page_table.cols()) {
     return absl::ResourceExhaustedError(absl::StrCat(gb::kPageTable, ": a row needs ",
                                                      pages.value(), " pages, capacity ",
@@ -432,7 +438,7 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
   }
   if (config_.consumers().split_kv().enabled() && !draft_decode) {
     const int64_t q_tile = config_.consumers().split_kv().q_tile();
-    const SplitKvCapacity need = SplitKvCapacityFor(bs * ((q + q_tile - 1) / q_tile),
+    const SplitKvCapacity need = SplitKvCapacityFor(h.bucket * ((q + q_tile - 1) / q_tile),
                                                     config_.consumers().split_kv().num_units());
     if (need.work_items > static_cast<int64_t>(views_.split_kv.work.size())) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -446,40 +452,60 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
   ReplayResult r;
   if (draft_decode) {
     const size_t branches = static_cast<size_t>(bs) * shape.topk;
+    const size_t all_branches = static_cast<size_t>(h.bucket) * shape.topk;
     for (int32_t step = 0; step < shape.steps; ++step) {
       const DraftStepBuffers& d = views_.draft_steps[step];
-      ForwardMetadataView& v = draft_step_views_[step];
-      v = ForwardMetadataView{};
-      v.mode = h.mode;
-      v.kv_indptr = d.kv_indptr.subspan(0, branches + 1);
-      v.kv_indices = d.kv_indices.subspan(0, DraftStepTokens(batch.kv_lens, shape, step).value());
-      v.qo_indptr = views_.draft_qo_indptr.subspan(0, branches + 1);
-      v.kv_lens = d.kv_lens.subspan(0, branches);
-      v.kv_last_page_len = d.kv_last_page_len.subspan(0, branches);
-      v.max_q_len = TokenCount(bs > 0 ? 1 : 0);
-      v.max_kv_len = TokenCount(bs > 0 ? longest + step + 1 : 0);
+      const int64_t real_tokens = DraftStepTokens(batch.kv_lens, shape, step).value();
+      const auto view = [&](size_t n, int64_t tokens, int64_t max_kv) {
+        ForwardMetadataView v;
+        v.mode = h.mode;
+        v.kv_indptr = d.kv_indptr.subspan(0, n + 1);
+        v.kv_indices = d.kv_indices.subspan(0, tokens);
+        v.qo_indptr = views_.draft_qo_indptr.subspan(0, n + 1);
+        v.kv_lens = d.kv_lens.subspan(0, n);
+        v.kv_last_page_len = d.kv_last_page_len.subspan(0, n);
+        v.max_q_len = TokenCount(n > 0 ? 1 : 0);
+        v.max_kv_len = TokenCount(max_kv);
+        return v;
+      };
+      draft_step_views_[step] = view(branches, real_tokens, bs > 0 ? longest + step + 1 : 0);
+      padded_draft_step_views_[step] =
+          view(all_branches, real_tokens + padded_rows * shape.topk * padded_kv,
+               std::max(bs > 0 ? longest + step + 1 : 0, padded_rows > 0 ? padded_kv : 0));
     }
     r.metadata = draft_step_views_[0];
     r.draft_steps = draft_step_views_;
+    r.padded = padded_draft_step_views_[0];
+    r.padded_draft_steps = padded_draft_step_views_;
     return r;
   }
-  ForwardMetadataView& v = r.metadata;
-  v.mode = h.mode;
-  v.kv_indptr = views_.kv_indptr.subspan(0, bs + 1);
-  v.kv_indices = views_.kv_indices.subspan(0, total - (h.bucket - bs) * kPaddedKvLen.value());
-  v.qo_indptr = views_.qo_indptr.subspan(0, bs + 1);
-  v.kv_lens = views_.kv_lens.subspan(0, bs);
-  v.kv_last_page_len = views_.kv_last_page_len.subspan(0, bs);
-  if (page_table) {
-    v.page_table = *PageTableSpan<const PageId>::Create(views_.page_table.entries(), bs,
-                                                        views_.page_table.cols());
-  }
-  if (verify) {
-    v.custom_mask = CustomMaskView{MaskLayout::kFull, views_.custom_mask.subspan(0, mask_bytes),
-                                   views_.mask_indptr.subspan(0, bs + 1)};
-  }
-  v.max_q_len = TokenCount(max_q);
-  v.max_kv_len = TokenCount(longest);
+  const auto view = [&](int64_t n, int64_t tokens, int64_t rows_q, int64_t bytes, int64_t max_kv) {
+    const size_t rows = static_cast<size_t>(n);
+    ForwardMetadataView v;
+    v.mode = h.mode;
+    v.kv_indptr = views_.kv_indptr.subspan(0, rows + 1);
+    v.kv_indices = views_.kv_indices.subspan(0, tokens);
+    v.qo_indptr = views_.qo_indptr.subspan(0, rows + 1);
+    v.kv_lens = views_.kv_lens.subspan(0, rows);
+    v.kv_last_page_len = views_.kv_last_page_len.subspan(0, rows);
+    if (page_table) {
+      v.page_table = *PageTableSpan<const PageId>::Create(views_.page_table.entries(), n,
+                                                          views_.page_table.cols());
+    }
+    if (verify) {
+      v.custom_mask = CustomMaskView{MaskLayout::kFull, views_.custom_mask.subspan(0, bytes),
+                                     views_.mask_indptr.subspan(0, rows + 1)};
+    }
+    v.max_q_len = TokenCount(rows_q);
+    v.max_kv_len = TokenCount(max_kv);
+    return v;
+  };
+  r.metadata = view(bs, real_total, max_q, real_mask_bytes, longest);
+  // An idle graph's kernels are given no query rows: its bucket is the empty batch.
+  r.padded = h.mode == ForwardMode::kIdle
+                 ? r.metadata
+                 : view(h.bucket, total, padded_rows > 0 ? std::max(max_q, q) : max_q, mask_bytes,
+                        padded_longest);
   r.split_kv = *counts;
   return r;
 }
@@ -491,7 +517,7 @@ absl::StatusOr<SplitKvPlanCounts> GraphState::Write(const CaptureHandle& h,
   request.mode = h.mode;
   request.real_batch_size = static_cast<int64_t>(bs);
   request.padded_batch_size = h.bucket;
-  request.padded_kv_len = kPaddedKvLen;
+  request.padded_kv_len = PaddedRowKvLen(h.q_len_per_request);
   request.page_size = page_size_;
   request.req_to_token = req_to_token_;
   request.page_table = config_.consumers().page_table();
@@ -515,13 +541,13 @@ absl::StatusOr<SplitKvPlanCounts> GraphState::Write(const CaptureHandle& h,
   std::copy(batch.req_rows.begin(), batch.req_rows.end(), staged_rows_.begin());
   std::fill(staged_rows_.begin() + bs, staged_rows_.begin() + padded, kPaddedRow);
   std::copy(batch.kv_lens.begin(), batch.kv_lens.end(), staged_kv_lens_.begin());
-  std::fill(staged_kv_lens_.begin() + bs, staged_kv_lens_.begin() + padded, kPaddedKvLen);
+  std::fill(staged_kv_lens_.begin() + bs, staged_kv_lens_.begin() + padded, request.padded_kv_len);
   if (batch.q_lens.empty()) {
     std::fill(staged_q_lens_.begin(), staged_q_lens_.begin() + bs, h.q_len_per_request);
   } else {
     std::copy(batch.q_lens.begin(), batch.q_lens.end(), staged_q_lens_.begin());
   }
-  std::fill(staged_q_lens_.begin() + bs, staged_q_lens_.begin() + padded, TokenLength(0));
+  std::fill(staged_q_lens_.begin() + bs, staged_q_lens_.begin() + padded, h.q_len_per_request);
   // One copy per replay: the three arrays side by side, as the staged_inputs buffer holds them.
   const size_t cap = staged_rows_.size() * sizeof(int32_t);
   std::memcpy(staging_.data(), staged_rows_.data(), cap);

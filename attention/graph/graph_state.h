@@ -6,10 +6,10 @@
 // every replay. Capture(bucket) writes the metadata of a padded batch of `bucket` requests
 // and returns a handle; Replay(handle, batch) writes a real batch of at most `bucket`
 // requests into the same buffers: real rows exactly as the eager path builds them, padded
-// rows with safe values (KV length kPaddedKvLen on slots of the reserved padding page, no
-// query rows, page-table rows all padding). Every enabled consumer's buffers are written at
-// every replay, for every page size, but for draft-decode, which is token-level only: its
-// replays write neither the page table nor the split-KV plan, which keep the last other
+// rows with safe values (the captured query rows, a KV length of PaddedRowKvLen on slots of
+// the reserved padding page, page-table rows all padding). Every enabled consumer's buffers are
+// written at every replay, for every page size, but for draft-decode, which is token-level only:
+// its replays write neither the page table nor the split-KV plan, which keep the last other
 // replay's rows (so a kernel that reads either must not be captured for draft-decode).
 //
 // Reserve(capacity) regrows every per-batch buffer when an engine pads its capture batch
@@ -24,13 +24,20 @@
 // allocates nothing (host heap or device memory). GraphState does not validate what it wrote:
 // a checked launcher runs ValidateForwardMetadata on ReplayResult::metadata, as the tests do.
 //
-// Padded rows have no query rows: qo_indptr[bucket] is the real batch's query rows, not the
-// rows of the padded query tensor a captured kernel is given. A kernel must take its query
-// rows from qo_indptr (rows past qo_indptr[bucket] are padding it never reads). Their request
-// row is staged as kPaddedRow (-1): a writer must not read req_to_token for them. Row -1
-// addresses the entries before the table, which may be another allocation's memory, so
-// nothing faults by itself: the host builders read rows through ReqToTokenPool's checked
-// reads, and the device kernels check every row they read.
+// A padded row has the captured query rows (the handle's q_len_per_request: 1 for decode and
+// per draft-decode branch, draft_tokens for target-verify), as the reference system gives them,
+// so that qo_indptr[bucket] is the rows of the padded query tensor a captured kernel is given
+// (DESIGN.md section 2: "equals the number of query rows the kernel is given, always"), and
+// every such row belongs to a request: a kernel over the whole bucket (ReplayResult::padded)
+// neither finds rows past the indptr nor reads garbage. Its KV length, PaddedRowKvLen, covers
+// those rows (a target-verify padded row sees all of its KV, every token of it a padding slot),
+// and its outputs are finite values that the engine drops. The variable-row form of extend
+// and draft-extend (ReplayBatch::q_lens) is the exception: real requests with fewer rows than
+// captured leave rows past qo_indptr[bucket] that belong to no request.
+// A padded row's request row is staged as kPaddedRow (-1): a writer must not read req_to_token
+// for it. Row -1 addresses the entries before the table, which may be another allocation's
+// memory, so nothing faults by itself: the host builders read rows through ReqToTokenPool's
+// checked reads, and the device kernels check every row they read.
 //
 // Modes (Capture's q_len_per_request in brackets):
 //  - decode [1], idle [0], extend [1 .. MaxQueryRowsPerRequest];
@@ -98,12 +105,24 @@ struct ReplayResult {
   // Draft-decode: [steps] the real branches' metadata of each step (valid until the next
   // Replay or Capture); empty for the other modes.
   absl::Span<const ForwardMetadataView> draft_steps;
+  // The same over the whole padded batch (bs = the bucket; draft-decode: bucket * topk
+  // branches), as a kernel captured for the bucket reads it: its qo_indptr ends at bucket *
+  // q_len_per_request (but in the variable-row form), and the split-KV plan, which covers the
+  // padded rows too, is this batch's. Idle: the empty batch, as `metadata` (an idle graph's
+  // kernels are given no query rows; its padded rows in the buffers have none).
+  ForwardMetadataView padded;
+  absl::Span<const ForwardMetadataView> padded_draft_steps;
 };
 
 class GraphState {
  public:
-  // The KV length of padded rows: one token, on the padding page.
+  // The least KV length of a padded row: one token, on the padding page.
   static constexpr TokenLength kPaddedKvLen{1};
+  // The KV length of a padded row of q_len_per_request query rows: enough for its rows (a
+  // kernel refuses a sequence with more query rows than KV tokens), at least kPaddedKvLen.
+  static constexpr TokenLength PaddedRowKvLen(TokenLength q_len_per_request) {
+    return q_len_per_request.value() > kPaddedKvLen.value() ? q_len_per_request : kPaddedKvLen;
+  }
   // The request row staged for padded rows.
   static constexpr ReqPoolIndex kPaddedRow{-1};
 
@@ -202,8 +221,9 @@ class GraphState {
   std::vector<uint8_t> staging_;
   // The device buffers the staged inputs are copied to, looked up once per (re)allocation.
   DeviceBuffer staged_buffer_, tree_mask_buffer_;
-  // [steps] the views ReplayResult::draft_steps points at, sized once.
+  // [steps] the views ReplayResult::draft_steps and padded_draft_steps point at, sized once.
   std::vector<ForwardMetadataView> draft_step_views_;
+  std::vector<ForwardMetadataView> padded_draft_step_views_;
 };
 
 }  // namespace attnmeta

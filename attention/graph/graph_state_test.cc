@@ -55,19 +55,20 @@ TEST_F(GraphStateTest, CaptureThenReplayValidatesAndKeepsCanaries) {
   }
 }
 
-// Padded rows: the fill length, slots on the padding page, no query rows, page-table rows
-// all padding.
+// Padded rows: the fill length, slots on the padding page, one query row each (so that the
+// bucket's qo_indptr ends at the rows of the padded query tensor), page-table rows all
+// padding; the padded view holds the whole bucket and validates against its rows.
 TEST_F(GraphStateTest, PaddedRowsGetSafeValues) {
   GraphState& g = h_.state();
   auto handle = g.Capture(8, ForwardMode::kDecode);
   ASSERT_TRUE(handle.ok());
-  ASSERT_TRUE(g.Replay(*handle, Batch(3)).ok());
+  auto r = g.Replay(*handle, Batch(3));
+  ASSERT_TRUE(r.ok()) << r.status();
   const GraphBuffers& b = g.buffers();
-  const int32_t real_q = b.qo_indptr[3].value();
   for (int64_t i = 3; i < 8; ++i) {
     EXPECT_EQ(b.kv_lens[i], GraphState::kPaddedKvLen) << i;
-    EXPECT_EQ(b.q_lens[i], TokenLength(0)) << i;
-    EXPECT_EQ(b.qo_indptr[i + 1].value(), real_q) << i;
+    EXPECT_EQ(b.q_lens[i], TokenLength(1)) << i;
+    EXPECT_EQ(b.qo_indptr[i + 1].value(), i + 1) << i;
     EXPECT_EQ(b.kv_last_page_len[i], TokenLength(1)) << i;
     // The loop below reads the row's kv_indices: it must have some.
     EXPECT_EQ(b.kv_indptr[i + 1] - b.kv_indptr[i], GraphState::kPaddedKvLen.count()) << i;
@@ -77,6 +78,15 @@ TEST_F(GraphStateTest, PaddedRowsGetSafeValues) {
     }
     for (PageId p : b.page_table.row(i)) EXPECT_EQ(p, kPaddingPage) << i;
   }
+  EXPECT_EQ(r->metadata.batch_size(), 3);
+  EXPECT_EQ(r->padded.batch_size(), 8);
+  EXPECT_EQ(r->padded.qo_indptr[8].value(), 8);
+  EXPECT_EQ(r->padded.kv_indices.size(), r->metadata.kv_indices.size() + 5);
+  EXPECT_EQ(r->padded.page_table.rows(), 8);
+  ValidationContext ctx = Context(8);
+  ctx.allow_padding_page = true;
+  EXPECT_TRUE(ValidateForwardMetadata(r->padded, ctx).ok())
+      << ValidateForwardMetadata(r->padded, ctx);
 }
 
 TEST_F(GraphStateTest, ReplayAllocatesNothing) {

@@ -61,7 +61,7 @@ absl::Status WriteDraftDecode(const MetadataWriteRequest& r, const GraphBuffers&
         d.kv_indices[begin + t] = PaddedRowSlot(TokenCount(t), r.page_size);
       }
       d.kv_indptr[z + 1] = d.kv_indptr[z] + r.padded_kv_len.count();
-      b.draft_qo_indptr[z + 1] = b.draft_qo_indptr[z];
+      b.draft_qo_indptr[z + 1] = b.draft_qo_indptr[z] + TokenCount(1);
     }
   }
   return absl::OkStatus();
@@ -106,11 +106,14 @@ absl::Status HostMetadataWriter::WriteTokenArrays(const MetadataWriteRequest& r,
   if (r.mask_layout != MaskLayout::kNone) {
     const int64_t tree_bytes = TreeRowsBytes(b.q_lens.subspan(0, real));
     if (absl::Status s = BuildCustomMask(r.mask_layout, b.tree_mask.subspan(0, tree_bytes),
-                                         b.q_lens.subspan(0, padded), b.kv_lens.subspan(0, padded),
-                                         b.mask_indptr.subspan(0, padded + 1), b.custom_mask);
+                                         b.q_lens.subspan(0, real), b.kv_lens.subspan(0, real),
+                                         b.mask_indptr.subspan(0, real + 1), b.custom_mask);
         !s.ok()) {
       return s;
     }
+    // Padded rows have no tree: each sees all of its KV, every token a padding slot.
+    std::fill(b.custom_mask.begin() + b.mask_indptr[real],
+              b.custom_mask.begin() + b.mask_indptr[padded], uint8_t{1});
   }
   if (r.split_kv) {
     absl::StatusOr<SplitKvPlanCounts> counts =

@@ -55,13 +55,14 @@ struct GraphBuffers {
 };
 
 // One replay (or capture) to write. Rows [0, real_batch_size) are the batch's; rows
-// [real_batch_size, padded_batch_size) are padding: KV length `padded_kv_len` on slots of the
-// reserved padding page, no query rows.
-// Per mode: target-verify also writes mask_indptr and the FULL custom mask from tree_mask
-// (padded rows have no query rows, so no mask bytes). Draft-decode writes the draft arrays of
-// every step from the staged committed lengths (kv_lens) instead of the token-level
-// kv_indices: real branches as draft_decode_layout.h lays them out, padded branches (the
-// padded requests' topk each) one token on the padding page and no query row.
+// [real_batch_size, padded_batch_size) are padding: q_len_per_request query rows and a KV
+// length of `padded_kv_len` (GraphState::PaddedRowKvLen) on slots of the reserved padding page.
+// Per mode: target-verify also writes mask_indptr and the FULL custom mask from tree_mask, whose
+// rows are the real requests' only (a padded row's block is all ones: it sees all of its KV).
+// Draft-decode writes the draft arrays of every step from the staged committed lengths
+// (kv_lens) instead of the token-level kv_indices: real branches as draft_decode_layout.h lays
+// them out, padded branches (the padded requests' topk each) `padded_kv_len` tokens on the
+// padding page and one query row.
 struct MetadataWriteRequest {
   ForwardMode mode = ForwardMode::kDecode;
   int64_t real_batch_size = 0;

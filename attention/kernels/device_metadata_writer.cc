@@ -206,6 +206,7 @@ absl::Status DeviceMetadataWriter::Launch(const MetadataWriteRequest& r, const G
     }
     if (r.mask_layout != MaskLayout::kNone) {
       mask.emplace();
+      mask->rows = a.rows;
       mask->q_lens = a.q_lens;
       mask->kv_lens = a.kv_lens;
       mask->tree = DeviceSpan<const uint8_t>(b.tree_mask.data(), b.tree_mask.size());

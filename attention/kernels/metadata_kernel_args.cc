@@ -214,10 +214,11 @@ absl::StatusOr<kernels::FusedMetadataParams> FusedMetadataParamsFor(
 absl::StatusOr<kernels::TreeMaskParams> TreeMaskParamsFor(const TreeMaskDeviceArgs& a,
                                                           kernels::DeviceViolation* violation) {
   const size_t b = a.q_lens.size();
-  if (a.kv_lens.size() != b || a.mask_indptr.size() != b + 1) {
-    return absl::InvalidArgumentError(absl::StrCat("tree mask: ", b, " q_lens, ",
-                                                   a.kv_lens.size(), " kv_lens, ",
-                                                   a.mask_indptr.size(), " mask_indptr"));
+  if (a.kv_lens.size() != b || a.mask_indptr.size() != b + 1 ||
+      (!a.rows.empty() && a.rows.size() != b)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tree mask: ", b, " q_lens, ", a.kv_lens.size(), " kv_lens, ", a.mask_indptr.size(),
+        " mask_indptr, ", a.rows.size(), " rows (none or one per q_len)"));
   }
   if (a.max_mask_bytes_per_row < 1) {
     return absl::OutOfRangeError("tree mask: max_mask_bytes_per_row must be >= 1");
@@ -225,12 +226,14 @@ absl::StatusOr<kernels::TreeMaskParams> TreeMaskParamsFor(const TreeMaskDeviceAr
   if (b > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
     return absl::OutOfRangeError("batch beyond the grid");
   }
-  for (absl::Status s : {CheckNotNull("q_lens", a.q_lens), CheckNotNull("kv_lens", a.kv_lens),
-                         CheckNotNull("tree", a.tree), CheckNotNull("mask_indptr", a.mask_indptr),
-                         CheckNotNull("mask", a.mask)}) {
+  for (absl::Status s :
+       {CheckNotNull("rows", a.rows), CheckNotNull("q_lens", a.q_lens),
+        CheckNotNull("kv_lens", a.kv_lens), CheckNotNull("tree", a.tree),
+        CheckNotNull("mask_indptr", a.mask_indptr), CheckNotNull("mask", a.mask)}) {
     if (!s.ok()) return s;
   }
   kernels::TreeMaskParams p{};
+  p.rows = a.rows.empty() ? nullptr : reinterpret_cast<const int32_t*>(a.rows.data());
   p.q_lens = reinterpret_cast<const int32_t*>(a.q_lens.data());
   p.kv_lens = reinterpret_cast<const int32_t*>(a.kv_lens.data());
   p.tree = a.tree.data();

@@ -111,6 +111,8 @@ struct TreeMaskDeviceArgs {
   DeviceSpan<uint8_t> mask;               // capacity
   int64_t max_mask_bytes_per_row = 1;     // the grid's bound: max q_len * kv_len of a request
   bool overlap_preceding_kernel = true;   // metadata_launchers.h: "Overlapping the kernel ahead"
+  // [B], kernels::kPaddedRow for padded rows (no tree rows: all ones), or empty: none padded.
+  DeviceSpan<const ReqPoolIndex> rows;
 };
 // InvalidArgument for sizes that disagree with B, a null pointer; OutOfRange for
 // max_mask_bytes_per_row < 1 or a batch beyond int32.

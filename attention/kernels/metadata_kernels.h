@@ -124,7 +124,7 @@ struct FusedMetadataParams {
 // batch's branches z = s * topk + k: for a real request s (rows[s] != kPaddedRow), branch z is
 // seq_lens[s] + iters tokens (the request's prefix, then iters draft slots from
 // DraftSourcePosition(seq_lens[s], k) on) with one query row; for a padded request, seq_lens[s]
-// tokens on the padding page and no query row. Two launches: one block for the per-branch
+// tokens on the padding page and one query row. Two launches: one block for the per-branch
 // arrays, then a grid (branches, passes) for kv_indices. Violations: a row outside the table
 // or a negative length (the branch written as padding), draft positions past the row (the
 // branch written as padding), a total past INT32_MAX or past kv_indices (clamped), a slot
@@ -177,10 +177,12 @@ struct SplitKvPlanParams {
 
 // Target-verify's FULL mask from tree rows: mask_indptr = [0] + cumsum(q_len * kv_len) and,
 // per request, [q_len][kv_len] bytes: 1 for the kv_len - q_len prefix columns, then the tree
-// row (tree rows of request i start at sum over k < i of q_len_k^2). Grid (padded_batch,
-// passes). Violations: q_len > kv_len or a negative length (clamped), tree rows or mask bytes
-// past their capacity (not read / not written).
+// row (tree rows of request i start at sum over the requests k < i that are not padded of
+// q_len_k^2); a padded request (rows given and rows[i] == kPaddedRow) has no tree rows and all
+// ones. Grid (padded_batch, passes). Violations: q_len > kv_len or a negative length (clamped),
+// tree rows or mask bytes past their capacity (not read / not written).
 struct TreeMaskParams {
+  const int32_t* rows;     // [padded_batch], kPaddedRow for padded rows; or null: none padded
   const int32_t* q_lens;   // [padded_batch]
   const int32_t* kv_lens;  // [padded_batch]
   const uint8_t* tree;     // [tree_capacity]

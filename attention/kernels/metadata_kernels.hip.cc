@@ -548,12 +548,14 @@ __global__ void __launch_bounds__(kThreads) TreeMaskKernel(TreeMaskParams p) {
     *kv = p.kv_lens[k] < 0 ? 0 : p.kv_lens[k];
     *q = Clamp(p.q_lens[k], 0, *kv);
   };
+  // A padded row (rows given and rows[k] == kPaddedRow) has no tree rows.
+  auto padded = [&](int32_t k) { return p.rows != nullptr && p.rows[k] == kPaddedRow; };
   int64_t mask_before = 0, tree_before = 0;
   for (int32_t k = threadIdx.x; k < i; k += kThreads) {
     int64_t q, kv;
     lengths(k, &q, &kv);
     mask_before += q * kv;
-    tree_before += q * q;
+    tree_before += padded(k) ? 0 : q * q;
   }
   internal::BlockSum2<kThreads>(mask_before, tree_before, scratch);
   int64_t q, kv;
@@ -570,10 +572,18 @@ __global__ void __launch_bounds__(kThreads) TreeMaskKernel(TreeMaskParams p) {
     RecordViolation(v, kTotalPastCapacity, i, mask_before + bytes, p.mask_capacity);
     bytes = mask_before < p.mask_capacity ? p.mask_capacity - mask_before : 0;
   }
+  uint8_t* out = p.mask + mask_before;
+  if (padded(i)) {
+    // It sees all of its KV, every token a padding slot (the host writer's block).
+    for (int64_t e = int64_t{blockIdx.y} * kThreads + threadIdx.x; e < bytes;
+         e += int64_t{gridDim.y} * kThreads) {
+      out[e] = 1;
+    }
+    return;
+  }
   const bool tree_ok = tree_before + q * q <= p.tree_capacity;
   if (!tree_ok) RecordViolation(v, kTotalPastCapacity, i, tree_before + q * q, p.tree_capacity);
   const int64_t prefix = kv - q;
-  uint8_t* out = p.mask + mask_before;
   const uint8_t* tree = p.tree + tree_before;
   for (int64_t e = int64_t{blockIdx.y} * kThreads + threadIdx.x; e < bytes;
        e += int64_t{gridDim.y} * kThreads) {
@@ -675,10 +685,10 @@ __global__ void __launch_bounds__(kIndptrThreads) DraftStepIndptrKernel(DraftSte
     if (z < branches) {
       const DraftBranch b = LoadDraftBranch(p, z);
       // A real request's branch holds its prefix and the step's draft tokens; a padded one (or
-      // one whose bounds broke) its length on the padding page.
+      // one whose bounds broke) its length on the padding page. Every branch has one query row.
       const bool real = b.row != nullptr;
       kv = real ? b.len + iters : b.len;
-      q = real ? 1 : 0;
+      q = 1;
       p.kv_lens[z] = static_cast<int32_t>(Clamp(kv, 0, kInt32Max));
       p.kv_last_page_len[z] = LastPageLen(static_cast<int32_t>(Clamp(kv, 0, kInt32Max)), p.src);
     }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/graph/graph_state.h"
 #include "attention/graph/host_metadata_writer.h"
 #include "attention/graph/metadata_writer.h"
 #include "attention/kernels/device_violation_word.h"
@@ -133,7 +134,7 @@ struct FusedAhead {
 };
 
 // The fused launch against the host writer over the same padded batch (real rows, then
-// padded rows staged as kPaddedRow with the fill length and no query rows).
+// padded rows staged as GraphState stages them: kPaddedRow, q query rows, PaddedRowKvLen).
 // The fused launch over `real` random sequences (cached lengths up to max_cached, q new tokens
 // each) padded to `padded` rows equals the host writer, every output poisoned first.
 // row_blocks 0: through BuildDecodeMetadataOnDevice (its grid), after `ahead` when not null;
@@ -148,9 +149,10 @@ void ExpectFusedEqualsTheHostWriter(GpuTest& test, int64_t ps, int real, int64_t
     std::vector<ReqPoolIndex> rows(f.rows());
     std::vector<TokenLength> kv(f.kv_lens());
     std::vector<TokenLength> qs(real, TokenLength(static_cast<int32_t>(q)));
+    const TokenLength padded_kv = GraphState::PaddedRowKvLen(qs.front());
     rows.resize(padded, ReqPoolIndex(kernels::kPaddedRow));
-    kv.resize(padded, TokenLength(1));
-    qs.resize(padded, TokenLength(0));
+    kv.resize(padded, padded_kv);
+    qs.resize(padded, TokenLength(static_cast<int32_t>(q)));
     const int64_t row_tokens = max_cached + 100;
     const int64_t cols = (row_tokens + ps - 1) / ps + 2;
     const int64_t capacity = padded * row_tokens;
@@ -173,10 +175,11 @@ void ExpectFusedEqualsTheHostWriter(GpuTest& test, int64_t ps, int real, int64_t
     req.mode = q == 1 ? ForwardMode::kDecode : ForwardMode::kExtend;
     req.real_batch_size = real;
     req.padded_batch_size = padded;
-    req.padded_kv_len = TokenLength(1);
+    req.padded_kv_len = padded_kv;
     req.page_size = f.page_size();
     req.req_to_token = &f.pool();
     req.page_table = true;
+    req.q_len_per_request = TokenLength(static_cast<int32_t>(q));
     HostMetadataWriter host;
     ASSERT_TRUE(host.WriteBatchArrays(req, hb).ok());
     ASSERT_TRUE(host.WriteTokenArrays(req, hb, nullptr).ok());
@@ -372,6 +375,78 @@ TEST_F(GpuTest, TreeMaskEqualsTheHostBuilder) {
   EXPECT_EQ(Download(d_indptr), want_indptr);
   EXPECT_EQ(Download(d_mask), want);
   EXPECT_TRUE(Violations().ok()) << Violations();
+}
+
+// Padded requests (rows given, kPaddedRow) of a captured target-verify graph, after the real
+// ones: no tree rows of their own (the tree buffer's bytes past the real trees are not read)
+// and all-ones blocks, as the host writer writes them.
+TEST_F(GpuTest, TreeMaskOfPaddedRequestsEqualsTheHostWriter) {
+  constexpr int32_t kN = 3;  // draft tokens per request
+  const BatchFixture f = MakeBatch(16, 2, 20, kN, 4);
+  const ReqPoolIndex pad(kernels::kPaddedRow);
+  const TokenLength padded_kv = GraphState::PaddedRowKvLen(TokenLength(kN));
+  std::vector<ReqPoolIndex> rows = {f.rows()[0], f.rows()[1], pad, pad};
+  std::vector<TokenLength> q(4, TokenLength(kN));
+  std::vector<TokenLength> kv = {f.kv_lens()[0], f.kv_lens()[1], padded_kv, padded_kv};
+  std::vector<uint8_t> tree;
+  std::mt19937_64 rng(4);
+  for (int i = 0; i < 2; ++i) {
+    for (int r = 0; r < kN; ++r) {
+      for (int c = 0; c < kN; ++c) tree.push_back(c == 0 || c == r || rng() % 2 ? 1 : 0);
+    }
+  }
+  std::vector<uint8_t> tree_buffer(tree);
+  tree_buffer.resize(4 * kN * kN, 5);  // past the real trees: bytes a padded row must not read
+  // What the host writer leaves.
+  const int64_t mask_bytes = int64_t{kN} * (kv[0].value() + kv[1].value() + 2 * padded_kv.value());
+  std::vector<int64_t> want_indptr(5);
+  std::vector<uint8_t> want(mask_bytes + 5, 7);
+  std::vector<TokenOffset> kv_indptr(5), qo_indptr(5);
+  std::vector<TokenLength> last(4);
+  std::vector<TokenSlot> indices(f.pool().max_context_len().value() * 4);
+  GraphBuffers hb;
+  hb.req_rows = absl::MakeSpan(rows);
+  hb.kv_lens = absl::MakeSpan(kv);
+  hb.q_lens = absl::MakeSpan(q);
+  hb.kv_indptr = absl::MakeSpan(kv_indptr);
+  hb.qo_indptr = absl::MakeSpan(qo_indptr);
+  hb.kv_last_page_len = absl::MakeSpan(last);
+  hb.kv_indices = absl::MakeSpan(indices);
+  hb.mask_indptr = absl::MakeSpan(want_indptr);
+  hb.tree_mask = absl::MakeSpan(tree_buffer);
+  hb.custom_mask = absl::MakeSpan(want);
+  MetadataWriteRequest req;
+  req.mode = ForwardMode::kTargetVerify;
+  req.real_batch_size = 2;
+  req.padded_batch_size = 4;
+  req.padded_kv_len = padded_kv;
+  req.page_size = f.page_size();
+  req.req_to_token = &f.pool();
+  req.mask_layout = MaskLayout::kFull;
+  req.q_len_per_request = TokenLength(kN);
+  HostMetadataWriter host;
+  ASSERT_TRUE(host.WriteBatchArrays(req, hb).ok());
+  ASSERT_TRUE(host.WriteTokenArrays(req, hb, nullptr).ok());
+  ASSERT_EQ(want_indptr[4], mask_bytes);
+  for (int64_t e = want_indptr[2]; e < want_indptr[4]; ++e) ASSERT_EQ(want[e], 1) << e;
+
+  DeviceBuffer<ReqPoolIndex> d_rows = Upload(rows);
+  DeviceBuffer<TokenLength> d_q = Upload(q), d_kv = Upload(kv);
+  DeviceBuffer<uint8_t> d_tree = Upload(tree_buffer);
+  DeviceBuffer<int64_t> d_indptr = Upload(std::vector<int64_t>(5, -1));
+  DeviceBuffer<uint8_t> d_mask = Upload(std::vector<uint8_t>(want.size(), 7));
+  TreeMaskDeviceArgs a{d_q.const_span(),    d_kv.const_span(),
+                       d_tree.const_span(), d_indptr.span(),
+                       d_mask.span(),       int64_t{kN} * f.pool().max_context_len().value()};
+  a.rows = d_rows.const_span();
+  ASSERT_TRUE(BuildTreeMaskOnDevice(a, violation(), nullptr).ok());
+  EXPECT_EQ(Download(d_indptr), want_indptr);
+  EXPECT_EQ(Download(d_mask), want);
+  EXPECT_TRUE(Violations().ok()) << Violations();
+  // Rows of another size than the batch: refused before any launch.
+  a.rows = DeviceSpan<const ReqPoolIndex>(d_rows.data(), 3);
+  EXPECT_EQ(BuildTreeMaskOnDevice(a, violation(), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // An empty batch launches no kernel, yet its indptrs are [0], as the host builders write them:
@@ -752,8 +827,8 @@ TEST_F(GuardGpuTest, DraftStepNamesBadRowsLengthsPositionsAndSlots) {
                           indices.span()};
     ASSERT_TRUE(BuildDraftStepOnDevice(a, violation(), nullptr).ok());
     ExpectViolation(c.words);
-    // The bad request's branches hold no query row; the good one's two do.
-    EXPECT_EQ(Download(qo_indptr).back(), TokenOffset(2));
+    // Every branch holds one query row, the bad request's (written as padding) too.
+    EXPECT_EQ(Download(qo_indptr).back(), TokenOffset(4));
   }
   // A slot outside the pool, read as a draft slot.
   std::vector<TokenSlot> table(f.pool().table().begin(), f.pool().table().end());

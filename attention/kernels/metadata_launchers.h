@@ -78,7 +78,7 @@ absl::Status BuildTreeMaskOnDevice(const TreeMaskDeviceArgs& args,
 
 // One draft-decode step on the device (kernels::DraftStepParams): BuildDraftDecodeStep's
 // arrays for the real requests, and for the padded requests (rows kernels::kPaddedRow) their
-// branches as a graph writer pads them (seq_lens tokens on the padding page, no query row).
+// branches as a graph writer pads them (seq_lens tokens on the padding page, one query row).
 // Errors: DraftStepParamsFor's.
 absl::Status BuildDraftStepOnDevice(const DraftStepDeviceArgs& args,
                                     kernels::DeviceViolation* violation, hipStream_t stream);

@@ -71,8 +71,9 @@ struct DecodeSplitKv {
   // The host copy of the plan, made with qo_indptr = [0, 1, ..., bs] and checked item by item
   // against the batch before the launch; or a plan held only on the device, whose items only
   // the kernels check (a sequence outside the batch, a partial slot or reduce item outside
-  // the buffers: recorded and skipped). A device plan's sequences without an item (the padded
-  // rows of a graph bucket: no query row) get no output. REQUIRES for a device plan: a decode
+  // the buffers: recorded and skipped). A device plan's sequences without an item get no
+  // output (a graph bucket's plan has items for its padded rows too, which hold one query row
+  // each). REQUIRES for a device plan: a decode
   // plan, one query row per sequence (a decode replay's); the kernels do not read an item's
   // query rows, so the plan of a replay with more rows per request gives wrong rows unrecorded.
   std::variant<const SplitKvPlan*, DeviceSplitKvPlan> plan;

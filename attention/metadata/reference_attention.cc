@@ -102,6 +102,7 @@ absl::Status CheckInputs(const ReferenceAttentionInputs& in, absl::Span<float> o
   ValidationContext ctx{TokenCount(static_cast<int64_t>(in.k_pool.size()) / kv_row),
                         in.page_size, TokenCount(static_cast<int64_t>(in.q.size()) / q_row)};
   ctx.check_slot_ownership = true;
+  ctx.allow_padding_page = in.allow_padding_page;
   return ValidateForwardMetadata(in.metadata, ctx);
 }
 

@@ -37,6 +37,9 @@ struct ReferenceAttentionInputs {
   absl::Span<const float> q;       // [qo_indptr[bs]][num_q_heads][head_dim]
   absl::Span<const float> k_pool;  // [pool_slots][num_kv_heads][head_dim]
   absl::Span<const float> v_pool;  // [pool_slots][num_kv_heads][head_dim]
+  // A captured graph's whole bucket (GraphState's ReplayResult::padded): padded rows read the
+  // padding page (ValidationContext::allow_padding_page).
+  bool allow_padding_page = false;
 };
 
 // Each writes out: [qo_indptr[bs]][num_q_heads][head_dim]. InvalidArgument for shapes that

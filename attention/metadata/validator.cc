@@ -114,9 +114,12 @@ bool RowMatchesSlots(absl::Span<const PageId> row, const TokenSlot* slots, int64
 // Ownership: the slots written this step (positions [kv_len - q_len, kv_len) of each
 // sequence) are used by no other token of the batch. Written slots are sorted (duplicates
 // among them are adjacent); every cached token is then probed against a bit filter of the
-// written slots, branch-free in blocks, and only a block with a hit is searched.
+// written slots, branch-free in blocks, and only a block with a hit is searched. Slots below
+// `shared_end` (the padding page, where a captured graph's padded rows all write) belong to
+// no one.
 // REQUIRES: the view passed the shape checks (indptrs consistent, q_len <= kv_len).
-absl::Status CheckSlotOwnership(const ForwardMetadataView& m, int64_t pool_slots) {
+absl::Status CheckSlotOwnership(const ForwardMetadataView& m, int64_t pool_slots,
+                                int64_t shared_end) {
   struct Written {
     int32_t slot;
     int32_t sequence;
@@ -130,6 +133,7 @@ absl::Status CheckSlotOwnership(const ForwardMetadataView& m, int64_t pool_slots
     const int64_t q_len = (m.qo_indptr[i + 1] - m.qo_indptr[i]).value();
     const TokenSlot* slots = m.kv_indices.data() + m.kv_indptr[i].value();
     for (int64_t t = kv_len - q_len; t < kv_len; ++t) {
+      if (slots[t].value() < shared_end) continue;
       written.push_back(Written{slots[t].value(), static_cast<int32_t>(i), static_cast<int32_t>(t)});
     }
   }
@@ -414,8 +418,9 @@ absl::Status CheckCustomMask(const ForwardMetadataView& m) {
 absl::Status ValidateForwardMetadata(const ForwardMetadataView& m, const ValidationContext& ctx) {
   if (absl::Status s = ValidateLayout(m, ctx); !s.ok()) return s;
   if (absl::Status s = CheckCustomMask(m); !s.ok()) return s;
-  return ctx.check_slot_ownership ? CheckSlotOwnership(m, ctx.pool_slots.value())
-                                  : absl::OkStatus();
+  if (!ctx.check_slot_ownership) return absl::OkStatus();
+  return CheckSlotOwnership(m, ctx.pool_slots.value(),
+                            ctx.allow_padding_page ? ctx.page_size.tokens() : 0);
 }
 
 }  // namespace attnmeta
