@@ -1168,9 +1168,9 @@ void Run::CheckReplay(ForwardMode mode, const ReplayBatch& batch,
     CheckView(label, host->view(), dense[i]);
     if (failure_.has_value()) return;
   }
-  // The whole bucket, as a kernel captured for it reads it: it validates, its padded rows on
-  // the padding page, and but in the variable-row form its qo_indptr ends at the rows of the
-  // padded query tensor (the bucket's requests or branches times the captured rows).
+  // The whole bucket, as a kernel captured for it reads it, validates with its padded rows on
+  // the padding page. Its qo_indptr ends at the rows of the padded query tensor (the bucket's
+  // requests or branches times the captured rows), except in the variable-row form.
   std::vector<ForwardMetadataView> padded;
   if (mode == ForwardMode::kDraftDecode) {
     padded.assign(replay->padded_draft_steps.begin(), replay->padded_draft_steps.end());

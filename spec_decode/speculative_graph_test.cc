@@ -184,6 +184,7 @@ TEST(SpeculativeGraphPaddingTest, PaddedBranchesAndRowsGetSafeValues) {
     EXPECT_EQ(all.batch_size(), padded) << "step " << step;
     ValidationContext ctx{f.pool_slots(), f.page_size(), TokenCount(padded)};
     ctx.allow_padding_page = true;
+    ctx.check_slot_ownership = true;
     EXPECT_TRUE(ValidateForwardMetadata(all, ctx).ok())
         << "step " << step << ": " << ValidateForwardMetadata(all, ctx);
   }
@@ -215,6 +216,7 @@ TEST(SpeculativeGraphPaddingTest, PaddedBranchesAndRowsGetSafeValues) {
   EXPECT_EQ(r->padded.custom_mask.mask.size(), static_cast<size_t>(b.mask_indptr[8]));
   ValidationContext ctx{f.pool_slots(), f.page_size(), TokenCount(8 * kDraft)};
   ctx.allow_padding_page = true;
+  ctx.check_slot_ownership = true;
   EXPECT_TRUE(ValidateForwardMetadata(r->padded, ctx).ok())
       << ValidateForwardMetadata(r->padded, ctx);
   // The real rows' view stops at them.

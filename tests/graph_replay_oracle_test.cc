@@ -127,8 +127,7 @@ void RunPageSize(int64_t ps, uint64_t seed) {
     EXPECT_LT(testing::RelativeL2Error(out, want), 1e-5) << "page table";
     // The whole bucket, as a kernel captured for it reads it: its qo_indptr ends at the padded
     // query tensor's rows (DESIGN.md section 2), its real rows are the real view's, and it
-    // validates. Padded rows' queries are random too, so that only a padding slot can make
-    // their outputs what they are.
+    // validates. Padded rows' queries are random too; their outputs must be finite.
     const ForwardMetadataView& w = r->padded;
     const int64_t rows_per_request = decode ? 1 : kExtendRows;
     ASSERT_EQ(w.batch_size(), bucket);

@@ -101,7 +101,10 @@ struct ReplayResult {
   // host-accessible.
   // Draft-decode: step 0's arrays (every step is in draft_steps).
   ForwardMetadataView metadata;
-  SplitKvPlanCounts split_kv;  // what the split-KV plan wrote (zero when disabled)
+  // What the split-KV plan wrote (zero when disabled). The plan covers the whole bucket,
+  // padded rows included: a split launch reads it with `padded`, not `metadata` (whose batch
+  // its items for padded rows are outside).
+  SplitKvPlanCounts split_kv;
   // Draft-decode: [steps] the real branches' metadata of each step (valid until the next
   // Replay or Capture); empty for the other modes.
   absl::Span<const ForwardMetadataView> draft_steps;

@@ -1,5 +1,6 @@
 #include "attention/graph/graph_state.h"
 
+#include <algorithm>
 #include <limits>
 #include <memory>
 #include <vector>
@@ -87,6 +88,99 @@ TEST_F(GraphStateTest, PaddedRowsGetSafeValues) {
   ctx.allow_padding_page = true;
   EXPECT_TRUE(ValidateForwardMetadata(r->padded, ctx).ok())
       << ValidateForwardMetadata(r->padded, ctx);
+}
+
+// An extend graph's padded rows hold the captured query rows over as many padding slots (a
+// kernel refuses q_len > kv_len), and the bucket validates against bucket * q rows.
+TEST_F(GraphStateTest, PaddedExtendRowsCoverTheirQueryRows) {
+  GraphState& g = h_.state();
+  constexpr int32_t kRows = 3;
+  auto handle = g.Capture(8, ForwardMode::kExtend, TokenLength(kRows));
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  // Sequences 0 and 2 hold at least kRows tokens.
+  const std::vector<ReqPoolIndex> rows = {f_.rows()[0], f_.rows()[2]};
+  const std::vector<TokenLength> kv = {f_.kv_lens()[0], f_.kv_lens()[2]};
+  auto r = g.Replay(*handle, ReplayBatch{rows, kv});
+  ASSERT_TRUE(r.ok()) << r.status();
+  const GraphBuffers& b = g.buffers();
+  for (int64_t i = 2; i < 8; ++i) {
+    EXPECT_EQ(b.q_lens[i].value(), kRows) << i;
+    EXPECT_EQ(b.kv_lens[i], GraphState::PaddedRowKvLen(TokenLength(kRows))) << i;
+    EXPECT_EQ(b.kv_lens[i].value(), kRows) << i;
+    EXPECT_EQ(b.kv_indptr[i + 1] - b.kv_indptr[i], TokenCount(kRows)) << i;
+    for (int32_t k = b.kv_indptr[i].value(); k < b.kv_indptr[i + 1].value(); ++k) {
+      EXPECT_EQ(PageOf(b.kv_indices[k], f_.page_size()), kPaddingPage) << i;
+    }
+  }
+  EXPECT_EQ(r->padded.qo_indptr[8].value(), 8 * kRows);
+  EXPECT_EQ(r->padded.max_q_len, TokenCount(kRows));
+  ValidationContext ctx = Context(8 * kRows);
+  ctx.allow_padding_page = true;
+  EXPECT_TRUE(ValidateForwardMetadata(r->padded, ctx).ok())
+      << ValidateForwardMetadata(r->padded, ctx);
+  // A real row that reaches the padding page is refused, ownership checked or not.
+  std::vector<TokenSlot> indices(r->padded.kv_indices.begin(), r->padded.kv_indices.end());
+  indices[r->padded.kv_indptr[1].value() - 1] = indices[r->padded.kv_indptr[3].value() - 1];
+  ForwardMetadataView bad = r->padded;
+  bad.kv_indices = indices;
+  bad.page_table = {};  // which would disagree first
+  for (bool ownership : {true, false}) {
+    ctx.check_slot_ownership = ownership;
+    const absl::Status s = ValidateForwardMetadata(bad, ctx);
+    EXPECT_NE(s.message().find("only a padded row"), absl::string_view::npos) << s;
+  }
+}
+
+// A host writer called directly over buffers too short for the padded rows refuses before it
+// writes (GraphState never asks that; the device writer clamps and records instead).
+TEST(HostMetadataWriterTest, PaddedRowsPastTheBuffersAreRefused) {
+  BatchFixture f(16, 3, 64, 4, 256);
+  f.AddSequence(30, 4);
+  std::vector<ReqPoolIndex> rows = {f.rows()[0], ReqPoolIndex(-1), ReqPoolIndex(-1)};
+  std::vector<TokenLength> q(3, TokenLength(4)),
+      kv = {f.kv_lens()[0], TokenLength(4), TokenLength(4)};
+  std::vector<TokenOffset> kv_indptr(4), qo_indptr(4);
+  std::vector<TokenLength> last(3);
+  std::vector<int64_t> mask_indptr(4);
+  std::vector<uint8_t> tree(16, 1), mask(34 * 4 + 2 * 16, 9);
+  std::vector<TokenSlot> indices(34 + 2 * 4 - 1, TokenSlot(-9));  // one slot short
+  GraphBuffers b;
+  b.req_rows = absl::MakeSpan(rows);
+  b.kv_lens = absl::MakeSpan(kv);
+  b.q_lens = absl::MakeSpan(q);
+  b.kv_indptr = absl::MakeSpan(kv_indptr);
+  b.qo_indptr = absl::MakeSpan(qo_indptr);
+  b.kv_last_page_len = absl::MakeSpan(last);
+  b.kv_indices = absl::MakeSpan(indices);
+  b.mask_indptr = absl::MakeSpan(mask_indptr);
+  b.tree_mask = absl::MakeSpan(tree);
+  b.custom_mask = absl::MakeSpan(mask);
+  MetadataWriteRequest r;
+  r.mode = ForwardMode::kTargetVerify;
+  r.real_batch_size = 1;
+  r.padded_batch_size = 3;
+  r.padded_kv_len = TokenLength(4);
+  r.page_size = f.page_size();
+  r.req_to_token = &f.pool();
+  r.mask_layout = MaskLayout::kFull;
+  r.q_len_per_request = TokenLength(4);
+  HostMetadataWriter writer;
+  ASSERT_TRUE(writer.WriteBatchArrays(r, b).ok());
+  ASSERT_EQ(kv_indptr[3].value(), 34 + 2 * 4);
+  absl::Status s = writer.WriteTokenArrays(r, b, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("kv_indices"), absl::string_view::npos) << s;
+  // The mask one byte short, kv_indices long enough.
+  indices.push_back(TokenSlot(-9));
+  b.kv_indices = absl::MakeSpan(indices);
+  b.custom_mask = absl::MakeSpan(mask).subspan(0, mask_indptr[3] - 1);
+  s = writer.WriteTokenArrays(r, b, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("custom_mask"), absl::string_view::npos) << s;
+  EXPECT_TRUE(std::all_of(indices.begin(), indices.end(), [](TokenSlot t) {
+    return t == TokenSlot(-9);
+  })) << "a refused write writes nothing";
+  EXPECT_TRUE(std::all_of(mask.begin(), mask.end(), [](uint8_t x) { return x == 9; }));
 }
 
 TEST_F(GraphStateTest, ReplayAllocatesNothing) {

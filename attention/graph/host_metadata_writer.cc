@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "absl/strings/str_cat.h"
 #include "attention/metadata/builders.h"
 #include "attention/metadata/custom_mask.h"
 #include "attention/metadata/draft_decode_layout.h"
@@ -76,6 +77,18 @@ absl::Status HostMetadataWriter::WriteTokenArrays(const MetadataWriteRequest& r,
   const size_t real = static_cast<size_t>(r.real_batch_size);
   const size_t padded = static_cast<size_t>(r.padded_batch_size);
   const absl::Span<const ReqPoolIndex> rows = b.req_rows.subspan(0, real);
+  // The padded rows' spans, which no builder below checks, before anything is written.
+  if (b.kv_indptr[padded].value() > static_cast<int64_t>(b.kv_indices.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_indices: the padded batch needs ",
+                                                   b.kv_indptr[padded].value(), " slots, holds ",
+                                                   b.kv_indices.size()));
+  }
+  if (r.mask_layout != MaskLayout::kNone &&
+      b.mask_indptr[padded] > static_cast<int64_t>(b.custom_mask.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("custom_mask: the padded batch needs ",
+                                                   b.mask_indptr[padded], " bytes, holds ",
+                                                   b.custom_mask.size()));
+  }
   if (absl::Status s = BuildTokenKvIndices(*r.req_to_token, rows, b.kv_indptr.subspan(0, real + 1),
                                            {}, b.kv_indices);
       !s.ok()) {

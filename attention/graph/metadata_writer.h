@@ -39,7 +39,7 @@ struct GraphBuffers {
   absl::Span<ReqPoolIndex> req_rows;   // real rows, then GraphState::kPaddedRow (-1): a
                                        // writer never reads req_to_token for padded rows
   absl::Span<TokenLength> kv_lens;     // real lengths, then the fill length
-  absl::Span<TokenLength> q_lens;      // query rows per request, 0 for padded rows
+  absl::Span<TokenLength> q_lens;      // query rows per request (padded rows: the captured)
   absl::Span<uint8_t> tree_mask;       // target-verify: [real rows][n][n] tree rows
   // Outputs.
   absl::Span<TokenOffset> kv_indptr;        // [B + 1]

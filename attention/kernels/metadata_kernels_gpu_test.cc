@@ -351,7 +351,8 @@ TEST_P(PageSizeGpuTest, FusedLaunchWaitsForTheKernelAheadThatWritesItsInputs) {
 INSTANTIATE_TEST_SUITE_P(PageSizes, PageSizeGpuTest, ::testing::Values(1, 7, 16, 64));
 
 TEST_F(GpuTest, TreeMaskEqualsTheHostBuilder) {
-  // Three requests (the last padded: no query rows), trees of 3 and 4 rows.
+  // Three requests, the last with no query rows, trees of 3 and 4 rows; no rows given, so none
+  // is padded (TreeMaskOfPaddedRequestsEqualsTheHostWriter has padded ones).
   const std::vector<TokenLength> q = {TokenLength(3), TokenLength(4), TokenLength(0)};
   const std::vector<TokenLength> kv = {TokenLength(10), TokenLength(7), TokenLength(1)};
   std::vector<uint8_t> tree;

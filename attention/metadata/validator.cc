@@ -114,9 +114,10 @@ bool RowMatchesSlots(absl::Span<const PageId> row, const TokenSlot* slots, int64
 // Ownership: the slots written this step (positions [kv_len - q_len, kv_len) of each
 // sequence) are used by no other token of the batch. Written slots are sorted (duplicates
 // among them are adjacent); every cached token is then probed against a bit filter of the
-// written slots, branch-free in blocks, and only a block with a hit is searched. Slots below
-// `shared_end` (the padding page, where a captured graph's padded rows all write) belong to
-// no one.
+// written slots, branch-free in blocks, and only a block with a hit is searched. A sequence
+// whose every slot is below `shared_end` (the padding page: a captured graph's padded row;
+// CheckPaddingRows keeps every other sequence off that page) writes slots that belong to no
+// one.
 // REQUIRES: the view passed the shape checks (indptrs consistent, q_len <= kv_len).
 absl::Status CheckSlotOwnership(const ForwardMetadataView& m, int64_t pool_slots,
                                 int64_t shared_end) {
@@ -132,8 +133,11 @@ absl::Status CheckSlotOwnership(const ForwardMetadataView& m, int64_t pool_slots
     const int64_t kv_len = m.kv_lens[i].value();
     const int64_t q_len = (m.qo_indptr[i + 1] - m.qo_indptr[i]).value();
     const TokenSlot* slots = m.kv_indices.data() + m.kv_indptr[i].value();
+    if (shared_end > 0 &&
+        std::all_of(slots, slots + kv_len, [&](TokenSlot s) { return s.value() < shared_end; })) {
+      continue;
+    }
     for (int64_t t = kv_len - q_len; t < kv_len; ++t) {
-      if (slots[t].value() < shared_end) continue;
       written.push_back(Written{slots[t].value(), static_cast<int32_t>(i), static_cast<int32_t>(t)});
     }
   }
@@ -196,6 +200,26 @@ absl::Status CheckSlotOwnership(const ForwardMetadataView& m, int64_t pool_slots
         }
       }
     }
+  }
+  return absl::OkStatus();
+}
+
+// With the padding page allowed: a sequence reads it only as a padded row does, every one of
+// its slots there; a real sequence that reached it would share slots with the padded rows.
+// REQUIRES: the view passed ValidateLayout.
+absl::Status CheckPaddingRows(const ForwardMetadataView& m, int64_t padding_end) {
+  for (int64_t i = 0; i < m.batch_size(); ++i) {
+    const TokenSlot* slots = m.kv_indices.data() + m.kv_indptr[i].value();
+    const int64_t kv_len = m.kv_lens[i].value();
+    const int64_t on_padding =
+        std::count_if(slots, slots + kv_len, [&](TokenSlot s) { return s.value() < padding_end; });
+    if (on_padding == 0 || on_padding == kv_len) continue;
+    const TokenSlot* at =
+        std::find_if(slots, slots + kv_len, [&](TokenSlot s) { return s.value() < padding_end; });
+    return Invalid("kv_indices",
+                   absl::StrCat("sequence ", i, " token ", at - slots, " is in slot ", at->value(),
+                                " of the padding page, and other tokens of it are not: only a "
+                                "padded row, all of whose slots are there, reads that page"));
   }
   return absl::OkStatus();
 }
@@ -418,6 +442,9 @@ absl::Status CheckCustomMask(const ForwardMetadataView& m) {
 absl::Status ValidateForwardMetadata(const ForwardMetadataView& m, const ValidationContext& ctx) {
   if (absl::Status s = ValidateLayout(m, ctx); !s.ok()) return s;
   if (absl::Status s = CheckCustomMask(m); !s.ok()) return s;
+  if (ctx.allow_padding_page) {
+    if (absl::Status s = CheckPaddingRows(m, ctx.page_size.tokens()); !s.ok()) return s;
+  }
   if (!ctx.check_slot_ownership) return absl::OkStatus();
   return CheckSlotOwnership(m, ctx.pool_slots.value(),
                             ctx.allow_padding_page ? ctx.page_size.tokens() : 0);

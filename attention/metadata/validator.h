@@ -17,7 +17,8 @@ struct ValidationContext {
   PageSize page_size;
   TokenCount num_query_rows;  // rows of the query tensor the kernel is given
   // Padded rows of a captured graph point at the padding page; real batches never do. With
-  // it, the padding page's slots, which every padded row writes, are exempt from ownership.
+  // it, a sequence reads the padding page only as a padded row does (every slot there), and
+  // the padded rows' slots, which they all write, are exempt from ownership.
   bool allow_padding_page = false;
   // Also check slot ownership: no slot written this step (the last q_len tokens of each
   // sequence) is used by any other token of the batch. It catches a page handed out twice,

@@ -108,14 +108,31 @@ TEST_F(ValidatorTest, PoolSizeIsCheckedToo) {
   EXPECT_TRUE(ValidateForwardMetadata(good_.view(), ctx).ok());
 }
 
+// The padding page where allowed, and there only as a padded row reads it: every slot of the
+// sequence on it (a real sequence that reached it would share slots with the padded rows).
 TEST_F(ValidatorTest, PaddingPageOnlyWhereAllowed) {
   ForwardMetadata m = good_;
   m.page_table = PageTable();
-  m.kv_indices[5] = TokenSlot(0);
+  const int64_t ps = f_.page_size().tokens();
+  const int64_t begin = m.kv_indptr[0].value(), end = m.kv_indptr[1].value();
+  ASSERT_GT(end, begin);
+  for (int64_t k = begin; k < end; ++k) m.kv_indices[k] = TokenSlot((k - begin) % ps);
   ValidationContext ctx{f_.pool_slots(), f_.page_size(), f_.num_query_rows()};
   EXPECT_EQ(ValidateForwardMetadata(m.view(), ctx).code(), absl::StatusCode::kInvalidArgument);
   ctx.allow_padding_page = true;
-  EXPECT_TRUE(ValidateForwardMetadata(m.view(), ctx).ok());
+  for (bool ownership : {false, true}) {
+    ctx.check_slot_ownership = ownership;
+    EXPECT_TRUE(ValidateForwardMetadata(m.view(), ctx).ok())
+        << ValidateForwardMetadata(m.view(), ctx);
+  }
+  // One slot of the next sequence on the padding page: refused where the page is allowed too.
+  ASSERT_GT(m.kv_indptr[2], m.kv_indptr[1]);
+  m.kv_indices[end] = TokenSlot(0);
+  const absl::Status s = ValidateForwardMetadata(m.view(), ctx);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("sequence 1 token 0 is in slot 0 of the padding page"),
+            absl::string_view::npos)
+      << s;
 }
 
 TEST_F(ValidatorTest, AbsentPageTableIsFine) {
