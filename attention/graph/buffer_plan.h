@@ -9,25 +9,28 @@
 //
 // The buffers, for a batch capacity B (config.max_batch_size, or more after a regrow):
 //   staged_inputs    int32   [3 * B]      the replayed batch's inputs, one copy per replay:
-//                                         [B] request rows, [B] KV lengths (the padded rows'
-//                                         fill value), [B] query rows (the captured rows for padded
-//                                         rows)
+//                                         [B] request rows, [B] KV lengths (padded rows:
+//                                         GraphState::PaddedRowKvLen), [B] query rows
+//                                         (padded rows: the captured)
 //   kv_indptr        int32   [B + 1]
 //   qo_indptr        int32   [B + 1]
 //   kv_last_page_len int32   [B]
 //   kv_indices       int32   [B * R], R = ceil(max_context_len / ps) * ps + draft_tokens
-//   page_table       int32   [B][C],  C = ceil((max_context_len + draft_tokens) / ps)   (if
-//   enabled) tree_mask        uint8   [B * n * n]  target-verify's tree rows (input), n =
-//   draft_tokens mask_indptr      int64   [B + 1] (draft_tokens > 0) custom_mask      uint8   [B *
-//   n * (max_context_len + n)], the FULL layout (int64 offsets) With topk > 0, draft-decode: every
-//   step has its own arrays (a graph captures all steps), over B * topk branches; a branch holds at
-//   most max_context_len + steps tokens: draft_qo_indptr  int32   [B * topk + 1] draft_kv_indptr
-//   int32   [steps][B * topk + 1] draft_kv_lens    int32   [steps][B * topk] draft_kv_last_page_len
-//   int32 [steps][B * topk] draft_kv_indices int32   [steps][B * topk * (ceil(max_context_len / ps)
-//   * ps + steps)] split_kv_work, split_kv_unit_indptr, split_kv_reduce, split_kv_partial_out
-//   (float32 [partials * q_tile * num_q_heads * head_dim]), split_kv_partial_lse (float32 [partials
-//   * q_tile * num_q_heads]): SplitKvCapacityFor(B * ceil(Q / q_tile), units), Q =
-//   max(max_query_rows_per_request, draft_tokens)                        (if enabled)
+//   page_table       int32   [B][C],  C = ceil((max_context_len + draft_tokens) / ps)   (if enabled)
+//   tree_mask        uint8   [B * n * n]  target-verify's tree rows (input), n = draft_tokens
+//   mask_indptr      int64   [B + 1]                                         (draft_tokens > 0)
+//   custom_mask      uint8   [B * n * (max_context_len + n)], the FULL layout (int64 offsets)
+//   With topk > 0, draft-decode: every step has its own arrays (a graph captures all steps),
+//   over B * topk branches; a branch holds at most max_context_len + steps tokens:
+//   draft_qo_indptr  int32   [B * topk + 1]
+//   draft_kv_indptr  int32   [steps][B * topk + 1]
+//   draft_kv_lens    int32   [steps][B * topk]
+//   draft_kv_last_page_len int32 [steps][B * topk]
+//   draft_kv_indices int32   [steps][B * topk * (ceil(max_context_len / ps) * ps + steps)]
+//   split_kv_work, split_kv_unit_indptr, split_kv_reduce, split_kv_partial_out (float32
+//   [partials * q_tile * num_q_heads * head_dim]), split_kv_partial_lse (float32
+//   [partials * q_tile * num_q_heads]): SplitKvCapacityFor(B * ceil(Q / q_tile), units),
+//   Q = max(max_query_rows_per_request, draft_tokens)                        (if enabled)
 
 #ifndef ATTNMETA_ATTENTION_GRAPH_BUFFER_PLAN_H_
 #define ATTNMETA_ATTENTION_GRAPH_BUFFER_PLAN_H_
