@@ -480,7 +480,8 @@ TEST_P(ForwardStepGpuTest, VerifyOverReplayedDeviceMetadataMatchesTheMath) {
 
 // Extend and draft-extend: each request's last q_len tokens (1 to 4, drawn per replay) attend
 // causally to everything before them. VarlenAttention, with each of its kernels, reads the
-// replay's qo_indptr (the query rows of a variable-row batch) and KV source.
+// replay's qo_indptr (the query rows of a variable-row batch) and KV source; then the same
+// requests replayed in the fixed form (4 rows each) over the whole bucket.
 TEST_P(ForwardStepGpuTest, ExtendAndDraftExtendOverReplayedDeviceMetadataMatchTheMath) {
   const auto [ps, source] = GetParam();
   const uint64_t seed = 1400 + ps + (source == Source::kPageTable ? 1 : 0);
@@ -532,6 +533,38 @@ TEST_P(ForwardStepGpuTest, ExtendAndDraftExtendOverReplayedDeviceMetadataMatchTh
                       absl::StrCat(VarlenKernelName(kernel), ", sequence ", pick[j], " row ", r));
             ASSERT_FALSE(HasFatalFailure());
           }
+        }
+      }
+
+      // The fixed form (every request kRows rows) over the whole bucket, as a captured graph
+      // runs it: the padded rows hold kRows query rows over as many padding slots, the bucket's
+      // qo_indptr ends at its query rows, and Finish finds nothing recorded.
+      auto fixed = state_->Replay(*handle, ReplayBatch{rows, kv});
+      ASSERT_TRUE(fixed.ok()) << fixed.status();
+      ASSERT_TRUE(writer_->CheckViolations().ok()) << writer_->CheckViolations();
+      const ForwardMetadataView& w = fixed->padded;
+      const int64_t bucket_rows = int64_t{kBucket} * kRows;
+      ASSERT_EQ(w.qo_indptr.size(), static_cast<size_t>(kBucket + 1));
+      for (VarlenKernel kernel : {VarlenKernel::kAuto, VarlenKernel::kShortQueries,
+                                  VarlenKernel::kTiledTensorCores, VarlenKernel::kTiledCudaCores}) {
+        VarlenAttentionArgs b = VarlenArgs(w, source, bucket_rows, kernel);
+        PoisonOutputs(bucket_rows, b.out, b.lse);
+        const Outputs whole = Finish(VarlenAttention(b, word_->device(), stream_), bucket_rows);
+        for (int64_t j = 0; j < bs; ++j) {
+          const std::vector<TokenSlot> all = f.SlotsOf(pick[j]);
+          for (int64_t r = 0; r < kRows; ++r) {
+            const int64_t position = static_cast<int64_t>(all.size()) - kRows + r;
+            ExpectRow(whole, j * kRows + r,
+                      std::vector<TokenSlot>(all.begin(), all.begin() + position + 1),
+                      absl::StrCat(VarlenKernelName(kernel), ", the bucket, sequence ", pick[j],
+                                   " row ", r));
+            ASSERT_FALSE(HasFatalFailure());
+          }
+        }
+        for (int64_t e = bs * kRows * kQHeads * kHeadDim; e < bucket_rows * kQHeads * kHeadDim;
+             ++e) {
+          ASSERT_TRUE(std::isfinite(whole.Out(e)))
+              << VarlenKernelName(kernel) << ": padded row element " << e;
         }
       }
     }
