@@ -118,7 +118,8 @@ bool RowMatchesSlots(absl::Span<const PageId> row, const TokenSlot* slots, int64
 // whose every slot is below `shared_end` (the padding page: a captured graph's padded row;
 // CheckPaddingRows keeps every other sequence off that page) writes slots that belong to no
 // one.
-// REQUIRES: the view passed the shape checks (indptrs consistent, q_len <= kv_len).
+// REQUIRES: the view passed the shape checks (indptrs consistent, q_len <= kv_len) and, with
+// shared_end > 0, CheckPaddingRows.
 absl::Status CheckSlotOwnership(const ForwardMetadataView& m, int64_t pool_slots,
                                 int64_t shared_end) {
   struct Written {
@@ -133,10 +134,8 @@ absl::Status CheckSlotOwnership(const ForwardMetadataView& m, int64_t pool_slots
     const int64_t kv_len = m.kv_lens[i].value();
     const int64_t q_len = (m.qo_indptr[i + 1] - m.qo_indptr[i]).value();
     const TokenSlot* slots = m.kv_indices.data() + m.kv_indptr[i].value();
-    if (shared_end > 0 &&
-        std::all_of(slots, slots + kv_len, [&](TokenSlot s) { return s.value() < shared_end; })) {
-      continue;
-    }
+    // CheckPaddingRows ran first: a sequence with a slot there has all of them there.
+    if (kv_len > 0 && slots[0].value() < shared_end) continue;
     for (int64_t t = kv_len - q_len; t < kv_len; ++t) {
       written.push_back(Written{slots[t].value(), static_cast<int32_t>(i), static_cast<int32_t>(t)});
     }
