@@ -5,9 +5,13 @@
 // container of `PageId` are different types, so token-level and page-level metadata cannot be
 // swapped by accident.
 //
-// Storage: `TokenSlot` and `PageId` are one int32 each (the element type of the arrays a
-// kernel reads; see the static_asserts); counts are int64 so that sums over a batch cannot
-// overflow silently.
+// Storage: the host's counts (`TokenCount`, `PageCount`) are int64, so that sums over a batch
+// cannot overflow silently. What kernels read is int32, one value each (see the
+// static_asserts): `TokenSlot` and `PageId`, `TokenLength` (a per-sequence length),
+// `TokenOffset` (an indptr entry) and `TokenPosition` (a position within a sequence); they are
+// converted to the counts for host arithmetic, and sums are checked against INT32_MAX before
+// they are stored back. `PageSize` holds a checked size in [1, 2^20] tokens, a power of two
+// or not.
 
 #ifndef ATTNMETA_KVCACHE_UNITS_H_
 #define ATTNMETA_KVCACHE_UNITS_H_

@@ -1,5 +1,7 @@
 #include "spec_decode/greedy_accept.h"
 
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 
 namespace attnmeta {
@@ -14,6 +16,11 @@ absl::StatusOr<AcceptResult> AcceptGreedy(const AcceptInputs& in) {
     return absl::InvalidArgumentError(absl::StrCat("greedy acceptance: a tree of ", n,
                                                    " tokens per request, outside [1, ",
                                                    kMaxVerifyTreeTokens, "]"));
+  }
+  // keep_indptr's offsets are int32.
+  if (bs * n > std::numeric_limits<int32_t>::max()) {
+    return absl::OutOfRangeError(absl::StrCat("greedy acceptance: ", bs, " requests of ", n,
+                                              " tokens: more tree tokens than int32"));
   }
   const size_t want = static_cast<size_t>(bs * n);
   if (in.draft_tokens.size() != want || in.target_predict.size() != want ||

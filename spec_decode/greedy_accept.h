@@ -32,12 +32,14 @@ struct AcceptResult {
   std::vector<int32_t> bonus_token;   // [bs] target_predict at the last accepted token
   std::vector<TokenSlot> keep_slots;  // the accepted paths' slots, request by request
   std::vector<TokenOffset> keep_indptr;  // [bs + 1] into keep_slots
-  std::vector<TokenSlot> free_slots;  // every other tree slot, request by request
+  // [bs * n - keep_indptr[bs]] every other tree slot: request b's n - 1 - accept_count[b] in
+  // tree order, request by request (they are handed back together).
+  std::vector<TokenSlot> free_slots;
 };
 
 // InvalidArgument: no tree, n outside [1, kMaxVerifyTreeTokens], arrays whose sizes are not
-// bs * n, or a tree whose links
-// (next_token, next_sibling) are not -1 or a non-root token, or go round a cycle.
+// bs * n, or a tree whose links (next_token, next_sibling) are not -1 or a non-root token, or
+// go round a cycle; OutOfRange: bs * n beyond INT32_MAX (keep_indptr is int32).
 absl::StatusOr<AcceptResult> AcceptGreedy(const AcceptInputs& in);
 
 }  // namespace attnmeta

@@ -81,6 +81,13 @@ TEST(GreedyAcceptTest, WrongSizesAreRefused) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(AcceptGreedy(AcceptInputs{nullptr, twelve, twelve, slots}).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // keep_indptr is int32: a tree of 2^25 requests of 64 tokens (2^31 tree tokens) is refused
+  // before its arrays are looked at.
+  VerifyTree huge;
+  huge.num_draft_tokens = TokenLength(kMaxVerifyTreeTokens);
+  huge.seq_lens.resize(size_t{1} << 25);
+  EXPECT_EQ(AcceptGreedy(AcceptInputs{&huge, {}, {}, {}}).status().code(),
+            absl::StatusCode::kOutOfRange);
 }
 
 // A tree is a public aggregate: one whose links are missing, out of range or cyclic is

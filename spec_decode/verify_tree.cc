@@ -12,6 +12,11 @@ absl::Status CheckCommon(absl::Span<const TokenLength> seq_lens, int32_t n) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_draft_tokens ", n, " outside [1, ", kMaxVerifyTreeTokens, "]"));
   }
+  // retrieve_index holds b * n + t as int32.
+  if (static_cast<int64_t>(seq_lens.size()) * n > std::numeric_limits<int32_t>::max()) {
+    return absl::OutOfRangeError(absl::StrCat(seq_lens.size(), " requests of ", n,
+                                              " draft tokens: more tree tokens than int32"));
+  }
   for (size_t b = 0; b < seq_lens.size(); ++b) {
     if (seq_lens[b].value() < 0) {
       return absl::InvalidArgumentError(

@@ -34,13 +34,14 @@ inline constexpr int32_t kMaxVerifyTreeTokens = 64;
 struct VerifyTree {
   TokenLength num_draft_tokens;               // n, the root included: query rows per request
   std::vector<TokenLength> seq_lens;          // [bs] committed tokens per request
-  // [bs * n], tree-local indices (0 .. n - 1) within request b's block:
-  std::vector<int32_t> parent;        // -1 for the root and for a token whose parent is lost
-  std::vector<uint8_t> sees;          // [bs * n * n]: sees[(b * n + t) * n + c], t's mask row
-  std::vector<TokenPosition> positions;  // seq_len + depth(t)
-  std::vector<int32_t> retrieve_index;   // b * n + t
-  std::vector<int32_t> next_token;       // first child, or -1
-  std::vector<int32_t> next_sibling;     // next sibling, or -1
+  // Entry b * n + t of each [bs * n] array is token t of request b.
+  std::vector<int32_t> parent;  // [bs * n] tree-local (0 .. n - 1); -1 for the root and for a
+                                // token whose parent is lost
+  std::vector<uint8_t> sees;    // [bs * n * n]: sees[(b * n + t) * n + c], t's mask row
+  std::vector<TokenPosition> positions;  // [bs * n] seq_lens[b] + depth(t)
+  std::vector<int32_t> retrieve_index;   // [bs * n] b * n + t (batch-global)
+  std::vector<int32_t> next_token;       // [bs * n] first child (tree-local), or -1
+  std::vector<int32_t> next_sibling;     // [bs * n] next sibling (tree-local), or -1
 
   int64_t batch_size() const { return static_cast<int64_t>(seq_lens.size()); }
 };
@@ -48,7 +49,8 @@ struct VerifyTree {
 // The reference encoding. InvalidArgument: n < 1 or n > 64, topk < 1, depth < 1, array sizes
 // that disagree with bs, topk, depth and n, a negative seq_len, a selected index whose
 // parent_list slot p is outside [0, topk * (depth - 1) + 1), or a cycle among a request's
-// tokens; OutOfRange: a seq_len + n beyond INT32_MAX (the positions are int32).
+// tokens; OutOfRange: a seq_len + n beyond INT32_MAX (the positions are int32), or bs * n
+// beyond INT32_MAX (retrieve_index is int32).
 absl::StatusOr<VerifyTree> BuildVerifyTree(absl::Span<const int64_t> parent_list,
                                            absl::Span<const int64_t> selected_index,
                                            absl::Span<const TokenLength> seq_lens, int32_t topk,
@@ -56,7 +58,7 @@ absl::StatusOr<VerifyTree> BuildVerifyTree(absl::Span<const int64_t> parent_list
 
 // Plain parent arrays. InvalidArgument: sizes, n outside [1, 64], a root (token 0) with a
 // parent, a non-root without one (several roots), a parent outside [0, n), or a cycle;
-// OutOfRange: a seq_len + n beyond INT32_MAX.
+// OutOfRange: a seq_len + n or bs * n beyond INT32_MAX.
 absl::StatusOr<VerifyTree> BuildVerifyTreeFromParents(absl::Span<const int32_t> parents,
                                                       absl::Span<const TokenLength> seq_lens,
                                                       TokenLength num_draft_tokens);

@@ -239,6 +239,14 @@ TEST(VerifyTreeTest, OverflowingSizesAndPositionsAreRefused) {
       BuildVerifyTreeFromParents(std::vector<int32_t>{-1, 0}, Lens({max - 2}), TokenLength(2));
   ASSERT_TRUE(last.ok()) << last.status();
   EXPECT_EQ(last->positions[1].value(), max - 1);
+  // retrieve_index (b * n + t) is int32: 2^25 requests of 64 tokens are 2^31 tree tokens,
+  // refused before any array is sized (134 MB of lengths, nothing more).
+  const std::vector<TokenLength> many(size_t{1} << 25);
+  EXPECT_EQ(code(BuildVerifyTreeFromParents({}, many, TokenLength(kMaxVerifyTreeTokens))),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(code(BuildVerifyTree({}, {}, many, 1, kMaxVerifyTreeTokens,
+                                 TokenLength(kMaxVerifyTreeTokens))),
+            absl::StatusCode::kOutOfRange);
 }
 
 // VerifyTree is a plain struct: a tree built by hand, whose mask would need 16 blocks of

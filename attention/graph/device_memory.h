@@ -30,10 +30,12 @@ class DeviceMemory {
   // `name` labels the allocation in errors and diagnostics. InvalidArgument for bytes < 0;
   // ResourceExhausted when the memory cannot be had.
   virtual absl::StatusOr<DeviceBuffer> Allocate(absl::string_view name, int64_t bytes) = 0;
-  // REQUIRES: `buffer` came from Allocate of this memory and was not freed.
+  // Frees a buffer of this memory's Allocate. A buffer it does not hold (freed already, or
+  // another memory's) is left alone: a free has no caller to return a status to.
   virtual void Free(DeviceBuffer buffer) = 0;
 
-  // OutOfRange unless [offset, offset + bytes) lies in the buffer.
+  // OutOfRange unless `buffer` is a live allocation of this memory and [offset, offset + bytes)
+  // lies in it.
   virtual absl::Status CopyToDevice(DeviceBuffer dst, int64_t offset, const void* src,
                                     int64_t bytes) = 0;
   virtual absl::Status CopyToHost(void* dst, DeviceBuffer src, int64_t offset, int64_t bytes) = 0;

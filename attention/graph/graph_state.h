@@ -197,8 +197,10 @@ class GraphState {
   void FreeAll(std::vector<DeviceBuffer>& buffers);
   // Rebuilds views_ over allocated_.
   void BuildViews();
-  // InvalidArgument unless (bucket, mode, q_len_per_request) is a shape this state captures:
-  // the rules of Capture, shared by Replay so that a forged handle is refused too.
+  // OK when (bucket, mode, q_len_per_request) is a shape this state captures: the rules of
+  // Capture, shared by Replay so that a forged handle is refused too. InvalidArgument for a
+  // shape no state captures; FailedPrecondition for a speculative mode the config does not
+  // plan for, or a bucket past the batch capacity.
   absl::Status CheckShape(int64_t bucket, ForwardMode mode, TokenLength q_len_per_request) const;
   // Stages the inputs of a padded batch and runs the writer.
   absl::StatusOr<SplitKvPlanCounts> Write(const CaptureHandle& handle, const ReplayBatch& batch);

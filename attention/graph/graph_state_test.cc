@@ -408,6 +408,21 @@ TEST(GraphStateWriterTest, UnsupportedRequestsAreRefusedBeforeStaging) {
   }
 }
 
+// A state frees every buffer it allocated, the ones a regrow replaced too, and nothing else.
+TEST(GraphStateCreateTest, DestructionFreesEveryBufferOnce) {
+  BatchFixture f(16, 3, 256, 8, 600);
+  HostDeviceMemory memory;
+  HostMetadataWriter writer;
+  auto g = GraphState::Create(MakeTestConfig(16), &f.pool(), f.page_size(), &memory, &writer);
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_TRUE((*g)->Capture(4, ForwardMode::kDecode).ok());
+  ASSERT_TRUE((*g)->Reserve((*g)->batch_capacity() + 4).ok());
+  EXPECT_EQ(memory.live_allocations(), static_cast<int64_t>((*g)->plan().buffers.size()));
+  g->reset();
+  EXPECT_EQ(memory.live_allocations(), 0);
+  EXPECT_EQ(memory.foreign_frees(), 0);
+}
+
 TEST(GraphStateCreateTest, ConfigMustMatchThePool) {
   BatchFixture f(16, 1, 64, 8, 256);
   HostDeviceMemory memory;

@@ -18,7 +18,10 @@ constexpr unsigned char kPoison = 0xCD;
 }  // namespace
 
 HostDeviceMemory::~HostDeviceMemory() {
-  CHECK(live_.empty()) << live_.size() << " device allocations leaked, first: " << live_[0].name;
+  if (!live_.empty()) {
+    LOG(ERROR) << live_.size() << " host device allocations leaked, first: " << live_[0].name;
+  }
+  for (const Allocation& a : live_) std::free(a.base);
 }
 
 absl::StatusOr<DeviceBuffer> HostDeviceMemory::Allocate(absl::string_view name, int64_t bytes) {
@@ -52,7 +55,7 @@ void HostDeviceMemory::Free(DeviceBuffer buffer) {
       return;
     }
   }
-  LOG(FATAL) << "HostDeviceMemory::Free of a buffer it does not hold";
+  ++foreign_frees_;
 }
 
 const HostDeviceMemory::Allocation* HostDeviceMemory::Lookup(DeviceBuffer buffer) const {
@@ -65,7 +68,7 @@ const HostDeviceMemory::Allocation* HostDeviceMemory::Lookup(DeviceBuffer buffer
 absl::Status HostDeviceMemory::CheckRange(DeviceBuffer buffer, int64_t offset,
                                           int64_t bytes) const {
   const Allocation* a = Lookup(buffer);
-  if (a == nullptr) return absl::InvalidArgumentError("not a live allocation of this memory");
+  if (a == nullptr) return absl::OutOfRangeError("not a live allocation of this memory");
   if (offset < 0 || bytes < 0 || offset > a->bytes - bytes) {
     return absl::OutOfRangeError(absl::StrCat(a->name, ": ", bytes, " bytes at offset ", offset,
                                               " outside the buffer of ", a->bytes));

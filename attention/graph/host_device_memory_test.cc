@@ -33,6 +33,30 @@ TEST(HostDeviceMemoryTest, CopiesFillsAndCounts) {
   EXPECT_EQ(m.Allocate("huge", (int64_t{1} << 62) + 1).status().code(),
             absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(m.live_allocations(), 0);
+  EXPECT_EQ(m.foreign_frees(), 0);
+}
+
+TEST(HostDeviceMemoryTest, BuffersItDoesNotHoldAreRefusedAndLeftAlone) {
+  HostDeviceMemory m;
+  const DeviceBuffer kept = *m.Allocate("kept", 8);
+  const DeviceBuffer freed = *m.Allocate("freed", 8);
+  m.Free(freed);
+  char foreign[8] = {};
+  const DeviceBuffer other{foreign, 8};
+  const uint8_t in[4] = {1, 2, 3, 4};
+  for (const DeviceBuffer& b : {freed, other}) {
+    EXPECT_EQ(m.CopyToDevice(b, 0, in, 4).code(), absl::StatusCode::kOutOfRange);
+    uint8_t out[4];
+    EXPECT_EQ(m.CopyToHost(out, b, 0, 4).code(), absl::StatusCode::kOutOfRange);
+    EXPECT_EQ(m.Fill(b, 0, 4, 7).code(), absl::StatusCode::kOutOfRange);
+    m.Free(b);  // a second free, and a free of memory it never allocated: counted, no effect
+  }
+  EXPECT_EQ(m.foreign_frees(), 2);
+  EXPECT_EQ(foreign[0], 0);
+  EXPECT_EQ(m.live_allocations(), 1);
+  EXPECT_TRUE(m.Fill(kept, 0, 8, 1).ok());
+  m.Free(kept);
+  EXPECT_EQ(m.live_allocations(), 0);
 }
 
 TEST(HostDeviceMemoryTest, CanariesCatchWritesOutsideABuffer) {

@@ -40,7 +40,8 @@ struct GraphBuffers {
                                        // writer never reads req_to_token for padded rows
   absl::Span<TokenLength> kv_lens;     // real lengths, then the fill length
   absl::Span<TokenLength> q_lens;      // query rows per request (padded rows: the captured)
-  absl::Span<uint8_t> tree_mask;       // target-verify: [real rows][n][n] tree rows
+  absl::Span<uint8_t> tree_mask;       // target-verify: [B * n * n], the real rows' [n][n]
+                                       // tree rows first
   // Outputs.
   absl::Span<TokenOffset> kv_indptr;        // [B + 1]
   absl::Span<TokenOffset> qo_indptr;        // [B + 1]
@@ -49,7 +50,9 @@ struct GraphBuffers {
   PageTableSpan<PageId> page_table;         // [B][page_table_cols]; 0 x 0 when disabled
   SplitKvPlanSpans split_kv;                // empty spans when disabled
   absl::Span<int64_t> mask_indptr;          // [B + 1] (draft_tokens > 0)
-  absl::Span<uint8_t> custom_mask;          // FULL layout (draft_tokens > 0)
+  // FULL layout (n = draft_tokens > 0): [mask_indptr[B]] bytes used of
+  // [B * n * (max_context_len + n)].
+  absl::Span<uint8_t> custom_mask;
   absl::Span<TokenOffset> draft_qo_indptr;  // [B * topk + 1], shared by the steps (topk > 0)
   std::vector<DraftStepBuffers> draft_steps;  // [steps] (topk > 0)
 };

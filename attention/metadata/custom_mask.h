@@ -80,8 +80,9 @@ absl::Status CheckTreeRows(absl::Span<const uint8_t> tree_rows, int64_t blocks, 
                            bool draft_tree);
 
 // Writes the mask of `layout` from tree rows: per sequence a [q_len][q_len] block of 0/1
-// bytes (byte (r, c) = query row r sees query row c), blocks back to back; the QLEN_ONLY
-// layout of a batch with equal q_lens. `mask_indptr` as BuildMaskIndptr wrote it. Writes
+// bytes (byte (r, c) = query row r sees query row c), blocks back to back, in any layout
+// (sequences of unequal q_len too: each block starts at its mask_indptr entry).
+// `mask_indptr` as BuildMaskIndptr wrote it. Writes
 // bytes [0, mask_indptr[bs]) of `out` and nothing else. InvalidArgument: tree_rows not
 // sum(q_len^2) bytes, tree rows CheckTreeRows refuses (draft_tree false), mask_indptr not the
 // batch's, out shorter than mask_indptr[bs]; OutOfRange as BuildMaskIndptr.

@@ -1,5 +1,5 @@
 // The forward modes a batch can be in. The speculative modes' metadata is built by
-// spec_decode/; their rules (mode_rules.h) live here, with the others.
+// spec_decode/; the rules of every mode, the speculative ones included, are in mode_rules.h.
 
 #ifndef ATTNMETA_ATTENTION_METADATA_FORWARD_MODE_H_
 #define ATTNMETA_ATTENTION_METADATA_FORWARD_MODE_H_

@@ -14,7 +14,7 @@
 namespace attnmeta {
 
 // InvalidArgument unless `mode` is a forward mode (CheckKnownForwardMode) and a batch of
-// `batch_size` sequences is allowed in it (idle: exactly 0; the others: any).
+// `batch_size` sequences is allowed in it (idle: exactly 0; every other mode: at least 1).
 absl::Status CheckModeBatchSize(ForwardMode mode, int64_t batch_size);
 
 // InvalidArgument unless sequence `i` with q_len query rows over kv_len KV tokens is allowed

@@ -83,7 +83,7 @@ struct SplitKvPlan {
   // The layout the plan was made for; a consumer refuses a plan made for another layout.
   KvLayout layout = KvLayout::LinearPerToken();
   TokenCount chunk;                       // the split unit actually used, in tokens
-  std::vector<SplitKvWorkItem> work;      // grouped by unit
+  std::vector<SplitKvWorkItem> work;      // [unit_indptr[num_units]], grouped by unit
   std::vector<int32_t> unit_indptr;       // [num_units + 1]: unit u runs work[unit_indptr[u],
                                           // unit_indptr[u + 1])
   std::vector<SplitKvReduceItem> reduce;  // one per split (sequence, tile)

@@ -38,6 +38,8 @@ absl::StatusOr<Admitted> Admit(const std::vector<int>& prompt_lens, attnmeta::Pa
   if (!pool.ok()) return pool.status();
   Admitted a{*std::move(alloc), *std::move(pool), {}, {}};
   for (int len : prompt_lens) {
+    // The decode token is allocated after the prompt's last slot, so a prompt has one.
+    if (len < 1) return absl::InvalidArgumentError(absl::StrCat("prompt length ", len, " < 1"));
     absl::StatusOr<attnmeta::ReqPoolIndex> row = a.pool.Allocate();
     if (!row.ok()) return row.status();
     // The prompt, then the decode step's token.
@@ -61,9 +63,9 @@ int Longest(const std::vector<int>& lens) {
 
 }  // namespace
 
-absl::StatusOr<attnmeta::ForwardMetadata> DecodeStepAfterPrefill(const std::vector<int>& prompt_lens,
-                                                                 int page_size, int num_pages,
-                                                                 unsigned seed) {
+absl::StatusOr<attnmeta::ForwardMetadata> DecodeStepAfterPrefill(
+    const std::vector<int>& prompt_lens, int page_size, int num_pages, unsigned seed,
+    int64_t query_rows) {
   absl::StatusOr<attnmeta::PageSize> ps = attnmeta::PageSize::Create(page_size);
   if (!ps.ok()) return ps.status();
   absl::StatusOr<Admitted> a = Admit(prompt_lens, *ps, num_pages, seed, Longest(prompt_lens) + 1);
@@ -75,13 +77,13 @@ absl::StatusOr<attnmeta::ForwardMetadata> DecodeStepAfterPrefill(const std::vect
   batch.kv_lens = a->kv_lens;
   batch.q_lens = q_lens;
   attnmeta::BuildOptions options;
-  options.check = attnmeta::MetadataCheck{a->alloc.pool_slots(),
-                                          TokenCount(static_cast<int64_t>(prompt_lens.size()))};
+  options.check = attnmeta::MetadataCheck{a->alloc.pool_slots(), TokenCount(query_rows)};
   return attnmeta::BuildForwardMetadata(batch, a->pool, *ps, options);
 }
 
 absl::Status ReplayDecodeStepAndValidate(const std::vector<int>& prompt_lens, int page_size,
-                                         int num_pages, unsigned seed, int bucket) {
+                                         int num_pages, unsigned seed, int bucket,
+                                         int64_t query_rows) {
   constexpr int kMaxContextLen = 4096;
   absl::StatusOr<attnmeta::BackendConfig> config = attnmeta::ParseBackendConfig(absl::StrCat(
       "max_batch_size: ", bucket, " max_context_len: ", kMaxContextLen, " page_size: ", page_size,
@@ -101,10 +103,10 @@ absl::Status ReplayDecodeStepAndValidate(const std::vector<int>& prompt_lens, in
   absl::StatusOr<attnmeta::ReplayResult> step =
       (*state)->Replay(*graph, attnmeta::ReplayBatch{a->rows, a->kv_lens});
   if (!step.ok()) return step.status();
-  attnmeta::ValidationContext ctx{a->alloc.pool_slots(), ps,
-                                  TokenCount(static_cast<int64_t>(prompt_lens.size()))};
+  attnmeta::ValidationContext ctx{a->alloc.pool_slots(), ps, TokenCount(query_rows)};
+  ctx.allow_padding_page = true;
   ctx.check_slot_ownership = true;
-  return attnmeta::ValidateForwardMetadata(step->metadata, ctx);
+  return attnmeta::ValidateForwardMetadata(step->padded, ctx);
 }
 
 }  // namespace consumer

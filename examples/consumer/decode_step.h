@@ -4,6 +4,7 @@
 #ifndef CONSUMER_DECODE_STEP_H_
 #define CONSUMER_DECODE_STEP_H_
 
+#include <cstdint>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -12,17 +13,23 @@
 
 namespace consumer {
 
-// Prefills requests of `prompt_lens` tokens into a pool of `num_pages` pages of `page_size`
-// slots (shuffled with `seed`), then returns the metadata of one decode step over all of them.
-absl::StatusOr<attnmeta::ForwardMetadata> DecodeStepAfterPrefill(const std::vector<int>& prompt_lens,
-                                                                 int page_size, int num_pages,
-                                                                 unsigned seed);
+// Prefills requests of `prompt_lens` tokens (each at least 1) into a pool of `num_pages` pages
+// of `page_size` slots (shuffled with `seed`), then returns the metadata of one decode step over
+// all of them, checked against `query_rows`: the rows of the query tensor the decode kernel is
+// given. It comes from that tensor, not from the batch, so that a tensor of the wrong size is
+// an error before any launch (DESIGN.md section 3).
+absl::StatusOr<attnmeta::ForwardMetadata> DecodeStepAfterPrefill(
+    const std::vector<int>& prompt_lens, int page_size, int num_pages, unsigned seed,
+    int64_t query_rows);
 
 // The same requests' decode step through a graph: a backend config in text format, a decode
 // graph captured for `bucket` requests in host memory, one replay of the step, and the
-// validator over what the replay wrote (checked slot ownership included).
+// validator over what the replay wrote (checked slot ownership included): the whole bucket's
+// view, which a kernel captured for the bucket reads, against `query_rows` (the captured query
+// tensor's rows: one per request of the bucket).
 absl::Status ReplayDecodeStepAndValidate(const std::vector<int>& prompt_lens, int page_size,
-                                         int num_pages, unsigned seed, int bucket);
+                                         int num_pages, unsigned seed, int bucket,
+                                         int64_t query_rows);
 
 }  // namespace consumer
 

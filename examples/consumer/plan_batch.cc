@@ -6,7 +6,7 @@
 
 int main() {
   auto m = consumer::DecodeStepAfterPrefill({37, 5, 64}, /*page_size=*/16, /*num_pages=*/64,
-                                            /*seed=*/7);
+                                            /*seed=*/7, /*query_rows=*/3);
   if (!m.ok()) {
     std::fprintf(stderr, "%s\n", m.status().ToString().c_str());
     return 1;
