@@ -127,6 +127,7 @@ TEST_F(GraphStateTest, PaddedExtendRowsCoverTheirQueryRows) {
   for (bool ownership : {true, false}) {
     ctx.check_slot_ownership = ownership;
     const absl::Status s = ValidateForwardMetadata(bad, ctx);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_NE(s.message().find("only a padded row"), absl::string_view::npos) << s;
   }
 }

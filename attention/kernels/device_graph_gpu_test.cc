@@ -17,6 +17,8 @@
 #include <tuple>
 #include <vector>
 
+#include "attention/graph/buffer_plan.h"
+#include "attention/graph/device_memory.h"
 #include "attention/graph/graph_state.h"
 #include "attention/graph/testing/graph_harness.h"
 #include "attention/kernels/device_metadata_writer.h"
@@ -50,6 +52,14 @@ std::vector<uint8_t> Bytes(GraphState& g, DeviceMemory& memory, absl::string_vie
   const attnmeta::DeviceBuffer b = g.buffer(name);
   EXPECT_TRUE(memory.CopyToHost(out.data(), b, 0, count_bytes).ok()) << name;
   return out;
+}
+
+// Every buffer of `g` set to 0xCD, as HostDeviceMemory's new buffers are: a value the next
+// replay does not write then reads back as 0xCDCDCDCD, not as what an earlier replay left.
+void Poison(GraphState& g, DeviceMemory& memory) {
+  for (const BufferSpec& spec : g.plan().buffers) {
+    ASSERT_TRUE(memory.Fill(g.buffer(spec.name), 0, spec.bytes, 0xCD).ok()) << spec.name;
+  }
 }
 
 template <typename T>
@@ -135,7 +145,7 @@ class DeviceGraphTest : public ::testing::TestWithParam<std::tuple<int64_t, bool
 
 TEST_P(DeviceGraphTest, ReplaysEqualTheHostWriterAndARegrowRecaptures) {
   const auto [ps, staged] = GetParam();
-  const uint64_t seed = 900 + ps;
+  const uint64_t seed = 900 + ps + (staged ? 100 : 0);
   std::mt19937_64 rng(seed);
   BatchFixture f(ps, seed, /*num_pages=*/20000 / ps + 64, /*max_reqs=*/40, /*max_context=*/520);
   // 12 decode sequences (one new token), 12 extend (kExtendRows), 12 verify (kDraft drafts).
@@ -194,6 +204,9 @@ TEST_P(DeviceGraphTest, ReplaysEqualTheHostWriterAndARegrowRecaptures) {
           }
         }
         const ReplayBatch batch{rows, kv, {}, tree};
+        Poison(d, memory);
+        Poison(host.state(), host.memory());
+        ASSERT_FALSE(HasFatalFailure());
         auto dr = d.Replay(*dh, batch);
         auto hr = host.state().Replay(*hh, batch);
         ASSERT_TRUE(dr.ok()) << dr.status();
@@ -403,6 +416,9 @@ TEST_F(DirectWriterTest, ExtendCapturesAtSeveralQueryLengthsShareOneGraph) {
   MakeDevice(f, config, /*staged=*/false);
   ASSERT_FALSE(HasFatalFailure());
   GraphState& d = *device_->state;
+  // A different batch for each query length (bs 8, 5 and 7, rows rotated), every buffer
+  // poisoned before each replay.
+  int rotate = 0;
   for (int32_t q : {1, kExtendRows, 2}) {
     SCOPED_TRACE(::testing::Message() << "q_len_per_request " << q);
     auto dh = d.Capture(8, ForwardMode::kExtend, TokenLength(q));
@@ -410,16 +426,37 @@ TEST_F(DirectWriterTest, ExtendCapturesAtSeveralQueryLengthsShareOneGraph) {
     ASSERT_TRUE(dh.ok()) << dh.status();
     ASSERT_TRUE(hh.ok()) << hh.status();
     EXPECT_EQ(device_->writer->graphs_captured(), 1);
-    const std::vector<TokenLength> q_lens(8, TokenLength(q));
-    const ReplayBatch batch{f.rows(), f.kv_lens(), q_lens};
+    const int64_t bs = q == 1 ? 8 : (q == kExtendRows ? 5 : 7);
+    std::vector<ReqPoolIndex> rows;
+    std::vector<TokenLength> kv;
+    for (int64_t i = 0; i < bs; ++i) {
+      rows.push_back(f.rows()[(i + rotate) % 8]);
+      kv.push_back(f.kv_lens()[(i + rotate) % 8]);
+    }
+    rotate += 3;
+    const std::vector<TokenLength> q_lens(bs, TokenLength(q));
+    const ReplayBatch batch{rows, kv, q_lens};
+    Poison(d, *device_->memory);
+    Poison(host.state(), host.memory());
+    ASSERT_FALSE(HasFatalFailure());
     auto dr = d.Replay(*dh, batch);
     auto hr = host.state().Replay(*hh, batch);
     ASSERT_TRUE(dr.ok()) << dr.status();
     ASSERT_TRUE(hr.ok()) << hr.status();
     ASSERT_TRUE(device_->writer->CheckViolations().ok()) << device_->writer->CheckViolations();
-    const int64_t total = hr->metadata.kv_indptr.back().value();
+    EXPECT_EQ(dr->split_kv.work_items, hr->split_kv.work_items);
+    EXPECT_EQ(dr->split_kv.reduce_items, hr->split_kv.reduce_items);
+    EXPECT_EQ(dr->split_kv.num_partials, hr->split_kv.num_partials);
+    const int64_t total = hr->padded.kv_indptr.back().value();
     for (const auto& [name, bytes] : std::vector<std::pair<std::string, int64_t>>{
-             {"kv_indptr", 9 * 4}, {"qo_indptr", 9 * 4}, {"kv_indices", total * 4}}) {
+             {"kv_indptr", 9 * 4},
+             {"qo_indptr", 9 * 4},
+             {"kv_last_page_len", 8 * 4},
+             {"kv_indices", total * 4},
+             {"page_table", 8 * host.state().plan().page_table_cols.value() * 4},
+             {"split_kv_work", hr->split_kv.work_items * int64_t{sizeof(SplitKvWorkItem)}},
+             {"split_kv_unit_indptr", (config.consumers().split_kv().num_units() + 1) * int64_t{4}},
+             {"split_kv_reduce", hr->split_kv.reduce_items * int64_t{sizeof(SplitKvReduceItem)}}}) {
       EXPECT_EQ(Bytes(d, *device_->memory, name, bytes),
                 Bytes(host.state(), host.memory(), name, bytes))
           << name;
@@ -681,6 +718,9 @@ TEST_P(DeviceGraphTest, DraftDecodeReplaysEqualTheHostWriter) {
       lens.push_back(committed[pick[k]]);
     }
     const ReplayBatch batch{rows, lens};
+    Poison(d, *device_->memory);
+    Poison(host.state(), host.memory());
+    ASSERT_FALSE(HasFatalFailure());
     ASSERT_TRUE(d.Replay(*dh, batch).ok());
     ASSERT_TRUE(host.state().Replay(*hh, batch).ok());
     ASSERT_TRUE(device_->writer->CheckViolations().ok()) << device_->writer->CheckViolations();

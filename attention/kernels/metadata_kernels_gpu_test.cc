@@ -905,7 +905,8 @@ TEST_F(GuardGpuTest, SplitKvPlanNamesBadIndptrsAndShortSpans) {
             absl::StatusCode::kInvalidArgument);
   b = a;
   b.work = DeviceSpan<SplitKvWorkItem>(nullptr, 8);
-  EXPECT_FALSE(BuildSplitKvPlanOnDevice(b, violation(), nullptr).ok());
+  EXPECT_EQ(BuildSplitKvPlanOnDevice(b, violation(), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(GuardGpuTest, FusedLaunchClampsAndNamesBadRowsLengthsSlotsAndCapacity) {

@@ -108,6 +108,7 @@ TEST_F(MetadataDiffTest, WiderPageTableMustBePaddedPastTheRows) {
   EXPECT_TRUE(DiffMetadata(got, want_.view()).ok());
   wide[cols + 1] = PageId(5);
   const absl::Status s = DiffMetadata(got, want_.view());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_TRUE(absl::StartsWith(s.message(), "page_table row 0[")) << s;
 }
 
@@ -129,7 +130,9 @@ TEST_F(MetadataDiffTest, WantTableShorterThanTheBatchIsAnError) {
 TEST_F(MetadataDiffTest, TablePresenceMustAgree) {
   ForwardMetadataView got = want_.view();
   got.page_table = {};
-  EXPECT_TRUE(absl::StartsWith(DiffMetadata(got, want_.view()).message(), "page table: got none"));
+  const absl::Status s = DiffMetadata(got, want_.view());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(absl::StartsWith(s.message(), "page table: got none")) << s;
 }
 
 }  // namespace

@@ -25,31 +25,38 @@ using testing::BatchFixture;
 // out[r][h][x] for query rows r of a sequence whose last q_len tokens are the queries:
 // softmax over positions 0..(kv_len - q_len + r) of q.k / sqrt(head_dim), times v. Query heads
 // are split into num_kv_heads equal consecutive groups, group j reading KV head j.
+// `sees`: [q_len][kv_len], empty for causal (row r sees positions up to kv_len - q_len + r).
+// A row that sees nothing gets 0.
 std::vector<double> Naive(int q_heads, int kv_heads, int dim, int q_len, int kv_len,
                           const std::vector<float>& q, const std::vector<float>& k,
-                          const std::vector<float>& v) {
+                          const std::vector<float>& v, const std::vector<uint8_t>& sees = {}) {
   std::vector<double> out(static_cast<size_t>(q_len) * q_heads * dim, 0.0);
   const int per_group = q_heads / kv_heads;
   for (int r = 0; r < q_len; ++r) {
-    const int last_visible = kv_len - q_len + r;
+    std::vector<int> visible;
+    for (int t = 0; t < kv_len; ++t) {
+      if (sees.empty() ? t <= kv_len - q_len + r : sees[r * kv_len + t] != 0) visible.push_back(t);
+    }
     for (int j = 0; j < kv_heads; ++j) {
       for (int g = 0; g < per_group; ++g) {
         const int h = j * per_group + g;
-        std::vector<double> w(last_visible + 1);
+        std::vector<double> w(visible.size());
         double biggest = -1e300;
-        for (int t = 0; t <= last_visible; ++t) {
+        for (size_t i = 0; i < visible.size(); ++i) {
           double dot = 0;
           for (int x = 0; x < dim; ++x) {
-            dot += double{q[(r * q_heads + h) * dim + x]} * k[(t * kv_heads + j) * dim + x];
+            dot +=
+                double{q[(r * q_heads + h) * dim + x]} * k[(visible[i] * kv_heads + j) * dim + x];
           }
-          w[t] = dot / std::sqrt(double(dim));
-          if (w[t] > biggest) biggest = w[t];
+          w[i] = dot / std::sqrt(double(dim));
+          if (w[i] > biggest) biggest = w[i];
         }
         double total = 0;
         for (double& e : w) total += (e = std::exp(e - biggest));
-        for (int t = 0; t <= last_visible; ++t) {
+        for (size_t i = 0; i < visible.size(); ++i) {
           for (int x = 0; x < dim; ++x) {
-            out[(r * q_heads + h) * dim + x] += w[t] / total * v[(t * kv_heads + j) * dim + x];
+            out[(r * q_heads + h) * dim + x] +=
+                w[i] / total * v[(visible[i] * kv_heads + j) * dim + x];
           }
         }
       }
@@ -107,6 +114,28 @@ TEST(DenseAttentionTest, EqualsTheNaiveComputation) {
       std::vector<float> out(q.size(), NAN);
       ASSERT_TRUE(DenseAttention({qh, kvh, dim}, q, k, v, absl::MakeSpan(out)).ok());
       ExpectNear(out, Naive(qh, kvh, dim, q_len, kv_len, q, k, v));
+    }
+  }
+}
+
+// The masked oracle (target-verify's) against the naive computation with the same mask: tree
+// rows with holes, a prefix column cleared, and a row that sees nothing (0).
+TEST(DenseAttentionTest, MaskedEqualsTheNaiveComputation) {
+  std::mt19937_64 rng(101);
+  for (auto [qh, kvh] : {std::pair{4, 4}, {8, 2}}) {
+    for (auto [q_len, kv_len] : {std::pair{1, 3}, {4, 4}, {6, 17}}) {
+      SCOPED_TRACE(::testing::Message() << qh << "/" << kvh << " heads, q " << q_len << " kv "
+                                        << kv_len << ", seed 101 (one stream for every case)");
+      const int dim = 8;
+      const std::vector<float> q = Random(q_len * qh * dim, rng);
+      const std::vector<float> k = Random(kv_len * kvh * dim, rng);
+      const std::vector<float> v = Random(kv_len * kvh * dim, rng);
+      std::vector<uint8_t> sees(static_cast<size_t>(q_len) * kv_len);
+      for (uint8_t& b : sees) b = rng() % 3 != 0;
+      std::fill(sees.begin() + (q_len - 1) * kv_len, sees.end(), 0);  // the last row: nothing
+      std::vector<float> out(q.size(), NAN);
+      ASSERT_TRUE(DenseMaskedAttention({qh, kvh, dim}, q, k, v, sees, absl::MakeSpan(out)).ok());
+      ExpectNear(out, Naive(qh, kvh, dim, q_len, kv_len, q, k, v, sees));
     }
   }
 }

@@ -20,6 +20,19 @@ std::vector<TokenOffset> Indptr(const std::vector<int32_t>& lens) {
   return out;
 }
 
+// The case a randomized test drew, to rerun it by hand.
+std::string Describe(const std::vector<int32_t>& q_lens, const std::vector<int32_t>& kv_lens,
+                     const SplitKvOptions& opt) {
+  std::string out = "q_lens {";
+  for (int32_t q : q_lens) out += " " + std::to_string(q);
+  out += " } kv_lens {";
+  for (int32_t kv : kv_lens) out += " " + std::to_string(kv);
+  return out + " } layout " + KvLayoutName(opt.layout) + " num_units " +
+         std::to_string(opt.num_units) + " kv_granularity " +
+         std::to_string(opt.kv_granularity.value()) + " q_tile " +
+         std::to_string(opt.q_tile.value());
+}
+
 // Checks every invariant of a plan; returns a failure message or "".
 std::string CheckPlan(const std::vector<int32_t>& q_lens, const std::vector<int32_t>& kv_lens,
                       const SplitKvOptions& opt, const SplitKvPlan& plan) {
@@ -135,8 +148,10 @@ TEST(SplitKvPlannerTest, RandomBatchesKeepEveryInvariant) {
     opt.kv_granularity = TokenCount(std::uniform_int_distribution<int64_t>(1, 300)(rng));
     opt.q_tile = TokenCount(std::uniform_int_distribution<int64_t>(1, 128)(rng));
     auto plan = PlanSplitKv(Indptr(q), Indptr(kv), opt);
-    ASSERT_TRUE(plan.ok()) << plan.status() << " seed " << seed << " iter " << iter;
-    ASSERT_EQ(CheckPlan(q, kv, opt, *plan), "") << "seed " << seed << " iter " << iter;
+    ASSERT_TRUE(plan.ok()) << plan.status() << " seed " << seed << " iter " << iter << ": "
+                           << Describe(q, kv, opt);
+    ASSERT_EQ(CheckPlan(q, kv, opt, *plan), "")
+        << "seed " << seed << " iter " << iter << ": " << Describe(q, kv, opt);
   }
 }
 
@@ -271,8 +286,10 @@ TEST(SplitKvPlannerTest, CountsFromLengthsEqualWhatThePlanWrites) {
     opt.q_tile = TokenCount(std::uniform_int_distribution<int64_t>(1, 128)(rng));
     auto plan = PlanSplitKv(Indptr(q), Indptr(kv), opt);
     auto counts = CountSplitKvPlan(Lengths(q), Lengths(kv), opt);
-    ASSERT_TRUE(plan.ok() && counts.ok()) << plan.status() << counts.status();
-    const std::string at = "seed " + std::to_string(seed) + " iter " + std::to_string(iter);
+    ASSERT_TRUE(plan.ok() && counts.ok())
+        << plan.status() << counts.status() << " " << Describe(q, kv, opt);
+    const std::string at = "seed " + std::to_string(seed) + " iter " + std::to_string(iter) + ": " +
+                           Describe(q, kv, opt);
     EXPECT_EQ(counts->chunk, plan->chunk) << at;
     EXPECT_EQ(counts->work_items, static_cast<int64_t>(plan->work.size())) << at;
     EXPECT_EQ(counts->reduce_items, static_cast<int64_t>(plan->reduce.size())) << at;
