@@ -494,6 +494,18 @@ TEST_P(ForwardStepGpuTest, ExtendAndDraftExtendOverReplayedDeviceMetadataMatchTh
   Prepare(ps, source, seed, lens, /*new_tokens=*/kRows, int64_t{kBucket} * kRows, rng);
   ASSERT_FALSE(HasFatalFailure());
   const BatchFixture& f = *fixture_;
+  // Sequence `seq`'s last q_len query rows, at rows [row0, row0 + q_len) of `o`: each attends
+  // causally to the sequence's tokens up to its own.
+  const auto expect_rows = [&](const Outputs& o, int seq, int64_t row0, int64_t q_len,
+                               const std::string& what) {
+    const std::vector<TokenSlot> all = f.SlotsOf(seq);
+    for (int64_t r = 0; r < q_len; ++r) {
+      const int64_t position = static_cast<int64_t>(all.size()) - q_len + r;
+      ExpectRow(o, row0 + r, std::vector<TokenSlot>(all.begin(), all.begin() + position + 1),
+                absl::StrCat(what, ", sequence ", seq, " row ", r));
+      ASSERT_FALSE(HasFatalFailure());
+    }
+  };
 
   for (ForwardMode mode : {ForwardMode::kExtend, ForwardMode::kDraftExtend}) {
     auto handle = state_->Capture(kBucket, mode, TokenLength(kRows));
@@ -524,15 +536,8 @@ TEST_P(ForwardStepGpuTest, ExtendAndDraftExtendOverReplayedDeviceMetadataMatchTh
         PoisonOutputs(q_rows, a.out, a.lse);
         const Outputs o = Finish(VarlenAttention(a, word_->device(), stream_), q_rows);
         for (int64_t j = 0; j < bs; ++j) {
-          const std::vector<TokenSlot> all = f.SlotsOf(pick[j]);
-          const int64_t q_len = q_lens[j].value();
-          for (int64_t r = 0; r < q_len; ++r) {
-            const int64_t position = static_cast<int64_t>(all.size()) - q_len + r;
-            ExpectRow(o, q_begin[j] + r,
-                      std::vector<TokenSlot>(all.begin(), all.begin() + position + 1),
-                      absl::StrCat(VarlenKernelName(kernel), ", sequence ", pick[j], " row ", r));
-            ASSERT_FALSE(HasFatalFailure());
-          }
+          expect_rows(o, pick[j], q_begin[j], q_lens[j].value(), VarlenKernelName(kernel));
+          ASSERT_FALSE(HasFatalFailure());
         }
       }
 
@@ -551,15 +556,9 @@ TEST_P(ForwardStepGpuTest, ExtendAndDraftExtendOverReplayedDeviceMetadataMatchTh
         PoisonOutputs(bucket_rows, b.out, b.lse);
         const Outputs whole = Finish(VarlenAttention(b, word_->device(), stream_), bucket_rows);
         for (int64_t j = 0; j < bs; ++j) {
-          const std::vector<TokenSlot> all = f.SlotsOf(pick[j]);
-          for (int64_t r = 0; r < kRows; ++r) {
-            const int64_t position = static_cast<int64_t>(all.size()) - kRows + r;
-            ExpectRow(whole, j * kRows + r,
-                      std::vector<TokenSlot>(all.begin(), all.begin() + position + 1),
-                      absl::StrCat(VarlenKernelName(kernel), ", the bucket, sequence ", pick[j],
-                                   " row ", r));
-            ASSERT_FALSE(HasFatalFailure());
-          }
+          expect_rows(whole, pick[j], j * kRows, kRows,
+                      absl::StrCat(VarlenKernelName(kernel), ", the bucket"));
+          ASSERT_FALSE(HasFatalFailure());
         }
         for (int64_t e = bs * kRows * kQHeads * kHeadDim; e < bucket_rows * kQHeads * kHeadDim;
              ++e) {
