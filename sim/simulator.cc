@@ -1169,8 +1169,9 @@ void Run::CheckReplay(ForwardMode mode, const ReplayBatch& batch,
     if (failure_.has_value()) return;
   }
   // The whole bucket, as a kernel captured for it reads it, validates with its padded rows on
-  // the padding page. Its qo_indptr ends at the rows of the padded query tensor (the bucket's
-  // requests or branches times the captured rows), except in the variable-row form.
+  // the padding page against the rows of the padded query tensor (the bucket's requests or
+  // branches times the captured rows). Its qo_indptr ends there, or before in the variable-row
+  // form, whose tail no request claims.
   std::vector<ForwardMetadataView> padded;
   if (mode == ForwardMode::kDraftDecode) {
     padded.assign(replay->padded_draft_steps.begin(), replay->padded_draft_steps.end());
@@ -1186,12 +1187,23 @@ void Run::CheckReplay(ForwardMode mode, const ReplayBatch& batch,
       Fail(label, host.status(), nullptr, nullptr);
       return;
     }
-    const int64_t rows = batch.q_lens.empty() ? requests * it->second.q_len_per_request.value()
-                                              : host->view().qo_indptr[requests].value();
-    ValidationContext ctx = Context(rows);
+    const int64_t captured_rows = it->second.q_len_per_request.value();
+    ValidationContext ctx = Context(requests * captured_rows);
     ctx.allow_padding_page = true;
+    ctx.allow_unclaimed_rows = !batch.q_lens.empty();
     if (absl::Status s = ValidateForwardMetadata(host->view(), ctx); !s.ok()) {
       Fail(label, s, nullptr, nullptr);
+      return;
+    }
+    // The tail of the variable-row form: exactly the rows the real requests leave unused.
+    int64_t claimed = requests * captured_rows;
+    for (const TokenLength q : batch.q_lens) claimed -= captured_rows - q.value();
+    if (host->view().qo_indptr.back().value() != claimed) {
+      Fail(label,
+           absl::InternalError(
+               absl::StrCat("qo_indptr[bucket] = ", host->view().qo_indptr.back().value(),
+                            ", the real and padded rows add up to ", claimed)),
+           nullptr, nullptr);
       return;
     }
   }

@@ -14,7 +14,9 @@
 //    tokens its tree row marks. A launch over the whole bucket (ReplayResult::padded: its
 //    qo_indptr ends at the padded query tensor's rows) gives the real rows the same bytes, the
 //    padded rows finite values, and records no violation.
-//  - Extend and draft-extend: 1 to 4 query rows per request, causal over the cached prefix.
+//  - Extend and draft-extend: 1 to 4 query rows per request, causal over the cached prefix; over
+//    the whole bucket too, in the variable-row form (the rows no request claims written 0 and
+//    -inf) and in the fixed form.
 // Needs a GPU.
 
 #include <algorithm>
@@ -480,8 +482,9 @@ TEST_P(ForwardStepGpuTest, VerifyOverReplayedDeviceMetadataMatchesTheMath) {
 
 // Extend and draft-extend: each request's last q_len tokens (1 to 4, drawn per replay) attend
 // causally to everything before them. VarlenAttention, with each of its kernels, reads the
-// replay's qo_indptr (the query rows of a variable-row batch) and KV source; then the same
-// requests replayed in the fixed form (4 rows each) over the whole bucket.
+// replay's qo_indptr (the query rows of a variable-row batch) and KV source, over the real rows
+// and over the whole bucket (the rows no request claims declared with zero_unclaimed_rows);
+// then the same requests replayed in the fixed form (4 rows each) over the whole bucket.
 TEST_P(ForwardStepGpuTest, ExtendAndDraftExtendOverReplayedDeviceMetadataMatchTheMath) {
   const auto [ps, source] = GetParam();
   const uint64_t seed = 1400 + ps + (source == Source::kPageTable ? 1 : 0);
@@ -538,6 +541,39 @@ TEST_P(ForwardStepGpuTest, ExtendAndDraftExtendOverReplayedDeviceMetadataMatchTh
         for (int64_t j = 0; j < bs; ++j) {
           expect_rows(o, pick[j], q_begin[j], q_lens[j].value(), VarlenKernelName(kernel));
           ASSERT_FALSE(HasFatalFailure());
+        }
+      }
+
+      // The same replay over the whole bucket, as a captured graph runs it (its max_q_len the
+      // captured rows): the padded rows' kRows rows each follow the real rows, and the rows
+      // past qo_indptr[bucket], which no request claims, are written 0 and -inf
+      // (zero_unclaimed_rows); Finish finds nothing recorded.
+      {
+        const int64_t bucket_rows = int64_t{kBucket} * kRows;
+        const int64_t claimed = q_rows + (kBucket - bs) * kRows;
+        const int64_t row_elems = int64_t{kQHeads} * kHeadDim;
+        for (VarlenKernel kernel :
+             {VarlenKernel::kAuto, VarlenKernel::kShortQueries, VarlenKernel::kTiledTensorCores,
+              VarlenKernel::kTiledCudaCores}) {
+          const std::string what = absl::StrCat(VarlenKernelName(kernel), ", the variable bucket");
+          VarlenAttentionArgs b = VarlenArgs(replay->padded, source, bucket_rows, kernel);
+          b.max_q_len = TokenCount(kRows);
+          b.zero_unclaimed_rows = true;
+          PoisonOutputs(bucket_rows, b.out, b.lse);
+          const Outputs whole = Finish(VarlenAttention(b, word_->device(), stream_), bucket_rows);
+          for (int64_t j = 0; j < bs; ++j) {
+            expect_rows(whole, pick[j], q_begin[j], q_lens[j].value(), what);
+            ASSERT_FALSE(HasFatalFailure());
+          }
+          for (int64_t e = q_rows * row_elems; e < claimed * row_elems; ++e) {
+            ASSERT_TRUE(std::isfinite(whole.Out(e))) << what << ": padded row element " << e;
+          }
+          for (int64_t e = claimed * row_elems; e < bucket_rows * row_elems; ++e) {
+            ASSERT_EQ(whole.Out(e), 0.0) << what << ": unclaimed row element " << e;
+          }
+          for (int64_t e = claimed * kQHeads; e < bucket_rows * kQHeads; ++e) {
+            ASSERT_EQ(whole.lse[e], -INFINITY) << what << ": unclaimed row lse " << e;
+          }
         }
       }
 

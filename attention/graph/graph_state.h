@@ -33,7 +33,13 @@
 // those rows (a target-verify padded row sees all of its KV, every token of it a padding slot),
 // and its outputs are finite values that the engine drops. The variable-row form of extend
 // and draft-extend (ReplayBatch::q_lens) is the exception: real requests with fewer rows than
-// captured leave rows past qo_indptr[bucket] that belong to no request.
+// captured leave rows past qo_indptr[bucket] that belong to no request. No request can take
+// them (a padded row has the captured rows already, the most a captured kernel's grid gives a
+// sequence), so the kernel captured for such a bucket is launched with
+// VarlenAttentionArgs::zero_unclaimed_rows, which writes them as rows that see nothing, and the
+// bucket's view validates with ValidationContext::allow_unclaimed_rows. That launch's max_q_len
+// is the handle's q_len_per_request: the view's max_q_len is the batch's true maximum, which is
+// smaller when every request of a full bucket uses fewer rows.
 // A padded row's request row is staged as kPaddedRow (-1): a writer must not read req_to_token
 // for it. Row -1 addresses the entries before the table, which may be another allocation's
 // memory, so nothing faults by itself: the host builders read rows through ReqToTokenPool's
@@ -110,7 +116,8 @@ struct ReplayResult {
   absl::Span<const ForwardMetadataView> draft_steps;
   // The same over the whole padded batch (bs = the bucket; draft-decode: bucket * topk
   // branches), as a kernel captured for the bucket reads it: its qo_indptr ends at bucket *
-  // q_len_per_request (but in the variable-row form), and the split-KV plan, which covers the
+  // q_len_per_request (at most that in the variable-row form, whose tail no request claims:
+  // see the top), and the split-KV plan, which covers the
   // padded rows too, is this batch's. Idle: the empty batch, as `metadata` (an idle graph's
   // kernels are given no query rows; its padded rows in the buffers have none).
   ForwardMetadataView padded;

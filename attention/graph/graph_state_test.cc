@@ -132,6 +132,36 @@ TEST_F(GraphStateTest, PaddedExtendRowsCoverTheirQueryRows) {
   }
 }
 
+// The variable-row form: real requests with fewer rows than captured leave a tail of the
+// bucket's query tensor that no request claims (a padded row already has the captured rows,
+// the most a captured kernel's grid gives a sequence). The bucket validates against its
+// query tensor only with allow_unclaimed_rows.
+TEST_F(GraphStateTest, VariableRowExtendLeavesATailOfUnclaimedRows) {
+  GraphState& g = h_.state();
+  constexpr int32_t kRows = 3;
+  auto handle = g.Capture(8, ForwardMode::kExtend, TokenLength(kRows));
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  const std::vector<ReqPoolIndex> rows = {f_.rows()[0], f_.rows()[2]};
+  const std::vector<TokenLength> kv = {f_.kv_lens()[0], f_.kv_lens()[2]};
+  const std::vector<TokenLength> q = {TokenLength(1), TokenLength(2)};
+  auto r = g.Replay(*handle, ReplayBatch{rows, kv, q});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->padded.qo_indptr[2].value(), 3);
+  EXPECT_EQ(r->padded.qo_indptr[8].value(), 3 + 6 * kRows);
+  ValidationContext ctx = Context(8 * kRows);
+  ctx.allow_padding_page = true;
+  const absl::Status strict = ValidateForwardMetadata(r->padded, ctx);
+  EXPECT_EQ(strict.code(), absl::StatusCode::kInvalidArgument) << strict;
+  EXPECT_EQ(strict.message(), "qo_indptr: qo_indptr[bs] = 21 but the query tensor has 24 rows");
+  ctx.allow_unclaimed_rows = true;
+  EXPECT_TRUE(ValidateForwardMetadata(r->padded, ctx).ok())
+      << ValidateForwardMetadata(r->padded, ctx);
+  // Every request at the captured rows: no tail.
+  auto fixed = g.Replay(*handle, ReplayBatch{rows, kv});
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  EXPECT_EQ(fixed->padded.qo_indptr[8].value(), 8 * kRows);
+}
+
 // A host writer called directly over buffers too short for the padded rows refuses before it
 // writes (GraphState never asks that; the device writer clamps and records instead).
 TEST(HostMetadataWriterTest, PaddedRowsPastTheBuffersAreRefused) {

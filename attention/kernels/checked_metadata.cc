@@ -62,7 +62,10 @@ absl::Status CheckLaunchedMetadata(const CheckedMetadata& checked,
                        ", the launch's page table's ", launch.page_size.tokens()));
     }
   }
-  if (absl::Status s = ValidateForwardMetadata(m, ctx); !s.ok()) {
+  // A tail of query rows no sequence claims passes only where the launch writes it.
+  ValidationContext launch_ctx = ctx;
+  launch_ctx.allow_unclaimed_rows = ctx.allow_unclaimed_rows && launch.zero_unclaimed_rows;
+  if (absl::Status s = ValidateForwardMetadata(m, launch_ctx); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("checked mode: ", s.message()));
   }
   // After validation: kv_indptr has bs + 1 entries, and mask_indptr too with a mask.

@@ -35,6 +35,11 @@ struct CheckedMetadata {
 struct LaunchedMetadataShape {
   int64_t batch_size = 0;  // sequences of the KV source
   TokenCount query_rows;   // rows of q
+  // Whether the launch writes the rows of q past qo_indptr[bs] that no sequence claims
+  // (VarlenAttentionArgs::zero_unclaimed_rows). The context's allow_unclaimed_rows holds only
+  // for a launch that does: metadata with such a tail is otherwise the validator's qo_indptr
+  // error.
+  bool zero_unclaimed_rows = false;
   TokenCount pool_slots;   // slots of the K and V pools
   // K/V through the page table (page_table_cols, page_size), else through token-level
   // kv_indices of kv_indices_entries entries.

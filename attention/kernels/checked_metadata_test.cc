@@ -132,6 +132,42 @@ TEST(CheckLaunchedMetadataTest, RefusesAHostCopyOfAnotherLaunch) {
   EXPECT_THAT(std::string(st.message()), HasSubstr("has none"));
 }
 
+// A tail of query rows no sequence claims (a captured variable-row extend): accepted only in
+// extend and draft-extend, where the context allows it and the launch writes it.
+TEST(CheckLaunchedMetadataTest, UnclaimedQueryRowsOnlyForALaunchThatWritesThem) {
+  DecodeBatch b;
+  CheckedMetadata checked = b.Checked();
+  checked.context.allow_unclaimed_rows = true;
+  LaunchedMetadataShape s = b.TokenLevel();
+  // No tail: the allowance changes nothing, whatever the launch writes.
+  EXPECT_TRUE(CheckLaunchedMetadata(checked, s).ok()) << CheckLaunchedMetadata(checked, s);
+  // Two rows past qo_indptr[bs] = 4.
+  checked.context.num_query_rows = TokenCount(6);
+  s.query_rows = TokenCount(6);
+  s.max_q_len = TokenCount(2);
+  absl::Status st = CheckLaunchedMetadata(checked, s);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(),
+            "checked mode: qo_indptr: qo_indptr[bs] = 4 but the query tensor has 6 rows")
+      << "decode has no tail, whatever the context allows";
+  b.m.mode = ForwardMode::kExtend;
+  checked = b.Checked();
+  checked.context.allow_unclaimed_rows = true;
+  checked.context.num_query_rows = TokenCount(6);
+  st = CheckLaunchedMetadata(checked, s);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(),
+            "checked mode: qo_indptr: qo_indptr[bs] = 4 but the query tensor has 6 rows")
+      << "the launch does not write the tail";
+  s.zero_unclaimed_rows = true;
+  EXPECT_TRUE(CheckLaunchedMetadata(checked, s).ok()) << CheckLaunchedMetadata(checked, s);
+  checked.context.allow_unclaimed_rows = false;
+  st = CheckLaunchedMetadata(checked, s);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(),
+            "checked mode: qo_indptr: qo_indptr[bs] = 4 but the query tensor has 6 rows");
+}
+
 // A split plan of another step's batch: a sequence's items ending short of its KV length (its
 // newest token unread) or past it, or naming a sequence the batch does not have.
 TEST(CheckLaunchedMetadataTest, RefusesASplitPlanThatDoesNotEndAtEachLength) {

@@ -36,7 +36,8 @@ enum ViolationKind : int32_t {
   kQueryPastMaxQLen = 14,       // a sequence's query rows past the max_q_len a launch covers
   kMaskOutsideBuffer = 15,      // a custom-mask block (mask_indptr) not inside the mask
   kQueryRowsMismatch = 16,      // qo_indptr[0] != 0 or qo_indptr[bs] != the query rows: rows
-                                // no sequence claims
+                                // no sequence claims (a tail the launch declares is not
+                                // recorded: varlen_attention.h, zero_unclaimed_rows)
   // The decode attention's split-KV work and reduce items (paged_decode_attention.h); index:
   // the item.
   kWorkItemSequence = 17,                 // a work item's sequence outside the batch

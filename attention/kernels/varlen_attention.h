@@ -31,7 +31,9 @@
 // sees nothing: its rows write 0 and -inf, except, when q_len > max_q_len, its rows past the
 // q_tiles * rows-per-block rows the grid gives each sequence (>= max_q_len), which no block
 // covers and which are not written. Rows no sequence claims (qo_indptr[0] > 0, qo_indptr[bs]
-// < q_rows, or rows a clamped entry leaves out) are not written either. An indptr that drops
+// < q_rows, or rows a clamped entry leaves out) are not written either, except, with
+// zero_unclaimed_rows, rows [qo_indptr[bs], q_rows): out 0 and lse -inf, not recorded (when
+// qo_indptr[bs] is in [0, q_rows] and not below qo_indptr[bs - 1]). An indptr that drops
 // back across sequences (qo_indptr[i + 1] < qo_indptr[i], the sequence clamped to no rows, and
 // the next sequence starting back at qo_indptr[i + 1]) makes two sequences' blocks write the
 // same rows: in bounds, and recorded (kQueryIndptrDecreasing), but the rows hold either's
@@ -41,7 +43,8 @@
 //                                         past the rows of q (clamped)
 //   kQueryRowsMismatch                    qo_indptr[0] > 0 or qo_indptr[bs] < q_rows (checked by
 //                                         one thread of the launch; rows no sequence claims
-//                                         are not written)
+//                                         are not written); the latter not with
+//                                         zero_unclaimed_rows
 //   kQueryPastKv                          q_len > kv_len (the sequence sees nothing)
 //   kQueryPastMaxQLen                     q_len > max_q_len, the rows the grid was sized for
 //                                         (the sequence sees nothing)
@@ -96,7 +99,7 @@ struct VarlenAttentionParams {
   const void* q;       // [q_rows][num_q_heads][head_dim] of dtype, 16-byte aligned
   int32_t q_rows;      // rows of q, out and lse; qo_indptr entries past it are clamped
   // [batch_size + 1], qo_indptr[0] == 0, non-decreasing, qo_indptr[batch_size] == q_rows
-  // (else recorded; see above).
+  // (else recorded; see above), <= q_rows with zero_unclaimed_rows.
   const int32_t* qo_indptr;
   int32_t max_q_len;   // >= every q_len, >= 1; the grid covers q_tiles tiles of rows of it
   // ceil(max_q_len / rows per block), rows per block = VarlenQueryVectors(head_dim,
@@ -112,6 +115,11 @@ struct VarlenAttentionParams {
   // 256-thread blocks at head dim <= 128), 0 on CUDA cores (128-thread blocks). The same
   // results up to rounding (the tensor cores take the weights rounded to the element type).
   int32_t tiled_tensor_cores;
+  // Nonzero: rows [qo_indptr[batch_size], q_rows) belong to no sequence and are written as
+  // rows that see nothing (out 0, lse -inf) instead of recorded (kQueryRowsMismatch); nothing
+  // is written for a qo_indptr[batch_size] outside [qo_indptr[batch_size - 1], q_rows] (it
+  // is recorded as above).
+  int32_t zero_unclaimed_rows;
 
   const void* k_pool;  // [kv.pool_slots][num_kv_heads][head_dim] of dtype, 16-byte aligned
   const void* v_pool;  // like k_pool

@@ -134,20 +134,42 @@ __device__ inline Sequence ResolveSequence(const VarlenAttentionParams& p, int32
   return s;
 }
 
-// qo_indptr[0] == 0 and qo_indptr[bs] == q_rows, else rows no sequence claims are never
-// written (kQueryRowsMismatch). Run by one thread of the launch. A negative qo_indptr[0] or a
-// qo_indptr[bs] past q_rows is left to ResolveSequence, which records it (kQueryIndptrNegative,
-// kQueryRowsPastCapacity) and clamps, and so is an entry below the one before it
-// (kQueryIndptrDecreasing): recording it here too would race with that record.
+// qo_indptr[0] == 0 and qo_indptr[bs] == q_rows, else rows no sequence claims are not written
+// (kQueryRowsMismatch), except the tail that zero_unclaimed_rows declares (ZeroUnclaimedRows).
+// Run by one thread of the launch. A negative qo_indptr[0] or a qo_indptr[bs] past q_rows is
+// left to ResolveSequence, which records it (kQueryIndptrNegative, kQueryRowsPastCapacity) and
+// clamps, and so is an entry below the one before it (kQueryIndptrDecreasing): recording it
+// here too would race with that record.
 __device__ inline void CheckQueryRows(const VarlenAttentionParams& p) {
   // REQUIRES (the launcher's): batch_size >= 1.
   const int64_t first = p.qo_indptr[0];
   const int64_t last = p.qo_indptr[p.batch_size];
   if (first > 0 && first <= p.qo_indptr[1]) {
     RecordViolation(p.violation, kQueryRowsMismatch, 0, first, 0);
-  } else if (last >= 0 && last < p.q_rows && last >= p.qo_indptr[p.batch_size - 1]) {
+  } else if (p.zero_unclaimed_rows == 0 && last >= 0 && last < p.q_rows &&
+             last >= p.qo_indptr[p.batch_size - 1]) {
     RecordViolation(p.violation, kQueryRowsMismatch, p.batch_size, last, p.q_rows);
   }
+}
+
+// With zero_unclaimed_rows: rows [qo_indptr[bs], q_rows), which no sequence claims, are written
+// as rows that see nothing, each block a grid-stride share of them (every thread of every
+// block, after the wait and before any return). Only where qo_indptr[bs] is in [0, q_rows] and
+// not below qo_indptr[bs - 1]: else it is recorded (ResolveSequence) and the last sequence's
+// rows could lie past it. Rows are whole 16-byte words: head_dim is a multiple of 8 elements.
+__device__ inline void ZeroUnclaimedRows(const VarlenAttentionParams& p, int32_t block) {
+  if (p.zero_unclaimed_rows == 0) return;
+  const int64_t first = p.qo_indptr[p.batch_size];
+  if (first < 0 || first > p.q_rows || first < p.qo_indptr[p.batch_size - 1]) return;
+  const int64_t head_rows = (p.q_rows - first) * p.num_q_heads;
+  const int64_t words = head_rows * (p.head_dim / 8);
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t start = int64_t{block} * blockDim.x + threadIdx.x;
+  uint4* out =
+      reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + first * p.num_q_heads * p.head_dim);
+  for (int64_t w = start; w < words; w += stride) out[w] = make_uint4(0, 0, 0, 0);
+  float* lse = p.lse + first * p.num_q_heads;
+  for (int64_t e = start; e < head_rows; e += stride) lse[e] = NegInf();
 }
 
 // Whether row r of the sequence sees position c: MaskSees (custom_mask.h), on the block that
@@ -286,6 +308,7 @@ __device__ inline bool ResolveTileBlock(const VarlenAttentionParams& p, int32_t 
   b.seq = x / p.num_kv_heads;
   b.q_head0 = b.kv_head * group + chunk * heads;
   const int32_t rows_per_block = vectors / heads;
+  ZeroUnclaimedRows(p, block);
   if (block == 0 && threadIdx.x == 0) CheckQueryRows(p);
   b.s = ResolveSequence(p, b.seq, threadIdx.x == 0);
   b.row0 = tile * rows_per_block;
@@ -911,6 +934,7 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS((kMmaBlockWarps<kHeadDim, kHalves> * 32),
   const int32_t kv_head = x % p.num_kv_heads;
   const int32_t seq = x / p.num_kv_heads;
   const int tid = static_cast<int>(threadIdx.x);
+  ZeroUnclaimedRows(p, block);
   if (block == 0 && tid == 0) CheckQueryRows(p);
   const Sequence s = ResolveSequence(p, seq, tid == 0);
   const int32_t vec0 = chunk * kVecs;

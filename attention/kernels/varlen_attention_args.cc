@@ -159,6 +159,7 @@ absl::StatusOr<VarlenAttentionLaunch> VarlenAttentionLaunchFor(
     shape.mask_bytes = internal::ClaimedSize(a.mask.mask);
     shape.max_q_len = a.max_q_len;
     shape.max_q_len_exact = a.mask.layout == MaskLayout::kBitPacked;
+    shape.zero_unclaimed_rows = a.zero_unclaimed_rows;
     if (absl::Status s = CheckLaunchedMetadata(*a.checked, shape); !s.ok()) return s;
   }
   const int64_t group = a.dims.num_q_heads / a.dims.num_kv_heads;
@@ -205,6 +206,7 @@ absl::StatusOr<VarlenAttentionLaunch> VarlenAttentionLaunchFor(
   p.q_tiles = static_cast<int32_t>(q_tiles);
   p.vector_chunks = short_query_path ? static_cast<int32_t>(vector_chunks) : 0;
   p.tiled_tensor_cores = tiled_tensor_cores ? 1 : 0;
+  p.zero_unclaimed_rows = a.zero_unclaimed_rows ? 1 : 0;
   p.k_pool = a.k_pool.data();
   p.v_pool = a.v_pool.data();
   p.kv.pool_slots = sizes->pool_slots;

@@ -51,10 +51,19 @@ struct VarlenAttentionArgs {
   // [q_rows][num_q_heads][head_dim] of dtype, 16-byte aligned; q_rows <= INT32_MAX.
   DeviceSpan<const uint8_t> q;
   // [bs + 1] (bs: the KV source's batch), qo_indptr[0] == 0, non-decreasing,
-  // qo_indptr[bs] == q_rows; sequence i's rows are its last q_len_i positions. Device memory:
-  // the kernel checks it (varlen_attention.h; a row no sequence claims is not written and is
-  // recorded).
+  // qo_indptr[bs] == q_rows (<= q_rows with zero_unclaimed_rows); sequence i's rows are its
+  // last q_len_i positions. Device memory: the kernel checks it (varlen_attention.h; a row no
+  // sequence claims is not written and is recorded, unless zero_unclaimed_rows).
   DeviceSpan<const TokenOffset> qo_indptr;
+  // The rows of q past qo_indptr[bs] belong to no sequence and are expected: a graph captured
+  // for a bucket in the variable-row form of extend or draft-extend (GraphState's
+  // ReplayResult::padded), whose real requests may use fewer rows than captured. The kernel
+  // then writes those rows as rows that see nothing (out 0, lse -inf) instead of recording
+  // kQueryRowsMismatch. No sequence can take them: every one is at the grid's max_q_len
+  // rows already or is a real request. Such a launch passes the captured rows per request as
+  // max_q_len (the bucket's ReplayResult::padded.max_q_len is the batch's true maximum, which
+  // can be smaller). In checked mode the context allows the tail (allow_unclaimed_rows).
+  bool zero_unclaimed_rows = false;
   // The largest q_len of the batch (ForwardMetadataView::max_q_len), at most q_rows and at
   // least q_rows / bs: the grid covers this many rows per sequence. The kernel still bounds
   // itself by the device qo_indptr (a longer sequence is recorded and sees nothing).

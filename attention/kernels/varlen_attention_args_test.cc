@@ -192,6 +192,46 @@ TEST_F(VarlenAttentionArgsTest, NoQueryRowsLaunchNothing) {
   EXPECT_EQ(launch->blocks, 0);
 }
 
+// A captured variable-row extend's tail: 13 rows of q past qo_indptr[bs] that no sequence
+// claims. The kernel is told to write them only when the arguments say so, and checked mode
+// accepts such a tail only for a launch that writes it.
+TEST_F(VarlenAttentionArgsTest, UnclaimedRowsAreWrittenOnlyWhenAsked) {
+  EXPECT_EQ(VarlenAttentionLaunchFor(Good(), true, nullptr)->params.zero_unclaimed_rows, 0);
+  const int64_t rows = rows_ + 13;
+  HostBuffer q(rows * kQRow), out(rows * kQRow), lse(rows * kQHeads * 4);
+  VarlenAttentionArgs a = Good();
+  a.q = q.span<const uint8_t>();
+  a.out = out.span<uint8_t>();
+  a.lse = lse.span<float>();
+  a.zero_unclaimed_rows = true;
+  absl::StatusOr<VarlenAttentionLaunch> launch = VarlenAttentionLaunchFor(a, true, nullptr);
+  ASSERT_TRUE(launch.ok()) << launch.status();
+  EXPECT_EQ(launch->params.zero_unclaimed_rows, 1);
+  EXPECT_EQ(launch->params.q_rows, rows);
+
+  ValidationContext ctx{fixture_.pool_slots(), fixture_.page_size(), TokenCount(rows)};
+  ctx.allow_unclaimed_rows = true;
+  const CheckedMetadata checked{metadata_.view(), ctx};
+  a.checked = &checked;
+  EXPECT_TRUE(VarlenAttentionLaunchFor(a, true, nullptr).ok())
+      << VarlenAttentionLaunchFor(a, true, nullptr).status();
+  a.zero_unclaimed_rows = false;
+  const absl::Status unwritten = VarlenAttentionLaunchFor(a, true, nullptr).status();
+  EXPECT_EQ(unwritten.code(), kInvalid);
+  EXPECT_EQ(unwritten.message(), absl::StrCat("checked mode: qo_indptr: qo_indptr[bs] = ", rows_,
+                                              " but the query tensor has ", rows, " rows"));
+  // A context without the allowance refuses the tail as the validator's qo_indptr error.
+  ValidationContext strict = ctx;
+  strict.allow_unclaimed_rows = false;
+  const CheckedMetadata checked_strict{metadata_.view(), strict};
+  a.checked = &checked_strict;
+  a.zero_unclaimed_rows = true;
+  const absl::Status tail = VarlenAttentionLaunchFor(a, true, nullptr).status();
+  EXPECT_EQ(tail.code(), kInvalid);
+  EXPECT_EQ(tail.message(), absl::StrCat("checked mode: qo_indptr: qo_indptr[bs] = ", rows_,
+                                         " but the query tensor has ", rows, " rows"));
+}
+
 // What the host can see is refused, with the code the contract gives and a message naming it.
 TEST_F(VarlenAttentionArgsTest, BadArgumentsAreRefused) {
   const int64_t rows = rows_, q_bytes = rows_ * kQRow, pool_bytes = pool_bytes_;

@@ -374,7 +374,7 @@ VarlenAttentionArgs Args(const DecodeAttentionDims& dims, const DeviceProblem& d
 // One call of the launcher on the inputs through `kv`, into outputs poisoned first.
 Result RunVarlen(const DecodeAttentionDims& dims, const DeviceProblem& d, const DecodeKv& kv,
                  kernels::DeviceViolation* violation = nullptr,
-                 VarlenKernel kernel = VarlenKernel::kAuto) {
+                 VarlenKernel kernel = VarlenKernel::kAuto, bool zero_unclaimed_rows = false) {
   const int64_t rows = static_cast<int64_t>(d.q.size()) / (int64_t{dims.num_q_heads} * dims.head_dim * 2);
   DeviceBuffer<uint8_t> out = *DeviceBuffer<uint8_t>::Create(d.q.size());
   DeviceBuffer<float> lse = *DeviceBuffer<float>::Create(rows * dims.num_q_heads);
@@ -383,6 +383,7 @@ Result RunVarlen(const DecodeAttentionDims& dims, const DeviceProblem& d, const 
   Result r;
   VarlenAttentionArgs a = Args(dims, d, kv, out, lse);
   a.kernel = kernel;
+  a.zero_unclaimed_rows = zero_unclaimed_rows;
   r.status = VarlenAttention(a, violation, nullptr);
   EXPECT_EQ(hipDeviceSynchronize(), hipSuccess);
   r.out_bytes = Download(out);
@@ -857,7 +858,8 @@ class OverlapVarlenGpuTest : public testing::ViolationWordGpuTest {
 // ahead writes them at its end; then, in a second round, the metadata a block reads first to
 // find its rows (qo_indptr, the KV lengths or indptr, the FULL mask and its indptr). A launch
 // overlapping that kernel (the default) waits for it before it reads anything: on every kernel
-// path, through both KV sources, causal extend and a FULL-mask verify, on the stream and
+// path, through both KV sources, causal extend, a FULL-mask verify and an extend whose query
+// tensor has a tail of rows no sequence claims (zero_unclaimed_rows), on the stream and
 // captured in a graph (one programmatic edge where launches overlap), its results are those of
 // a plain launch on the real inputs.
 TEST_F(OverlapVarlenGpuTest, OverlappingLaunchWaitsForTheKernelAheadThatWritesItsInputs) {
@@ -867,16 +869,33 @@ TEST_F(OverlapVarlenGpuTest, OverlappingLaunchWaitsForTheKernelAheadThatWritesIt
     testing::ExpectAnOverlappingProbeStartsFirst(stream);
     EXPECT_EQ(hipStreamDestroy(stream), hipSuccess);
   }
-  const Problem problems[] = {
-      MakeExtend(Dims(32, 8, 128, KvElementType::kBf16), 16, /*cached=*/{0, 40, 300},
-                 /*new_tokens=*/{37, 70, 17}, 801),
-      MakeVerify(Dims(32, 8, 128, KvElementType::kFp16), 16, {100, 1, 18, 333}, BinaryTrees(4, 8),
-                 8, MaskLayout::kFull, 802)};
-  for (const Problem& p : problems) {
-    SCOPED_TRACE(p.what);
-    const DeviceProblem d = ToDevice(p);
+  struct Case {
+    Problem p;
+    int64_t tail;  // rows of q past qo_indptr[bs], declared with zero_unclaimed_rows
+  };
+  std::vector<Case> cases;
+  cases.push_back({MakeExtend(Dims(32, 8, 128, KvElementType::kBf16), 16, /*cached=*/{0, 40, 300},
+                              /*new_tokens=*/{37, 70, 17}, 801),
+                   0});
+  cases.push_back({MakeVerify(Dims(32, 8, 128, KvElementType::kFp16), 16, {100, 1, 18, 333},
+                              BinaryTrees(4, 8), 8, MaskLayout::kFull, 802),
+                   0});
+  // A captured variable-row extend: 7 rows past the 17 the sequences claim (max_q_len 8).
+  cases.push_back({MakeExtend(Dims(32, 8, 128, KvElementType::kBf16), 16, /*cached=*/{20, 50, 9},
+                              /*new_tokens=*/{8, 3, 6}, 803),
+                   7});
+  for (const Case& c : cases) {
+    const Problem& p = c.p;
+    SCOPED_TRACE(::testing::Message() << p.what << ", tail " << c.tail);
+    DeviceProblem d = ToDevice(p);
+    if (c.tail > 0) {
+      std::vector<uint16_t> q(p.q_bits);
+      q.resize((p.rows() + c.tail) * p.q_row(), 0x3f80);  // 1.0 in bf16
+      d.q = Upload(Bytes(q));
+    }
     DeviceBuffer<uint8_t> out = *DeviceBuffer<uint8_t>::Create(d.q.size());
-    DeviceBuffer<float> lse = *DeviceBuffer<float>::Create(p.rows() * p.dims.num_q_heads);
+    DeviceBuffer<float> lse =
+        *DeviceBuffer<float>::Create((p.rows() + c.tail) * p.dims.num_q_heads);
     for (VarlenKernel kernel : KernelsFor(p)) {
       for (bool page_table : {false, true}) {
         SCOPED_TRACE(::testing::Message() << VarlenKernelName(kernel)
@@ -895,6 +914,7 @@ TEST_F(OverlapVarlenGpuTest, OverlappingLaunchWaitsForTheKernelAheadThatWritesIt
           VarlenAttentionArgs a = Args(p.dims, d, kv, out, lse);
           a.kernel = kernel;
           a.overlap_preceding_kernel = overlap;
+          a.zero_unclaimed_rows = c.tail > 0;
           return VarlenAttention(a, word_->device(), stream);
         };
         const struct {
@@ -976,6 +996,105 @@ TEST_F(GuardVarlenGpuTest, BrokenQoIndptrIsClampedAndRecorded) {
           for (int64_t x = row * p.q_row(); x < (row + 1) * p.q_row(); ++x) {
             ASSERT_EQ(r.out_bytes[2 * x], 0xff) << "row " << row << " written";
           }
+        }
+      }
+    }
+  }
+}
+
+// A captured variable-row extend's tail: q holds as many rows past qo_indptr[bs] as the grid
+// allows (bs * max_q_len in all), claimed by no sequence. With zero_unclaimed_rows every kernel
+// writes them 0 and -inf and records nothing, and the claimed rows are the reference's;
+// without it they keep the poison and kQueryRowsMismatch is recorded.
+TEST_F(GuardVarlenGpuTest, UnclaimedTailRowsAreZeroedOnlyWhenTheLaunchExpectsThem) {
+  const DecodeAttentionDims dims = Dims(32, 8, 128, KvElementType::kBf16);
+  // The tiled kernels (max_q_len 40), and the short-query path too (max_q_len 4 and 16: one
+  // and four chunks of 16 query vectors).
+  std::vector<Problem> problems;
+  problems.push_back(MakeExtend(dims, 16, {10, 100, 30}, {40, 7, 20}, 87));
+  problems.push_back(MakeExtend(dims, 7, {30, 50, 20}, {4, 1, 3}, 88));
+  // 4 chunks of 16 vectors, two blocks per sequence and KV head: sequence 1's second is empty.
+  problems.push_back(MakeExtend(dims, 64, {100, 5, 60}, {16, 2, 5}, 90));
+  for (const Problem& p : problems) {
+    SCOPED_TRACE(p.what);
+    const int64_t bs = p.bs();
+    const int64_t claimed = p.rows();
+    const int64_t rows = bs * p.metadata.max_q_len.value();
+    ASSERT_GT(rows, claimed);
+    DeviceProblem e = ToDevice(p);
+    std::vector<uint16_t> q(p.q_bits);
+    q.resize(rows * p.q_row(), 0x3f80);  // 1.0 in bf16: a tail that would attend to something
+    e.q = Upload(Bytes(q));
+    for (VarlenKernel kernel : KernelsFor(p)) {
+      for (const DecodeKv& kv : {e.TokenLevel(), e.PageLevel()}) {
+        for (bool zero : {true, false}) {
+          SCOPED_TRACE(::testing::Message()
+                       << VarlenKernelName(kernel) << (zero ? ", zeroed" : ", not zeroed"));
+          const Result r = RunVarlen(p.dims, e, kv, word_->device(), kernel, zero);
+          ASSERT_TRUE(r.status.ok()) << r.status;
+          ASSERT_EQ(static_cast<int64_t>(r.lse.size()), rows * p.dims.num_q_heads);
+          for (int64_t row = 0; row < claimed; ++row) {
+            ExpectRow(p, r, row);
+            ASSERT_FALSE(HasFatalFailure());
+          }
+          if (zero) {
+            EXPECT_TRUE(word_->Check(nullptr).ok()) << word_->Check(nullptr);
+          } else {
+            ExpectViolation(absl::StrCat("qo_indptr entry ", bs, ": ", claimed, ", want ", rows,
+                                         ": query rows no sequence claims"));
+          }
+          for (int64_t x = claimed * p.q_row(); x < rows * p.q_row(); ++x) {
+            if (zero) {
+              ASSERT_EQ(r.out[x], 0.0f) << "out " << x;
+            } else {
+              ASSERT_EQ(r.out_bytes[2 * x], 0xff) << "out " << x << " written";
+            }
+          }
+          for (int64_t x = claimed * p.dims.num_q_heads; x < rows * p.dims.num_q_heads; ++x) {
+            if (zero) {
+              ASSERT_EQ(r.lse[x], -kInf) << "lse " << x;
+            } else {
+              ASSERT_TRUE(std::isnan(r.lse[x])) << "lse " << x << " written";
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// A declared tail whose start cannot be trusted: qo_indptr[bs] negative, below the entry
+// before it, or past the rows of q. The kernel writes no tail (the rows after the last sequence
+// that claims rows keep the poison) and stays in bounds; the entry is recorded.
+TEST_F(GuardVarlenGpuTest, DeclaredTailAfterABrokenLastEntryIsNotWritten) {
+  const Problem p =
+      MakeExtend(Dims(32, 8, 128, KvElementType::kBf16), 16, {10, 100, 30}, {40, 7, 20}, 89);
+  SCOPED_TRACE(p.what);
+  const int32_t rows = static_cast<int32_t>(p.rows());
+  const std::vector<int32_t> cases[] = {{0, 40, 47, -5}, {0, 40, 47, 30}, {0, 40, 47, rows + 5000}};
+  for (const std::vector<int32_t>& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "qo_indptr[3] " << c[3]);
+    std::vector<TokenOffset> qo;
+    for (int32_t x : c) qo.push_back(TokenOffset(x));
+    DeviceProblem e = ToDevice(p);
+    e.qo_indptr = Upload(qo);
+    for (VarlenKernel kernel : kTiledKernels) {
+      SCOPED_TRACE(VarlenKernelName(kernel));
+      for (const DecodeKv& kv : {e.TokenLevel(), e.PageLevel()}) {
+        const Result r =
+            RunVarlen(p.dims, e, kv, word_->device(), kernel, /*zero_unclaimed_rows=*/true);
+        ASSERT_TRUE(r.status.ok()) << r.status;
+        EXPECT_FALSE(word_->Check(nullptr).ok()) << "the broken entry is recorded";
+        EXPECT_TRUE(word_->Reset(nullptr).ok());
+        ExpectNoGarbage(r);
+        ExpectSequence(p, r, 0);
+        ExpectSequence(p, r, 1);
+        if (c[3] > rows) continue;  // sequence 2 is clamped to the rows of q: it claims them all
+        for (int64_t x = 47 * p.q_row(); x < rows * p.q_row(); ++x) {
+          ASSERT_EQ(r.out_bytes[2 * x], 0xff) << "out " << x << " written";
+        }
+        for (int64_t x = 47 * p.dims.num_q_heads; x < rows * p.dims.num_q_heads; ++x) {
+          ASSERT_TRUE(std::isnan(r.lse[x])) << "lse " << x << " written";
         }
       }
     }

@@ -250,10 +250,16 @@ absl::Status ValidateLayout(const ForwardMetadataView& m, const ValidationContex
                                                "] = ", m.kv_lens[i].value()));
     }
   }
-  if (m.qo_indptr[bs].value() != ctx.num_query_rows.value()) {
-    return Invalid("qo_indptr", absl::StrCat("qo_indptr[bs] = ", m.qo_indptr[bs].value(),
-                                             " but the query tensor has ",
-                                             ctx.num_query_rows.value(), " rows"));
+  const int64_t claimed_rows = m.qo_indptr[bs].value();
+  // Only the variable-row form of extend and draft-extend leaves a tail; any other mode's rows
+  // are all claimed, whatever the context allows.
+  const bool tail_allowed = ctx.allow_unclaimed_rows &&
+                            (m.mode == ForwardMode::kExtend || m.mode == ForwardMode::kDraftExtend);
+  if (claimed_rows > ctx.num_query_rows.value() ||
+      (claimed_rows < ctx.num_query_rows.value() && !tail_allowed)) {
+    return Invalid("qo_indptr",
+                   absl::StrCat("qo_indptr[bs] = ", claimed_rows, " but the query tensor has ",
+                                ctx.num_query_rows.value(), " rows"));
   }
   TokenCount max_q;
   for (int64_t i = 0; i < bs; ++i) {

@@ -20,6 +20,12 @@ struct ValidationContext {
   // it, a sequence reads the padding page only as a padded row does (every slot there), and
   // the padded rows' slots, which they all write, are exempt from ownership.
   bool allow_padding_page = false;
+  // Rows of the query tensor past qo_indptr[bs] that no sequence claims: the tail a captured
+  // graph's variable-row extend leaves (GraphState, ReplayResult::padded), which a kernel
+  // launched with VarlenAttentionArgs::zero_unclaimed_rows writes as rows that see nothing.
+  // With it, qo_indptr[bs] of an extend or draft-extend batch may end below num_query_rows,
+  // never past it; the other modes ignore it (nothing gives them a tail).
+  bool allow_unclaimed_rows = false;
   // Also check slot ownership: no slot written this step (the last q_len tokens of each
   // sequence) is used by any other token of the batch. It catches a page handed out twice,
   // which req_to_token, kv_indices and the page table would all agree on. Costs a sort of
@@ -33,7 +39,8 @@ struct ValidationContext {
 // [0, 2^31]; the mode's batch size;
 // array sizes (kv_indptr and qo_indptr [bs + 1], kv_last_page_len [bs], kv_indices at least
 // kv_indptr[bs]); kv_indptr starts at 0, is non-decreasing and its steps equal kv_lens;
-// qo_indptr starts at 0, is non-decreasing and ends at num_query_rows; each sequence's
+// qo_indptr starts at 0, is non-decreasing and ends at num_query_rows (at most it, with
+// allow_unclaimed_rows in extend and draft-extend); each sequence's
 // q_len/kv_len allowed by the mode; max_q_len and max_kv_len equal to the real maxima;
 // kv_last_page_len; every slot of kv_indices[0, kv_indptr[bs]) inside the pool (and outside
 // the padding page unless allowed); the page table (when present) wide enough, its pages in

@@ -4,6 +4,7 @@
 #include <functional>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "attention/metadata/builders.h"
 #include "attention/metadata/testing/batch_fixture.h"
 #include "gmock/gmock.h"
@@ -49,6 +50,38 @@ class ValidatorTest : public ::testing::Test {
   BatchFixture f_{16, 11};
   ForwardMetadata good_;
 };
+
+// A captured graph's variable-row extend leaves rows of the padded query tensor that no
+// sequence claims. Only allow_unclaimed_rows accepts them, and never more claimed rows than
+// the tensor has (the field bug of a prefill qo_indptr given a 4-row query).
+TEST_F(ValidatorTest, UnclaimedQueryRowsOnlyWhenAllowedAndNeverClaimsPastTheTensor) {
+  const int64_t claimed = f_.num_query_rows().value();
+  ValidationContext tail = Context();
+  tail.num_query_rows = TokenCount(claimed + 5);
+  const absl::Status strict = ValidateForwardMetadata(good_.view(), tail);
+  EXPECT_EQ(strict.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(strict.message(), absl::StrCat("qo_indptr: qo_indptr[bs] = ", claimed,
+                                           " but the query tensor has ", claimed + 5, " rows"));
+  tail.allow_unclaimed_rows = true;
+  EXPECT_TRUE(ValidateForwardMetadata(good_.view(), tail).ok())
+      << ValidateForwardMetadata(good_.view(), tail);
+  ValidationContext short_tensor = Context();
+  short_tensor.allow_unclaimed_rows = true;
+  short_tensor.num_query_rows = TokenCount(claimed - 1);
+  const absl::Status past = ValidateForwardMetadata(good_.view(), short_tensor);
+  EXPECT_EQ(past.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(past.message(), absl::StrCat("qo_indptr: qo_indptr[bs] = ", claimed,
+                                         " but the query tensor has ", claimed - 1, " rows"));
+  // Only extend and draft-extend have a tail: another mode's rows are all claimed.
+  ForwardMetadata verify = good_;
+  verify.mode = ForwardMode::kTargetVerify;
+  const absl::Status other = ValidateForwardMetadata(verify.view(), tail);
+  EXPECT_EQ(other.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(other.message(), strict.message());
+  verify.mode = ForwardMode::kDraftExtend;
+  EXPECT_TRUE(ValidateForwardMetadata(verify.view(), tail).ok())
+      << ValidateForwardMetadata(verify.view(), tail);
+}
 
 TEST_F(ValidatorTest, NamesEachBrokenInvariant) {
   ExpectRejected("mode", [](ForwardMetadata& m) { m.mode = static_cast<ForwardMode>(99); });
