@@ -75,12 +75,12 @@ class GraphVarlenLaunchTest : public ::testing::TestWithParam<int64_t> {
     a.k_pool = k_.span<const uint8_t>();
     a.v_pool = v_.span<const uint8_t>();
     if (page_table) {
-      a.kv = DecodePageTableKv{
-          DeviceSpan<const PageId>(view.page_table.entries().data(),
-                                   view.page_table.entries().size()),
-          view.page_table.cols(),
-          DeviceSpan<const TokenLength>(view.kv_lens.data(), view.kv_lens.size()),
-          fixture_.page_size()};
+      a.kv =
+          DecodePageTableKv{DeviceSpan<const PageId>(view.page_table.entries().data(),
+                                                     view.page_table.entries().size()),
+                            view.page_table.cols(),
+                            DeviceSpan<const TokenLength>(view.kv_lens.data(), view.kv_lens.size()),
+                            fixture_.page_size()};
     } else {
       a.kv = DecodeTokenLevelKv{
           DeviceSpan<const TokenOffset>(view.kv_indptr.data(), view.kv_indptr.size()),
@@ -114,8 +114,8 @@ TEST_P(GraphVarlenLaunchTest, TheBucketViewIsWhatTheCheckedLauncherTakes) {
     // A part-full bucket, and a full one whose every request uses fewer rows than captured
     // (its view's max_q_len is then below the captured rows).
     for (int64_t bs : {int64_t{5}, kBucket}) {
-      SCOPED_TRACE(::testing::Message() << ForwardModeName(mode) << " page_size "
-                                        << GetParam() << " bs " << bs);
+      SCOPED_TRACE(::testing::Message()
+                   << ForwardModeName(mode) << " page_size " << GetParam() << " bs " << bs);
       std::vector<ReqPoolIndex> rows;
       std::vector<TokenLength> kv, q_lens;
       for (int64_t i = 0; i < bs; ++i) {
