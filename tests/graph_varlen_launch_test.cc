@@ -137,6 +137,13 @@ TEST_P(GraphVarlenLaunchTest, TheBucketViewIsWhatTheCheckedLauncherTakes) {
       const int64_t tail_start = view.qo_indptr[kBucket].value();
       ASSERT_EQ(tail_start, claimed);
       ASSERT_LT(tail_start, kBucketRows);
+      // The view's max_q_len is the batch's true maximum: the captured rows where a padded row
+      // has them, fewer in the full bucket.
+      if (bs == kBucket) {
+        ASSERT_LT(view.max_q_len.value(), kRows);
+      } else {
+        ASSERT_EQ(view.max_q_len.value(), kRows);
+      }
       for (bool page_table : {false, true}) {
         SCOPED_TRACE(page_table ? "page table" : "kv_indices");
         const CheckedMetadata checked{view, BucketContext(/*variable_rows=*/true)};
@@ -156,26 +163,32 @@ TEST_P(GraphVarlenLaunchTest, TheBucketViewIsWhatTheCheckedLauncherTakes) {
         EXPECT_EQ(unwritten.message(),
                   absl::StrCat("checked mode: qo_indptr: qo_indptr[bs] = ", tail_start,
                                " but the query tensor has ", kBucketRows, " rows"));
-        // The view's own max_q_len, where it is below the captured rows, does not cover the
-        // bucket's query tensor: a captured launch passes the captured rows.
-        if (view.max_q_len.value() < kRows) {
+        // The view's own max_q_len, below the captured rows in the full bucket, does not cover
+        // the bucket's query tensor: a captured launch passes the captured rows.
+        if (bs == kBucket) {
           a.zero_unclaimed_rows = true;
           a.max_q_len = view.max_q_len;
-          EXPECT_EQ(VarlenAttentionLaunchFor(a, true, nullptr).status().code(),
-                    absl::StatusCode::kInvalidArgument);
+          const absl::Status narrow = VarlenAttentionLaunchFor(a, true, nullptr).status();
+          EXPECT_EQ(narrow.code(), absl::StatusCode::kInvalidArgument);
+          EXPECT_EQ(narrow.message(),
+                    absl::StrCat("varlen attention: max_q_len ", view.max_q_len.value(),
+                                 " does not fit ", kBucketRows, " query rows over ", kBucket,
+                                 " sequences (want max_q_len <= q_rows <= bs * max_q_len)"));
         }
       }
-      EXPECT_TRUE(bs < kBucket || view.max_q_len.value() < kRows) << view.max_q_len.value();
 
       // The fixed form: every row claimed, no tail to declare.
       absl::StatusOr<ReplayResult> fixed = harness_->state().Replay(*handle, ReplayBatch{rows, kv});
       ASSERT_TRUE(fixed.ok()) << fixed.status();
       ASSERT_EQ(fixed->padded.qo_indptr[kBucket].value(), kBucketRows);
       const CheckedMetadata strict{fixed->padded, BucketContext(/*variable_rows=*/false)};
-      VarlenAttentionArgs b = BucketLaunch(fixed->padded, /*page_table=*/false);
-      b.checked = &strict;
-      EXPECT_TRUE(VarlenAttentionLaunchFor(b, true, nullptr).ok())
-          << VarlenAttentionLaunchFor(b, true, nullptr).status();
+      for (bool page_table : {false, true}) {
+        VarlenAttentionArgs b = BucketLaunch(fixed->padded, page_table);
+        b.checked = &strict;
+        EXPECT_TRUE(VarlenAttentionLaunchFor(b, true, nullptr).ok())
+            << (page_table ? "page table: " : "kv_indices: ")
+            << VarlenAttentionLaunchFor(b, true, nullptr).status();
+      }
     }
   }
 }

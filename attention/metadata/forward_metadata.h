@@ -28,7 +28,9 @@ struct ForwardMetadataView {
   // [kv_indptr[bs]]; token t of sequence i lives in slot kv_indices[kv_indptr[i] + t].
   absl::Span<const TokenSlot> kv_indices;
   // [bs + 1]; qo_indptr[0] == 0, non-decreasing, qo_indptr[bs] == the query rows the kernel
-  // is given; sequence i's query rows are its last q_len_i tokens (causal with prefix).
+  // is given (at most them in a graph bucket of the variable-row form of extend and
+  // draft-extend, whose tail no request claims: ValidationContext::allow_unclaimed_rows);
+  // sequence i's query rows are its last q_len_i tokens (causal with prefix).
   absl::Span<const TokenOffset> qo_indptr;
   // [bs]; KV tokens each sequence attends to, including this step's new ones.
   absl::Span<const TokenLength> kv_lens;
