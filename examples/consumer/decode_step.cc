@@ -27,9 +27,16 @@ struct Admitted {
   std::vector<attnmeta::TokenLength> kv_lens;
 };
 
-// `row_tokens`: the table's row width, at least the longest prompt plus one.
+// `row_tokens`: the table's row width, at least the longest prompt plus its step's tokens.
+// `step_tokens`: each request's tokens of this step after its prompt (empty: one each, a
+// decode step).
 absl::StatusOr<Admitted> Admit(const std::vector<int>& prompt_lens, attnmeta::PageSize ps,
-                               int num_pages, unsigned seed, int64_t row_tokens) {
+                               int num_pages, unsigned seed, int64_t row_tokens,
+                               const std::vector<int>& step_tokens = {}) {
+  if (!step_tokens.empty() && step_tokens.size() != prompt_lens.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(prompt_lens.size(), " prompts but ",
+                                                   step_tokens.size(), " step token counts"));
+  }
   absl::StatusOr<attnmeta::PagedTokenAllocator> alloc = attnmeta::PagedTokenAllocator::Create(
       attnmeta::PageCount(num_pages), ps, attnmeta::FreePagePolicy::Shuffled(seed));
   if (!alloc.ok()) return alloc.status();
@@ -37,20 +44,27 @@ absl::StatusOr<Admitted> Admit(const std::vector<int>& prompt_lens, attnmeta::Pa
       static_cast<int32_t>(prompt_lens.size()), TokenCount(row_tokens));
   if (!pool.ok()) return pool.status();
   Admitted a{*std::move(alloc), *std::move(pool), {}, {}};
-  for (int len : prompt_lens) {
-    // The decode token is allocated after the prompt's last slot, so a prompt has one.
+  for (size_t i = 0; i < prompt_lens.size(); ++i) {
+    const int len = prompt_lens[i];
+    const int step = step_tokens.empty() ? 1 : step_tokens[i];
+    // The step's tokens are allocated after the prompt's last slot, so a prompt has one.
     if (len < 1) return absl::InvalidArgumentError(absl::StrCat("prompt length ", len, " < 1"));
+    if (step < 1) return absl::InvalidArgumentError(absl::StrCat("step of ", step, " tokens"));
     absl::StatusOr<attnmeta::ReqPoolIndex> row = a.pool.Allocate();
     if (!row.ok()) return row.status();
-    // The prompt, then the decode step's token.
-    auto prompt = a.alloc.AllocateExtend({{TokenCount(0), TokenCount(len), attnmeta::TokenSlot(0)}});
+    // The prompt, then the step's tokens: one decode token, or an extend.
+    auto prompt =
+        a.alloc.AllocateExtend({{TokenCount(0), TokenCount(len), attnmeta::TokenSlot(0)}});
     if (!prompt.ok()) return prompt.status();
-    auto next = a.alloc.AllocateDecode({{TokenCount(len + 1), prompt->back()}});
+    auto next =
+        step_tokens.empty()
+            ? a.alloc.AllocateDecode({{TokenCount(len + 1), prompt->back()}})
+            : a.alloc.AllocateExtend({{TokenCount(len), TokenCount(len + step), prompt->back()}});
     if (!next.ok()) return next.status();
     if (absl::Status s = a.pool.Write(*row, TokenCount(0), *prompt); !s.ok()) return s;
     if (absl::Status s = a.pool.Write(*row, TokenCount(len), *next); !s.ok()) return s;
     a.rows.push_back(*row);
-    a.kv_lens.push_back(attnmeta::TokenLength(len + 1));
+    a.kv_lens.push_back(attnmeta::TokenLength(len + step));
   }
   return a;
 }
@@ -107,6 +121,50 @@ absl::Status ReplayDecodeStepAndValidate(const std::vector<int>& prompt_lens, in
   ctx.allow_padding_page = true;
   ctx.check_slot_ownership = true;
   return attnmeta::ValidateForwardMetadata(step->padded, ctx);
+}
+
+absl::StatusOr<int64_t> ReplayDraftExtendStepAndValidate(const std::vector<int>& prompt_lens,
+                                                         const std::vector<int>& accepted,
+                                                         int page_size, int num_pages,
+                                                         unsigned seed, int bucket,
+                                                         int draft_tokens, int64_t query_rows) {
+  constexpr int kMaxContextLen = 4096;
+  if (accepted.size() != prompt_lens.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prompt_lens.size(), " prompts but ", accepted.size(), " accepted counts"));
+  }
+  absl::StatusOr<attnmeta::BackendConfig> config = attnmeta::ParseBackendConfig(absl::StrCat(
+      "max_batch_size: ", bucket, " max_context_len: ", kMaxContextLen, " page_size: ", page_size,
+      " num_q_heads: 32 num_kv_heads: 8 head_dim: 128 kv_dtype: KV_DTYPE_BF16"
+      " consumers { page_table: true }"
+      " speculative { draft_tokens: ",
+      draft_tokens, " topk: 1 steps: 1 }"));
+  if (!config.ok()) return config.status();
+  const attnmeta::PageSize ps = attnmeta::ConfigPageSize(*config);
+  // Request i's query rows: its accepted draft tokens and the next one.
+  std::vector<int> rows_of;
+  for (int a : accepted) rows_of.push_back(a + 1);
+  absl::StatusOr<Admitted> a =
+      Admit(prompt_lens, ps, num_pages, seed, kMaxContextLen + draft_tokens, rows_of);
+  if (!a.ok()) return a.status();
+  std::vector<attnmeta::TokenLength> q_lens;
+  for (int q : rows_of) q_lens.push_back(attnmeta::TokenLength(q));
+  attnmeta::HostDeviceMemory memory;
+  attnmeta::HostMetadataWriter writer;
+  auto state = attnmeta::GraphState::Create(*config, &a->pool, ps, &memory, &writer);
+  if (!state.ok()) return state.status();
+  absl::StatusOr<attnmeta::CaptureHandle> graph = (*state)->Capture(
+      bucket, attnmeta::ForwardMode::kDraftExtend, attnmeta::TokenLength(draft_tokens));
+  if (!graph.ok()) return graph.status();
+  absl::StatusOr<attnmeta::ReplayResult> step =
+      (*state)->Replay(*graph, attnmeta::ReplayBatch{a->rows, a->kv_lens, q_lens});
+  if (!step.ok()) return step.status();
+  attnmeta::ValidationContext ctx{a->alloc.pool_slots(), ps, TokenCount(query_rows)};
+  ctx.allow_padding_page = true;
+  ctx.allow_unclaimed_rows = true;
+  ctx.check_slot_ownership = true;
+  if (absl::Status s = attnmeta::ValidateForwardMetadata(step->padded, ctx); !s.ok()) return s;
+  return int64_t{step->padded.qo_indptr.back().value()};
 }
 
 }  // namespace consumer

@@ -1,5 +1,6 @@
 // A consumer's use of attnmeta: admit requests into a paged KV cache, then build the decode
-// metadata of one step, eagerly or by replaying a captured graph's buffers.
+// metadata of one step, eagerly or by replaying a captured graph's buffers, and replay an
+// EAGLE draft-extend step in a graph.
 
 #ifndef CONSUMER_DECODE_STEP_H_
 #define CONSUMER_DECODE_STEP_H_
@@ -30,6 +31,19 @@ absl::StatusOr<attnmeta::ForwardMetadata> DecodeStepAfterPrefill(
 absl::Status ReplayDecodeStepAndValidate(const std::vector<int>& prompt_lens, int page_size,
                                          int num_pages, unsigned seed, int bucket,
                                          int64_t query_rows);
+
+// An EAGLE draft-extend step through a graph captured for `bucket` requests at `draft_tokens`
+// query rows each: request i, after its prompt, extends by accepted[i] + 1 tokens (at most
+// draft_tokens), its query rows. The replay's whole-bucket view is validated against
+// `query_rows`, the rows of the captured query tensor (bucket * draft_tokens), with the tail of
+// rows that fewer accepted tokens leave unclaimed allowed: a varlen kernel captured for the
+// bucket is launched with zero_unclaimed_rows and max_q_len = draft_tokens. Returns
+// qo_indptr[bucket], the rows the requests (real and padded) claim.
+absl::StatusOr<int64_t> ReplayDraftExtendStepAndValidate(const std::vector<int>& prompt_lens,
+                                                         const std::vector<int>& accepted,
+                                                         int page_size, int num_pages,
+                                                         unsigned seed, int bucket,
+                                                         int draft_tokens, int64_t query_rows);
 
 }  // namespace consumer
 

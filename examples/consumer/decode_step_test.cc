@@ -36,5 +36,24 @@ TEST(DecodeStepTest, AGraphReplayOfTheStepValidates) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(DecodeStepTest, ADraftExtendReplayLeavesATailOfUnclaimedRows) {
+  // Bucket 4 at 4 draft tokens: 16 query rows. Three requests accept 3, 0 and 1 tokens (4, 1 and
+  // 2 rows) and the padded request takes 4: 11 rows claimed, the last 5 a tail.
+  absl::StatusOr<int64_t> claimed = ReplayDraftExtendStepAndValidate(
+      {37, 5, 64}, {3, 0, 1}, 16, 64, 7, /*bucket=*/4, /*draft_tokens=*/4, /*query_rows=*/16);
+  ASSERT_TRUE(claimed.ok()) << claimed.status();
+  EXPECT_EQ(*claimed, 11);
+  // A query tensor smaller than the rows the bucket claims is an error, tail or not.
+  EXPECT_EQ(ReplayDraftExtendStepAndValidate({37, 5, 64}, {3, 0, 1}, 16, 64, 7, 4, 4,
+                                             /*query_rows=*/10)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  // More accepted tokens than drafted: refused by the replay before anything is written.
+  EXPECT_EQ(
+      ReplayDraftExtendStepAndValidate({37, 5, 64}, {4, 0, 1}, 16, 64, 7, 4, 4, 16).status().code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace consumer
