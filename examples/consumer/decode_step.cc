@@ -69,6 +69,20 @@ absl::StatusOr<Admitted> Admit(const std::vector<int>& prompt_lens, attnmeta::Pa
   return a;
 }
 
+constexpr int kMaxContextLen = 4096;
+
+// The backend config of a graph captured for `bucket` requests, in text format; with
+// draft_tokens > 0, also speculative decoding's (one draft step, top-k 1).
+absl::StatusOr<attnmeta::BackendConfig> GraphConfig(int bucket, int page_size, int draft_tokens) {
+  return attnmeta::ParseBackendConfig(absl::StrCat(
+      "max_batch_size: ", bucket, " max_context_len: ", kMaxContextLen, " page_size: ", page_size,
+      " num_q_heads: 32 num_kv_heads: 8 head_dim: 128 kv_dtype: KV_DTYPE_BF16"
+      " consumers { page_table: true }",
+      draft_tokens > 0
+          ? absl::StrCat(" speculative { draft_tokens: ", draft_tokens, " topk: 1 steps: 1 }")
+          : ""));
+}
+
 int Longest(const std::vector<int>& lens) {
   int longest = 0;
   for (int len : lens) longest = len > longest ? len : longest;
@@ -98,11 +112,7 @@ absl::StatusOr<attnmeta::ForwardMetadata> DecodeStepAfterPrefill(
 absl::Status ReplayDecodeStepAndValidate(const std::vector<int>& prompt_lens, int page_size,
                                          int num_pages, unsigned seed, int bucket,
                                          int64_t query_rows) {
-  constexpr int kMaxContextLen = 4096;
-  absl::StatusOr<attnmeta::BackendConfig> config = attnmeta::ParseBackendConfig(absl::StrCat(
-      "max_batch_size: ", bucket, " max_context_len: ", kMaxContextLen, " page_size: ", page_size,
-      " num_q_heads: 32 num_kv_heads: 8 head_dim: 128 kv_dtype: KV_DTYPE_BF16"
-      " consumers { page_table: true }"));
+  absl::StatusOr<attnmeta::BackendConfig> config = GraphConfig(bucket, page_size, 0);
   if (!config.ok()) return config.status();
   const attnmeta::PageSize ps = attnmeta::ConfigPageSize(*config);
   absl::StatusOr<Admitted> a = Admit(prompt_lens, ps, num_pages, seed, kMaxContextLen);
@@ -128,27 +138,23 @@ absl::StatusOr<int64_t> ReplayDraftExtendStepAndValidate(const std::vector<int>&
                                                          int page_size, int num_pages,
                                                          unsigned seed, int bucket,
                                                          int draft_tokens, int64_t query_rows) {
-  constexpr int kMaxContextLen = 4096;
   if (accepted.size() != prompt_lens.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat(prompt_lens.size(), " prompts but ", accepted.size(), " accepted counts"));
   }
-  absl::StatusOr<attnmeta::BackendConfig> config = attnmeta::ParseBackendConfig(absl::StrCat(
-      "max_batch_size: ", bucket, " max_context_len: ", kMaxContextLen, " page_size: ", page_size,
-      " num_q_heads: 32 num_kv_heads: 8 head_dim: 128 kv_dtype: KV_DTYPE_BF16"
-      " consumers { page_table: true }"
-      " speculative { draft_tokens: ",
-      draft_tokens, " topk: 1 steps: 1 }"));
+  absl::StatusOr<attnmeta::BackendConfig> config = GraphConfig(bucket, page_size, draft_tokens);
   if (!config.ok()) return config.status();
   const attnmeta::PageSize ps = attnmeta::ConfigPageSize(*config);
   // Request i's query rows: its accepted draft tokens and the next one.
   std::vector<int> rows_of;
-  for (int a : accepted) rows_of.push_back(a + 1);
+  std::vector<attnmeta::TokenLength> q_lens;
+  for (int n : accepted) {
+    rows_of.push_back(n + 1);
+    q_lens.push_back(attnmeta::TokenLength(n + 1));
+  }
   absl::StatusOr<Admitted> a =
       Admit(prompt_lens, ps, num_pages, seed, kMaxContextLen + draft_tokens, rows_of);
   if (!a.ok()) return a.status();
-  std::vector<attnmeta::TokenLength> q_lens;
-  for (int q : rows_of) q_lens.push_back(attnmeta::TokenLength(q));
   attnmeta::HostDeviceMemory memory;
   attnmeta::HostMetadataWriter writer;
   auto state = attnmeta::GraphState::Create(*config, &a->pool, ps, &memory, &writer);
