@@ -1,7 +1,8 @@
 // The speculative modes through the graph layer: for page sizes 1, 7, 16 and 64 on shuffled
 // pools, draft-extend (fixed and variable rows), target-verify (tree mask) and multi-step
-// draft-decode replayed through captured buckets give, for their real rows, exactly the eager
-// builders' arrays, validate (slot ownership included) and keep every buffer's canaries.
+// draft-decode (a request with no committed tokens included) replayed through captured buckets
+// give, for their real rows, exactly the eager builders' arrays, validate (slot ownership included)
+// and keep every buffer's canaries.
 
 #include <cstdint>
 #include <random>
@@ -120,7 +121,9 @@ TEST_P(SpeculativeGraphTest, DraftDecodeEveryStep) {
     BatchFixture f(ps(), seed() + topk);
     std::vector<TokenLength> seq_lens;
     for (int i = 0; i < 5; ++i) {
-      const TokenLength len(static_cast<int32_t>(std::uniform_int_distribution<int64_t>(1, 500)(rng)));
+      // Request 0 has no committed tokens: its branches read their draft tokens only.
+      const TokenLength len(
+          i == 0 ? 0 : static_cast<int32_t>(std::uniform_int_distribution<int64_t>(1, 500)(rng)));
       f.AddSequence(len.value(), DraftRowTokens(len, shape, f.page_size()).value() - len.value());
       seq_lens.push_back(len);
     }
@@ -253,6 +256,7 @@ TEST(SpeculativeGraphBadInputTest, RefusedReplaysWriteNothing) {
   std::vector<TokenLength> too_many = {TokenLength(1), TokenLength(5), TokenLength(1)};
   std::vector<TokenLength> ones = {TokenLength(1), TokenLength(1), TokenLength(1)};
   std::vector<TokenLength> past_context = {TokenLength(100), TokenLength(513), TokenLength(102)};
+  std::vector<TokenLength> negative = {TokenLength(100), TokenLength(-1), TokenLength(102)};
   struct Case {
     const char* what;
     const CaptureHandle& handle;
@@ -298,6 +302,11 @@ TEST(SpeculativeGraphBadInputTest, RefusedReplaysWriteNothing) {
        *decode,
        {f.rows(), past_context},
        absl::StatusCode::kOutOfRange},
+      {"a negative committed length",
+       *decode,
+       {f.rows(), negative},
+       absl::StatusCode::kInvalidArgument,
+       "kv_lens[1] = -1 is negative"},
   };
   for (const Case& c : cases) {
     const absl::Status s = g.Replay(c.handle, c.batch).status();

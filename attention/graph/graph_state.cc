@@ -372,9 +372,13 @@ absl::StatusOr<ReplayResult> GraphState::Replay(const CaptureHandle& h, const Re
   for (int64_t i = 0; i < bs; ++i) {
     const int64_t kv = batch.kv_lens[i].value();
     const int64_t q_i = batch.q_lens.empty() ? q : batch.q_lens[i].value();
-    if (kv < q_i) {
-      return absl::InvalidArgumentError(absl::StrCat("kv_lens[", i, "] = ", kv, " is below the ",
-                                                     q_i, " query rows of the request"));
+    // A draft-decode length is the committed prefix, which may be empty: each branch's query
+    // row reads its own draft tokens (the eager BuildDraftDecodeMetadata takes 0 too).
+    if (kv < (draft_decode ? 0 : q_i)) {
+      return absl::InvalidArgumentError(
+          draft_decode ? absl::StrCat("kv_lens[", i, "] = ", kv, " is negative")
+                       : absl::StrCat("kv_lens[", i, "] = ", kv, " is below the ", q_i,
+                                      " query rows of the request"));
     }
     if (kv > limit) {
       return absl::OutOfRangeError(absl::StrCat(

@@ -177,12 +177,13 @@ class GraphState {
   //   InvalidArgument: rows and lengths of different sizes, more rows than the bucket, a
   //     request row listed twice (two requests would write one row's slots), an idle
   //     handle given rows or another handle none, a KV length below the query rows per
-  //     request, q_lens outside [1, the handle's] or given to another mode, a tree mask
-  //     missing, of the wrong size, given to another mode, or with rows CheckTreeRows refuses
-  //     as a draft tree's (a byte other than 0/1, a row not seeing itself or the root);
+  //     request (draft-decode: a negative committed length), q_lens outside [1, the handle's] or
+  //     given to another mode, a tree mask missing, of the wrong size, given to another mode, or
+  //     with rows CheckTreeRows refuses as a draft tree's (a byte other than 0/1, a row not seeing
+  //     itself or the root);
   //   OutOfRange: a row outside req_to_token, a KV length beyond max_context_len +
-  //     draft_tokens, or beyond the row (draft-decode: its branches' draft runs beyond the
-  //     row);
+  //     draft_tokens (draft-decode: a committed length beyond max_context_len), or beyond the
+  //     row (draft-decode: its branches' draft runs beyond the row);
   //   ResourceExhausted: a buffer too small for the batch (the message names the buffer, the
   //     need and the capacity).
   absl::StatusOr<ReplayResult> Replay(const CaptureHandle& handle, const ReplayBatch& batch);

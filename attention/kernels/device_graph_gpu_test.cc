@@ -8,6 +8,7 @@
 // Replays queued while the GPU is still busy with earlier ones each write their own batch.
 // Needs a GPU: fails when none is visible.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
@@ -690,7 +691,8 @@ TEST_P(DeviceGraphTest, DraftDecodeReplaysEqualTheHostWriter) {
   BatchFixture f(ps, seed, /*num_pages=*/30000 / ps + 64, /*max_reqs=*/16, /*max_context=*/row);
   std::vector<TokenLength> committed;
   for (int i = 0; i < 12; ++i) {
-    const TokenLength len(std::uniform_int_distribution<int32_t>(0, 300)(rng));
+    // Request 0 has no committed tokens (its branches read their draft tokens only).
+    const TokenLength len(i == 0 ? 0 : std::uniform_int_distribution<int32_t>(0, 300)(rng));
     f.AddSequence(len.value(), DraftRowTokens(len, shape, f.page_size()).value() - len.value());
     committed.push_back(len);
   }
@@ -711,6 +713,7 @@ TEST_P(DeviceGraphTest, DraftDecodeReplaysEqualTheHostWriter) {
     std::vector<int> pick(12);
     std::iota(pick.begin(), pick.end(), 0);
     std::shuffle(pick.begin(), pick.end(), rng);
+    if (iter == 0) std::iter_swap(pick.begin(), std::find(pick.begin(), pick.end(), 0));
     std::vector<ReqPoolIndex> rows;
     std::vector<TokenLength> lens;
     for (int k = 0; k < bs; ++k) {

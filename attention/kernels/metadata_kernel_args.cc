@@ -11,6 +11,7 @@
 namespace attnmeta {
 
 using internal::CheckNotNull;
+using internal::kMaxMetadataCount;
 
 namespace {
 
@@ -46,8 +47,8 @@ absl::StatusOr<kernels::TokenKvIndicesParams> TokenKvIndicesParamsFor(
     return absl::InvalidArgumentError("kv_indptr must have batch_size + 1 >= 1 entries, got 0");
   }
   const int64_t bs = internal::ClaimedSize(in.kv_indptr) - 1;
-  if (bs > std::numeric_limits<int32_t>::max()) {
-    return absl::OutOfRangeError(absl::StrCat("batch_size ", bs, " exceeds the grid"));
+  if (bs > kMaxMetadataCount) {
+    return absl::OutOfRangeError(absl::StrCat("batch_size ", bs, " beyond ", kMaxMetadataCount));
   }
   if (internal::ClaimedSize(in.req_pool_indices) != bs) {
     return absl::InvalidArgumentError(
@@ -109,8 +110,8 @@ absl::StatusOr<kernels::IndptrParams> IndptrParamsFor(DeviceSpan<const TokenLeng
     return absl::InvalidArgumentError(absl::StrCat("last_page_len has ", last_page_len.size(),
                                                    " entries, want 0 or ", lens.size()));
   }
-  if (lens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
-    return absl::OutOfRangeError(absl::StrCat(lens.size(), " lengths, beyond int32"));
+  if (lens.size() > static_cast<size_t>(kMaxMetadataCount)) {
+    return absl::OutOfRangeError(absl::StrCat(lens.size(), " lengths, beyond ", kMaxMetadataCount));
   }
   for (absl::Status s : {CheckNotNull("lens", lens), CheckNotNull("indptr", indptr),
                          CheckNotNull("last_page_len", last_page_len)}) {
@@ -139,9 +140,14 @@ absl::StatusOr<kernels::PageTableParams> PageTableParamsFor(
     return absl::InvalidArgumentError(absl::StrCat(rows.size(), " rows but ", kv_lens.size(),
                                                    " kv_lens"));
   }
-  if (bs > std::numeric_limits<int32_t>::max()) return absl::OutOfRangeError("batch beyond the grid");
-  if (cols < 0 || cols > std::numeric_limits<int32_t>::max() ||
-      internal::ClaimedSize(page_table) < bs * cols) {
+  if (bs > kMaxMetadataCount) {
+    return absl::OutOfRangeError(absl::StrCat("batch of ", bs, " beyond ", kMaxMetadataCount));
+  }
+  if (cols > kMaxMetadataCount) {
+    return absl::OutOfRangeError(
+        absl::StrCat("page_table of ", cols, " columns, beyond ", kMaxMetadataCount));
+  }
+  if (cols < 0 || internal::ClaimedSize(page_table) < bs * cols) {
     return absl::InvalidArgumentError(absl::StrCat("page_table of ", page_table.size(),
                                                    " entries is not [", bs, "][", cols, "]"));
   }
@@ -172,9 +178,12 @@ absl::StatusOr<kernels::FusedMetadataParams> FusedMetadataParamsFor(
         " q_lens, ", a.kv_indptr.size(), " kv_indptr, ", a.qo_indptr.size(), " qo_indptr, ",
         a.kv_last_page_len.size(), " kv_last_page_len"));
   }
+  if (!a.page_table.empty() && a.page_table_cols.value() > kMaxMetadataCount) {
+    return absl::OutOfRangeError(absl::StrCat("page_table of ", a.page_table_cols.value(),
+                                              " columns, beyond ", kMaxMetadataCount));
+  }
   if (!a.page_table.empty() &&
       (a.page_table_cols.value() < 1 ||
-       a.page_table_cols.value() > std::numeric_limits<int32_t>::max() ||
        a.page_table.size() < b * static_cast<size_t>(a.page_table_cols.value()))) {
     return absl::InvalidArgumentError(absl::StrCat("page_table of ", a.page_table.size(),
                                                    " entries is not [", b, "][",
@@ -184,8 +193,8 @@ absl::StatusOr<kernels::FusedMetadataParams> FusedMetadataParamsFor(
     return absl::OutOfRangeError(absl::StrCat("max_kv_len ", a.max_kv_len.value(),
                                               " outside [1, max_context_len = ", src->stride, "]"));
   }
-  if (b > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
-    return absl::OutOfRangeError("batch beyond the grid");
+  if (b > static_cast<size_t>(kMaxMetadataCount)) {
+    return absl::OutOfRangeError(absl::StrCat("batch of ", b, " beyond ", kMaxMetadataCount));
   }
   for (absl::Status s :
        {CheckNotNull("rows", a.rows), CheckNotNull("kv_lens", a.kv_lens),
@@ -223,8 +232,9 @@ absl::StatusOr<kernels::TreeMaskParams> TreeMaskParamsFor(const TreeMaskDeviceAr
   if (a.max_mask_bytes_per_row < 1) {
     return absl::OutOfRangeError("tree mask: max_mask_bytes_per_row must be >= 1");
   }
-  if (b > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
-    return absl::OutOfRangeError("batch beyond the grid");
+  if (b > static_cast<size_t>(kMaxMetadataCount)) {
+    return absl::OutOfRangeError(
+        absl::StrCat("tree mask: batch of ", b, " beyond ", kMaxMetadataCount));
   }
   for (absl::Status s :
        {CheckNotNull("rows", a.rows), CheckNotNull("q_lens", a.q_lens),
@@ -256,8 +266,9 @@ absl::StatusOr<kernels::DraftStepParams> DraftStepParamsFor(const DraftStepDevic
         absl::StrCat("draft step ", a.step, " outside [0, ", a.shape.steps, ")"));
   }
   const size_t b = a.rows.size();
-  if (b > static_cast<size_t>(std::numeric_limits<int32_t>::max() / a.shape.topk)) {
-    return absl::OutOfRangeError("draft step: branches beyond the grid");
+  if (b > static_cast<size_t>(kMaxMetadataCount / a.shape.topk)) {
+    return absl::OutOfRangeError(absl::StrCat("draft step: ", b, " rows of ", a.shape.topk,
+                                              " branches, beyond ", kMaxMetadataCount));
   }
   const size_t branches = b * static_cast<size_t>(a.shape.topk);
   if (a.seq_lens.size() != b || a.kv_lens.size() != branches ||
@@ -306,8 +317,9 @@ absl::StatusOr<kernels::SplitKvPlanParams> SplitKvPlanParamsFor(
                                                    a.unit_indptr.size(), " entries, ",
                                                    a.options.num_units + 1, " needed"));
   }
-  if (a.qo_indptr.size() - 1 > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
-    return absl::OutOfRangeError("split-KV plan: batch beyond int32");
+  if (a.qo_indptr.size() - 1 > static_cast<size_t>(kMaxMetadataCount)) {
+    return absl::OutOfRangeError(absl::StrCat("split-KV plan: batch of ", a.qo_indptr.size() - 1,
+                                              " beyond ", kMaxMetadataCount));
   }
   for (absl::Status s : {CheckNotNull("qo_indptr", a.qo_indptr), CheckNotNull("kv_indptr", a.kv_indptr),
                          CheckNotNull("work", a.work), CheckNotNull("unit_indptr", a.unit_indptr),

@@ -6,7 +6,9 @@
 // Errors name the argument: InvalidArgument for sizes that disagree, a null pointer with a
 // nonzero size, a pointer not aligned for the kernel's loads, options out of range; mostly
 // OutOfRange for what is beyond the kernels' int32 arithmetic or their grid (each function
-// says which).
+// says which). A count that the kernels step through in int32 (a batch, its draft branches,
+// page-table columns, req_to_token's row length) is at most 2^30 (kMaxMetadataCount,
+// internal/launch_checks.h), so that adding a grid's stride to it cannot wrap.
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_METADATA_KERNEL_ARGS_H_
 #define ATTNMETA_ATTENTION_KERNELS_METADATA_KERNEL_ARGS_H_
@@ -51,15 +53,16 @@ struct TokenKvIndicesDeviceInputs {
 };
 // InvalidArgument: sizes that disagree (kv_indptr not batch_size + 1, kv_start_idx neither
 // empty nor batch_size, req_to_token not a whole number of rows, a null pointer with a
-// nonzero size); OutOfRange: max_kv_len outside [0, max_context_len], a batch beyond the grid,
-// rows or pool slots beyond int32. An empty batch: arguments of batch_size 0 (no launch).
+// nonzero size); OutOfRange: max_kv_len outside [0, max_context_len], a batch or row length
+// beyond 2^30, rows or pool slots beyond int32. An empty batch: arguments of batch_size 0 (no
+// launch).
 absl::StatusOr<kernels::TokenKvIndicesParams> TokenKvIndicesParamsFor(
     const TokenKvIndicesDeviceInputs& in, DeviceSpan<TokenSlot> kv_indices,
     kernels::DeviceViolation* violation);
 
 // BuildIndptrOnDevice's arguments: InvalidArgument for indptr not lens.size() + 1 entries,
-// last_page_len neither empty nor lens.size(), a null pointer; OutOfRange for more than
-// INT32_MAX lengths.
+// last_page_len neither empty nor lens.size(), a null pointer; OutOfRange for more than 2^30
+// lengths.
 absl::StatusOr<kernels::IndptrParams> IndptrParamsFor(DeviceSpan<const TokenLength> lens,
                                                       DeviceSpan<TokenOffset> indptr,
                                                       DeviceSpan<TokenLength> last_page_len,
@@ -67,9 +70,9 @@ absl::StatusOr<kernels::IndptrParams> IndptrParamsFor(DeviceSpan<const TokenLeng
                                                       kernels::DeviceViolation* violation);
 
 // BuildPageTableOnDevice's arguments: InvalidArgument for req_to_token that is not whole rows,
-// rows and kv_lens of different sizes, negative columns or columns beyond int32, a table
-// smaller than [bs][cols], a null pointer; OutOfRange for a batch, req_to_token rows or pool
-// slots beyond int32.
+// rows and kv_lens of different sizes, negative columns, a table smaller than [bs][cols], a
+// null pointer; OutOfRange for a batch, columns or a row length beyond 2^30, req_to_token rows
+// or pool slots beyond int32.
 absl::StatusOr<kernels::PageTableParams> PageTableParamsFor(
     const DeviceReqToToken& req_to_token, TokenCount pool_slots,
     DeviceSpan<const ReqPoolIndex> rows, DeviceSpan<const TokenLength> kv_lens,
@@ -97,7 +100,8 @@ struct DecodeMetadataDeviceArgs {
   bool overlap_preceding_kernel = true;  // metadata_launchers.h: "Overlapping the kernel ahead"
 };
 // InvalidArgument for sizes that disagree with B, a page table smaller than [B][cols], a null
-// pointer; OutOfRange for max_kv_len outside [1, max_context_len] or a batch beyond int32.
+// pointer; OutOfRange for max_kv_len outside [1, max_context_len], a batch, page-table columns
+// or a row length beyond 2^30.
 absl::StatusOr<kernels::FusedMetadataParams> FusedMetadataParamsFor(
     const DecodeMetadataDeviceArgs& args, kernels::DeviceViolation* violation);
 
@@ -115,7 +119,7 @@ struct TreeMaskDeviceArgs {
   DeviceSpan<const ReqPoolIndex> rows;
 };
 // InvalidArgument for sizes that disagree with B, a null pointer; OutOfRange for
-// max_mask_bytes_per_row < 1 or a batch beyond int32.
+// max_mask_bytes_per_row < 1 or a batch beyond 2^30.
 absl::StatusOr<kernels::TreeMaskParams> TreeMaskParamsFor(const TreeMaskDeviceArgs& args,
                                                           kernels::DeviceViolation* violation);
 
@@ -137,7 +141,7 @@ struct DraftStepDeviceArgs {
   bool overlap_preceding_kernel = true;  // metadata_launchers.h: "Overlapping the kernel ahead"
 };
 // InvalidArgument for the shape or step, sizes that disagree, a null pointer; OutOfRange for
-// B * topk branches beyond int32.
+// B * topk branches or a row length beyond 2^30.
 absl::StatusOr<kernels::DraftStepParams> DraftStepParamsFor(const DraftStepDeviceArgs& args,
                                                             kernels::DeviceViolation* violation);
 
@@ -153,7 +157,7 @@ struct SplitKvPlanDeviceArgs {
   bool overlap_preceding_kernel = true;     // metadata_launchers.h: "Overlapping the kernel ahead"
 };
 // InvalidArgument for options out of range, indptrs empty or of different sizes, unit_indptr
-// shorter than num_units + 1, a null pointer; OutOfRange for a batch beyond int32.
+// shorter than num_units + 1, a null pointer; OutOfRange for a batch beyond 2^30.
 absl::StatusOr<kernels::SplitKvPlanParams> SplitKvPlanParamsFor(
     const SplitKvPlanDeviceArgs& args, kernels::DeviceViolation* violation);
 

@@ -161,14 +161,14 @@ TEST_F(MetadataKernelArgsTest, TokenKvIndices) {
         "max_kv_len -1 outside [0, max_context_len = 64]"},
        {"max_kv_len past a row", [](Args& a) { a.in.max_kv_len = TokenCount(kStride + 1); },
         kOutOfRange, "max_kv_len 65 outside [0, max_context_len = 64]"},
-       {"a batch beyond the grid",
+       {"a batch beyond int32",
         [&](Args& a) {
           const size_t huge = (size_t{1} << 31) + 1;
           a.in.req_pool_indices = Claimed(rows_, huge - 1);
           a.in.kv_indptr = Claimed(indptr_, huge);
           a.in.kv_start_idx = {};
         },
-        kOutOfRange, "batch_size 2147483648 exceeds the grid"},
+        kOutOfRange, "batch_size 2147483648 beyond 1073741824"},
        {"a batch claimed past INT64_MAX",
         [&](Args& a) {
           // As int64 these sizes were negative and passed the grid bound as a batch of 3.
@@ -176,7 +176,7 @@ TEST_F(MetadataKernelArgsTest, TokenKvIndices) {
           a.in.kv_indptr = Claimed(indptr_, (size_t{1} << 63) + 4);
           a.in.kv_start_idx = {};
         },
-        kOutOfRange, "batch_size 9223372036854775806 exceeds the grid"},
+        kOutOfRange, "batch_size 9223372036854775806 beyond 1073741824"},
        {"more than 2^31 pool slots",
         [](Args& a) { a.in.pool_slots = TokenCount((int64_t{1} << 31) + 1); }, kOutOfRange,
         "req_to_token rows, pool slots or page size beyond int32"},
@@ -227,7 +227,7 @@ TEST_F(MetadataKernelArgsTest, Indptr) {
           "last_page_len has 4 elements but a null pointer");
   const size_t huge = size_t{1} << 31;
   refused(check(Claimed(lens_, huge), Claimed(indptr_, huge + 1), {}), kOutOfRange,
-          "2147483648 lengths, beyond int32");
+          "2147483648 lengths, beyond 1073741824");
 }
 
 TEST_F(MetadataKernelArgsTest, PageTable) {
@@ -285,21 +285,21 @@ TEST_F(MetadataKernelArgsTest, PageTable) {
         "page_table of 16 entries is not [4][-1]"},
        {"columns beyond int32",
         [](Args& a) { a.cols = PageCount(int64_t{std::numeric_limits<int32_t>::max()} + 1); },
-        kInvalid, "page_table of 16 entries is not [4][2147483648]"},
+        kOutOfRange, "page_table of 2147483648 columns, beyond 1073741824"},
        {"a batch beyond int32",
         [&](Args& a) {
           a.rows = Claimed(rows_, (size_t{1} << 31) + 1);
           a.kv_lens = Claimed(lens_, (size_t{1} << 31) + 1);
           a.cols = PageCount(0);
         },
-        kOutOfRange, "batch beyond the grid"},
+        kOutOfRange, "batch of 2147483649 beyond 1073741824"},
        {"a batch claimed past INT64_MAX",
         [&](Args& a) {
           a.rows = Claimed(rows_, (size_t{1} << 63) + 3);
           a.kv_lens = Claimed(lens_, (size_t{1} << 63) + 3);
           a.cols = PageCount(1);
         },
-        kOutOfRange, "batch beyond the grid"},
+        kOutOfRange, "batch of 9223372036854775807 beyond 1073741824"},
        {"null rows", [](Args& a) { a.rows = Null<const ReqPoolIndex>(kBatch); }, kInvalid,
         "rows has 4 elements but a null pointer"},
        {"null kv_lens", [](Args& a) { a.kv_lens = Null<const TokenLength>(kBatch); }, kInvalid,
@@ -371,7 +371,7 @@ TEST_F(MetadataKernelArgsTest, FusedDecodeMetadata) {
           a.kv_last_page_len = Claimed(lens3_, huge);
           a.page_table = {};
         },
-        kOutOfRange, "batch beyond the grid"},
+        kOutOfRange, "batch of 2147483648 beyond 1073741824"},
        {"req_to_token claimed past INT64_MAX",
         [&](A& a) {
           // Whole rows: as int64 the size was negative and passed as 5 rows.
@@ -426,7 +426,7 @@ TEST_F(MetadataKernelArgsTest, TreeMask) {
           a.kv_lens = Claimed(lens2_, huge);
           a.mask_indptr = Claimed(mask_indptr_, huge + 1);
         },
-        kOutOfRange, "batch beyond the grid"},
+        kOutOfRange, "tree mask: batch of 2147483648 beyond 1073741824"},
        {"null q_lens", [](A& a) { a.q_lens = Null<const TokenLength>(kBatch); }, kInvalid,
         "q_lens has 4 elements but a null pointer"},
        {"null kv_lens", [](A& a) { a.kv_lens = Null<const TokenLength>(kBatch); }, kInvalid,
@@ -489,7 +489,7 @@ TEST_F(MetadataKernelArgsTest, DraftStep) {
           a.rows = Claimed(rows_, size_t{1} << 30);
           a.shape.topk = 2;
         },
-        kOutOfRange, "draft step: branches beyond the grid"},
+        kOutOfRange, "draft step: 1073741824 rows of 2 branches, beyond 1073741824"},
        {"null rows", [](A& a) { a.rows = Null<const ReqPoolIndex>(kBatch); }, kInvalid,
         "rows has 4 elements but a null pointer"},
        {"null seq_lens", [](A& a) { a.seq_lens = Null<const TokenLength>(kBatch); }, kInvalid,
@@ -549,7 +549,7 @@ TEST_F(MetadataKernelArgsTest, SplitKvPlan) {
           a.qo_indptr = Claimed(indptr_, (size_t{1} << 31) + 1);
           a.kv_indptr = Claimed(indptr2_, (size_t{1} << 31) + 1);
         },
-        kOutOfRange, "split-KV plan: batch beyond int32"},
+        kOutOfRange, "split-KV plan: batch of 2147483648 beyond 1073741824"},
        {"null qo_indptr", [](A& a) { a.qo_indptr = Null<const TokenOffset>(kBatch + 1); }, kInvalid,
         "qo_indptr has 5 elements but a null pointer"},
        {"null kv_indptr", [](A& a) { a.kv_indptr = Null<const TokenOffset>(kBatch + 1); }, kInvalid,
@@ -560,6 +560,136 @@ TEST_F(MetadataKernelArgsTest, SplitKvPlan) {
         "unit_indptr has 9 elements but a null pointer"},
        {"null reduce", [](A& a) { a.reduce = Null<SplitKvReduceItem>(16); }, kInvalid,
         "reduce has 16 elements but a null pointer"}});
+}
+
+// Every count a metadata kernel steps through in int32 stops at kMaxMetadataCount = 2^30
+// (launch_checks.h): 2^30 is taken and one more refused. Near INT32_MAX, a count plus a block's
+// or a grid's stride wrapped negative on the device and indexed before its buffer.
+TEST_F(MetadataKernelArgsTest, CountsStopAt2To30) {
+  constexpr size_t kLimit = size_t{1} << 30;
+  const PageSize ps = *PageSize::Create(16);
+  const auto stops_at_the_limit = [&](const char* what, const auto& check, const char* refusal) {
+    SCOPED_TRACE(what);
+    const absl::Status at = check(kLimit);
+    EXPECT_TRUE(at.ok()) << at;
+    const absl::Status past = check(kLimit + 1);
+    EXPECT_EQ(past.code(), kOutOfRange) << past;
+    EXPECT_EQ(std::string(past.message()), refusal);
+  };
+  stops_at_the_limit(
+      "kv_indices: the batch",
+      [&](size_t n) {
+        TokenKvIndicesDeviceInputs in;
+        in.req_to_token = Over(table_, kRows * kStride);
+        in.max_context_len = TokenCount(kStride);
+        in.req_pool_indices = Claimed(rows_, n);
+        in.kv_indptr = Claimed(indptr_, n + 1);
+        in.max_kv_len = TokenCount(kStride);
+        in.pool_slots = TokenCount(1024);
+        return TokenKvIndicesParamsFor(in, Over(indices_, 256), nullptr).status();
+      },
+      "batch_size 1073741825 beyond 1073741824");
+  stops_at_the_limit(
+      "indptr: the lengths",
+      [&](size_t n) {
+        return IndptrParamsFor(Claimed(lens_, n), Claimed(indptr_, n + 1), {}, ps, nullptr)
+            .status();
+      },
+      "1073741825 lengths, beyond 1073741824");
+  stops_at_the_limit(
+      "page table: the batch",
+      [&](size_t n) {
+        return PageTableParamsFor(ReqToToken(), TokenCount(1024), Claimed(rows_, n),
+                                  Claimed(lens_, n), ps, Claimed(pages_, n), PageCount(1), nullptr)
+            .status();
+      },
+      "batch of 1073741825 beyond 1073741824");
+  stops_at_the_limit(
+      "page table: the columns",
+      [&](size_t n) {
+        return PageTableParamsFor(ReqToToken(), TokenCount(1024), Over(rows_, kBatch),
+                                  Over(lens_, kBatch), ps, Claimed(pages_, kBatch * n),
+                                  PageCount(static_cast<int64_t>(n)), nullptr)
+            .status();
+      },
+      "page_table of 1073741825 columns, beyond 1073741824");
+  stops_at_the_limit(
+      "req_to_token: a row's tokens",
+      [&](size_t n) {
+        const DeviceReqToToken one_row{Claimed(table_, n), TokenCount(static_cast<int64_t>(n))};
+        return PageTableParamsFor(one_row, TokenCount(1024), Over(rows_, kBatch),
+                                  Over(lens_, kBatch), ps, Over(pages_, kBatch), PageCount(1),
+                                  nullptr)
+            .status();
+      },
+      "req_to_token rows of 1073741825 tokens, beyond 1073741824");
+  const auto fused = [&](size_t n, size_t cols) {
+    DecodeMetadataDeviceArgs a;
+    a.req_to_token = ReqToToken();
+    a.pool_slots = TokenCount(1024);
+    a.page_size = ps;
+    a.rows = Claimed(rows_, n);
+    a.kv_lens = Claimed(lens_, n);
+    a.q_lens = Claimed(lens2_, n);
+    a.kv_indptr = Claimed(indptr_, n + 1);
+    a.qo_indptr = Claimed(indptr2_, n + 1);
+    a.kv_last_page_len = Claimed(lens3_, n);
+    a.kv_indices = Over(indices_, 256);
+    a.page_table = Claimed(pages_, n * cols);
+    a.page_table_cols = PageCount(static_cast<int64_t>(cols));
+    a.max_kv_len = TokenCount(kStride);
+    return FusedMetadataParamsFor(a, nullptr).status();
+  };
+  stops_at_the_limit(
+      "fused: the batch", [&](size_t n) { return fused(n, 1); },
+      "batch of 1073741825 beyond 1073741824");
+  stops_at_the_limit(
+      "fused: the page table's columns", [&](size_t n) { return fused(kBatch, n); },
+      "page_table of 1073741825 columns, beyond 1073741824");
+  stops_at_the_limit(
+      "tree mask: the batch",
+      [&](size_t n) {
+        TreeMaskDeviceArgs a;
+        a.q_lens = Claimed(lens_, n);
+        a.kv_lens = Claimed(lens2_, n);
+        a.tree = Over(bytes_, 64);
+        a.mask_indptr = Claimed(mask_indptr_, n + 1);
+        a.mask = Over(bytes2_, 1024);
+        a.max_mask_bytes_per_row = 32;
+        return TreeMaskParamsFor(a, nullptr).status();
+      },
+      "tree mask: batch of 1073741825 beyond 1073741824");
+  stops_at_the_limit(
+      "draft step: the branches",
+      [&](size_t n) {
+        DraftStepDeviceArgs a;
+        a.req_to_token = ReqToToken();
+        a.pool_slots = TokenCount(1024);
+        a.rows = Claimed(rows_, n);
+        a.seq_lens = Claimed(lens_, n);
+        a.shape = DraftDecodeShape{1, 3};
+        a.step = 0;
+        a.kv_lens = Claimed(lens2_, n);
+        a.kv_indptr = Claimed(indptr_, n + 1);
+        a.qo_indptr = Claimed(indptr2_, n + 1);
+        a.kv_last_page_len = Claimed(lens3_, n);
+        a.kv_indices = Over(indices_, 512);
+        return DraftStepParamsFor(a, nullptr).status();
+      },
+      "draft step: 1073741825 rows of 1 branches, beyond 1073741824");
+  stops_at_the_limit(
+      "split-KV plan: the batch",
+      [&](size_t n) {
+        SplitKvPlanDeviceArgs a;
+        a.qo_indptr = Claimed(indptr_, n + 1);
+        a.kv_indptr = Claimed(indptr2_, n + 1);
+        a.options = SplitKvOptions{KvLayout::Paged(ps), 8, TokenCount(100), TokenCount(64)};
+        a.work = Over(work_, 32);
+        a.unit_indptr = Over(units_, 9);
+        a.reduce = Over(reduce_, 16);
+        return SplitKvPlanParamsFor(a, nullptr).status();
+      },
+      "split-KV plan: batch of 1073741825 beyond 1073741824");
 }
 
 TEST_F(MetadataKernelArgsTest, GatherKv) {

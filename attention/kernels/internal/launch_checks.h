@@ -44,9 +44,14 @@ absl::Status CheckNotNull(absl::string_view name, DeviceSpan<T> span) {
   return absl::OkStatus();
 }
 
+// Counts the metadata kernels step through in int32 (a batch, its draft branches, page-table
+// columns, a row's tokens): at most 2^30, so that a count plus a block's or a grid's stride
+// (at most 2^26) or a page size (at most 2^30) less one stays within int32.
+inline constexpr int64_t kMaxMetadataCount = int64_t{1} << 30;
+
 // The kernels' view of req_to_token ([rows][stride], row-major) and the KV pool, checked:
 // InvalidArgument unless the table is a whole number >= 1 of rows with a pointer; OutOfRange
-// for rows, pool slots or a page size beyond int32.
+// for rows, pool slots or a page size beyond int32, or rows longer than kMaxMetadataCount.
 inline absl::StatusOr<kernels::SlotSource> CheckedSlotSource(DeviceSpan<const TokenSlot> table,
                                                              TokenCount stride,
                                                              TokenCount pool_slots,
@@ -62,6 +67,10 @@ inline absl::StatusOr<kernels::SlotSource> CheckedSlotSource(DeviceSpan<const To
   if (rows > INT32_MAX || pool_slots.value() < 0 || pool_slots.value() > (int64_t{1} << 31) ||
       page_size.tokens() > (int64_t{1} << 30)) {
     return absl::OutOfRangeError("req_to_token rows, pool slots or page size beyond int32");
+  }
+  if (cols > kMaxMetadataCount) {
+    return absl::OutOfRangeError(
+        absl::StrCat("req_to_token rows of ", cols, " tokens, beyond ", kMaxMetadataCount));
   }
   kernels::SlotSource s;
   s.req_to_token = reinterpret_cast<const int32_t*>(table.data());
