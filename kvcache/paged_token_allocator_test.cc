@@ -19,18 +19,37 @@ PagedTokenAllocator MakeInOrder(int64_t num_pages, int64_t page_size) {
                                       FreePagePolicy::InOrder());
 }
 
-// Everything observable about an allocator, to check that a failed call changed nothing.
+// Everything observable about an allocator, to check that a failed call changed nothing: its
+// counts, each slot's liveness, each page's live tokens, and the order in which it would hand
+// out its free pages next (what a copy of it allocates when asked for all of them).
 struct State {
   int64_t free_pages;
   int64_t live_tokens;
   std::vector<bool> live;
+  std::vector<int64_t> page_live;
+  std::vector<TokenSlot> next_slots;
   bool operator==(const State& o) const {
-    return free_pages == o.free_pages && live_tokens == o.live_tokens && live == o.live;
+    return free_pages == o.free_pages && live_tokens == o.live_tokens && live == o.live &&
+           page_live == o.page_live && next_slots == o.next_slots;
   }
 };
 State Snapshot(const PagedTokenAllocator& a) {
-  State s{a.free_pages().value(), a.live_tokens().value(), {}};
+  State s{a.free_pages().value(), a.live_tokens().value(), {}, {}, {}};
   for (int32_t i = 0; i < a.pool_slots().value(); ++i) s.live.push_back(a.IsLive(TokenSlot(i)));
+  for (int64_t p = 0; p <= a.total_pages().value(); ++p) {
+    s.page_live.push_back(a.LiveTokensInPage(PageId(p)).value());
+  }
+  if (s.free_pages > 0) {
+    PagedTokenAllocator copy = a;
+    const TokenCount all = TokensInPages(copy.free_pages(), copy.page_size());
+    absl::StatusOr<std::vector<TokenSlot>> next =
+        copy.AllocateExtend({{TokenCount(0), all, TokenSlot(0)}});
+    if (next.ok()) {
+      s.next_slots = *std::move(next);
+    } else {
+      ADD_FAILURE() << "allocating every free page of a copy: " << next.status();
+    }
+  }
   return s;
 }
 

@@ -23,7 +23,8 @@ VerifyTree GoldenTree() {
 // sibling token 2 is 12: accepted), 14 after token 2 (token 4: accepted), 77 after token 4
 // (no child): path 0, 2, 4, bonus 77. Request 1: 21 after the root (token 1), 23 after token
 // 1 (token 2 is 22, token 3 is 23: accepted), 99 after token 3 (no child): path 0, 1, 3,
-// bonus 99; the lost token 4 is unreachable even though the root's prediction names it.
+// bonus 99. Then the root of request 1 predicts 24, the draft of its lost token 4 (parent 42,
+// not in the tree): token 4 is no child of the root, so only the root is kept, bonus 24.
 TEST(GreedyAcceptTest, WalksTheTreeAndSplitsTheSlots) {
   const VerifyTree tree = GoldenTree();
   const std::vector<int32_t> draft = {100, 11, 12, 13, 14, 15, 200, 21, 22, 23, 24, 25};
@@ -50,6 +51,14 @@ TEST(GreedyAcceptTest, WalksTheTreeAndSplitsTheSlots) {
   EXPECT_EQ(alloc.live_tokens(), TokenCount(6));
   for (TokenSlot kept : r->keep_slots) EXPECT_TRUE(alloc.IsLive(kept));
   for (TokenSlot freed : r->free_slots) EXPECT_FALSE(alloc.IsLive(freed));
+
+  std::vector<int32_t> names_the_lost = predict;
+  names_the_lost[6] = 24;
+  auto lost = AcceptGreedy(AcceptInputs{&tree, draft, names_the_lost, *slots});
+  ASSERT_TRUE(lost.ok()) << lost.status();
+  EXPECT_EQ(lost->accept_index, (std::vector<int32_t>{0, 2, 4, -1, -1, -1, 0, -1, -1, -1, -1, -1}));
+  EXPECT_EQ(lost->accept_count, (std::vector<TokenLength>{TokenLength(2), TokenLength(0)}));
+  EXPECT_EQ(lost->bonus_token, (std::vector<int32_t>{77, 24}));
 }
 
 // A chain (top-k 1) whose every draft token is right: all accepted, the bonus after the last.

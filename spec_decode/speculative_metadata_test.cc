@@ -99,23 +99,48 @@ TEST(DraftExtendTest, BadInputIsAnError) {
   struct Case {
     const char* what;
     DraftExtendBatch batch;
+    const char* message;  // the refusal of its own check, not of a later one
   } cases[] = {
       // The reference system's bug: a prefill qo_indptr's 80 rows for a smaller query.
-      {"rows disagree with the query tensor", {f.rows(), f.kv_lens(), TokenCount(4), {}, TokenCount(0), TokenCount(80)}},
-      {"neither form", {f.rows(), f.kv_lens(), TokenCount(0), {}, TokenCount(4), TokenCount(8)}},
-      {"both forms", {f.rows(), f.kv_lens(), TokenCount(4), accepted, TokenCount(4), TokenCount(8)}},
-      {"negative rows per request", {f.rows(), f.kv_lens(), TokenCount(-4), {}, TokenCount(0), TokenCount(-8)}},
+      {"rows disagree with the query tensor",
+       {f.rows(), f.kv_lens(), TokenCount(4), {}, TokenCount(0), TokenCount(80)},
+       "draft-extend: the batch has 8 query rows (qo_indptr[bs]) but the query tensor has 80"},
+      {"neither form",
+       {f.rows(), f.kv_lens(), TokenCount(0), {}, TokenCount(4), TokenCount(8)},
+       "draft-extend: give either num_tokens_per_req in [1, INT32_MAX] or accept_lens, got 0 and 0 "
+       "accepted lengths"},
+      {"both forms",
+       {f.rows(), f.kv_lens(), TokenCount(4), accepted, TokenCount(4), TokenCount(8)},
+       "draft-extend: give either num_tokens_per_req in [1, INT32_MAX] or accept_lens, got 4 and 2 "
+       "accepted lengths"},
+      {"negative rows per request",
+       {f.rows(), f.kv_lens(), TokenCount(-4), {}, TokenCount(0), TokenCount(-8)},
+       "draft-extend: give either num_tokens_per_req in [1, INT32_MAX] or accept_lens, got -4 and "
+       "0 "
+       "accepted lengths"},
       // 2^32 + 2 rows each: 2 when cut to 32 bits, which the 4 query rows would match.
       {"rows per request past a query length",
-       {f.rows(), f.kv_lens(), TokenCount((int64_t{1} << 32) + 2), {}, TokenCount(0), TokenCount(4)}},
-      {"accepted beyond the draft", {f.rows(), f.kv_lens(), TokenCount(0), accepted, TokenCount(4), TokenCount(7)}},
+       {f.rows(),
+        f.kv_lens(),
+        TokenCount((int64_t{1} << 32) + 2),
+        {},
+        TokenCount(0),
+        TokenCount(4)},
+       "draft-extend: give either num_tokens_per_req in [1, INT32_MAX] or accept_lens, got "
+       "4294967298 "
+       "and 0 accepted lengths"},
+      {"accepted beyond the draft",
+       {f.rows(), f.kv_lens(), TokenCount(0), accepted, TokenCount(4), TokenCount(7)},
+       "draft-extend: request 1 accepted 4 draft tokens, outside [0, 4)"},
       {"accepted lengths of the wrong size",
-       {f.rows(), f.kv_lens(), TokenCount(0), absl::MakeConstSpan(accepted).subspan(1), TokenCount(4), TokenCount(5)}},
+       {f.rows(), f.kv_lens(), TokenCount(0), absl::MakeConstSpan(accepted).subspan(1),
+        TokenCount(4), TokenCount(5)},
+       "draft-extend: 1 accepted lengths for 2 requests"},
   };
   for (const Case& c : cases) {
-    EXPECT_EQ(BuildDraftExtendMetadata(c.batch, f.pool(), f.page_size()).status().code(),
-              absl::StatusCode::kInvalidArgument)
-        << c.what;
+    const absl::Status s = BuildDraftExtendMetadata(c.batch, f.pool(), f.page_size()).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.what;
+    EXPECT_EQ(std::string(s.message()), c.message) << c.what;
   }
   // accepted + 1 past INT32_MAX (a draft longer than that): refused before it becomes a query
   // length, by the accepted-length check itself.

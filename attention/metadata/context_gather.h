@@ -41,8 +41,8 @@ struct ContextGather {
 //   InvalidArgument: kv_lens.size() + 1 != kv_indptr.size(), a kv_indptr that does not start
 //     at 0 or decreases, or output spans of the wrong size (cu_k must be bs + 1, tok_idx at
 //     least the total);
-//   OutOfRange, with the WARNING: an index kv_indptr[i] + t outside kv_indices, a slot
-//     outside [0, pool_slots), or a total beyond int32 offsets.
+//   OutOfRange, with the WARNING: an index kv_indptr[i] + t outside kv_indices, or a slot
+//     outside [0, pool_slots).
 // The checks run before anything is allocated or written.
 // `total` (may be null) receives cu_k[bs].
 absl::Status GatherContextTokens(const ContextGatherInputs& in, absl::Span<TokenSlot> tok_idx,
