@@ -64,10 +64,11 @@ class DeviceMetadataWriter : public MetadataWriter {
   // the host ReqToTokenPool GraphState checks rows against: same rows and stride); slots read
   // are checked against `pool_slots`. Launches on `stream`. InvalidArgument for an empty
   // table, a stride < 1, a table that is not whole rows, a null table or pool_slots < 1;
-  // OutOfRange for more than INT32_MAX rows or pool_slots past 2^31; Internal when the
-  // runtime fails. A write that fails leaves the writer as it was (its violation word and the
-  // staged uploads are touched only once every launch of the write has been checked), but for
-  // the split-KV counts: WriteTokenArrays refuses until a WriteBatchArrays succeeds.
+  // OutOfRange for more than INT32_MAX rows, rows of more than 2^30 tokens or pool_slots past
+  // 2^31; Internal when the runtime fails. A write that fails leaves the writer as it was (its
+  // violation word and the staged uploads are touched only once every launch of the write has
+  // been checked), but for the split-KV counts: WriteTokenArrays refuses until a WriteBatchArrays
+  // succeeds.
   static absl::StatusOr<std::unique_ptr<DeviceMetadataWriter>> Create(
       DeviceReqToToken req_to_token, TokenCount pool_slots, hipStream_t stream, Options options);
   DeviceMetadataWriter(const DeviceMetadataWriter&) = delete;

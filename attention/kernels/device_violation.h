@@ -51,6 +51,10 @@ enum ViolationKind : int32_t {
                               // that no reduce item merges
   kReduceItemPartialBeginNegative = 25,   // a reduce item's partial_begin below 0
   kReduceItemPartialEndBeforeBegin = 26,  // a reduce item's partial_end below its partial_begin
+  kWorkItemShortOfSequence = 27,  // a work item without a partial slot (it writes the output)
+                                  // whose KV range is not its whole sequence: value, the
+                                  // tokens it covers; bound, the sequence's KV length
+  kStartOutsideRow = 28,          // a kv_start_idx entry outside [0, the row's length]
 };
 
 struct DeviceViolation {

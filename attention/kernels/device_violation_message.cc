@@ -63,6 +63,13 @@ std::string DescribeViolation(const kernels::DeviceViolation& v) {
     case kernels::kWorkItemKvEndBeforeBegin:
       return absl::StrCat("split-KV work item ", v.index, ": kv_end ", v.value,
                           " is below its kv_begin ", v.bound);
+    case kernels::kWorkItemShortOfSequence:
+      return absl::StrCat("split-KV work item ", v.index, ": writes its sequence's output from ",
+                          v.value, " of its ", v.bound,
+                          " KV tokens (a plan made for other lengths)");
+    case kernels::kStartOutsideRow:
+      return absl::StrCat("kv_start_idx ", at, v.value, " outside the row of ", v.bound,
+                          " positions");
     case kernels::kReduceItemSequence:
       return absl::StrCat("split-KV reduce item ", v.index, ": sequence ", v.value,
                           " outside the batch of ", v.bound);

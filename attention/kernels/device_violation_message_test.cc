@@ -70,6 +70,10 @@ constexpr Kind kKinds[] = {
      "split-KV reduce item 41: partial_begin 90001 is negative", false},
     {kernels::kReduceItemPartialEndBeforeBegin,
      "split-KV reduce item 41: partial_end 90001 is below its partial_begin 777", true},
+    {kernels::kWorkItemShortOfSequence,
+     "split-KV work item 41: writes its sequence's output from 90001 of its 777 KV tokens", true},
+    {kernels::kStartOutsideRow, "kv_start_idx entry 41: 90001 outside the row of 777 positions",
+     true},
 };
 
 TEST(DescribeViolationTest, NamesTheArrayTheEntryTheValueAndTheBoundOfEveryKind) {

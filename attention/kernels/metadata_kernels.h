@@ -80,9 +80,10 @@ inline constexpr int32_t kPageTableThreads = 128;
 inline constexpr int32_t kPageTableColumnsPerPass = kPageTableThreads * 8;
 
 // kv_indices[kv_indptr[i] + t] = req_to_token[rows[i]][start[i] + t], t < kv_indptr[i + 1] -
-// kv_indptr[i]. Grid (batch_size, passes). Violations: a row outside the table, a range past
-// the row, an indptr end past kv_indices_capacity or decreasing (the out-of-bounds part is not
-// written), a slot outside the pool when src.pool_slots > 0.
+// kv_indptr[i]. Grid (batch_size, passes). Violations: a row outside the table or a start
+// outside [0, src.stride] (the padding page's slots written), a range past the row, an indptr
+// end past kv_indices_capacity or decreasing (the out-of-bounds part is not written), a slot
+// outside the pool when src.pool_slots > 0.
 struct TokenKvIndicesParams {
   SlotSource src;
   const int32_t* rows;          // [batch_size]
@@ -159,7 +160,9 @@ struct SplitKvReduceEntry {
 // The split-KV plan PlanSplitKvInto writes for sequences [0, n) of qo_indptr / kv_indptr,
 // bit for bit: the same work items in the same order, unit_indptr[0, num_units], the reduce
 // items, the partial slots. One block. Violations: a negative or decreasing indptr entry (the
-// sequence taken as empty), q_len > kv_len (q taken as kv), items past a capacity (not written).
+// sequence taken as empty), q_len > kv_len (q taken as kv), items past a capacity (not
+// written); more query tiles than work_capacity (each tile takes an item), or more than 2^40
+// chunks, is recorded once and written as a plan of no items (unit_indptr all 0).
 struct SplitKvPlanParams {
   const int32_t* qo_indptr;  // [n + 1]
   const int32_t* kv_indptr;  // [n + 1]

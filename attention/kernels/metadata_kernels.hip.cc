@@ -392,12 +392,15 @@ __global__ void __launch_bounds__(kTokenKvIndicesThreads)
     }
     return;
   }
-  const int64_t start = p.kv_start_idx != nullptr ? p.kv_start_idx[i] : 0;
-  if (start < 0 || start > p.src.stride) {
+  int64_t start = p.kv_start_idx != nullptr ? p.kv_start_idx[i] : 0;
+  // A start outside the row is recorded, and the sequence's entries are written as the padding
+  // page's slots, as for a row outside the table.
+  const bool start_in_row = start >= 0 && start <= p.src.stride;
+  if (!start_in_row) {
     if (blockIdx.y == 0 && threadIdx.x == 0) {
-      RecordViolation(p.violation, kLengthPastRow, i, start, p.src.stride);
+      RecordViolation(p.violation, kStartOutsideRow, i, start, p.src.stride);
     }
-    return;
+    start = 0;
   }
   int64_t len = CheckedLength(end - begin, p.src.stride - start, i, p.violation);
   if (begin + len > p.kv_indices_capacity) {
@@ -406,7 +409,8 @@ __global__ void __launch_bounds__(kTokenKvIndicesThreads)
   }
   // A row outside the table (-1 included: this batch has no padded rows) is recorded and
   // written as the padding page.
-  const int32_t* row = RowSlots(p.src, p.rows[i], i, p.violation, /*padded_allowed=*/false);
+  const int32_t* row =
+      start_in_row ? RowSlots(p.src, p.rows[i], i, p.violation, /*padded_allowed=*/false) : nullptr;
   const int32_t* src = row == nullptr ? nullptr : row + start;
   const RowFrame f = FrameOf(src, static_cast<int32_t>(len));
   // One pass per block when the grid covers max_kv_len: no load ahead (its registers would
@@ -550,12 +554,19 @@ __global__ void __launch_bounds__(kThreads) TreeMaskKernel(TreeMaskParams p) {
   };
   // A padded row (rows given and rows[k] == kPaddedRow) has no tree rows.
   auto padded = [&](int32_t k) { return p.rows != nullptr && p.rows[k] == kPaddedRow; };
+  // A thread's sums saturate at 2^53 bytes, past any buffer: a block of corrupted lengths near
+  // INT32_MAX holds 2^62 bytes, and three of them wrapped an unsaturated sum below the
+  // capacity checks. The block's sum is then at most kThreads * 2^53, and adding one more
+  // block's bytes stays below 2^63.
+  constexpr int64_t kSumCap = int64_t{1} << 53;
   int64_t mask_before = 0, tree_before = 0;
   for (int32_t k = threadIdx.x; k < i; k += kThreads) {
     int64_t q, kv;
     lengths(k, &q, &kv);
-    mask_before += q * kv;
-    tree_before += padded(k) ? 0 : q * q;
+    const int64_t m = mask_before + q * kv;
+    const int64_t t = tree_before + (padded(k) ? 0 : q * q);
+    mask_before = m < kSumCap ? m : kSumCap;
+    tree_before = t < kSumCap ? t : kSumCap;
   }
   internal::BlockSum2<kThreads>(mask_before, tree_before, scratch);
   int64_t q, kv;
@@ -760,12 +771,21 @@ __device__ inline PlanSequence LoadPlanSequence(const SplitKvPlanParams& p, int3
   PlanSequence s{0, 0, 0, 0, 0};
   const int64_t q0 = p.qo_indptr[i], q1 = p.qo_indptr[i + 1];
   const int64_t k0 = p.kv_indptr[i], k1 = p.kv_indptr[i + 1];
-  if (q0 < 0 || k0 < 0) {
-    RecordViolation(p.violation, kOffsetNegative, i, q0 < 0 ? q0 : k0, 0);
+  // Each array's violations under its own name (qo_indptr's are the query-indptr kinds).
+  if (q0 < 0) {
+    RecordViolation(p.violation, kQueryIndptrNegative, i, q0, 0);
     return s;
   }
-  if (q1 < q0 || k1 < k0) {
-    RecordViolation(p.violation, kIndptrDecreasing, i + 1, q1 < q0 ? q1 : k1, q1 < q0 ? q0 : k0);
+  if (k0 < 0) {
+    RecordViolation(p.violation, kOffsetNegative, i, k0, 0);
+    return s;
+  }
+  if (q1 < q0) {
+    RecordViolation(p.violation, kQueryIndptrDecreasing, i + 1, q1, q0);
+    return s;
+  }
+  if (k1 < k0) {
+    RecordViolation(p.violation, kIndptrDecreasing, i + 1, k1, k0);
     return s;
   }
   s.qo_begin = q0;
@@ -792,15 +812,33 @@ __global__ void __launch_bounds__(kIndptrThreads) SplitKvPlanKernel(SplitKvPlanP
   WaitForPrecedingGrid();  // launched to overlap the kernel ahead: before any read
   AllowDependentGridLaunch();
   __shared__ internal::BlockScratch<kIndptrThreads> scratch;
-  int64_t total_chunks = 0;
+  // The totals saturate at kTotalCap: corrupted indptrs (a sawtooth of INT32_MAX lengths, a
+  // q_tile of 1) give a sequence up to 2^62 chunks and 2^31 tiles, whose unsaturated sum
+  // wrapped the unit map (and with it unit_indptr's index), and whose tiles one thread walked.
+  constexpr int64_t kTotalCap = int64_t{1} << 40;
+  const auto capped = [](int64_t v) { return v < kTotalCap ? v : kTotalCap; };
+  int64_t total_chunks = 0, total_tiles = 0;
   for (int32_t k0 = 0; k0 < p.n; k0 += kIndptrThreads) {
     const int32_t i = k0 + threadIdx.x;
-    int64_t chunks = 0;
+    int64_t chunks = 0, tiles = 0;
     if (i < p.n) {
       const PlanSequence s = LoadPlanSequence(p, i);
-      chunks = s.tiles * s.kv_chunks;
+      chunks = capped(s.tiles * s.kv_chunks);
+      tiles = capped(s.tiles);
     }
     (void)ExclusiveScan(chunks, total_chunks, scratch);
+    (void)ExclusiveScan(tiles, total_tiles, scratch);
+    total_chunks = capped(total_chunks);
+    total_tiles = capped(total_tiles);
+  }
+  // Every tile takes a work item at least: a batch of more tiles than items (or of saturated
+  // totals) has no plan these buffers hold. Recorded, and written as a plan of no items.
+  if (total_tiles > p.work_capacity || total_chunks == kTotalCap) {
+    if (threadIdx.x == 0) {
+      RecordViolation(p.violation, kTotalPastCapacity, p.n, total_tiles, p.work_capacity);
+    }
+    for (int32_t u = threadIdx.x; u <= p.num_units; u += kIndptrThreads) p.unit_indptr[u] = 0;
+    return;
   }
   const UnitMap m{total_chunks / p.num_units, total_chunks % p.num_units};
   int64_t chunk_carry = 0, item_carry = 0, partial_carry = 0, reduce_carry = 0;

@@ -9,10 +9,13 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "attention/graph/graph_state.h"
 #include "attention/graph/host_metadata_writer.h"
 #include "attention/graph/metadata_writer.h"
@@ -889,7 +892,47 @@ TEST_F(GuardGpuTest, SplitKvPlanNamesBadIndptrsAndShortSpans) {
   a.kv_indptr = bad_kv.const_span();
   a.work = work.span();
   ASSERT_TRUE(BuildSplitKvPlanOnDevice(a, violation(), nullptr).ok());
-  ExpectViolation("below the entry");
+  ExpectViolation("kv_indptr entry 2: 800 is below the entry before it (900)");
+  // Each indptr's violations under its own name.
+  for (const auto& [bad_qo, bad_kv_entries, words] :
+       {std::tuple<std::vector<TokenOffset>, std::vector<TokenOffset>, std::string>{
+            {TokenOffset(0), TokenOffset(2), TokenOffset(1)},
+            kv,
+            "qo_indptr entry 2: 1 is below the entry before it (2)"},
+        {{TokenOffset(-1), TokenOffset(1), TokenOffset(2)},
+         kv,
+         "qo_indptr entry 0: -1 is negative"},
+        {qo,
+         {TokenOffset(-5), TokenOffset(900), TokenOffset(1800)},
+         "kv_indptr entry 0: -5 is negative"}}) {
+    SCOPED_TRACE(words);
+    DeviceBuffer<TokenOffset> q_entries = Upload(bad_qo), k_entries = Upload(bad_kv_entries);
+    SplitKvPlanDeviceArgs c = a;
+    c.qo_indptr = q_entries.const_span();
+    c.kv_indptr = k_entries.const_span();
+    ASSERT_TRUE(BuildSplitKvPlanOnDevice(c, violation(), nullptr).ok());
+    ExpectViolation(words);
+  }
+  // More query tiles than work items (2^20 tiles of one row, 8 items): no plan these buffers
+  // hold. Named once, and written as a plan of no items: unit_indptr all 0, the items untouched.
+  // (Such tiles, 2^31 of them over INT32_MAX-long sequences, were walked by one thread, and
+  // their chunks' sum wrapped the unit map.)
+  {
+    const std::vector<TokenOffset> long_seq = {TokenOffset(0), TokenOffset(1 << 20)};
+    DeviceBuffer<TokenOffset> q_entries = Upload(long_seq), k_entries = Upload(long_seq);
+    DeviceBuffer<SplitKvWorkItem> items = Upload(std::vector<SplitKvWorkItem>(8, kPoisonItem));
+    DeviceBuffer<int32_t> unit_entries = Upload(std::vector<int32_t>(9, -7));
+    SplitKvPlanDeviceArgs c = a;
+    c.qo_indptr = q_entries.const_span();
+    c.kv_indptr = k_entries.const_span();
+    c.options.q_tile = TokenCount(1);
+    c.work = items.span();
+    c.unit_indptr = unit_entries.span();
+    ASSERT_TRUE(BuildSplitKvPlanOnDevice(c, violation(), nullptr).ok());
+    ExpectViolation("output entry 1: needs 1048576 entries, the buffer holds 8");
+    EXPECT_EQ(Download(unit_entries), std::vector<int32_t>(9, 0));
+    EXPECT_EQ(Words(Download(items)), Words(std::vector<SplitKvWorkItem>(8, kPoisonItem)));
+  }
   // What the launcher sees: options, sizes, nulls.
   SplitKvPlanDeviceArgs b = a;
   b.options.num_units = 0;
@@ -1024,6 +1067,41 @@ TEST_F(GuardGpuTest, FusedLaunchNamesATooNarrowPageTable) {
   for (int k = 8; k < 16; ++k) EXPECT_EQ(got[k], PageId(-9)) << "written past the table at " << k;
 }
 
+// Corrupted lengths near INT32_MAX make each request's mask block 2^62 bytes: the tree-mask
+// kernel's sums of the blocks before a request wrapped past 2^63 at the third request, passed
+// the capacity check and wrote and read 2^63 bytes past the buffers. Now the requests past the
+// buffer are recorded, nothing past the mask is written (the guard bytes keep their poison;
+// memcheck sees no access outside), and a request within it still gets its block.
+TEST_F(GuardGpuTest, TreeMaskSumsOfHugeBlocksDoNotWrap) {
+  constexpr int32_t kMax = std::numeric_limits<int32_t>::max();
+  const std::vector<TokenLength> q = {TokenLength(2), TokenLength(kMax), TokenLength(kMax),
+                                      TokenLength(kMax)};
+  const std::vector<TokenLength> kv = {TokenLength(3), TokenLength(kMax), TokenLength(kMax),
+                                       TokenLength(kMax)};
+  DeviceBuffer<TokenLength> d_q = Upload(q), d_kv = Upload(kv);
+  DeviceBuffer<uint8_t> d_tree = Upload(std::vector<uint8_t>{1, 0, 1, 1, 9, 9, 9, 9});
+  DeviceBuffer<int64_t> d_indptr = Upload(std::vector<int64_t>(5, -1));
+  constexpr int64_t kMask = 64, kGuard = 64;
+  DeviceBuffer<uint8_t> d_mask = Upload(std::vector<uint8_t>(kMask + kGuard, 7));
+  TreeMaskDeviceArgs a{d_q.const_span(),
+                       d_kv.const_span(),
+                       DeviceSpan<const uint8_t>(d_tree.data(), 4),
+                       d_indptr.span(),
+                       DeviceSpan<uint8_t>(d_mask.data(), kMask),
+                       256};
+  ASSERT_TRUE(BuildTreeMaskOnDevice(a, violation(), nullptr).ok());
+  // Requests 1 to 3 each record it (the first to arrive wins): the words all share.
+  ExpectViolation("entries, the buffer holds 64");
+  const std::vector<uint8_t> got = Download(d_mask);
+  // Request 0: one prefix column, then its 2 x 2 tree.
+  EXPECT_EQ(std::vector<uint8_t>(got.begin(), got.begin() + 6),
+            (std::vector<uint8_t>{1, 1, 0, 1, 1, 1}));
+  for (int64_t k = kMask; k < kMask + kGuard; ++k) ASSERT_EQ(got[k], 7) << k;
+  const std::vector<int64_t> indptr = Download(d_indptr);
+  EXPECT_EQ(indptr[0], 0);
+  EXPECT_EQ(indptr[1], 6);
+}
+
 TEST_F(GuardGpuTest, OtherKernelsNameTheirViolations) {
   const BatchFixture f = MakeBatch(16, 3, 100, 1, 43);
   DeviceBuffer<TokenSlot> d_table = Upload(std::vector<TokenSlot>{});
@@ -1080,6 +1158,32 @@ TEST_F(GuardGpuTest, OtherKernelsNameTheirViolations) {
     ASSERT_TRUE(row.ok()) << row.status();
     EXPECT_EQ(std::vector<TokenSlot>(got.begin(), got.begin() + 10),
               std::vector<TokenSlot>(row->begin(), row->end()));
+  }
+  // Token kv_indices: a start outside the row (negative, or past its end) is named, and that
+  // sequence's entries are the padding page's slot (0: token-level slots are pages of one);
+  // the other sequence is copied.
+  const int32_t row_len = static_cast<int32_t>(f.pool().max_context_len().value());
+  for (const int32_t bad : {-5, row_len + 1}) {
+    SCOPED_TRACE(bad);
+    DeviceBuffer<ReqPoolIndex> rows = Upload(std::vector<ReqPoolIndex>{f.rows()[0], f.rows()[1]});
+    DeviceBuffer<TokenOffset> d_indptr =
+        Upload(std::vector<TokenOffset>{TokenOffset(0), TokenOffset(10), TokenOffset(15)});
+    DeviceBuffer<TokenPosition> starts =
+        Upload(std::vector<TokenPosition>{TokenPosition(0), TokenPosition(bad)});
+    DeviceBuffer<TokenSlot> out = Upload(std::vector<TokenSlot>(15, TokenSlot(-9)));
+    const TokenKvIndicesDeviceInputs in{
+        src.table,           src.max_context_len,        rows.const_span(), d_indptr.const_span(),
+        starts.const_span(), f.pool().max_context_len(), f.pool_slots()};
+    ASSERT_TRUE(BuildTokenKvIndicesOnDevice(in, out.span(), nullptr, violation()).ok());
+    ExpectViolation(
+        absl::StrCat("kv_start_idx entry 1: ", bad, " outside the row of ", row_len, " positions"));
+    const std::vector<TokenSlot> got = Download(out);
+    auto row = f.pool().Read(f.rows()[0], TokenCount(0), TokenCount(10));
+    ASSERT_TRUE(row.ok()) << row.status();
+    EXPECT_EQ(std::vector<TokenSlot>(got.begin(), got.begin() + 10),
+              std::vector<TokenSlot>(row->begin(), row->end()));
+    EXPECT_EQ(std::vector<TokenSlot>(got.begin() + 10, got.end()),
+              std::vector<TokenSlot>(5, TokenSlot(0)));
   }
   // Page table: a table with no columns, or too few, for rows that need pages.
   {

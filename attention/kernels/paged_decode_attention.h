@@ -40,6 +40,9 @@
 //                                         partial buffers
 //   kPartialSlotUnmerged                  merging in the attention launch: a work item's partial
 //                                         slot that no reduce item merges (bound: num_reduce)
+//   kWorkItemShortOfSequence              a work item without a partial slot whose KV range is
+//                                         not [0, its sequence's length): a plan made for other
+//                                         lengths (one decode step stale); the range is attended
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_PAGED_DECODE_ATTENTION_H_
 #define ATTNMETA_ATTENTION_KERNELS_PAGED_DECODE_ATTENTION_H_

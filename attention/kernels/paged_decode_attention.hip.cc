@@ -67,6 +67,11 @@ __device__ inline bool ResolveWork(const PagedDecodeParams& p, int32_t item, Blo
   if (kv_end < kv_begin) hold(kWorkItemKvEndBeforeBegin, item, kv_end, kv_begin);
   w.hi = static_cast<int32_t>(kv_end < len ? kv_end : len);
   w.lo = static_cast<int32_t>(kv_begin < w.hi ? kv_begin : w.hi);
+  // An item that writes the output must attend to the whole sequence; less is a plan made for
+  // other lengths (a stale copy), whose output would be silently partial.
+  if (p.work != nullptr && w.partial_slot < 0 && (w.lo != 0 || w.hi != len)) {
+    hold(kWorkItemShortOfSequence, item, w.hi - w.lo, len);
+  }
   return true;
 }
 

@@ -986,6 +986,63 @@ TEST_F(GuardDecodeGpuTest, CorruptedDevicePlanIsRecorded) {
   }
 }
 
+// A work item that writes its sequence's output (no partial slot) must attend to all of the
+// sequence: a copy of a plan made one decode step earlier (kv_end one short) or one starting
+// past token 0 is recorded, where before the output was silently that of part of the sequence.
+// The plan's items as made pass unrecorded.
+TEST_F(GuardDecodeGpuTest, DirectItemShortOfItsSequenceIsRecorded) {
+  const Problem p = MakeProblem(Dims(32, 8, 128, KvElementType::kBf16), 16, {700, 900}, 102);
+  const DeviceProblem d = ToDevice(p);
+  // One multiprocessor: the batch alone fills it, so each sequence has one direct item.
+  auto plan = PlanDecodeSplitKv(p.metadata.kv_indptr, KvLayout::LinearPerToken(),
+                                DecodeSplitOptions{1, 8, 2});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->work.size(), 2u);
+  ASSERT_TRUE(plan->reduce.empty());
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(plan->work[i].sequence, i);
+    ASSERT_LT(plan->work[i].partial_slot, 0);
+    ASSERT_EQ(plan->work[i].kv_begin.value(), 0);
+    ASSERT_EQ(plan->work[i].kv_end.value(), i == 0 ? 700 : 900);
+  }
+  DeviceBuffer<uint8_t> out = *DeviceBuffer<uint8_t>::Create(p.bs() * 32 * 128 * 2);
+  DeviceBuffer<float> lse = *DeviceBuffer<float>::Create(p.bs() * 32);
+  struct Case {
+    const char* what;
+    std::function<void(std::vector<SplitKvWorkItem>&)> edit;
+    const char* words;  // empty: nothing recorded
+  } cases[] = {
+      {"the plan as made", [](auto&) {}, ""},
+      {"one token short (a stale plan)", [](auto& w) { w[1].kv_end = TokenPosition(899); },
+       "split-KV work item 1: writes its sequence's output from 899 of its 900 KV tokens"},
+      {"starting past token 0", [](auto& w) { w[0].kv_begin = TokenPosition(16); },
+       "split-KV work item 0: writes its sequence's output from 684 of its 700 KV tokens"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    std::vector<SplitKvWorkItem> work(plan->work);
+    c.edit(work);
+    DeviceBuffer<SplitKvWorkItem> d_work = Upload(work);
+    DeviceBuffer<SplitKvReduceItem> d_reduce = Upload(plan->reduce);
+    PagedDecodeArgs a;
+    a.dims = p.dims;
+    a.q = d.q.const_span();
+    a.k_pool = d.k.const_span();
+    a.v_pool = d.v.const_span();
+    a.kv = d.TokenLevel();
+    a.split = DecodeSplitKv{&*plan, d_work.const_span(), d_reduce.const_span(), {}, {}, {}};
+    a.out = out.span();
+    a.lse = lse.span();
+    ASSERT_TRUE(PagedDecodeAttention(a, word_->device(), nullptr).ok());
+    if (*c.words == '\0') {
+      const absl::Status s = word_->Check(nullptr);
+      EXPECT_TRUE(s.ok()) << s;
+    } else {
+      ExpectViolation(c.words);
+    }
+  }
+}
+
 // Launches that may overlap the kernel ahead of them (PagedDecodeArgs::overlap). The kernel
 // ahead lets the decode start at once and writes only after half a millisecond.
 class OverlapDecodeGpuTest : public testing::ViolationWordGpuTest {

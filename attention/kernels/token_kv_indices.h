@@ -22,7 +22,8 @@ namespace attnmeta {
 // returns), launches on `stream` and returns the launch error (Internal). Nothing is launched
 // unless the checks pass.
 // What the launcher cannot see (the device arrays' contents) the kernel bounds-checks: a row
-// outside the table, a range past its row, an indptr past kv_indices or decreasing, a slot
+// outside the table or a start outside its row (the sequence's entries written as the padding
+// page's slots), a range past its row, an indptr past kv_indices or decreasing, a slot
 // outside the pool are recorded in `violation` (may be null) and never read or written out of
 // bounds. The padded row (-1) of a graph batch is not accepted here: it is a row outside the
 // table.
