@@ -37,7 +37,8 @@
 // back across sequences (qo_indptr[i + 1] < qo_indptr[i], the sequence clamped to no rows, and
 // the next sequence starting back at qo_indptr[i + 1]) makes two sequences' blocks write the
 // same rows: in bounds, and recorded (kQueryIndptrDecreasing), but the rows hold either's
-// result. The kinds it records:
+// result; so may rows of a sequence that the declared tail also covers (an earlier entry past
+// qo_indptr[bs], recorded the same way). The kinds it records:
 //   kQueryIndptrNegative / kQueryIndptrDecreasing / kQueryRowsPastCapacity
 //                                         qo_indptr entry negative / below the one before it /
 //                                         past the rows of q (clamped)
