@@ -1093,11 +1093,13 @@ TEST_F(GuardGpuTest, TreeMaskSumsOfHugeBlocksDoNotWrap) {
   // Requests 1 to 3 each record it (the first to arrive wins): the words all share.
   ExpectViolation("entries, the buffer holds 64");
   const std::vector<uint8_t> got = Download(d_mask);
+  ASSERT_EQ(got.size(), static_cast<size_t>(kMask + kGuard));
   // Request 0: one prefix column, then its 2 x 2 tree.
   EXPECT_EQ(std::vector<uint8_t>(got.begin(), got.begin() + 6),
             (std::vector<uint8_t>{1, 1, 0, 1, 1, 1}));
   for (int64_t k = kMask; k < kMask + kGuard; ++k) ASSERT_EQ(got[k], 7) << k;
   const std::vector<int64_t> indptr = Download(d_indptr);
+  ASSERT_EQ(indptr.size(), 5u);
   EXPECT_EQ(indptr[0], 0);
   EXPECT_EQ(indptr[1], 6);
 }
@@ -1178,6 +1180,7 @@ TEST_F(GuardGpuTest, OtherKernelsNameTheirViolations) {
     ExpectViolation(
         absl::StrCat("kv_start_idx entry 1: ", bad, " outside the row of ", row_len, " positions"));
     const std::vector<TokenSlot> got = Download(out);
+    ASSERT_EQ(got.size(), 15u);
     auto row = f.pool().Read(f.rows()[0], TokenCount(0), TokenCount(10));
     ASSERT_TRUE(row.ok()) << row.status();
     EXPECT_EQ(std::vector<TokenSlot>(got.begin(), got.begin() + 10),

@@ -22,11 +22,13 @@ DeviceBuffer<T> Upload(const std::vector<T>& host) {
   return *std::move(b);
 }
 
+// A failed copy (a kernel that faulted leaves every later runtime call failing) is a test
+// failure and an empty vector, not an abort: the test's other checks still report.
 template <typename T>
 std::vector<T> Download(const DeviceBuffer<T>& b) {
   auto h = b.ToHost();
   EXPECT_TRUE(h.ok()) << h.status();
-  return *std::move(h);
+  return h.ok() ? *std::move(h) : std::vector<T>();
 }
 
 // Fills `bytes` bytes at `ptr` (device memory) with 0xFF: a NaN in bf16, fp16 and fp32.
