@@ -257,16 +257,8 @@ absl::Status Run::Setup() {
       PageCount(pages), page_size_, FreePagePolicy::Shuffled(Mix(seed_ ^ 0x5eed)));
   if (!alloc.ok()) return alloc.status();
   alloc_.emplace(*std::move(alloc));
-  // Rows hold a request's context, the verify tree's slots and the draft runs.
-  int64_t width = config_.max_context_len() + spec_.draft_tokens();
-  if (eagle()) {
-    width = std::max(width, MaxDraftRowTokens(
-                                TokenLength(static_cast<int32_t>(config_.max_context_len())),
-                                DraftDecodeShape{spec_.topk(), spec_.steps()}, page_size_)
-                                .value());
-  }
-  absl::StatusOr<ReqToTokenPool> r2t =
-      ReqToTokenPool::Create(scenario_.max_running_requests(), TokenCount(width));
+  absl::StatusOr<ReqToTokenPool> r2t = ReqToTokenPool::Create(
+      scenario_.max_running_requests(), ReqToTokenWidth(scenario_, page_size_));
   if (!r2t.ok()) return r2t.status();
   r2t_.emplace(*std::move(r2t));
   const int64_t slots = alloc_->pool_slots().value();
@@ -1300,7 +1292,7 @@ ModeReport& Run::Mode(ForwardMode mode) {
 
 }  // namespace
 
-absl::StatusOr<SimReport> RunWorkload(const Workload& workload, const SimOptions& options) {
+absl::StatusOr<Workload> PrepareWorkload(const Workload& workload, const SimOptions& options) {
   Workload w = workload;
   if (!options.page_sizes.empty()) {
     w.clear_page_sizes();
@@ -1316,6 +1308,19 @@ absl::StatusOr<SimReport> RunWorkload(const Workload& workload, const SimOptions
   if (options.dump_all && options.dump_dir.empty()) {
     return absl::InvalidArgumentError("--dump_all needs --dump_dir");
   }
+  // A backend that cannot start (no GPU visible) would fail every run: an error before any.
+  absl::StatusOr<ReqToTokenPool> probe_table = ReqToTokenPool::Create(1, TokenCount(1));
+  if (!probe_table.ok()) return probe_table.status();
+  absl::StatusOr<std::unique_ptr<ReplayBackend>> probe =
+      MakeReplayBackend(options.backend, *probe_table, TokenCount(1));
+  if (!probe.ok()) return probe.status();
+  return w;
+}
+
+absl::StatusOr<SimReport> RunWorkload(const Workload& workload, const SimOptions& options) {
+  absl::StatusOr<Workload> prepared = PrepareWorkload(workload, options);
+  if (!prepared.ok()) return prepared.status();
+  const Workload& w = *prepared;
   const uint64_t seed = options.seed.value_or(w.seed());
   SimReport report;
   report.set_workload(w.name());

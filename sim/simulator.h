@@ -60,10 +60,16 @@ struct SimOptions {
 // step is near 1e-7; one misplaced token moves it by orders of magnitude more.
 inline constexpr double kMaxRelativeError = 1e-4;
 
-// Runs every scenario of `workload` at every page size. InvalidArgument (nothing run): the
-// workload does not validate, a page size of the options is outside [1, 2^20] or makes a
-// scenario invalid, max_steps < 0, dump_all without dump_dir. A run that fails is reported as
-// failed (RunReport::failure), not as an error.
+// The workload RunWorkload runs: `workload` with the options' page sizes, validated, with the
+// options checked. InvalidArgument: the workload does not validate, a page size of the options
+// is outside [1, 2^20] or makes a scenario invalid, max_steps < 0, dump_all without dump_dir, a
+// backend this build does not have. The backend's error when it cannot start (FailedPrecondition
+// for "gpu" with no GPU visible).
+absl::StatusOr<Workload> PrepareWorkload(const Workload& workload, const SimOptions& options);
+
+// Runs every scenario of PrepareWorkload(workload, options) at every page size; its error
+// before anything is run. A run that fails is reported as failed (RunReport::failure), not as
+// an error.
 absl::StatusOr<SimReport> RunWorkload(const Workload& workload, const SimOptions& options);
 
 // The report as a table: one line per run, then the verdict.

@@ -1,8 +1,9 @@
 #include "sim/simulator.h"
 
+#include <algorithm>
 #include <cstdlib>
-#include <iostream>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 #include <string>
 
@@ -126,7 +127,10 @@ TEST(SimulatorTest, BadOptionsRunNothing) {
 
 TEST(SimulatorTest, MaxStepsTooSmallFails) {
   Workload w = Default();
-  w.mutable_scenarios(0)->set_max_steps(10);
+  Scenario* s = w.mutable_scenarios(0);
+  s->set_max_steps(10);
+  // Every request arrives in time (a later arrival does not validate): the work does not fit.
+  for (Request& r : *s->mutable_requests()) r.set_arrival_step(std::min(r.arrival_step(), 9));
   SimOptions options;
   options.page_sizes = {16};
   absl::StatusOr<SimReport> report = RunWorkload(w, options);

@@ -1,12 +1,15 @@
 #include "sim/workload.h"
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "attention/graph/backend_config.h"
 #include "attention/graph/buffer_plan.h"
+#include "attention/metadata/draft_decode_layout.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "spec_decode/verify_tree.h"
@@ -42,6 +45,7 @@ int64_t PeakTokens(const Scenario& s, const Request& r) {
 }
 
 absl::Status ValidateScenario(const Workload& w, const Scenario& s, absl::string_view path) {
+  std::vector<int64_t> graph_bytes;  // per page size of w
   for (int64_t ps : w.page_sizes()) {
     BackendConfig config = s.backend();
     config.set_page_size(ps);
@@ -59,6 +63,7 @@ absl::Status ValidateScenario(const Workload& w, const Scenario& s, absl::string
                  absl::StrCat("at page size ", ps, " the graph buffers take ", plan->total_bytes,
                               " bytes; the simulator holds at most ", kMaxSimulatedBytes));
     }
+    graph_bytes.push_back(plan->total_bytes);
   }
   if (s.kv_pool_tokens() < 1) return Bad(absl::StrCat(path, ".kv_pool_tokens"), "must be >= 1");
   // The simulator keeps float K and V for every slot of the pool and, for a checked forward,
@@ -75,6 +80,7 @@ absl::Status ValidateScenario(const Workload& w, const Scenario& s, absl::string
                             " bytes the simulator holds"));
   }
   const int64_t slot_bytes = 4 * (4 * kv_row + 3 * q_row);
+  std::vector<int64_t> pool_bytes;  // per page size of w
   for (int64_t ps : w.page_sizes()) {
     const int64_t pages = s.kv_pool_tokens() / ps;
     if (pages < 1) {
@@ -94,6 +100,7 @@ absl::Status ValidateScenario(const Workload& w, const Scenario& s, absl::string
                               s.backend().head_dim(), " take more than the ", kMaxSimulatedBytes,
                               " bytes the simulator holds"));
     }
+    pool_bytes.push_back(slots * slot_bytes);
   }
   if (s.max_running_requests() < 1) {
     return Bad(absl::StrCat(path, ".max_running_requests"), "must be >= 1");
@@ -119,12 +126,30 @@ absl::Status ValidateScenario(const Workload& w, const Scenario& s, absl::string
                  "speculative decoding needs a probability in [0, 1]");
     }
   }
+  // One run holds its graph buffers, its pool's floats and its req_to_token table at once.
+  for (int k = 0; k < w.page_sizes_size(); ++k) {
+    const int64_t ps = w.page_sizes(k);
+    const int64_t table_bytes = int64_t{s.max_running_requests()} *
+                                ReqToTokenWidth(s, *PageSize::Create(ps)).value() *
+                                static_cast<int64_t>(sizeof(int32_t));
+    if (graph_bytes[k] + pool_bytes[k] + table_bytes > kMaxSimulatedBytes) {
+      return Bad(path,
+                 absl::StrCat("at page size ", ps, " a run holds ", graph_bytes[k],
+                              " bytes of graph buffers, ", pool_bytes[k], " of pool floats and ",
+                              table_bytes, " of req_to_token: more than the ", kMaxSimulatedBytes,
+                              " bytes the simulator holds"));
+    }
+  }
   if (s.requests().empty()) return Bad(absl::StrCat(path, ".requests"), "no requests");
   absl::flat_hash_map<int32_t, int32_t> group_prefix;
   for (int i = 0; i < s.requests_size(); ++i) {
     const Request& r = s.requests(i);
     const std::string rp = absl::StrCat(path, ".requests[", i, "]");
     if (r.arrival_step() < 0) return Bad(absl::StrCat(rp, ".arrival_step"), "must be >= 0");
+    if (r.arrival_step() >= s.max_steps()) {
+      return Bad(absl::StrCat(rp, ".arrival_step"),
+                 absl::StrCat(r.arrival_step(), " is not before max_steps ", s.max_steps()));
+    }
     if (r.prompt_len() < 1) return Bad(absl::StrCat(rp, ".prompt_len"), "must be >= 1");
     if (r.output_len() < 1) return Bad(absl::StrCat(rp, ".output_len"), "must be >= 1");
     if (int64_t{r.prompt_len()} + r.output_len() > s.backend().max_context_len()) {
@@ -201,7 +226,7 @@ absl::Status ValidateWorkload(const Workload& w) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Workload> ParseWorkload(absl::string_view text) {
+absl::StatusOr<Workload> ParseWorkloadText(absl::string_view text) {
   Workload w;
   google::protobuf::TextFormat::Parser parser;
   CollectFirstError errors;
@@ -209,11 +234,29 @@ absl::StatusOr<Workload> ParseWorkload(absl::string_view text) {
   if (!parser.ParseFromString(std::string(text), &w)) {
     return absl::InvalidArgumentError(absl::StrCat("not a Workload in text format: ", errors.first()));
   }
-  if (absl::Status st = ValidateWorkload(w); !st.ok()) return st;
+  return w;
+}
+
+absl::StatusOr<Workload> ParseWorkload(absl::string_view text) {
+  absl::StatusOr<Workload> w = ParseWorkloadText(text);
+  if (!w.ok()) return w.status();
+  if (absl::Status st = ValidateWorkload(*w); !st.ok()) return st;
   return w;
 }
 
 absl::string_view DefaultWorkloadText() { return kAttnmetaDefaultWorkloadText; }
+
+TokenCount ReqToTokenWidth(const Scenario& scenario, PageSize page_size) {
+  const BackendConfig& config = scenario.backend();
+  const SpeculativeConfig& spec = config.speculative();
+  TokenCount width(int64_t{config.max_context_len()} + spec.draft_tokens());
+  if (spec.draft_tokens() > 0) {
+    width = std::max(width,
+                     MaxDraftRowTokens(TokenLength(static_cast<int32_t>(config.max_context_len())),
+                                       DraftDecodeShape{spec.topk(), spec.steps()}, page_size));
+  }
+  return width;
+}
 
 BackendConfig ScenarioConfig(const Scenario& scenario, PageSize page_size) {
   BackendConfig config = scenario.backend();

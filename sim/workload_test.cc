@@ -1,11 +1,13 @@
 #include "sim/workload.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "attention/metadata/draft_decode_layout.h"
 #include "gtest/gtest.h"
 
 namespace attnmeta {
@@ -126,6 +128,59 @@ TEST(WorkloadTest, EveryBadFieldIsNamed) {
         s->mutable_requests(3)->set_prompt_len(1600);
       },
       "scenarios[0].requests[3]: needs up to");
+  // A request that arrives when the run has stopped could never finish.
+  ExpectRejected(
+      [](Workload& w) {
+        Scenario* s = w.mutable_scenarios(0);
+        s->mutable_requests(3)->set_arrival_step(s->max_steps());
+      },
+      "scenarios[0].requests[3].arrival_step");
+}
+
+// req_to_token's rows count against the simulator's memory with the graph buffers and the
+// pool: 3 rows of 600M slots (7.2 GB) passed before and then failed to allocate.
+TEST(WorkloadTest, ReqToTokenRowsCountAgainstTheMemoryLimit) {
+  absl::StatusOr<Workload> w = ParseWorkload(DefaultWorkloadText());
+  ASSERT_TRUE(w.ok());
+  w->clear_page_sizes();
+  w->add_page_sizes(64);
+  Scenario* s = w->mutable_scenarios(0);
+  ASSERT_EQ(s->backend().speculative().draft_tokens(), 0);
+  s->mutable_backend()->set_max_batch_size(1);
+  s->mutable_backend()->clear_capture_batch_sizes();
+  s->mutable_backend()->add_capture_batch_sizes(1);
+  s->set_max_running_requests(3);
+  // The most a row can hold, and one short of what three rows may take with the rest.
+  const int64_t width = (kMaxSimulatedBytes / 4) / 3;
+  s->mutable_backend()->set_max_context_len(static_cast<int32_t>(width));
+  const absl::Status st = ValidateWorkload(*w);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "of req_to_token")) << st;
+  EXPECT_EQ(ReqToTokenWidth(*s, *PageSize::Create(64)).value(), width);
+  // One row fits with its graph buffers and pool.
+  s->set_max_running_requests(1);
+  EXPECT_TRUE(ValidateWorkload(*w).ok()) << ValidateWorkload(*w);
+}
+
+TEST(WorkloadTest, ReqToTokenRowsHoldTheDraftRuns) {
+  absl::StatusOr<Workload> w = ParseWorkload(DefaultWorkloadText());
+  ASSERT_TRUE(w.ok());
+  for (const Scenario& s : w->scenarios()) {
+    const SpeculativeConfig& spec = s.backend().speculative();
+    for (int64_t ps : {1, 7, 16, 64}) {
+      const PageSize page = *PageSize::Create(ps);
+      const int64_t context = int64_t{s.backend().max_context_len()} + spec.draft_tokens();
+      const int64_t want =
+          spec.draft_tokens() > 0
+              ? std::max(context,
+                         MaxDraftRowTokens(
+                             TokenLength(static_cast<int32_t>(s.backend().max_context_len())),
+                             DraftDecodeShape{spec.topk(), spec.steps()}, page)
+                             .value())
+              : context;
+      EXPECT_EQ(ReqToTokenWidth(s, page).value(), want) << s.name() << " at page size " << ps;
+    }
+  }
 }
 
 TEST(WorkloadTest, SyntaxErrorsNameTheLine) {

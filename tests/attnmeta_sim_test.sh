@@ -41,6 +41,18 @@ printf 'name: "x"\nscenarios {\n  nme: "y"\n}\n' >"$tmp/syntax.textproto"
 expect_rc 2 "$sim" --workload="$tmp/syntax.textproto"
 grep -q "line 3" "$tmp/out" || { echo "syntax error line not named"; cat "$tmp/out"; exit 1; }
 expect_rc 2 "$sim" --workload="$tmp/missing.textproto"
+# An unwritable report is refused before anything runs.
+expect_rc 2 "$sim" --quiet --report="$tmp/no_such_dir/r.json"
+grep -q -- "--report" "$tmp/out" || { echo "bad report path not named"; cat "$tmp/out"; exit 1; }
+
+# --page_sizes replaces the file's page sizes before the file is checked: a file with none, or
+# with one the runs would refuse, runs at the flag's.
+grep -v '^page_sizes' "$workload" >"$tmp/no_sizes.textproto"
+expect_rc 2 "$sim" --workload="$tmp/no_sizes.textproto" --quiet
+expect_rc 0 "$sim" --workload="$tmp/no_sizes.textproto" --page_sizes=16 --steps=5 --quiet
+sed 's/^page_sizes: \[/page_sizes: [4096, /' "$workload" >"$tmp/big_size.textproto"
+expect_rc 2 "$sim" --workload="$tmp/big_size.textproto" --quiet
+expect_rc 0 "$sim" --workload="$tmp/big_size.textproto" --page_sizes=16 --steps=5 --quiet
 
 # An injected fault: FAIL, exit 1, and a snapshot that metadata_check rejects.
 mkdir -p "$tmp/dump"

@@ -9,7 +9,9 @@
 // machine with a GPU) replays the graphs with the device metadata kernels instead of the host
 // writer; the checks are the same. Exit codes: 0 PASS, 1 FAIL (the report names the first
 // failure of each failing run, and --dump_dir holds a MetadataSnapshot of the failing forward,
-// which `metadata_check` replays), 2 for a bad flag, workload or option (nothing is run).
+// which `metadata_check` replays), 2 for a bad flag, workload or option, an unwritable --report
+// or --dump_dir, or a backend that cannot start (nothing is run), 3 when the host runs out of
+// memory. --page_sizes replaces the workload's page sizes before the workload is checked.
 //
 // --inject_fault=STEP is for tests: it corrupts the metadata of the first forward of that
 // step in every run, as a builder bug would, so that the run must fail.
@@ -20,6 +22,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <new>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -109,16 +112,21 @@ int main(int argc, char** argv) {
     buffer << in.rdbuf();
     text = buffer.str();
   }
-  absl::StatusOr<attnmeta::Workload> workload = attnmeta::ParseWorkload(text);
-  if (!workload.ok()) {
-    return UsageError(std::string(workload_file.empty() ? "the default workload" : workload_file) +
-                      ": " + std::string(workload.status().message()));
-  }
+  const std::string source = workload_file.empty() ? "the default workload" : workload_file;
+  absl::StatusOr<attnmeta::Workload> parsed = attnmeta::ParseWorkloadText(text);
+  if (!parsed.ok()) return UsageError(source + ": " + std::string(parsed.status().message()));
+  // Validated with the flags' page sizes, which replace the file's.
+  absl::StatusOr<attnmeta::Workload> workload = attnmeta::PrepareWorkload(*parsed, options);
+  if (!workload.ok()) return UsageError(source + ": " + std::string(workload.status().message()));
   if (!options.dump_dir.empty()) {
     std::ofstream probe(options.dump_dir + "/.attnmeta_sim_probe");
     if (!probe) return UsageError("--dump_dir: cannot write to " + options.dump_dir);
     probe.close();
     std::remove((options.dump_dir + "/.attnmeta_sim_probe").c_str());
+  }
+  // Found now, not after the runs: opened for appending, so nothing is truncated yet.
+  if (!report_file.empty() && !std::ofstream(report_file, std::ios::app)) {
+    return UsageError("--report: cannot write to " + report_file);
   }
   if (!quiet) {
     options.progress = &std::cerr;
@@ -128,7 +136,15 @@ int main(int argc, char** argv) {
                                        : workload_file.c_str(),
                  workload->scenarios_size());
   }
-  absl::StatusOr<attnmeta::SimReport> report = attnmeta::RunWorkload(*workload, options);
+  absl::StatusOr<attnmeta::SimReport> report;
+  try {
+    report = attnmeta::RunWorkload(*workload, options);
+  } catch (const std::bad_alloc&) {
+    // The workload's limits keep a run under kMaxSimulatedBytes; this host has less free.
+    std::fprintf(stderr, "attnmeta_sim: out of host memory (a run holds up to %lld bytes)\n",
+                 static_cast<long long>(attnmeta::kMaxSimulatedBytes));
+    return 3;
+  }
   if (!report.ok()) return UsageError(std::string(report.status().message()));
   std::printf("%s", attnmeta::FormatReportTable(*report).c_str());
   if (!report_file.empty()) {
