@@ -1324,6 +1324,7 @@ absl::StatusOr<SimReport> RunWorkload(const Workload& workload, const SimOptions
   const uint64_t seed = options.seed.value_or(w.seed());
   SimReport report;
   report.set_workload(w.name());
+  report.set_seed(seed);
   bool passed = true;
   for (const Scenario& scenario : w.scenarios()) {
     for (int64_t ps : w.page_sizes()) {
@@ -1338,8 +1339,9 @@ absl::StatusOr<SimReport> RunWorkload(const Workload& workload, const SimOptions
 }
 
 std::string FormatReportTable(const SimReport& report) {
-  std::string out = absl::StrCat(
-      "replay backend: ", report.runs().empty() ? "" : report.runs(0).backend(), "\n");
+  std::string out =
+      absl::StrCat("replay backend: ", report.runs().empty() ? "" : report.runs(0).backend(),
+                   ", seed ", report.seed(), "\n");
   out += absl::StrFormat(
       "%-14s %4s %6s  %-62s %7s %7s %6s %9s %9s %9s %8s %5s %9s %9s %8s %8s  %s\n", "scenario", "ps",
       "steps", "forwards by mode (replayed)", "prefill", "output", "accept", "retr/back", "pages hw",
@@ -1361,7 +1363,10 @@ std::string FormatReportTable(const SimReport& report) {
         r.max_relative_error(),
         r.eager_build_us_per_forward(), r.replay_us_per_forward(),
         r.passed() ? (r.finished() ? "PASS" : "PASS (stopped by --steps)") : "FAIL");
-    if (!r.passed()) out += absl::StrCat("    failure: ", r.failure(), "\n");
+    if (!r.passed()) {
+      out += absl::StrCat("    failure: ", r.failure(), "\n    rerun alone: --seed=", report.seed(),
+                          " --page_sizes=", r.page_size(), " on the same workload\n");
+    }
     for (const std::string& s : r.snapshots()) out += absl::StrCat("    snapshot: ", s, "\n");
   }
   out += report.passed() ? "PASS\n" : "FAIL\n";

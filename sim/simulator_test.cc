@@ -192,6 +192,35 @@ TEST(SimulatorTest, InjectedFaultFailsTheRunWithARejectedSnapshot) {
   }
 }
 
+// The report names the seed and, for a failing run, how to rerun it alone; that rerun repeats
+// the run exactly (its timings aside).
+TEST(SimulatorTest, AFailingRunRerunsAloneFromTheReportedSeed) {
+  const Workload w = OneScenario(/*page_table=*/true);
+  SimOptions options = FaultAtStep30();
+  options.page_sizes = {7, 16};
+  options.seed = 1234;
+  absl::StatusOr<SimReport> report = RunWorkload(w, options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(report->runs_size(), 2);
+  EXPECT_EQ(report->seed(), 1234u);
+  const std::string table = FormatReportTable(*report);
+  EXPECT_TRUE(absl::StrContains(table, "seed 1234\n")) << table;
+  EXPECT_TRUE(absl::StrContains(table, "rerun alone: --seed=1234 --page_sizes=16 ")) << table;
+
+  SimOptions alone = FaultAtStep30();
+  alone.seed = report->seed();
+  alone.page_sizes = {16};
+  absl::StatusOr<SimReport> rerun = RunWorkload(w, alone);
+  ASSERT_TRUE(rerun.ok()) << rerun.status();
+  RunReport a = report->runs(1), b = rerun->runs(0);
+  EXPECT_FALSE(a.passed());
+  for (RunReport* r : {&a, &b}) {
+    r->clear_eager_build_us_per_forward();
+    r->clear_replay_us_per_forward();
+  }
+  EXPECT_EQ(a.DebugString(), b.DebugString());
+}
+
 // Past check_steps only the validator looks at a step's metadata (the attention check is off):
 // the same fault must still fail the run, named by the validator's page-table cross-check.
 TEST(SimulatorTest, TheValidatorCatchesAFaultPastTheAttentionChecks) {

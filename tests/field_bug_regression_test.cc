@@ -77,13 +77,19 @@ TEST_F(FieldBugTest, Row5_LinearKvSplitIsPlannedInTokens) {
   SplitKvOptions opt;
   opt.layout = KvLayout::LinearPerToken();
   opt.num_units = 8;
-  opt.kv_granularity = TokenCount(128);
+  // Below the page size (64), so that the linear plan's chunks differ from a paged plan's,
+  // which round up to whole pages: the two plans differ in their items, not only their tag.
+  opt.kv_granularity = TokenCount(32);
   opt.q_tile = TokenCount(16);
   auto plan = PlanSplitKv(m_.qo_indptr, m_.kv_indptr, opt);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->chunk, TokenCount(128)) << "linear K/V: block size 1, granularity 128 tokens";
+  ASSERT_EQ(f_.page_size().tokens(), 64);
+  EXPECT_EQ(plan->chunk, TokenCount(32)) << "linear K/V: block size 1, chunks of 32 tokens";
   EXPECT_FALSE(plan->layout.paged());
   ASSERT_FALSE(plan->reduce.empty()) << "the batch must actually be split";
+  bool cut_inside_a_page = false;
+  for (const SplitKvWorkItem& w : plan->work) cut_inside_a_page |= w.kv_begin.value() % 64 != 0;
+  EXPECT_TRUE(cut_inside_a_page) << "a linear plan's items start at token, not page, bounds";
   std::vector<float> out(p_.q.size(), NAN);
   ASSERT_TRUE(ReferenceAttentionGatheredSplitKv(Inputs(m_), *gather, *plan, absl::MakeSpan(out)).ok());
   EXPECT_LT(Error(out), 1e-5);

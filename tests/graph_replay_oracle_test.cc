@@ -34,9 +34,12 @@ using testing::GraphHarness;
 constexpr AttentionDims kDims{4, 2, 8};
 constexpr int kExtendRows = 3;
 
+// The first n entries of s; a failure, and only what s has, when it is shorter (a replayed
+// array shorter than the eager one must fail the comparison, not be read past its end).
 template <typename T>
 std::vector<T> Prefix(absl::Span<const T> s, size_t n) {
-  return std::vector<T>(s.begin(), s.begin() + n);
+  EXPECT_GE(s.size(), n) << "an array shorter than the comparison needs";
+  return std::vector<T>(s.begin(), s.begin() + std::min(n, s.size()));
 }
 
 void RunPageSize(int64_t ps, uint64_t seed) {
@@ -114,6 +117,8 @@ void RunPageSize(int64_t ps, uint64_t seed) {
     EXPECT_EQ(Prefix(v.kv_lens, bs), eager->kv_lens);
     EXPECT_EQ(v.max_q_len, eager->max_q_len);
     EXPECT_EQ(v.max_kv_len, eager->max_kv_len);
+    // The config asks for a page table: a replay that dropped it must fail here.
+    ASSERT_EQ(v.page_table.rows(), bs);
     for (int64_t i = 0; i < bs; ++i) {
       const absl::Span<const PageId> row = v.page_table.row(i);
       const absl::Span<const PageId> want_row = eager->page_table.span().row(i);

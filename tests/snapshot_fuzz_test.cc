@@ -159,7 +159,8 @@ TEST(SnapshotFuzzTest, EveryCorruptionIsAnErrorWithBoundedMemory) {
     }
     ASSERT_TRUE(!counting || bench::HeapPeakBytes() - baseline < kMaxPeakBytes)
         << "memory grew to " << bench::HeapPeakBytes() << " bytes on " << what << " (seed " << seed
-        << ", iteration " << it << ")";
+        << ", iteration " << it
+        << "); rerun: bazel test //tests:snapshot_fuzz_test --test_env=ATTNMETA_FUZZ_SEED=" << seed;
   }
   EXPECT_GT(corrupted, kIterations * 9 / 10);
   if (counting) {
