@@ -1308,6 +1308,18 @@ absl::StatusOr<Workload> PrepareWorkload(const Workload& workload, const SimOpti
   if (options.dump_all && options.dump_dir.empty()) {
     return absl::InvalidArgumentError("--dump_all needs --dump_dir");
   }
+  if (!options.scenario.empty()) {
+    const auto named =
+        std::find_if(w.scenarios().begin(), w.scenarios().end(),
+                     [&](const Scenario& s) { return s.name() == options.scenario; });
+    if (named == w.scenarios().end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--scenario=", options.scenario, ": the workload has no such scenario"));
+    }
+    const Scenario only = *named;
+    w.clear_scenarios();
+    *w.add_scenarios() = only;
+  }
   // A backend that cannot start (no GPU visible) would fail every run: an error before any.
   absl::StatusOr<ReqToTokenPool> probe_table = ReqToTokenPool::Create(1, TokenCount(1));
   if (!probe_table.ok()) return probe_table.status();
@@ -1365,7 +1377,9 @@ std::string FormatReportTable(const SimReport& report) {
         r.passed() ? (r.finished() ? "PASS" : "PASS (stopped by --steps)") : "FAIL");
     if (!r.passed()) {
       out += absl::StrCat("    failure: ", r.failure(), "\n    rerun alone: --seed=", report.seed(),
-                          " --page_sizes=", r.page_size(), " on the same workload\n");
+                          " --scenario=", r.scenario(), " --page_sizes=", r.page_size(),
+                          r.backend() == "cpu" ? "" : absl::StrCat(" --backend=", r.backend()),
+                          " on the same workload\n");
     }
     for (const std::string& s : r.snapshots()) out += absl::StrCat("    snapshot: ", s, "\n");
   }

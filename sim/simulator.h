@@ -44,6 +44,7 @@ struct SimOptions {
   // Where graph replays run (replay_backend.h): "cpu", or "gpu" in a GPU build.
   std::string backend = "cpu";
   std::vector<int64_t> page_sizes;  // empty: the workload's
+  std::string scenario;             // non-empty: run only the workload's scenario of this name
   int64_t max_steps = 0;            // > 0: stop each run after this many steps (not a failure)
   std::optional<uint64_t> seed;     // replaces the workload's seed
   std::string dump_dir;             // where snapshots go; empty: none are written
@@ -63,8 +64,9 @@ inline constexpr double kMaxRelativeError = 1e-4;
 // The workload RunWorkload runs: `workload` with the options' page sizes, validated, with the
 // options checked. InvalidArgument: the workload does not validate, a page size of the options
 // is outside [1, 2^20] or makes a scenario invalid, max_steps < 0, dump_all without dump_dir, a
-// backend this build does not have. The backend's error when it cannot start (FailedPrecondition
-// for "gpu" with no GPU visible).
+// backend this build does not have, a scenario name the workload does not have. With a
+// scenario named, the workload holds only that scenario. The backend's error when it cannot start
+// (FailedPrecondition for "gpu" with no GPU visible).
 absl::StatusOr<Workload> PrepareWorkload(const Workload& workload, const SimOptions& options);
 
 // Runs every scenario of PrepareWorkload(workload, options) at every page size; its error

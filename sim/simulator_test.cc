@@ -205,13 +205,17 @@ TEST(SimulatorTest, AFailingRunRerunsAloneFromTheReportedSeed) {
   EXPECT_EQ(report->seed(), 1234u);
   const std::string table = FormatReportTable(*report);
   EXPECT_TRUE(absl::StrContains(table, "seed 1234\n")) << table;
-  EXPECT_TRUE(absl::StrContains(table, "rerun alone: --seed=1234 --page_sizes=16 ")) << table;
+  EXPECT_TRUE(absl::StrContains(table, "rerun alone: --seed=1234 --scenario=chat --page_sizes=16 "))
+      << table;
 
+  // Rerun from the whole default workload, as the line says: the named scenario alone.
   SimOptions alone = FaultAtStep30();
   alone.seed = report->seed();
+  alone.scenario = "chat";
   alone.page_sizes = {16};
-  absl::StatusOr<SimReport> rerun = RunWorkload(w, alone);
+  absl::StatusOr<SimReport> rerun = RunWorkload(Default(), alone);
   ASSERT_TRUE(rerun.ok()) << rerun.status();
+  ASSERT_EQ(rerun->runs_size(), 1);
   RunReport a = report->runs(1), b = rerun->runs(0);
   EXPECT_FALSE(a.passed());
   for (RunReport* r : {&a, &b}) {

@@ -127,17 +127,20 @@ absl::Status ValidateScenario(const Workload& w, const Scenario& s, absl::string
     }
   }
   // One run holds its graph buffers, its pool's floats and its req_to_token table at once.
+  // Graph and pool are each at most kMaxSimulatedBytes (checked above), so their sum is formed
+  // safely; the table's product is compared by division before it is formed.
   for (int k = 0; k < w.page_sizes_size(); ++k) {
     const int64_t ps = w.page_sizes(k);
-    const int64_t table_bytes = int64_t{s.max_running_requests()} *
-                                ReqToTokenWidth(s, *PageSize::Create(ps)).value() *
-                                static_cast<int64_t>(sizeof(int32_t));
-    if (graph_bytes[k] + pool_bytes[k] + table_bytes > kMaxSimulatedBytes) {
+    const int64_t rest = kMaxSimulatedBytes - graph_bytes[k] - pool_bytes[k];
+    const int64_t width = ReqToTokenWidth(s, *PageSize::Create(ps)).value();
+    const int64_t rows = s.max_running_requests();
+    constexpr int64_t kEntry = sizeof(int32_t);
+    if (rest < 0 || width > rest / kEntry / rows) {
       return Bad(path,
                  absl::StrCat("at page size ", ps, " a run holds ", graph_bytes[k],
                               " bytes of graph buffers, ", pool_bytes[k], " of pool floats and ",
-                              table_bytes, " of req_to_token: more than the ", kMaxSimulatedBytes,
-                              " bytes the simulator holds"));
+                              rows, " req_to_token rows of ", width, " slots: more than the ",
+                              kMaxSimulatedBytes, " bytes the simulator holds"));
     }
   }
   if (s.requests().empty()) return Bad(absl::StrCat(path, ".requests"), "no requests");

@@ -155,29 +155,32 @@ TEST(WorkloadTest, ReqToTokenRowsCountAgainstTheMemoryLimit) {
   s->mutable_backend()->set_max_context_len(static_cast<int32_t>(width));
   const absl::Status st = ValidateWorkload(*w);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-  EXPECT_TRUE(absl::StrContains(st.message(), "of req_to_token")) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "req_to_token rows of")) << st;
   EXPECT_EQ(ReqToTokenWidth(*s, *PageSize::Create(64)).value(), width);
   // One row fits with its graph buffers and pool.
   s->set_max_running_requests(1);
   EXPECT_TRUE(ValidateWorkload(*w).ok()) << ValidateWorkload(*w);
 }
 
+// A row holds the longest context with its verify tree, and with EAGLE every draft run of any
+// committed length up to max_context_len (DraftRowTokens of each length: the width is their
+// maximum, found here by trying every length).
 TEST(WorkloadTest, ReqToTokenRowsHoldTheDraftRuns) {
   absl::StatusOr<Workload> w = ParseWorkload(DefaultWorkloadText());
   ASSERT_TRUE(w.ok());
   for (const Scenario& s : w->scenarios()) {
     const SpeculativeConfig& spec = s.backend().speculative();
+    const int32_t max_len = s.backend().max_context_len();
     for (int64_t ps : {1, 7, 16, 64}) {
       const PageSize page = *PageSize::Create(ps);
-      const int64_t context = int64_t{s.backend().max_context_len()} + spec.draft_tokens();
-      const int64_t want =
-          spec.draft_tokens() > 0
-              ? std::max(context,
-                         MaxDraftRowTokens(
-                             TokenLength(static_cast<int32_t>(s.backend().max_context_len())),
-                             DraftDecodeShape{spec.topk(), spec.steps()}, page)
-                             .value())
-              : context;
+      int64_t want = int64_t{max_len} + spec.draft_tokens();
+      if (spec.draft_tokens() > 0) {
+        for (int32_t len = 0; len <= max_len; ++len) {
+          want = std::max(want, DraftRowTokens(TokenLength(len),
+                                               DraftDecodeShape{spec.topk(), spec.steps()}, page)
+                                    .value());
+        }
+      }
       EXPECT_EQ(ReqToTokenWidth(s, page).value(), want) << s.name() << " at page size " << ps;
     }
   }

@@ -42,8 +42,15 @@ expect_rc 2 "$sim" --workload="$tmp/syntax.textproto"
 grep -q "line 3" "$tmp/out" || { echo "syntax error line not named"; cat "$tmp/out"; exit 1; }
 expect_rc 2 "$sim" --workload="$tmp/missing.textproto"
 # An unwritable report is refused before anything runs.
-expect_rc 2 "$sim" --quiet --report="$tmp/no_such_dir/r.json"
+expect_rc 2 "$sim" --quiet --steps=1 --report="$tmp/no_such_dir/r.json"
 grep -q -- "--report" "$tmp/out" || { echo "bad report path not named"; cat "$tmp/out"; exit 1; }
+
+# --scenario runs that scenario alone; an unknown one is refused.
+expect_rc 2 "$sim" --scenario=no_such --quiet
+grep -q "no such scenario" "$tmp/out" || { echo "unknown scenario not named"; cat "$tmp/out"; exit 1; }
+expect_rc 0 "$sim" --scenario=eagle_topk1 --page_sizes=16 --steps=5 --quiet
+[[ $(grep -c "^eagle_topk1 " "$tmp/out") -eq 1 && $(grep -c "^chat " "$tmp/out") -eq 0 ]] ||
+  { echo "--scenario ran other scenarios"; cat "$tmp/out"; exit 1; }
 
 # --page_sizes replaces the file's page sizes before the file is checked: a file with none, or
 # with one the runs would refuse, runs at the flag's.

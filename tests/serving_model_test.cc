@@ -55,13 +55,20 @@ struct Expected {
   std::vector<int32_t> kv_indptr{0}, qo_indptr{0}, kv_lens, last_page_len, kv_indices;
   std::vector<std::vector<int32_t>> pages;  // per request, the page of each of its pages
   int64_t max_q = 0, max_kv = 0;
-  std::vector<uint8_t> mask;  // target-verify: the FULL blocks, request after request
+  std::vector<uint8_t> mask;            // target-verify: the FULL blocks, request after request
+  std::vector<int64_t> mask_indptr{0};  // target-verify: where each request's block starts
   int64_t query_rows() const { return qo_indptr.back(); }
 };
 
-uint64_t SeedFromEnv(uint64_t fallback) {
+// The run's seeds: 1 and 2, or the one ATTNMETA_MODEL_SEED names (0 when it is not a number,
+// which the test reports).
+std::vector<uint64_t> Seeds() {
   const char* env = std::getenv("ATTNMETA_MODEL_SEED");
-  return env != nullptr ? std::strtoull(env, nullptr, 10) : fallback;
+  if (env == nullptr) return {1, 2};
+  char* end = nullptr;
+  const uint64_t seed = std::strtoull(env, &end, 10);
+  if (*env == '\0' || *end != '\0') return {0};
+  return {seed};
 }
 
 class ServingModelRun {
@@ -268,11 +275,14 @@ class ServingModelRun {
         for (int64_t a = t; a >= 0; a = parents[k * n + a]) sees[a] = 1;
         for (int64_t c = 0; c < len; ++c) e.mask.push_back(c < len - n ? 1 : sees[c - (len - n)]);
       }
+      e.mask_indptr.push_back(static_cast<int64_t>(e.mask.size()));
     }
     return e;
   }
 
-  void ExpectEqual(const ForwardMetadataView& v, const Expected& e, const std::string& what) {
+  // `exact_mask`: eager metadata holds exactly the mask's blocks; a replay's fixed buffer more.
+  void ExpectEqual(const ForwardMetadataView& v, const Expected& e, const std::string& what,
+                   bool exact_mask) {
     SCOPED_TRACE(what);
     auto ints = [](auto span) {
       std::vector<int32_t> out;
@@ -300,6 +310,14 @@ class ServingModelRun {
       EXPECT_EQ(v.custom_mask.layout, MaskLayout::kNone) << Context();
     } else {
       ASSERT_EQ(v.custom_mask.layout, MaskLayout::kFull) << Context();
+      EXPECT_EQ(
+          std::vector<int64_t>(v.custom_mask.mask_indptr.begin(), v.custom_mask.mask_indptr.end()),
+          e.mask_indptr)
+          << Context();
+      // Exactly the blocks when eager; a replay's fixed buffer may be longer.
+      if (exact_mask) {
+        EXPECT_EQ(v.custom_mask.mask.size(), e.mask.size()) << Context();
+      }
       ASSERT_GE(v.custom_mask.mask.size(), e.mask.size()) << Context();
       EXPECT_EQ(std::vector<uint8_t>(v.custom_mask.mask.begin(),
                                      v.custom_mask.mask.begin() + e.mask.size()),
@@ -312,8 +330,8 @@ class ServingModelRun {
     EXPECT_TRUE(valid.ok()) << valid << Context();
   }
 
-  // The smallest captured bucket of `mode` for `bs` requests with `q` query rows each at most
-  // (captured now when none is).
+  // A captured bucket of `mode` for `bs` requests with `q` query rows each at most: the first
+  // captured that fits (the newest capture first), else one captured now.
   absl::StatusOr<CaptureHandle> HandleFor(ForwardMode mode, int64_t bs, int64_t q) {
     for (const CaptureHandle& h : handles_) {
       if (h.mode == mode && h.bucket >= bs && h.q_len_per_request.value() >= q) return h;
@@ -341,7 +359,7 @@ class ServingModelRun {
     absl::StatusOr<ForwardMetadata> eager =
         BuildForwardMetadata(ForwardBatch{mode, rows, kv, ql, {}, {}}, pool_, alloc_.page_size());
     ASSERT_TRUE(eager.ok()) << eager.status() << Context();
-    ExpectEqual(eager->view(), e, "eager");
+    ExpectEqual(eager->view(), e, "eager", /*exact_mask=*/true);
 
     const int64_t most_q = *std::max_element(q.begin(), q.end());
     if (most_q > kMaxQueryRows) return;  // a graph captures at most the config's rows
@@ -353,7 +371,8 @@ class ServingModelRun {
     absl::StatusOr<ReplayResult> r = graph_->Replay(*h, batch);
     ASSERT_TRUE(r.ok()) << r.status() << Context();
     ++replays_;
-    ExpectEqual(r->metadata, e, absl::StrCat("replay in a bucket of ", h->bucket));
+    ExpectEqual(r->metadata, e, absl::StrCat("replay in a bucket of ", h->bucket),
+                /*exact_mask=*/false);
   }
 
   // Each picked request writes a tree of kDraftTokens tokens after its prefix; the target
@@ -397,13 +416,14 @@ class ServingModelRun {
     absl::StatusOr<ForwardMetadata> eager = BuildTargetVerifyMetadata(
         pool_, rows, *tree, MaskLayout::kFull, TokenCount(bs * n), alloc_.page_size());
     ASSERT_TRUE(eager.ok()) << eager.status() << Context();
-    ExpectEqual(eager->view(), e, "eager target-verify");
+    ExpectEqual(eager->view(), e, "eager target-verify", /*exact_mask=*/true);
     absl::StatusOr<CaptureHandle> h = HandleFor(ForwardMode::kTargetVerify, bs, n);
     if (h.ok()) {
       absl::StatusOr<ReplayResult> r = graph_->Replay(*h, ReplayBatch{rows, kv, {}, tree->sees});
       ASSERT_TRUE(r.ok()) << r.status() << Context();
       ++replays_;
-      ExpectEqual(r->metadata, e, absl::StrCat("target-verify replay in a bucket of ", h->bucket));
+      ExpectEqual(r->metadata, e, absl::StrCat("target-verify replay in a bucket of ", h->bucket),
+                  /*exact_mask=*/false);
     }
 
     absl::StatusOr<AcceptResult> acc = AcceptGreedy({&*tree, draft, predict, tree_slots});
@@ -537,7 +557,8 @@ class ServingModelRun {
 class ServingModelTest : public ::testing::TestWithParam<int64_t> {};
 
 TEST_P(ServingModelTest, RandomOperationsAgainstShadowModel) {
-  for (uint64_t seed : {SeedFromEnv(1), SeedFromEnv(2)}) {
+  for (uint64_t seed : Seeds()) {
+    ASSERT_NE(seed, 0u) << "ATTNMETA_MODEL_SEED is not a positive number";
     SCOPED_TRACE(absl::StrCat("seed ", seed));
     ServingModelRun(GetParam(), seed).Run();
     if (HasFailure()) return;

@@ -1,7 +1,8 @@
 // attnmeta_sim: runs a serving workload through the whole stack on the CPU and checks every
 // step (sim/simulator.h); prints a report table and exits 0 only when every run passed.
 //
-//   attnmeta_sim [--workload=FILE] [--backend=cpu|gpu] [--page_sizes=1,16,...] [--steps=N]
+//   attnmeta_sim [--workload=FILE] [--backend=cpu|gpu] [--scenario=NAME] [--page_sizes=1,16,...]
+//   [--steps=N]
 //                [--seed=N] [--dump_dir=DIR [--dump_all]] [--report=FILE.json] [--quiet]
 //
 // Without --workload it runs the default workload compiled into it (the same text ships as
@@ -36,8 +37,9 @@
 namespace {
 
 constexpr char kUsage[] =
-    "usage: attnmeta_sim [--workload=FILE] [--backend=cpu|gpu] [--page_sizes=1,16,...]\n"
-    "                    [--steps=N] [--seed=N] [--dump_dir=DIR [--dump_all]]\n"
+    "usage: attnmeta_sim [--workload=FILE] [--backend=cpu|gpu] [--scenario=NAME]\n"
+    "                    [--page_sizes=1,16,...] [--steps=N] [--seed=N] [--dump_dir=DIR "
+    "[--dump_all]]\n"
     "                    [--report=FILE.json] [--quiet]\n";
 
 std::string Resolve(const std::string& path) {
@@ -72,6 +74,8 @@ int main(int argc, char** argv) {
       options.backend = value;
     } else if (name == "--workload" && need_value()) {
       workload_file = Resolve(value);
+    } else if (name == "--scenario" && need_value()) {
+      options.scenario = value;
     } else if (name == "--page_sizes" && need_value()) {
       for (absl::string_view p : absl::StrSplit(value, ',')) {
         int64_t ps;
@@ -124,9 +128,14 @@ int main(int argc, char** argv) {
     probe.close();
     std::remove((options.dump_dir + "/.attnmeta_sim_probe").c_str());
   }
-  // Found now, not after the runs: opened for appending, so nothing is truncated yet.
-  if (!report_file.empty() && !std::ofstream(report_file, std::ios::app)) {
-    return UsageError("--report: cannot write to " + report_file);
+  // Found now, not after the runs: opened for appending, so nothing is truncated, and a file
+  // made only by the probe is removed again.
+  if (!report_file.empty()) {
+    const bool existed = static_cast<bool>(std::ifstream(report_file));
+    if (!std::ofstream(report_file, std::ios::app)) {
+      return UsageError("--report: cannot write to " + report_file);
+    }
+    if (!existed) std::remove(report_file.c_str());
   }
   if (!quiet) {
     options.progress = &std::cerr;
