@@ -1,6 +1,7 @@
 #include "kvcache/units.h"
 
 #include <type_traits>
+#include <utility>
 
 #include "gtest/gtest.h"
 
@@ -82,6 +83,74 @@ TEST(UnitsTest, NoImplicitConversions) {
   static_assert(!std::is_convertible_v<TokenOffset, TokenPosition>);
   static_assert(!std::is_convertible_v<TokenPosition, TokenOffset>);
   static_assert(!std::is_convertible_v<TokenLength, TokenCount>);
+}
+
+// Whether `a op b` compiles, for the operators a unit may or may not have.
+template <typename A, typename B, typename = void>
+struct HasPlus : std::false_type {};
+template <typename A, typename B>
+struct HasPlus<A, B, std::void_t<decltype(std::declval<A>() + std::declval<B>())>>
+    : std::true_type {};
+template <typename A, typename B, typename = void>
+struct HasMinus : std::false_type {};
+template <typename A, typename B>
+struct HasMinus<A, B, std::void_t<decltype(std::declval<A>() - std::declval<B>())>>
+    : std::true_type {};
+template <typename A, typename B, typename = void>
+struct HasTimes : std::false_type {};
+template <typename A, typename B>
+struct HasTimes<A, B, std::void_t<decltype(std::declval<A>() * std::declval<B>())>>
+    : std::true_type {};
+template <typename A, typename B, typename = void>
+struct HasDivide : std::false_type {};
+template <typename A, typename B>
+struct HasDivide<A, B, std::void_t<decltype(std::declval<A>() / std::declval<B>())>>
+    : std::true_type {};
+template <typename A, typename B, typename = void>
+struct HasModulo : std::false_type {};
+template <typename A, typename B>
+struct HasModulo<A, B, std::void_t<decltype(std::declval<A>() % std::declval<B>())>>
+    : std::true_type {};
+template <typename A, typename B, typename = void>
+struct HasLess : std::false_type {};
+template <typename A, typename B>
+struct HasLess<A, B, std::void_t<decltype(std::declval<A>() < std::declval<B>())>>
+    : std::true_type {};
+
+// Only the operators that mean something (DESIGN.md section 1; field bug row 9: a token-level
+// slot has no page arithmetic). The detectors are checked on the operators a unit does have,
+// so that a broken detector cannot pass the negative checks.
+TEST(UnitsTest, OnlyMeaningfulOperators) {
+  // What a slot, an offset and a count do have.
+  static_assert(HasPlus<TokenSlot, TokenCount>::value);
+  static_assert(HasMinus<TokenSlot, TokenSlot>::value);
+  static_assert(HasPlus<TokenCount, TokenCount>::value);
+  static_assert(HasPlus<TokenOffset, TokenCount>::value);
+  static_assert(HasMinus<TokenPosition, TokenPosition>::value);
+  static_assert(HasLess<TokenSlot, TokenSlot>::value);
+  static_assert(HasTimes<int, int>::value && HasDivide<int, int>::value &&
+                HasModulo<int, int>::value);
+  // No page arithmetic on slots, by a page size or by a number.
+  static_assert(!HasDivide<TokenSlot, PageSize>::value);
+  static_assert(!HasModulo<TokenSlot, PageSize>::value);
+  static_assert(!HasDivide<TokenSlot, int>::value);
+  static_assert(!HasModulo<TokenSlot, int>::value);
+  static_assert(!HasTimes<TokenSlot, int>::value);
+  static_assert(!HasTimes<PageId, PageSize>::value);
+  static_assert(!HasTimes<PageId, int>::value);
+  // Sums of positions in the pool, or of pages, mean nothing; mixing units neither.
+  static_assert(!HasPlus<TokenSlot, TokenSlot>::value);
+  static_assert(!HasPlus<PageId, PageId>::value);
+  static_assert(!HasPlus<TokenSlot, int>::value);
+  static_assert(!HasPlus<TokenSlot, PageCount>::value);
+  static_assert(!HasPlus<TokenCount, PageCount>::value);
+  static_assert(!HasMinus<TokenSlot, PageId>::value);
+  static_assert(!HasPlus<TokenOffset, TokenOffset>::value);
+  static_assert(!HasPlus<TokenOffset, TokenPosition>::value);
+  // Comparisons only within a unit.
+  static_assert(!HasLess<TokenSlot, PageId>::value);
+  static_assert(!HasLess<TokenCount, PageCount>::value);
+  static_assert(!HasLess<TokenSlot, int>::value);
 }
 
 }  // namespace

@@ -119,6 +119,28 @@ TEST(VerifyTreeTest, TopK1IsAChain) {
   EXPECT_EQ(tree->next_token, (std::vector<int32_t>{1, 2, 3, 4, -1}));
 }
 
+// DESIGN.md 2b: a parent is searched among the request's own n - 1 selected entries only. Here
+// request 0's token 2 names candidate 7 as its parent, which only request 1 selected: it is
+// left out (no parent; its mask row holds the root and itself), not linked across requests.
+TEST(VerifyTreeTest, AParentIsSearchedInItsOwnRequestOnly) {
+  // topk 2, depth 3: parent_list has 5 entries per request, selected_index n - 1 = 2.
+  // Request 0's token 2: slot 4 / 2 = 2, parent_list[2] = 7, not among its selected {0, 4}.
+  const std::vector<int64_t> parent_list = {-1, 0, 7, 0, 0, /*request 1:*/ -1, 0, 0, 0, 0};
+  const std::vector<int64_t> selected = {0, 4, /*request 1:*/ 0, 7};
+  auto tree = BuildVerifyTree(parent_list, selected, Lens({10, 20}), 2, 3, TokenLength(3));
+  ASSERT_TRUE(tree.ok()) << tree.status();
+  EXPECT_EQ(std::vector<int32_t>(tree->parent.begin(), tree->parent.begin() + 3),
+            (std::vector<int32_t>{-1, 0, -1}));
+  // Request 0's token 2 sees the root and itself: its walk stops where its parent is lost.
+  EXPECT_EQ(std::vector<uint8_t>(tree->sees.begin() + 6, tree->sees.begin() + 9),
+            (std::vector<uint8_t>{1, 0, 1}));
+  // Request 1 finds its own candidate 7: token 2's parent is token 1 (0 + 1 with slot 3 -> 0).
+  EXPECT_EQ(std::vector<int32_t>(tree->parent.begin() + 3, tree->parent.end()),
+            (std::vector<int32_t>{-1, 0, 1}));
+  EXPECT_EQ(tree->next_token[0], 1);
+  EXPECT_EQ(tree->next_sibling[1], -1);
+}
+
 TEST(VerifyTreeTest, MalformedInputIsRefused) {
   auto code = [](absl::StatusOr<VerifyTree> t) { return t.status().code(); };
   const auto bad = absl::StatusCode::kInvalidArgument;

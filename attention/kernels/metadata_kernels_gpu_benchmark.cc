@@ -6,15 +6,15 @@
 // other rows (indptr, the separate launches, the gather) are default launches, which overlap
 // since commit 5b78969: in earlier tables they were plain.
 //
-// Method (METHOD.md): every launch's status checked; outputs poisoned before timing and
-// checked against host-computed arrays after; medians of CUDA-event-timed samples after
-// warm-up; inputs rotate over enough sets that the large shapes stream past the 50 MB L2;
-// random shuffled page layouts, never zeros. Bytes counted: what the kernel must move to and
-// from memory: an int32 read and an int32 write per token for kv_indices; per page for the
-// page table, the int32 written and the 32-byte sector its slot is read from (min(page_size,
-// 8) int32 of req_to_token: DRAM is read in sectors, so a strided read of one slot per page
-// costs a sector); a length read and the indptr and last-page length written per row; for the
-// fused launch, which reads each slot once, the slots read, kv_indices and the page-table
+// Method (the device tool's measuring method, summarized): every launch's status checked; outputs
+// poisoned before timing and checked against host-computed arrays after; medians of
+// CUDA-event-timed samples after warm-up; inputs rotate over enough sets that the large shapes
+// stream past the 50 MB L2; random shuffled page layouts, never zeros. Bytes counted: what the
+// kernel must move to and from memory: an int32 read and an int32 write per token for kv_indices;
+// per page for the page table, the int32 written and the 32-byte sector its slot is read from
+// (min(page_size, 8) int32 of req_to_token: DRAM is read in sectors, so a strided read of one slot
+// per page costs a sector); a length read and the indptr and last-page length written per row; for
+// the fused launch, which reads each slot once, the slots read, kv_indices and the page-table
 // entries written and its per-row arrays; K and V rows read and written for the gather. The
 // copy reference moves the same number of bytes (half read, half written).
 //

@@ -13,13 +13,13 @@
 // a second launch and the same kernel without a split. Then every compiled variant of the kernel
 // shape at a few shapes (the sweep), so that the best can be made the default.
 //
-// Method (METHOD.md): every launch's status checked; outputs poisoned (0xFF bytes, NaN) and
-// checked written in full after one run of each configuration, two sequences against a CPU
-// reference (double) of the same bf16 values, and the violation word clean; medians of
-// event-timed replays of a captured graph of back-to-back launches (so that host launch cost
-// does not hide the GPU time of small shapes), after warm-up; small shapes rotate over disjoint
-// slots of the pool so that every launch reads past the 50 MB L2; random bf16 data, never zeros.
-// Bytes counted: the K and V rows the kernel must read (bs * ctx * 8 heads * 128 * 2 bytes,
+// Method (the device tool's measuring method, summarized): every launch's status checked; outputs
+// poisoned (0xFF bytes, NaN) and checked written in full after one run of each configuration, two
+// sequences against a CPU reference (double) of the same bf16 values, and the violation word clean;
+// medians of event-timed replays of a captured graph of back-to-back launches (so that host launch
+// cost does not hide the GPU time of small shapes), after warm-up; small shapes rotate over
+// disjoint slots of the pool so that every launch reads past the 50 MB L2; random bf16 data, never
+// zeros. Bytes counted: the K and V rows the kernel must read (bs * ctx * 8 heads * 128 * 2 bytes,
 // twice); indices, queries, outputs and partials are not counted (under 0.2% at ctx >= 1k).
 // The read reference (testing/stream_read.h) reads the same number of bytes (at most 2 GiB;
 // the rate is flat past that), timed like the kernel; "of read" is the kernel's KV read rate

@@ -9,11 +9,11 @@
 // Each on shuffled pools of page size 1, 16 and 64, read through token-level kv_indices and
 // through the page table.
 //
-// Method (METHOD.md): every launch's status checked; outputs poisoned (0xFF bytes, NaN) and
-// checked written in full after one run of each configuration, a few rows of the first and
-// last sequence (query heads 0 and 31) against a CPU reference (double) of the same bf16
-// values, and the violation word clean; the median of event-timed launches after warm-up
-// (each launch takes milliseconds, so host launch cost does not matter); every launch reads
+// Method (the device tool's measuring method, summarized): every launch's status checked; outputs
+// poisoned (0xFF bytes, NaN) and checked written in full after one run of each configuration, a few
+// rows of the first and last sequence (query heads 0 and 31) against a CPU reference (double) of
+// the same bf16 values, and the violation word clean; the median of event-timed launches after
+// warm-up (each launch takes milliseconds, so host launch cost does not matter); every launch reads
 // more than the 50 MB L2 (extend 201 MB, verify 1.08 GB of K and V); random bf16 data, never
 // zeros.
 // Figures:
