@@ -1320,12 +1320,6 @@ absl::StatusOr<Workload> PrepareWorkload(const Workload& workload, const SimOpti
     w.clear_scenarios();
     *w.add_scenarios() = only;
   }
-  // A backend that cannot start (no GPU visible) would fail every run: an error before any.
-  absl::StatusOr<ReqToTokenPool> probe_table = ReqToTokenPool::Create(1, TokenCount(1));
-  if (!probe_table.ok()) return probe_table.status();
-  absl::StatusOr<std::unique_ptr<ReplayBackend>> probe =
-      MakeReplayBackend(options.backend, *probe_table, TokenCount(1));
-  if (!probe.ok()) return probe.status();
   return w;
 }
 
@@ -1333,6 +1327,14 @@ absl::StatusOr<SimReport> RunWorkload(const Workload& workload, const SimOptions
   absl::StatusOr<Workload> prepared = PrepareWorkload(workload, options);
   if (!prepared.ok()) return prepared.status();
   const Workload& w = *prepared;
+  // A backend that cannot start (no GPU visible) would fail every run: an error before any.
+  {
+    absl::StatusOr<ReqToTokenPool> probe_table = ReqToTokenPool::Create(1, TokenCount(1));
+    if (!probe_table.ok()) return probe_table.status();
+    absl::StatusOr<std::unique_ptr<ReplayBackend>> probe =
+        MakeReplayBackend(options.backend, *probe_table, TokenCount(1));
+    if (!probe.ok()) return probe.status();
+  }
   const uint64_t seed = options.seed.value_or(w.seed());
   SimReport report;
   report.set_workload(w.name());

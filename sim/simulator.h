@@ -65,12 +65,12 @@ inline constexpr double kMaxRelativeError = 1e-4;
 // options checked. InvalidArgument: the workload does not validate, a page size of the options
 // is outside [1, 2^20] or makes a scenario invalid, max_steps < 0, dump_all without dump_dir, a
 // backend this build does not have, a scenario name the workload does not have. With a
-// scenario named, the workload holds only that scenario. The backend's error when it cannot start
-// (FailedPrecondition for "gpu" with no GPU visible).
+// scenario named, the workload holds only that scenario. Checks only: it starts no backend.
 absl::StatusOr<Workload> PrepareWorkload(const Workload& workload, const SimOptions& options);
 
-// Runs every scenario of PrepareWorkload(workload, options) at every page size; its error
-// before anything is run. A run that fails is reported as failed (RunReport::failure), not as
+// Runs every scenario of PrepareWorkload(workload, options) at every page size. Before anything
+// is run: PrepareWorkload's error, or the backend's when it cannot start (FailedPrecondition for
+// "gpu" with no GPU visible). A run that fails is reported as failed (RunReport::failure), not as
 // an error.
 absl::StatusOr<SimReport> RunWorkload(const Workload& workload, const SimOptions& options);
 

@@ -1,9 +1,9 @@
 // attnmeta_sim: runs a serving workload through the whole stack on the CPU and checks every
 // step (sim/simulator.h); prints a report table and exits 0 only when every run passed.
 //
-//   attnmeta_sim [--workload=FILE] [--backend=cpu|gpu] [--scenario=NAME] [--page_sizes=1,16,...]
-//   [--steps=N]
-//                [--seed=N] [--dump_dir=DIR [--dump_all]] [--report=FILE.json] [--quiet]
+//   attnmeta_sim [--workload=FILE] [--backend=cpu|gpu] [--scenario=NAME]
+//                [--page_sizes=1,16,...] [--steps=N] [--seed=N] [--dump_dir=DIR [--dump_all]]
+//                [--report=FILE.json] [--quiet]
 //
 // Without --workload it runs the default workload compiled into it (the same text ships as
 // sim/default_workload.textproto). --backend=gpu (a build with --config=cuda or rocm, on a
@@ -11,8 +11,9 @@
 // writer; the checks are the same. Exit codes: 0 PASS, 1 FAIL (the report names the first
 // failure of each failing run, and --dump_dir holds a MetadataSnapshot of the failing forward,
 // which `metadata_check` replays), 2 for a bad flag, workload or option, an unwritable --report
-// or --dump_dir, or a backend that cannot start (nothing is run), 3 when the host runs out of
-// memory. --page_sizes replaces the workload's page sizes before the workload is checked.
+// or --dump_dir, or a backend that cannot start (nothing is run; the backend is found after the
+// progress line), 3 when the host runs out of memory. --page_sizes replaces the workload's page
+// sizes before the workload is checked.
 //
 // --inject_fault=STEP is for tests: it corrupts the metadata of the first forward of that
 // step in every run, as a builder bug would, so that the run must fail.
@@ -38,9 +39,8 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: attnmeta_sim [--workload=FILE] [--backend=cpu|gpu] [--scenario=NAME]\n"
-    "                    [--page_sizes=1,16,...] [--steps=N] [--seed=N] [--dump_dir=DIR "
-    "[--dump_all]]\n"
-    "                    [--report=FILE.json] [--quiet]\n";
+    "                    [--page_sizes=1,16,...] [--steps=N] [--seed=N]\n"
+    "                    [--dump_dir=DIR [--dump_all]] [--report=FILE.json] [--quiet]\n";
 
 std::string Resolve(const std::string& path) {
   const char* cwd = std::getenv("BUILD_WORKING_DIRECTORY");
