@@ -21,6 +21,7 @@
 #include "attention/graph/batch_buckets.h"
 #include "attention/graph/buffer_plan.h"
 #include "attention/graph/graph_state.h"
+#include "attention/kernels/half_bits.h"
 #include "attention/metadata/builders.h"
 #include "attention/metadata/draft_decode_layout.h"
 #include "attention/metadata/metadata_diff.h"
@@ -179,6 +180,17 @@ class Run {
                  const std::vector<DenseSequence>& dense);
   double AttentionError(const ForwardMetadataView& m, const std::vector<DenseSequence>& dense,
                         const std::string& what);
+  // The query rows of `dense`, sequence by sequence, and dense attention's output for them.
+  // False when the run failed.
+  bool DenseOutputs(const std::vector<DenseSequence>& dense, const std::string& what,
+                    std::vector<float>& q, std::vector<float>& want);
+  // The backend's attention kernels over a replayed forward (`in`, its query rows filled here)
+  // compared with dense attention, path by path, within kMaxDeviceRelativeError.
+  void CheckDeviceAttention(const std::string& what, ReplayAttentionInputs in,
+                            const std::vector<DenseSequence>& dense);
+  // The vector `which` of `content`: FillVector's values, rounded to bf16 when the backend's
+  // attention kernels check the run (they read bf16), so that every path sees the same numbers.
+  void Fill(uint64_t content, Vec which, absl::Span<float> out) const;
   // One forward of `batch`: its eager metadata `m` (or the builder's error) checked, then,
   // with `replay`, the batch replayed through the graph and compared; counted under its mode.
   // False when the run failed.
@@ -226,6 +238,8 @@ class Run {
   std::optional<ReqToTokenPool> r2t_;
   std::vector<float> k_pool_, v_pool_;
   std::unique_ptr<ReplayBackend> backend_;  // declared before graph_, which frees into it
+  bool device_attention_ = false;           // backend_->AttendsReplays(dims_)
+  bool kv_pool_synced_ = false;             // the backend's pools equal k_pool_ and v_pool_
   std::unique_ptr<GraphState> graph_;
   std::map<std::pair<ForwardMode, int64_t>, CaptureHandle> handles_;
 
@@ -264,10 +278,15 @@ absl::Status Run::Setup() {
   const int64_t slots = alloc_->pool_slots().value();
   k_pool_.assign(slots * kv_row(), 0.0f);
   v_pool_.assign(slots * kv_row(), 0.0f);
-  absl::StatusOr<std::unique_ptr<ReplayBackend>> backend =
-      MakeReplayBackend(options_.backend, *r2t_, alloc_->pool_slots());
-  if (!backend.ok()) return backend.status();
-  backend_ = *std::move(backend);
+  if (options_.make_backend) {
+    backend_ = options_.make_backend();
+  } else {
+    absl::StatusOr<std::unique_ptr<ReplayBackend>> backend =
+        MakeReplayBackend(options_.backend, *r2t_, alloc_->pool_slots());
+    if (!backend.ok()) return backend.status();
+    backend_ = *std::move(backend);
+  }
+  device_attention_ = backend_->AttendsReplays(dims_);
   absl::StatusOr<std::unique_ptr<GraphState>> graph = GraphState::Create(
       config_, &*r2t_, page_size_, &backend_->memory(), &backend_->writer());
   if (!graph.ok()) return graph.status();
@@ -385,10 +404,17 @@ int64_t Run::NextDecodePages(const Req& r) const {
                   PagesFor(r.seq_len, r.seq_len + spec_.draft_tokens()));
 }
 
+void Run::Fill(uint64_t content, Vec which, absl::Span<float> out) const {
+  FillVector(content, which, out);
+  if (!device_attention_) return;
+  for (float& x : out) x = Bf16ToFloat(FloatToBf16(x));
+}
+
 void Run::WriteKv(TokenSlot slot, uint64_t content) {
   const int64_t at = int64_t{slot.value()} * kv_row();
-  FillVector(content, Vec::kKey, absl::MakeSpan(k_pool_).subspan(at, kv_row()));
-  FillVector(content, Vec::kValue, absl::MakeSpan(v_pool_).subspan(at, kv_row()));
+  Fill(content, Vec::kKey, absl::MakeSpan(k_pool_).subspan(at, kv_row()));
+  Fill(content, Vec::kValue, absl::MakeSpan(v_pool_).subspan(at, kv_row()));
+  kv_pool_synced_ = false;
 }
 
 void Run::Place(Req& r, int64_t from, absl::Span<const TokenSlot> slots,
@@ -954,21 +980,33 @@ ValidationContext Run::Context(int64_t query_rows) const {
   return ctx;
 }
 
-double Run::AttentionError(const ForwardMetadataView& m, const std::vector<DenseSequence>& dense,
-                           const std::string& what) {
-  // The query tensor and the expected output, sequence by sequence.
-  std::vector<float> q, want;
+// The relative L2 error of `got` against `want` (the absolute one when `want` is 0); infinity
+// for NaN.
+double RelativeError(absl::Span<const float> got, absl::Span<const float> want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    num += (double{got[i]} - want[i]) * (double{got[i]} - want[i]);
+    den += double{want[i]} * want[i];
+  }
+  const double err = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  return std::isnan(err) ? INFINITY : err;
+}
+
+bool Run::DenseOutputs(const std::vector<DenseSequence>& dense, const std::string& what,
+                       std::vector<float>& q, std::vector<float>& want) {
+  q.clear();
+  want.clear();
   for (const DenseSequence& d : dense) {
     const int64_t q_at = static_cast<int64_t>(q.size());
     q.resize(q_at + d.query.size() * q_row());
     for (size_t r = 0; r < d.query.size(); ++r) {
-      FillVector(d.query[r], Vec::kQuery, absl::MakeSpan(q).subspan(q_at + r * q_row(), q_row()));
+      Fill(d.query[r], Vec::kQuery, absl::MakeSpan(q).subspan(q_at + r * q_row(), q_row()));
     }
     k_scratch_.resize(d.kv.size() * kv_row());
     v_scratch_.resize(d.kv.size() * kv_row());
     for (size_t t = 0; t < d.kv.size(); ++t) {
-      FillVector(d.kv[t], Vec::kKey, absl::MakeSpan(k_scratch_).subspan(t * kv_row(), kv_row()));
-      FillVector(d.kv[t], Vec::kValue, absl::MakeSpan(v_scratch_).subspan(t * kv_row(), kv_row()));
+      Fill(d.kv[t], Vec::kKey, absl::MakeSpan(k_scratch_).subspan(t * kv_row(), kv_row()));
+      Fill(d.kv[t], Vec::kValue, absl::MakeSpan(v_scratch_).subspan(t * kv_row(), kv_row()));
     }
     const int64_t out_at = static_cast<int64_t>(want.size());
     want.resize(out_at + d.query.size() * q_row());
@@ -979,9 +1017,16 @@ double Run::AttentionError(const ForwardMetadataView& m, const std::vector<Dense
                                : DenseMaskedAttention(dims_, qs, k_scratch_, v_scratch_, d.sees, out);
     if (!s.ok()) {
       Fail(absl::StrCat(what, " dense attention"), s, nullptr, nullptr);
-      return 0;
+      return false;
     }
   }
+  return true;
+}
+
+double Run::AttentionError(const ForwardMetadataView& m, const std::vector<DenseSequence>& dense,
+                           const std::string& what) {
+  std::vector<float> q, want;
+  if (!DenseOutputs(dense, what, q, want)) return 0;
   const ReferenceAttentionInputs in{dims_, m, page_size_, q, k_pool_, v_pool_};
   std::vector<float> got(want.size());
   double worst = 0;
@@ -990,13 +1035,8 @@ double Run::AttentionError(const ForwardMetadataView& m, const std::vector<Dense
       Fail(absl::StrCat(what, " ", path, " attention"), s, nullptr, nullptr);
       return;
     }
-    double num = 0, den = 0;
-    for (size_t i = 0; i < want.size(); ++i) {
-      num += (double{got[i]} - want[i]) * (double{got[i]} - want[i]);
-      den += double{want[i]} * want[i];
-    }
-    const double err = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-    worst = std::max(worst, std::isnan(err) ? INFINITY : err);
+    const double err = RelativeError(got, want);
+    worst = std::max(worst, err);
     if (!(err <= kMaxRelativeError)) {
       Fail(absl::StrCat(what, " ", path, " attention"),
            absl::FailedPreconditionError(absl::StrFormat(
@@ -1015,6 +1055,46 @@ double Run::AttentionError(const ForwardMetadataView& m, const std::vector<Dense
                                   : plan.status());
   }
   return worst;
+}
+
+void Run::CheckDeviceAttention(const std::string& what, ReplayAttentionInputs in,
+                               const std::vector<DenseSequence>& dense) {
+  std::vector<float> q, want;
+  if (!DenseOutputs(dense, what, q, want)) return;
+  if (!kv_pool_synced_) {
+    if (absl::Status s = backend_->SyncKvPool(k_pool_, v_pool_); !s.ok()) {
+      Fail(absl::StrCat(what, " K/V pool to the backend"), s, nullptr, nullptr);
+      return;
+    }
+    kv_pool_synced_ = true;
+  }
+  in.q = q;
+  absl::StatusOr<std::vector<ReplayAttentionOutput>> outputs = backend_->AttendReplay(in);
+  if (!outputs.ok()) {
+    Fail(absl::StrCat(what, " attention kernels"), outputs.status(), nullptr, nullptr);
+    return;
+  }
+  double worst = 0;
+  for (const ReplayAttentionOutput& o : *outputs) {
+    const std::string label = absl::StrCat(what, " ", o.path, " attention kernel");
+    if (o.out.size() != want.size()) {
+      Fail(label, absl::InternalError(absl::StrCat(o.out.size(), " outputs, want ", want.size())),
+           nullptr, nullptr);
+      return;
+    }
+    const double err = RelativeError(o.out, want);
+    worst = std::max(worst, err);
+    if (!(err <= kMaxDeviceRelativeError)) {
+      Fail(label,
+           absl::FailedPreconditionError(
+               absl::StrFormat("relative error %.3g against dense attention (limit %.0e)", err,
+                               kMaxDeviceRelativeError)),
+           nullptr, nullptr);
+      return;
+    }
+  }
+  report_->set_device_attention_checks(report_->device_attention_checks() + 1);
+  report_->set_max_device_relative_error(std::max(report_->max_device_relative_error(), worst));
 }
 
 void Run::CheckView(const std::string& what, const ForwardMetadataView& m,
@@ -1159,6 +1239,20 @@ void Run::CheckReplay(ForwardMode mode, const ReplayBatch& batch,
     }
     CheckView(label, host->view(), dense[i]);
     if (failure_.has_value()) return;
+    if (device_attention_ && checked_step() && !dense[i].empty()) {
+      ReplayAttentionInputs in;
+      in.dims = dims_;
+      in.page_size = page_size_;
+      in.metadata = views[i];
+      if (mode == ForwardMode::kDecode && replay->split_kv.work_items > 0) {
+        in.padded = replay->padded;
+        in.split_kv = replay->split_kv;
+        in.split_layout = ConfigSplitKvOptions(config_).layout;
+        in.split_buffers = graph_->buffers().split_kv;
+      }
+      CheckDeviceAttention(label, in, dense[i]);
+      if (failure_.has_value()) return;
+    }
   }
   // The whole bucket, as a kernel captured for it reads it, validates with its padded rows on
   // the padding page against the rows of the padded query tensor (the bucket's requests or
@@ -1328,7 +1422,7 @@ absl::StatusOr<SimReport> RunWorkload(const Workload& workload, const SimOptions
   if (!prepared.ok()) return prepared.status();
   const Workload& w = *prepared;
   // A backend that cannot start (no GPU visible) would fail every run: an error before any.
-  {
+  if (!options.make_backend) {
     absl::StatusOr<ReqToTokenPool> probe_table = ReqToTokenPool::Create(1, TokenCount(1));
     if (!probe_table.ok()) return probe_table.status();
     absl::StatusOr<std::unique_ptr<ReplayBackend>> probe =
@@ -1357,9 +1451,10 @@ std::string FormatReportTable(const SimReport& report) {
       absl::StrCat("replay backend: ", report.runs().empty() ? "" : report.runs(0).backend(),
                    ", seed ", report.seed(), "\n");
   out += absl::StrFormat(
-      "%-14s %4s %6s  %-62s %7s %7s %6s %9s %9s %9s %8s %5s %9s %9s %8s %8s  %s\n", "scenario", "ps",
-      "steps", "forwards by mode (replayed)", "prefill", "output", "accept", "retr/back", "pages hw",
-      "graph B", "replays", "eager", "fall/unsup", "max err", "build us", "replay us", "result");
+      "%-14s %4s %6s  %-62s %7s %7s %6s %9s %9s %9s %8s %5s %9s %9s %7s %9s %8s %8s  %s\n",
+      "scenario", "ps", "steps", "forwards by mode (replayed)", "prefill", "output", "accept",
+      "retr/back", "pages hw", "graph B", "replays", "eager", "fall/unsup", "max err", "kernels",
+      "kern err", "build us", "replay us", "result");
   for (const RunReport& r : report.runs()) {
     std::string modes;
     int64_t replays = 0, forwards = 0;
@@ -1370,11 +1465,14 @@ std::string FormatReportTable(const SimReport& report) {
       forwards += m.forwards();
     }
     out += absl::StrFormat(
-        "%-14s %4d %6d  %-62s %7d %7d %6d %4d/%-4d %4d/%-4d %9d %8d %5d %4d/%-4d %9.2e %8.1f %8.1f  %s\n",
+        "%-14s %4d %6d  %-62s %7d %7d %6d %4d/%-4d %4d/%-4d %9d %8d %5d %4d/%-4d %9.2e %7d %9s "
+        "%8.1f %8.1f  %s\n",
         r.scenario(), r.page_size(), r.steps(), modes, r.prefill_tokens(), r.generated_tokens(),
-        r.accepted_draft_tokens(), r.retractions(), r.admission_backoffs(), r.pages_high_water(), r.pool_pages(),
-        r.graph_buffer_bytes(), replays, forwards, r.eager_fallbacks(), r.replays_unsupported(),
-        r.max_relative_error(),
+        r.accepted_draft_tokens(), r.retractions(), r.admission_backoffs(), r.pages_high_water(),
+        r.pool_pages(), r.graph_buffer_bytes(), replays, forwards, r.eager_fallbacks(),
+        r.replays_unsupported(), r.max_relative_error(), r.device_attention_checks(),
+        r.device_attention_checks() > 0 ? absl::StrFormat("%.2e", r.max_device_relative_error())
+                                        : std::string("-"),
         r.eager_build_us_per_forward(), r.replay_us_per_forward(),
         r.passed() ? (r.finished() ? "PASS" : "PASS (stopped by --steps)") : "FAIL");
     if (!r.passed()) {

@@ -22,13 +22,17 @@
 // (DiffMetadata). In the checked steps
 // the attention of every metadata path (token-level, page table, split-KV) over the K/V pool
 // is compared with dense attention over each request's logical tokens, which the simulator
-// tracks without slots. The first failure stops the run and is reported, with a
+// tracks without slots; a backend with attention kernels (the GPU's) also runs them over each
+// replayed forward's metadata where the replay left it, compared with dense attention
+// (kMaxDeviceRelativeError). The first failure stops the run and is reported, with a
 // MetadataSnapshot of the failing forward when a dump directory is given.
 
 #ifndef ATTNMETA_SIM_SIMULATOR_H_
 #define ATTNMETA_SIM_SIMULATOR_H_
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -39,6 +43,8 @@
 #include "sim/workload.pb.h"
 
 namespace attnmeta {
+
+class ReplayBackend;
 
 struct SimOptions {
   // Where graph replays run (replay_backend.h): "cpu", or "gpu" in a GPU build.
@@ -53,6 +59,9 @@ struct SimOptions {
   // sequence 0 has two KV tokens or more is corrupted after it is built (its token 0 pointed
   // at token 1's slot), as a builder bug would; the run must then fail. -1: off.
   int64_t inject_fault_step = -1;
+  // Test-only: makes each run's replay backend in place of the one `backend` names (which the
+  // report still shows). Null: MakeReplayBackend(backend).
+  std::function<std::unique_ptr<ReplayBackend>()> make_backend;
   std::ostream* progress = nullptr;  // a progress line every 100 steps; null: quiet
 };
 
@@ -60,6 +69,12 @@ struct SimOptions {
 // paths and dense attention accumulate in double over the same float K/V, so a correct
 // step is near 1e-7; one misplaced token moves it by orders of magnitude more.
 inline constexpr double kMaxRelativeError = 1e-4;
+// The same bound for the attention kernels of the GPU backend, which read bf16 K, V and Q (the
+// run's values are then bf16 numbers, for the CPU paths too), multiply the softmax weights
+// into V in bf16 and write bf16 outputs: a correct forward is near 3e-3. The kernels' output
+// is a check that they read the replayed arrays as the CPU reference does; that those arrays
+// are right to the token is the exact comparison with the eager metadata.
+inline constexpr double kMaxDeviceRelativeError = 1e-2;
 
 // The workload RunWorkload runs: `workload` with the options' page sizes, validated, with the
 // options checked. InvalidArgument: the workload does not validate, a page size of the options

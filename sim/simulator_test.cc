@@ -9,8 +9,14 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "attention/graph/host_device_memory.h"
+#include "attention/graph/host_metadata_writer.h"
+#include "attention/kernels/half_bits.h"
+#include "attention/metadata/reference_attention.h"
 #include "attention/metadata/snapshot.h"
+#include "attention/metadata/split_kv_planner.h"
 #include "gtest/gtest.h"
+#include "sim/replay_backend.h"
 #include "sim/workload.h"
 
 namespace attnmeta {
@@ -273,6 +279,181 @@ TEST(SimulatorTest, ReportAsJson) {
   EXPECT_TRUE(absl::StrContains(*json, "\"passed\": true"));
   EXPECT_TRUE(absl::StrContains(*json, "\"scenario\": \"eagle_topk4\""));
   EXPECT_TRUE(absl::StrContains(*json, "\"pages_high_water\""));
+}
+
+// ---- A replay backend with attention "kernels" ----
+// The GPU backend's attention kernels run where no GPU is. This stand-in keeps the host
+// backend's memory and writer and computes each path with the CPU reference attention over
+// what the simulator hands it (the replayed metadata in its memory, the pools it was sent, the
+// split plan in the graph's buffers), so that the simulator's side of the check is tested
+// here: the values it sends, when it resends the pools, the inputs of each path, the bound.
+
+struct KernelStandInLog {
+  int64_t pool_syncs = 0;
+  int64_t forwards = 0;
+  int64_t split_forwards = 0;
+  int64_t page_table_forwards = 0;
+};
+
+class ReferenceKernelsBackend : public ReplayBackend {
+ public:
+  // Every output is multiplied by `scale` (1: as computed).
+  ReferenceKernelsBackend(KernelStandInLog* log, float scale) : log_(log), scale_(scale) {}
+
+  DeviceMemory& memory() override { return memory_; }
+  MetadataWriter& writer() override { return writer_; }
+  absl::Status SyncReqToToken(const ReqToTokenPool&) override { return absl::OkStatus(); }
+  absl::Status CheckAfterReplay() override { return memory_.VerifyCanaries(); }
+  bool AttendsReplays(const AttentionDims&) const override { return true; }
+
+  absl::Status SyncKvPool(absl::Span<const float> k, absl::Span<const float> v) override {
+    for (absl::Span<const float> pool : {k, v}) {
+      for (float x : pool) {
+        if (Bf16ToFloat(FloatToBf16(x)) != x) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("pool value ", x, " is not a bf16 number"));
+        }
+      }
+    }
+    k_.assign(k.begin(), k.end());
+    v_.assign(v.begin(), v.end());
+    ++log_->pool_syncs;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<ReplayAttentionOutput>> AttendReplay(
+      const ReplayAttentionInputs& in) override {
+    ++log_->forwards;
+    for (float x : in.q) {
+      if (Bf16ToFloat(FloatToBf16(x)) != x) {
+        return absl::InvalidArgumentError(absl::StrCat("query value ", x, " is not a bf16 number"));
+      }
+    }
+    std::vector<ReplayAttentionOutput> outputs;
+    const ReferenceAttentionInputs ref{in.dims, in.metadata, in.page_size, in.q, k_, v_};
+    const auto add = [&](const char* path, absl::Status s, std::vector<float> out) -> absl::Status {
+      if (!s.ok()) return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
+      for (float& x : out) x *= scale_;
+      outputs.push_back({path, std::move(out)});
+      return absl::OkStatus();
+    };
+    std::vector<float> out(in.q.size());
+    const absl::Status token_level = ReferenceAttentionTokenLevel(ref, absl::MakeSpan(out));
+    if (absl::Status s = add("token-level", token_level, out); !s.ok()) return s;
+    if (in.metadata.page_table.rows() > 0) {
+      ++log_->page_table_forwards;
+      const absl::Status page_table = ReferenceAttentionPageTable(ref, absl::MakeSpan(out));
+      if (absl::Status s = add("page-table", page_table, out); !s.ok()) return s;
+    }
+    if (in.split_kv.work_items > 0) {
+      ++log_->split_forwards;
+      // The plan the replay wrote covers the whole bucket (in.padded); its items for the real
+      // sequences, run over the real rows (the reference refuses the padding page).
+      if (in.padded.batch_size() < in.metadata.batch_size()) {
+        return absl::InvalidArgumentError("the padded view is smaller than the batch");
+      }
+      const int32_t bs = static_cast<int32_t>(in.metadata.batch_size());
+      SplitKvPlan plan;
+      plan.layout = in.split_layout;
+      plan.chunk = in.split_kv.chunk;
+      for (int64_t i = 0; i < in.split_kv.work_items; ++i) {
+        if (in.split_buffers.work[i].sequence < bs) plan.work.push_back(in.split_buffers.work[i]);
+      }
+      for (int64_t i = 0; i < in.split_kv.reduce_items; ++i) {
+        if (in.split_buffers.reduce[i].sequence < bs) {
+          plan.reduce.push_back(in.split_buffers.reduce[i]);
+        }
+      }
+      plan.num_partials = in.split_kv.num_partials;
+      std::vector<float> split_out(in.q.size());
+      const absl::Status s = ReferenceAttentionSplitKv(ref, plan, absl::MakeSpan(split_out));
+      if (absl::Status a = add("split-KV", s, split_out); !a.ok()) return a;
+    }
+    return outputs;
+  }
+
+ private:
+  KernelStandInLog* log_;
+  const float scale_;
+  HostDeviceMemory memory_;
+  HostMetadataWriter writer_;
+  std::vector<float> k_, v_;
+};
+
+Workload KernelsWorkload() {
+  absl::StatusOr<Workload> w = ParseWorkload(ReadFile("sim/workloads/kernels.textproto"));
+  EXPECT_TRUE(w.ok()) << w.status();
+  return *w;
+}
+
+SimOptions WithKernelStandIn(KernelStandInLog* log, float scale) {
+  SimOptions options;
+  options.page_sizes = {16};
+  options.max_steps = 25;
+  options.make_backend = [log, scale] {
+    return std::make_unique<ReferenceKernelsBackend>(log, scale);
+  };
+  return options;
+}
+
+// Every replayed forward of a checked step goes to the backend's kernels, with its token-level,
+// page-table and (decode) split-KV inputs; the pools are resent only after K/V rows changed,
+// as bf16 numbers, which every CPU path then reads too.
+TEST(SimulatorTest, ABackendWithAttentionKernelsChecksEveryReplayedForward) {
+  KernelStandInLog log;
+  const Workload workload = KernelsWorkload();
+  absl::StatusOr<SimReport> report = RunWorkload(workload, WithKernelStandIn(&log, 1.0f));
+  ASSERT_TRUE(report.ok()) << report.status();
+  std::cout << FormatReportTable(*report);
+  EXPECT_TRUE(report->passed());
+  int64_t checks = 0;
+  for (const RunReport& r : report->runs()) {
+    SCOPED_TRACE(r.scenario());
+    EXPECT_TRUE(r.passed()) << r.failure();
+    EXPECT_GT(r.device_attention_checks(), 0);
+    EXPECT_LE(r.max_device_relative_error(), kMaxRelativeError);
+    EXPECT_LE(r.max_relative_error(), kMaxRelativeError);
+    int64_t steps = 0;
+    for (const Scenario& sc : workload.scenarios()) {
+      if (sc.name() == r.scenario()) steps = sc.backend().speculative().steps();
+    }
+    int64_t replayed = 0;
+    for (const ModeReport& m : r.modes()) {
+      // A draft-decode round is a forward per step; idle forwards have no query rows.
+      if (m.mode() == "draft_decode") {
+        replayed += m.replays() * steps;
+      } else if (m.mode() != "idle") {
+        replayed += m.replays();
+      }
+    }
+    EXPECT_EQ(r.device_attention_checks(), replayed);
+    checks += r.device_attention_checks();
+  }
+  EXPECT_EQ(log.forwards, checks);
+  EXPECT_GT(log.split_forwards, 0) << "no decode replay ran its split-KV plan";
+  EXPECT_GT(log.page_table_forwards, 0);
+  EXPECT_GT(log.pool_syncs, 3);
+  EXPECT_LT(log.pool_syncs, log.forwards) << "the pools were resent without a K/V change";
+}
+
+// The bound: outputs off by 0.5% pass (bf16 kernels are), by 2% fail, naming the path.
+TEST(SimulatorTest, AttentionKernelsOffByMoreThanTheBoundFailTheRun) {
+  KernelStandInLog log;
+  SimOptions near = WithKernelStandIn(&log, 1.005f);
+  near.scenario = "chat";
+  absl::StatusOr<SimReport> close = RunWorkload(KernelsWorkload(), near);
+  ASSERT_TRUE(close.ok()) << close.status();
+  EXPECT_TRUE(close->passed()) << close->runs(0).failure();
+  EXPECT_GT(close->runs(0).max_device_relative_error(), 4e-3);
+  SimOptions off = WithKernelStandIn(&log, 1.02f);
+  off.scenario = "chat";
+  absl::StatusOr<SimReport> far = RunWorkload(KernelsWorkload(), off);
+  ASSERT_TRUE(far.ok()) << far.status();
+  ASSERT_FALSE(far->passed());
+  EXPECT_TRUE(absl::StrContains(far->runs(0).failure(), "token-level attention kernel"))
+      << far->runs(0).failure();
+  EXPECT_TRUE(absl::StrContains(far->runs(0).failure(), "relative error 0.02"))
+      << far->runs(0).failure();
 }
 
 }  // namespace

@@ -70,12 +70,12 @@
 
 #include "absl/strings/str_format.h"
 #include "attention/kernels/device_violation_word.h"
+#include "attention/kernels/half_bits.h"
 #include "attention/kernels/metadata_launchers.h"
 #include "attention/kernels/paged_decode_attention.h"
 #include "attention/kernels/paged_decode_launcher.h"
 #include "attention/kernels/testing/bench_check.h"
 #include "attention/kernels/testing/device_buffer.h"
-#include "attention/kernels/testing/half_bits.h"
 #include "attention/kernels/testing/kv_bench.h"
 #include "attention/kernels/testing/stream_read.h"
 #include "attention/metadata/split_kv_planner.h"
@@ -244,7 +244,7 @@ class Bench {
     const int sets = SetsFor(s);
     std::vector<uint16_t> q(s.bs * dims.QRowElements());
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (uint16_t& x : q) x = testing::FloatToBf16(normal(rng_));
+    for (uint16_t& x : q) x = FloatToBf16(normal(rng_));
     q_host_ = q;
     q_ = Unwrap(DeviceBuffer<uint16_t>::FromHost(q));
     out_ = Unwrap(DeviceBuffer<uint8_t>::Create(s.bs * dims.QRowElements() * 2));
@@ -461,7 +461,7 @@ class Bench {
     auto out_at = [&](int64_t e) {
       uint16_t b;
       std::memcpy(&b, out.data() + 2 * e, 2);
-      return testing::Bf16ToFloat(b);
+      return Bf16ToFloat(b);
     };
     auto fail = [&](const std::string& what) {
       std::fprintf(stderr, "MISMATCH %s v%d bs=%lld ctx=%lld: %s\n", l.name.c_str(), variant,
@@ -491,7 +491,7 @@ class Bench {
           for (int64_t t = 0; t < s.ctx; ++t) {
             double dot = 0;
             for (int64_t x = 0; x < dims.head_dim; ++x) {
-              dot += double{testing::Bf16ToFloat(q[x])} * k_at(slots[t], kvh, x);
+              dot += double{Bf16ToFloat(q[x])} * k_at(slots[t], kvh, x);
             }
             score[t] = dot * scale;
             m = std::max(m, score[t]);

@@ -50,10 +50,10 @@
 
 #include "absl/strings/str_format.h"
 #include "attention/kernels/device_violation_word.h"
+#include "attention/kernels/half_bits.h"
 #include "attention/kernels/metadata_launchers.h"
 #include "attention/kernels/testing/bench_check.h"
 #include "attention/kernels/testing/device_buffer.h"
-#include "attention/kernels/testing/half_bits.h"
 #include "attention/kernels/testing/kv_bench.h"
 #include "attention/kernels/varlen_attention_launcher.h"
 #include "attention/metadata/custom_mask.h"
@@ -143,7 +143,7 @@ class Bench {
   void RunWorkload(const Workload& w) {
     std::normal_distribution<float> normal(0.0f, 1.0f);
     q_host_.resize(w.bs * w.q_len * dims.QRowElements());
-    for (uint16_t& x : q_host_) x = testing::FloatToBf16(normal(rng_));
+    for (uint16_t& x : q_host_) x = FloatToBf16(normal(rng_));
     q_ = Unwrap(DeviceBuffer<uint16_t>::FromHost(q_host_));
     out_ = Unwrap(DeviceBuffer<uint8_t>::Create(q_host_.size() * 2));
     lse_ = Unwrap(DeviceBuffer<float>::Create(w.bs * w.q_len * dims.q_heads));
@@ -288,7 +288,7 @@ class Bench {
     auto out_at = [&](int64_t e) {
       uint16_t bits;
       std::memcpy(&bits, out.data() + 2 * e, 2);
-      return testing::Bf16ToFloat(bits);
+      return Bf16ToFloat(bits);
     };
     auto fail = [&](const std::string& what) {
       std::fprintf(stderr, "MISMATCH %s %s %s: %s\n", w.name, page_table ? "page_table" : "kv_indices",
@@ -328,7 +328,7 @@ class Bench {
             if (!MaskSees(view, i, w.q_len, b.kv_len, word_bytes, r, t)) continue;
             double dot = 0;
             for (int64_t x = 0; x < dims.head_dim; ++x) {
-              dot += double{testing::Bf16ToFloat(q[x])} * pool_.K(element(slots[t], kvh, x));
+              dot += double{Bf16ToFloat(q[x])} * pool_.K(element(slots[t], kvh, x));
             }
             score[t] = dot * scale;
             m = std::max(m, score[t]);

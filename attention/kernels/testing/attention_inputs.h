@@ -11,9 +11,9 @@
 #include <random>
 #include <vector>
 
+#include "attention/kernels/half_bits.h"
 #include "attention/kernels/metadata_launchers.h"
 #include "attention/kernels/paged_decode_launcher.h"
-#include "attention/kernels/testing/half_bits.h"
 
 namespace attnmeta {
 namespace testing {

@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "attention/kernels/half_bits.h"
 #include "attention/kernels/hip_port.h"
 #include "attention/kernels/paged_decode_launcher.h"
 #include "attention/kernels/testing/device_buffer.h"
-#include "attention/kernels/testing/half_bits.h"
 
 namespace attnmeta {
 namespace testing {

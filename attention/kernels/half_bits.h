@@ -1,9 +1,9 @@
 // Host conversions between float and the 2-byte element types of the attention kernels (bf16
-// and fp16, round to nearest even), for GPU tests and benchmarks that build inputs on the host
-// and read outputs back.
+// and fp16, round to nearest even), for code that builds the kernels' inputs on the host and
+// reads their outputs back (attnmeta_sim's GPU backend, the GPU tests and benchmarks).
 
-#ifndef ATTNMETA_ATTENTION_KERNELS_TESTING_HALF_BITS_H_
-#define ATTNMETA_ATTENTION_KERNELS_TESTING_HALF_BITS_H_
+#ifndef ATTNMETA_ATTENTION_KERNELS_HALF_BITS_H_
+#define ATTNMETA_ATTENTION_KERNELS_HALF_BITS_H_
 
 #include <cmath>
 #include <cstdint>
@@ -11,7 +11,6 @@
 #include <limits>
 
 namespace attnmeta {
-namespace testing {
 
 inline uint32_t FloatBits(float f) {
   uint32_t x;
@@ -61,7 +60,6 @@ inline float Fp16ToFloat(uint16_t h) {
   return sign * std::ldexp(static_cast<float>(mantissa | 0x400), exponent - 25);
 }
 
-}  // namespace testing
 }  // namespace attnmeta
 
-#endif  // ATTNMETA_ATTENTION_KERNELS_TESTING_HALF_BITS_H_
+#endif  // ATTNMETA_ATTENTION_KERNELS_HALF_BITS_H_

@@ -1,0 +1,56 @@
+#include "attention/kernels/half_bits.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "gtest/gtest.h"
+
+namespace attnmeta {
+namespace {
+
+TEST(HalfBitsTest, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(FloatToBf16(1.0f), 0x3f80);
+  EXPECT_EQ(FloatToBf16(-2.0f), 0xc000);
+  // 1 + 2^-8 lies halfway between 1 and 1 + 2^-7: to the even 1. 1 + 3 * 2^-8 lies halfway
+  // between 1 + 2^-7 and 1 + 2^-6: to the even 1 + 2^-6.
+  EXPECT_EQ(FloatToBf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);
+  EXPECT_EQ(FloatToBf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);
+  // Just past halfway rounds up.
+  EXPECT_EQ(FloatToBf16(1.0f + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20)), 0x3f81);
+  EXPECT_EQ(FloatToBf16(std::numeric_limits<float>::infinity()), 0x7f80);
+  EXPECT_EQ(FloatToBf16(std::numeric_limits<float>::quiet_NaN()), 0x7fc0);
+}
+
+TEST(HalfBitsTest, Bf16ValuesRoundTrip) {
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    const uint16_t bits = static_cast<uint16_t>(b);
+    const float x = Bf16ToFloat(bits);
+    if (std::isnan(x)) continue;
+    ASSERT_EQ(FloatToBf16(x), bits) << "bits 0x" << std::hex << b;
+  }
+}
+
+TEST(HalfBitsTest, Fp16RoundsToNearestEvenAndSaturatesToInfinity) {
+  EXPECT_EQ(FloatToFp16(1.0f), 0x3c00);
+  EXPECT_EQ(FloatToFp16(-0.5f), 0xb800);
+  EXPECT_EQ(FloatToFp16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);      // halfway: to even
+  EXPECT_EQ(FloatToFp16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);  // halfway: to even
+  EXPECT_EQ(FloatToFp16(65504.0f), 0x7bff);
+  EXPECT_EQ(FloatToFp16(65520.0f), 0x7c00);  // rounds past the largest finite value
+  EXPECT_EQ(FloatToFp16(std::ldexp(1.0f, -24)), 0x0001);  // the smallest subnormal
+  EXPECT_EQ(FloatToFp16(std::ldexp(1.0f, -26)), 0x0000);  // below half of it
+  EXPECT_EQ(FloatToFp16(std::numeric_limits<float>::quiet_NaN()) & 0x7e00, 0x7e00);
+}
+
+TEST(HalfBitsTest, Fp16ValuesRoundTrip) {
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    const uint16_t bits = static_cast<uint16_t>(b);
+    const float x = Fp16ToFloat(bits);
+    if (std::isnan(x)) continue;
+    ASSERT_EQ(FloatToFp16(x), bits) << "bits 0x" << std::hex << b;
+  }
+}
+
+}  // namespace
+}  // namespace attnmeta
