@@ -353,6 +353,11 @@ class ReferenceKernelsBackend : public ReplayBackend {
         return absl::InvalidArgumentError("the padded view is smaller than the batch");
       }
       const int32_t bs = static_cast<int32_t>(in.metadata.batch_size());
+      for (int64_t i = 0; i < in.split_kv.work_items; ++i) {
+        if (in.split_buffers.work[i].sequence >= in.padded.batch_size()) {
+          return absl::InvalidArgumentError("a plan item's sequence lies past the padded view");
+        }
+      }
       SplitKvPlan plan;
       plan.layout = in.split_layout;
       plan.chunk = in.split_kv.chunk;
