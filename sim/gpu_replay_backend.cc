@@ -315,7 +315,19 @@ class GpuReplayBackend : public ReplayBackend {
         !s.ok()) {
       return s;
     }
-    return Finish(dims, PagedDecodeAttention(a, word_->device(), stream_), rows);
+    absl::StatusOr<std::vector<float>> out =
+        Finish(dims, PagedDecodeAttention(a, word_->device(), stream_), bucket);
+    if (!out.ok()) return out;
+    // The padded rows, whose values no one reads, must still be finite (the graph's kernels run
+    // them every step).
+    for (int64_t e = rows * q_row; e < bucket * q_row; ++e) {
+      if (!std::isfinite((*out)[e])) {
+        return absl::InternalError(absl::StrCat("padded row ", e / q_row,
+                                                " of the bucket: ", (*out)[e], " in its output"));
+      }
+    }
+    out->resize(rows * q_row);
+    return out;
   }
 
   hipStream_t stream_ = nullptr;

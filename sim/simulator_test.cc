@@ -292,13 +292,16 @@ struct KernelStandInLog {
   int64_t pool_syncs = 0;
   int64_t forwards = 0;
   int64_t split_forwards = 0;
+  int64_t paged_split_forwards = 0;
   int64_t page_table_forwards = 0;
 };
 
 class ReferenceKernelsBackend : public ReplayBackend {
  public:
-  // Every output is multiplied by `scale` (1: as computed).
-  ReferenceKernelsBackend(KernelStandInLog* log, float scale) : log_(log), scale_(scale) {}
+  // Every output is multiplied by `scale` (1: as computed), and the last query row of a forward
+  // of 10 rows or more by `last_row_scale` too.
+  ReferenceKernelsBackend(KernelStandInLog* log, float scale, float last_row_scale)
+      : log_(log), scale_(scale), last_row_scale_(last_row_scale) {}
 
   DeviceMemory& memory() override { return memory_; }
   MetadataWriter& writer() override { return writer_; }
@@ -334,6 +337,10 @@ class ReferenceKernelsBackend : public ReplayBackend {
     const auto add = [&](const char* path, absl::Status s, std::vector<float> out) -> absl::Status {
       if (!s.ok()) return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
       for (float& x : out) x *= scale_;
+      const size_t row = static_cast<size_t>(in.dims.num_q_heads) * in.dims.head_dim;
+      if (out.size() >= 10 * row) {
+        for (size_t e = out.size() - row; e < out.size(); ++e) out[e] *= last_row_scale_;
+      }
       outputs.push_back({path, std::move(out)});
       return absl::OkStatus();
     };
@@ -347,6 +354,7 @@ class ReferenceKernelsBackend : public ReplayBackend {
     }
     if (in.split_kv.work_items > 0) {
       ++log_->split_forwards;
+      if (in.split_layout.paged()) ++log_->paged_split_forwards;
       // The plan the replay wrote covers the whole bucket (in.padded); its items for the real
       // sequences, run over the real rows (the reference refuses the padding page).
       if (in.padded.batch_size() < in.metadata.batch_size()) {
@@ -380,6 +388,7 @@ class ReferenceKernelsBackend : public ReplayBackend {
  private:
   KernelStandInLog* log_;
   const float scale_;
+  const float last_row_scale_;
   HostDeviceMemory memory_;
   HostMetadataWriter writer_;
   std::vector<float> k_, v_;
@@ -391,12 +400,12 @@ Workload KernelsWorkload() {
   return *w;
 }
 
-SimOptions WithKernelStandIn(KernelStandInLog* log, float scale) {
+SimOptions WithKernelStandIn(KernelStandInLog* log, float scale, float last_row_scale = 1.0f) {
   SimOptions options;
   options.page_sizes = {16};
   options.max_steps = 25;
-  options.make_backend = [log, scale] {
-    return std::make_unique<ReferenceKernelsBackend>(log, scale);
+  options.make_backend = [log, scale, last_row_scale] {
+    return std::make_unique<ReferenceKernelsBackend>(log, scale, last_row_scale);
   };
   return options;
 }
@@ -435,7 +444,9 @@ TEST(SimulatorTest, ABackendWithAttentionKernelsChecksEveryReplayedForward) {
     checks += r.device_attention_checks();
   }
   EXPECT_EQ(log.forwards, checks);
-  EXPECT_GT(log.split_forwards, 0) << "no decode replay ran its split-KV plan";
+  EXPECT_GT(log.paged_split_forwards, 0) << "no decode replay ran a paged split-KV plan";
+  EXPECT_GT(log.split_forwards, log.paged_split_forwards)
+      << "no decode replay ran a linear split-KV plan";
   EXPECT_GT(log.page_table_forwards, 0);
   EXPECT_GT(log.pool_syncs, 3);
   EXPECT_LT(log.pool_syncs, log.forwards) << "the pools were resent without a K/V change";
@@ -459,6 +470,21 @@ TEST(SimulatorTest, AttentionKernelsOffByMoreThanTheBoundFailTheRun) {
       << far->runs(0).failure();
   EXPECT_TRUE(absl::StrContains(far->runs(0).failure(), "relative error 0.02"))
       << far->runs(0).failure();
+}
+
+// The bound holds row by row: one row of a forward off by 3% fails the run, although over the
+// forward's 10 rows or more the error is under 1e-2.
+TEST(SimulatorTest, OneWrongQueryRowOfManyFailsTheRun) {
+  KernelStandInLog log;
+  SimOptions options = WithKernelStandIn(&log, 1.0f, 1.03f);
+  options.scenario = "chat";
+  absl::StatusOr<SimReport> report = RunWorkload(KernelsWorkload(), options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_FALSE(report->passed());
+  EXPECT_TRUE(absl::StrContains(report->runs(0).failure(), "attention kernel: "))
+      << report->runs(0).failure();
+  EXPECT_TRUE(absl::StrContains(report->runs(0).failure(), "relative error 0.03"))
+      << report->runs(0).failure();
 }
 
 }  // namespace
