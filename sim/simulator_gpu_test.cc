@@ -6,9 +6,7 @@
 // mask and draft-extend through the varlen kernel). Needs a GPU.
 
 #include <cstdint>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -17,16 +15,16 @@
 #include "sim/simulator.h"
 #include "sim/workload.h"
 
+// sim/workloads/kernels.textproto (the kernels_workload_text genrule).
+extern const char kAttnmetaKernelsWorkloadText[];
+
 namespace attnmeta {
 namespace {
 
 class SimulatorGpuTest : public testing::GpuTest {};
 
 TEST_F(SimulatorGpuTest, TheAttentionKernelsAgreeOnEveryReplayedForward) {
-  std::ifstream in("sim/workloads/kernels.textproto");
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<Workload> workload = ParseWorkload(text.str());
+  absl::StatusOr<Workload> workload = ParseWorkload(kAttnmetaKernelsWorkloadText);
   ASSERT_TRUE(workload.ok()) << workload.status();
   SimOptions options;
   options.backend = "gpu";

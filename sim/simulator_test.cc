@@ -19,6 +19,9 @@
 #include "sim/replay_backend.h"
 #include "sim/workload.h"
 
+// sim/workloads/kernels.textproto (the kernels_workload_text genrule).
+extern const char kAttnmetaKernelsWorkloadText[];
+
 namespace attnmeta {
 namespace {
 
@@ -395,7 +398,7 @@ class ReferenceKernelsBackend : public ReplayBackend {
 };
 
 Workload KernelsWorkload() {
-  absl::StatusOr<Workload> w = ParseWorkload(ReadFile("sim/workloads/kernels.textproto"));
+  absl::StatusOr<Workload> w = ParseWorkload(kAttnmetaKernelsWorkloadText);
   EXPECT_TRUE(w.ok()) << w.status();
   return *w;
 }
