@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <optional>
 #include <string>
 #include <utility>
@@ -145,15 +144,17 @@ class GpuReplayBackend : public ReplayBackend {
         }
         out = Varlen(dims, a, rows);
       }
-      if (!out.ok())
+      if (!out.ok()) {
         return absl::Status(out.status().code(), absl::StrCat(path, ": ", out.status().message()));
+      }
       outputs.push_back({path, *std::move(out)});
     }
     if (m.mode == ForwardMode::kDecode && in.split_kv.work_items > 0) {
       absl::StatusOr<std::vector<float>> out = SplitDecode(dims, in, rows);
-      if (!out.ok())
+      if (!out.ok()) {
         return absl::Status(out.status().code(),
                             absl::StrCat("split-KV: ", out.status().message()));
+      }
       outputs.push_back({"split-KV", *std::move(out)});
     }
     return outputs;
@@ -217,9 +218,15 @@ class GpuReplayBackend : public ReplayBackend {
     const int64_t lse_bytes = launch_rows * dims.num_q_heads * static_cast<int64_t>(sizeof(float));
     if (absl::Status s = Reserve(out_, "attention out", q_bytes); !s.ok()) return s;
     if (absl::Status s = Reserve(lse_, "attention lse", lse_bytes); !s.ok()) return s;
-    if (hipMemsetAsync(out_.ptr, 0xff, static_cast<size_t>(q_bytes), stream_) != hipSuccess ||
-        hipMemsetAsync(lse_.ptr, 0xff, static_cast<size_t>(lse_bytes), stream_) != hipSuccess) {
-      return absl::InternalError("attention outputs: poisoning failed");
+    // Poisoned here rather than by memory_->Fill, which would also flush the staged q below
+    // and hide a missing flush.
+    for (const auto& [ptr, bytes] :
+         {std::make_pair(out_.ptr, q_bytes), std::make_pair(lse_.ptr, lse_bytes)}) {
+      if (const hipError_t err = hipMemsetAsync(ptr, 0xff, static_cast<size_t>(bytes), stream_);
+          err != hipSuccess) {
+        return absl::InternalError(
+            absl::StrCat("attention outputs: poisoning failed: ", hipGetErrorString(err)));
+      }
     }
     const size_t pool_bytes = static_cast<size_t>(pool_values_) * 2;
     q = DeviceSpan<const uint8_t>(static_cast<const uint8_t*>(q_.ptr),

@@ -1074,6 +1074,19 @@ void Run::CheckDeviceAttention(const std::string& what, ReplayAttentionInputs in
     Fail(absl::StrCat(what, " attention kernels"), outputs.status(), nullptr, nullptr);
     return;
   }
+  // Every path the forward's metadata offers, in AttendReplay's order, and no other.
+  std::vector<std::string> want_paths = {"token-level"};
+  if (in.metadata.page_table.rows() > 0) want_paths.push_back("page-table");
+  if (in.split_kv.work_items > 0) want_paths.push_back("split-KV");
+  std::vector<std::string> paths;
+  for (const ReplayAttentionOutput& o : *outputs) paths.push_back(o.path);
+  if (paths != want_paths) {
+    Fail(absl::StrCat(what, " attention kernels"),
+         absl::InternalError(absl::StrCat("the backend ran the paths [", absl::StrJoin(paths, ", "),
+                                          "], want [", absl::StrJoin(want_paths, ", "), "]")),
+         nullptr, nullptr);
+    return;
+  }
   double worst = 0;
   for (const ReplayAttentionOutput& o : *outputs) {
     const std::string label = absl::StrCat(what, " ", o.path, " attention kernel");
