@@ -129,7 +129,7 @@ class GpuReplayBackend : public ReplayBackend {
       if (decode) {
         PagedDecodeArgs a;
         a.kv = kv;
-        out = Decode(dims, a, rows);
+        out = Launch(PagedDecodeAttention, dims, a, rows);
       } else {
         VarlenAttentionArgs a;
         a.qo_indptr = DeviceSpan<const TokenOffset>(m.qo_indptr.data(), m.qo_indptr.size());
@@ -142,7 +142,7 @@ class GpuReplayBackend : public ReplayBackend {
               DeviceSpan<const int64_t>(m.custom_mask.mask_indptr.data(),
                                         m.custom_mask.mask_indptr.size())};
         }
-        out = Varlen(dims, a, rows);
+        out = Launch(VarlenAttention, dims, a, rows);
       }
       if (!out.ok()) {
         return absl::Status(out.status().code(), absl::StrCat(path, ": ", out.status().message()));
@@ -259,24 +259,18 @@ class GpuReplayBackend : public ReplayBackend {
     return out;
   }
 
-  absl::StatusOr<std::vector<float>> Decode(const DecodeAttentionDims& dims, PagedDecodeArgs a,
-                                            int64_t rows) {
+  // `launch` (PagedDecodeAttention or VarlenAttention) of `a` over this backend's pools, q
+  // and poisoned outputs for `launch_rows` query rows; out's rows as floats.
+  template <typename Args>
+  absl::StatusOr<std::vector<float>> Launch(
+      absl::Status (*launch)(const Args&, kernels::DeviceViolation*, hipStream_t),
+      const DecodeAttentionDims& dims, Args a, int64_t launch_rows) {
     a.dims = dims;
-    if (absl::Status s = PrepareOutputs(dims, rows, a.q, a.k_pool, a.v_pool, a.out, a.lse);
+    if (absl::Status s = PrepareOutputs(dims, launch_rows, a.q, a.k_pool, a.v_pool, a.out, a.lse);
         !s.ok()) {
       return s;
     }
-    return Finish(dims, PagedDecodeAttention(a, word_->device(), stream_), rows);
-  }
-
-  absl::StatusOr<std::vector<float>> Varlen(const DecodeAttentionDims& dims, VarlenAttentionArgs a,
-                                            int64_t rows) {
-    a.dims = dims;
-    if (absl::Status s = PrepareOutputs(dims, rows, a.q, a.k_pool, a.v_pool, a.out, a.lse);
-        !s.ok()) {
-      return s;
-    }
-    return Finish(dims, VarlenAttention(a, word_->device(), stream_), rows);
+    return Finish(dims, launch(a, word_->device(), stream_), launch_rows);
   }
 
   // The decode kernel over the whole bucket (the plan covers its padded rows too), the
@@ -317,13 +311,7 @@ class GpuReplayBackend : public ReplayBackend {
                             DeviceSpan<float>(static_cast<float*>(partial_lse_.ptr),
                                               static_cast<size_t>(capacity * dims.num_q_heads)),
                             DeviceSpan<uint32_t>()};
-    a.dims = dims;
-    if (absl::Status s = PrepareOutputs(dims, bucket, a.q, a.k_pool, a.v_pool, a.out, a.lse);
-        !s.ok()) {
-      return s;
-    }
-    absl::StatusOr<std::vector<float>> out =
-        Finish(dims, PagedDecodeAttention(a, word_->device(), stream_), bucket);
+    absl::StatusOr<std::vector<float>> out = Launch(PagedDecodeAttention, dims, a, bucket);
     if (!out.ok()) return out;
     // The padded rows, whose values no one reads, must still be finite (the graph's kernels run
     // them every step).

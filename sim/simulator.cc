@@ -104,6 +104,13 @@ struct DenseSequence {
   std::vector<uint8_t> sees;    // [q_len][kv_len], or empty: causal with prefix
 };
 
+// The query rows of a forward's dense sequences, in batch order, and dense attention's output
+// for them: [rows][num_q_heads][head_dim] each.
+struct DenseRows {
+  std::vector<float> q;
+  std::vector<float> want;
+};
+
 // A forward's failure, which ends the run.
 struct Failure {
   std::string message;
@@ -175,19 +182,20 @@ class Run {
 
   // ---- Checks ----
   ValidationContext Context(int64_t query_rows) const;
-  // Validates `m` and, in checked steps, compares its attention with dense attention.
+  // Validates `m` and, in checked steps, compares its attention with dense attention. With
+  // `rows`, leaves there the query rows and dense attention it compared with (empty when it
+  // compared none).
   void CheckView(const std::string& what, const ForwardMetadataView& m,
-                 const std::vector<DenseSequence>& dense);
-  double AttentionError(const ForwardMetadataView& m, const std::vector<DenseSequence>& dense,
+                 const std::vector<DenseSequence>& dense, DenseRows* rows = nullptr);
+  double AttentionError(const ForwardMetadataView& m, const DenseRows& dense,
                         const std::string& what);
-  // The query rows of `dense`, sequence by sequence, and dense attention's output for them.
-  // False when the run failed.
+  // The query rows of `dense` and dense attention's output for them. False when the run failed.
   bool DenseOutputs(const std::vector<DenseSequence>& dense, const std::string& what,
-                    std::vector<float>& q, std::vector<float>& want);
-  // The backend's attention kernels over a replayed forward (`in`, its query rows filled here)
-  // compared with dense attention, path by path, within kMaxDeviceRelativeError.
+                    DenseRows& out);
+  // The backend's attention kernels over a replayed forward (`in`, its query rows filled here
+  // from `dense`) compared with dense attention, path by path, within kMaxDeviceRelativeError.
   void CheckDeviceAttention(const std::string& what, ReplayAttentionInputs in,
-                            const std::vector<DenseSequence>& dense);
+                            const DenseRows& dense);
   // The vector `which` of `content`: FillVector's values, rounded to bf16 when the backend's
   // attention kernels check the run (they read bf16), so that every path sees the same numbers.
   void Fill(uint64_t content, Vec which, absl::Span<float> out) const;
@@ -993,7 +1001,9 @@ double RelativeError(absl::Span<const float> got, absl::Span<const float> want) 
 }
 
 bool Run::DenseOutputs(const std::vector<DenseSequence>& dense, const std::string& what,
-                       std::vector<float>& q, std::vector<float>& want) {
+                       DenseRows& out_rows) {
+  std::vector<float>& q = out_rows.q;
+  std::vector<float>& want = out_rows.want;
   q.clear();
   want.clear();
   for (const DenseSequence& d : dense) {
@@ -1023,11 +1033,10 @@ bool Run::DenseOutputs(const std::vector<DenseSequence>& dense, const std::strin
   return true;
 }
 
-double Run::AttentionError(const ForwardMetadataView& m, const std::vector<DenseSequence>& dense,
+double Run::AttentionError(const ForwardMetadataView& m, const DenseRows& dense,
                            const std::string& what) {
-  std::vector<float> q, want;
-  if (!DenseOutputs(dense, what, q, want)) return 0;
-  const ReferenceAttentionInputs in{dims_, m, page_size_, q, k_pool_, v_pool_};
+  const std::vector<float>& want = dense.want;
+  const ReferenceAttentionInputs in{dims_, m, page_size_, dense.q, k_pool_, v_pool_};
   std::vector<float> got(want.size());
   double worst = 0;
   const auto compare = [&](const char* path, const absl::Status& s) {
@@ -1058,9 +1067,8 @@ double Run::AttentionError(const ForwardMetadataView& m, const std::vector<Dense
 }
 
 void Run::CheckDeviceAttention(const std::string& what, ReplayAttentionInputs in,
-                               const std::vector<DenseSequence>& dense) {
-  std::vector<float> q, want;
-  if (!DenseOutputs(dense, what, q, want)) return;
+                               const DenseRows& dense) {
+  const std::vector<float>& want = dense.want;
   if (!kv_pool_synced_) {
     if (absl::Status s = backend_->SyncKvPool(k_pool_, v_pool_); !s.ok()) {
       Fail(absl::StrCat(what, " K/V pool to the backend"), s, nullptr, nullptr);
@@ -1068,7 +1076,7 @@ void Run::CheckDeviceAttention(const std::string& what, ReplayAttentionInputs in
     }
     kv_pool_synced_ = true;
   }
-  in.q = q;
+  in.q = dense.q;
   absl::StatusOr<std::vector<ReplayAttentionOutput>> outputs = backend_->AttendReplay(in);
   if (!outputs.ok()) {
     Fail(absl::StrCat(what, " attention kernels"), outputs.status(), nullptr, nullptr);
@@ -1116,15 +1124,18 @@ void Run::CheckDeviceAttention(const std::string& what, ReplayAttentionInputs in
 }
 
 void Run::CheckView(const std::string& what, const ForwardMetadataView& m,
-                    const std::vector<DenseSequence>& dense) {
-  int64_t rows = 0;
-  for (const DenseSequence& d : dense) rows += static_cast<int64_t>(d.query.size());
-  if (absl::Status s = ValidateForwardMetadata(m, Context(rows)); !s.ok()) {
+                    const std::vector<DenseSequence>& dense, DenseRows* rows) {
+  int64_t query_rows = 0;
+  for (const DenseSequence& d : dense) query_rows += static_cast<int64_t>(d.query.size());
+  if (absl::Status s = ValidateForwardMetadata(m, Context(query_rows)); !s.ok()) {
     Fail(what, s, nullptr, nullptr);
     return;
   }
   if (!checked_step() || dense.empty()) return;
-  const double err = AttentionError(m, dense, what);
+  DenseRows local;
+  DenseRows& d = rows != nullptr ? *rows : local;
+  if (!DenseOutputs(dense, what, d)) return;
+  const double err = AttentionError(m, d, what);
   report_->set_attention_checks(report_->attention_checks() + 1);
   report_->set_max_relative_error(std::max(report_->max_relative_error(), err));
 }
@@ -1255,9 +1266,11 @@ void Run::CheckReplay(ForwardMode mode, const ReplayBatch& batch,
       Fail(absl::StrCat(label, " differs from the eager metadata"), s, snapshot_batch, &*host);
       return;
     }
-    CheckView(label, host->view(), dense[i]);
+    // The dense attention CheckView compared with serves the kernels' check too.
+    DenseRows rows;
+    CheckView(label, host->view(), dense[i], &rows);
     if (failure_.has_value()) return;
-    if (device_attention_ && checked_step() && !dense[i].empty()) {
+    if (device_attention_ && !rows.want.empty()) {
       ReplayAttentionInputs in;
       in.dims = dims_;
       in.page_size = page_size_;
@@ -1268,7 +1281,7 @@ void Run::CheckReplay(ForwardMode mode, const ReplayBatch& batch,
         in.split_layout = ConfigSplitKvOptions(config_).layout;
         in.split_buffers = graph_->buffers().split_kv;
       }
-      CheckDeviceAttention(label, in, dense[i]);
+      CheckDeviceAttention(label, in, rows);
       if (failure_.has_value()) return;
     }
   }

@@ -13,6 +13,7 @@
 #include "attention/kernels/testing/gpu_test.h"
 #include "gtest/gtest.h"
 #include "sim/simulator.h"
+#include "sim/testing/replayed_forwards.h"
 #include "sim/workload.h"
 
 // sim/workloads/kernels.textproto (the kernels_workload_text genrule).
@@ -37,20 +38,8 @@ TEST_F(SimulatorGpuTest, TheAttentionKernelsAgreeOnEveryReplayedForward) {
   for (const RunReport& r : report->runs()) {
     SCOPED_TRACE(absl::StrCat(r.scenario(), " page size ", r.page_size()));
     EXPECT_TRUE(r.passed()) << r.failure();
-    int64_t steps = 0;
-    for (const Scenario& s : workload->scenarios()) {
-      if (s.name() == r.scenario()) steps = s.backend().speculative().steps();
-    }
-    // Every replayed forward with query rows (a draft-decode round: one per step) went
-    // through the kernels.
-    int64_t replayed = 0;
-    for (const ModeReport& m : r.modes()) {
-      if (m.mode() == "draft_decode") {
-        replayed += m.replays() * steps;
-      } else if (m.mode() != "idle") {
-        replayed += m.replays();
-      }
-    }
+    // Every replayed forward with query rows went through the kernels.
+    const int64_t replayed = testing::ReplayedForwardsWithQueryRows(*workload, r);
     EXPECT_GT(replayed, 0);
     EXPECT_EQ(r.device_attention_checks(), replayed);
     EXPECT_LE(r.max_device_relative_error(), kMaxDeviceRelativeError);

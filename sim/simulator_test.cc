@@ -17,6 +17,7 @@
 #include "attention/metadata/split_kv_planner.h"
 #include "gtest/gtest.h"
 #include "sim/replay_backend.h"
+#include "sim/testing/replayed_forwards.h"
 #include "sim/workload.h"
 
 // sim/workloads/kernels.textproto (the kernels_workload_text genrule).
@@ -434,20 +435,7 @@ TEST(SimulatorTest, ABackendWithAttentionKernelsChecksEveryReplayedForward) {
     EXPECT_GT(r.device_attention_checks(), 0);
     EXPECT_LE(r.max_device_relative_error(), kMaxRelativeError);
     EXPECT_LE(r.max_relative_error(), kMaxRelativeError);
-    int64_t steps = 0;
-    for (const Scenario& sc : workload.scenarios()) {
-      if (sc.name() == r.scenario()) steps = sc.backend().speculative().steps();
-    }
-    int64_t replayed = 0;
-    for (const ModeReport& m : r.modes()) {
-      // A draft-decode round is a forward per step; idle forwards have no query rows.
-      if (m.mode() == "draft_decode") {
-        replayed += m.replays() * steps;
-      } else if (m.mode() != "idle") {
-        replayed += m.replays();
-      }
-    }
-    EXPECT_EQ(r.device_attention_checks(), replayed);
+    EXPECT_EQ(r.device_attention_checks(), testing::ReplayedForwardsWithQueryRows(workload, r));
     checks += r.device_attention_checks();
   }
   EXPECT_EQ(log.forwards, checks);
