@@ -31,6 +31,14 @@
 #include <cstddef>
 #include <cstdint>
 
+namespace attnmeta {
+// The lanes that the attention kernels' warp-level code is written for: a warp on NVIDIA and on
+// RDNA, half a wave on CDNA (ATTNMETA_SHFL_IDX32, ATTNMETA_BALLOT32 and MmaM16N8K16 work
+// within one). Unlike kWaveSize it is the same in host and device code, so block sizes may be
+// written in it.
+inline constexpr int kLaneGroup = 32;
+}  // namespace attnmeta
+
 #if defined(ATTNMETA_GPU_ROCM)
 
 #include <hip/hip_runtime.h>
@@ -288,7 +296,7 @@ __device__ inline float2 Unpack2xF16(uint32_t w) {
 template <bool kBf16>
 __device__ inline void PortableMmaM16N8K16(float (&d)[4], const uint32_t (&a)[4],
                                            const uint32_t (&b)[2]) {
-  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int lane = static_cast<int>(threadIdx.x) % kLaneGroup;
   const int g = lane / 4;
   const int t = lane % 4;
   for (int k = 0; k < 4; ++k) {
@@ -485,7 +493,7 @@ __device__ inline uint4 LoadSharedMatrices8x8x4Trans(const void* row) {
                : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(row))));
   return v;
 #else
-  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int lane = static_cast<int>(threadIdx.x) % kLaneGroup;
   const int g = lane / 4;
   const int t = lane % 4;
   const uint64_t at = reinterpret_cast<uintptr_t>(row);

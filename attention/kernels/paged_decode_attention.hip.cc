@@ -193,9 +193,10 @@ template <typename Dtype, int kHeadDim>
 __device__ __forceinline__ void MergeHead(const float* partial_out, const float* partial_lse,
                                           int32_t num_q_heads, int32_t h, const DecodeReduceItem& it,
                                           void* out, float* lse) {
-  constexpr int kDims = kHeadDim / 32;  // per lane: 2, 4 or 8
-  constexpr int kChunk = kMergeFloatsInFlight / kDims < 32 ? kMergeFloatsInFlight / kDims : 32;
-  const int lane = static_cast<int>(threadIdx.x) % 32;
+  constexpr int kDims = kHeadDim / kLaneGroup;  // per lane: 2, 4 or 8
+  constexpr int kChunk =
+      kMergeFloatsInFlight / kDims < kLaneGroup ? kMergeFloatsInFlight / kDims : kLaneGroup;
+  const int lane = static_cast<int>(threadIdx.x) % kLaneGroup;
   const int64_t heads = num_q_heads;
   const int64_t stride = heads * kHeadDim;
   const float* part = partial_out + h * int64_t{kHeadDim} + kDims * lane;
@@ -214,7 +215,7 @@ __device__ __forceinline__ void MergeHead(const float* partial_out, const float*
     sum = WarpSum(w);
     AccumulateChunk<kDims, kChunk>(w, xs, acc);
   } else {
-    for (int32_t k = it.partial_begin + lane; k < it.partial_end; k += 32) {
+    for (int32_t k = it.partial_begin + lane; k < it.partial_end; k += kLaneGroup) {
       mx = fmaxf(mx, lse_of_head[k * heads]);
     }
     mx = WarpMax(mx);
@@ -222,7 +223,7 @@ __device__ __forceinline__ void MergeHead(const float* partial_out, const float*
       const float x = lse_of_head[k * heads];
       return x == NegInf() ? 0.0f : __expf(x - mx);
     };
-    for (int32_t k = it.partial_begin + lane; k < it.partial_end; k += 32) sum += weight(k);
+    for (int32_t k = it.partial_begin + lane; k < it.partial_end; k += kLaneGroup) sum += weight(k);
     sum = WarpSum(sum);
     AccumulatePartials<kChunk>(part, stride, it.partial_begin, it.partial_end, weight, acc);
   }
@@ -244,9 +245,9 @@ __device__ __forceinline__ void MergeHead(const float* partial_out, const float*
 // The reduce item whose partial slots hold `slot`, searched by one warp 32 items a step (every
 // lane gets it); -1 when none does.
 __device__ inline int32_t FindReduceItem(const PagedDecodeParams& p, int32_t slot) {
-  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int lane = static_cast<int>(threadIdx.x) % kLaneGroup;
   int32_t found = -1;
-  for (int32_t r0 = 0; r0 < p.num_reduce && found < 0; r0 += 32) {
+  for (int32_t r0 = 0; r0 < p.num_reduce && found < 0; r0 += kLaneGroup) {
     const int32_t r = r0 + lane;
     bool hit = false;
     if (r < p.num_reduce) hit = p.reduce[r].partial_begin <= slot && slot < p.reduce[r].partial_end;
@@ -272,9 +273,9 @@ __device__ __forceinline__ void MergeIfLast(const PagedDecodeParams& p, int32_t 
   // The reduce item this block merges (sequence -1: none), as the counting thread read it: a
   // load after the acquiring count would miss L1 and wait on L2 once more.
   __shared__ DecodeReduceItem merge_item;
-  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int warp = static_cast<int>(threadIdx.x) / kLaneGroup;
   __syncthreads();
-  if (threadIdx.x == (kWarps - 1) * 32) {
+  if (threadIdx.x == (kWarps - 1) * kLaneGroup) {
     merge_item.sequence = -1;
     if (found < 0) {
       RecordViolation(p.violation, kPartialSlotUnmerged, item, slot, p.num_reduce);
@@ -319,9 +320,9 @@ __device__ inline void WarmL2ForFirstStep(const PagedDecodeParams& p, int32_t bl
     lo = LoadThroughL2(&p.work[item].kv_begin);
   }
   seq = seq < 0 ? 0 : (seq >= p.batch_size ? p.batch_size - 1 : seq);
-  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int lane = static_cast<int>(threadIdx.x) % kLaneGroup;
   if (lane >= kStep) return;
-  const int64_t pos = (lo < 0 ? 0 : lo) + static_cast<int>(threadIdx.x) / 32 * kStep + lane;
+  const int64_t pos = (lo < 0 ? 0 : lo) + static_cast<int>(threadIdx.x) / kLaneGroup * kStep + lane;
   int64_t slot;
   if (p.kv.page_level == 0) {
     const int64_t e = int64_t{LoadThroughL2(p.kv.kv_indptr + seq)} + pos;
@@ -356,8 +357,9 @@ __device__ inline void WarmL2ForFirstStep(const PagedDecodeParams& p, int32_t bl
 // V through LoadReadOnceGlobal16 (hip_port.h), for split launches (ByLoads).
 template <typename Dtype, int kHeadDim, int kHeads, int kWarps, int kStep, bool kPortableMma,
           bool kReadOnceKv>
-__global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDecodeParams p) {
-  constexpr int kThreads = kWarps * 32;
+__global__ void ATTNMETA_LAUNCH_BOUNDS((kWarps * kLaneGroup), 1)
+    PagedDecodeKernel(PagedDecodeParams p) {
+  constexpr int kThreads = kWarps * kLaneGroup;
   static_assert(kHeads <= 8, "one n-tile of query heads");
   __shared__ internal::WarpStates<kWarps, kHeads, kHeadDim> states;
 
@@ -391,8 +393,8 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDe
     wait_for_the_kernel_ahead();
     return;
   }
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % kLaneGroup;
+  const int warp = static_cast<int>(threadIdx.x) / kLaneGroup;
   const internal::LaneView lv{lane,         lane / 4,     lane % 4,
                               w.sequence,   w.index_base, w.lo,
                               w.hi - w.lo,  int64_t{p.num_kv_heads} * kHeadDim,
@@ -447,13 +449,14 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(kWarps * 32, 1) PagedDecodeKernel(PagedDe
 // lets the next kernel's blocks start under it, as the metadata kernels do: a kernel launched
 // to overlap waits for this one's end before it writes anything or reads what this one writes.
 template <typename Dtype, int kHeadDim>
-__global__ void __launch_bounds__(kMergeWarps * 32) DecodeMergeKernel(DecodeMergeParams p) {
+__global__ void __launch_bounds__((kMergeWarps * kLaneGroup))
+    DecodeMergeKernel(DecodeMergeParams p) {
   WaitForPrecedingGrid();
   AllowDependentGridLaunch();
   const int32_t r = static_cast<int32_t>(OpaqueAfter(int64_t{blockIdx.x}));
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int32_t h =
-      static_cast<int32_t>(blockIdx.y) * kMergeWarps + static_cast<int32_t>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % kLaneGroup;
+  const int32_t h = static_cast<int32_t>(blockIdx.y) * kMergeWarps +
+                    static_cast<int32_t>(threadIdx.x) / kLaneGroup;
   if (h >= p.num_q_heads) return;
   const DecodeReduceItem it = p.reduce[r];
   DeviceViolation* v = lane == 0 && h == 0 ? p.violation : nullptr;
@@ -466,7 +469,7 @@ template <typename Dtype, int kHeadDim, int kHeads, int kVariant, bool kReadOnce
 struct DecodeKernelOf {
   static constexpr DecodeVariant kV = kDecodeVariants[kVariant];
   static constexpr int kStep = DecodeStepTokens(kV, kHeadDim);
-  static constexpr int kThreads = kV.warps * 32;
+  static constexpr int kThreads = kV.warps * kLaneGroup;
   static constexpr int kHeadsPerBlock = kHeads;
   static constexpr auto kKernel = PagedDecodeKernel<Dtype, kHeadDim, kHeads, kV.warps, kStep,
                                                     kV.portable_mma != 0, kReadOnceKv>;
@@ -588,7 +591,7 @@ hipError_t PagedDecodeBlocksPerMultiprocessor(const PagedDecodeParams& p, int32_
 template <typename Dtype>
 hipError_t LaunchMerge(const DecodeMergeParams& p, bool overlap_preceding, hipStream_t stream) {
   const dim3 grid(p.num_reduce, (p.num_q_heads + kMergeWarps - 1) / kMergeWarps);
-  const dim3 block(kMergeWarps * 32);
+  const dim3 block(kMergeWarps * kLaneGroup);
   switch (p.head_dim) {
     case 64:
       return LaunchKernelAfterPreceding(overlap_preceding, DecodeMergeKernel<Dtype, 64>, grid,

@@ -572,7 +572,7 @@ template <int kHeadDim>
 struct MmaTiling {
   static constexpr int kM = VarlenQueryVectors(kHeadDim, true);  // 128, 128, 64
   static constexpr int kWarps = kM / 16;
-  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kThreads = kWarps * kLaneGroup;
   // Tiles staged at once, K and V words each, in dynamic shared memory. On NVIDIA the next
   // tile's copies are in flight while the block computes: three stages at head dims up to 128,
   // so that one block barrier per tile orders both the landing of a tile and the reuse of a
@@ -651,7 +651,7 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
   if (!ResolveTileBlock(p, BlockAfterTheKernelAhead(), T::kM, b)) return;
   const Sequence& s = b.s;
   const int tid = static_cast<int>(threadIdx.x);
-  const int lane = tid % 32;
+  const int lane = tid % kLaneGroup;
   const int g = lane / 4;
   const int t = lane % 4;
   const int32_t heads = p.heads_per_block;
@@ -662,7 +662,7 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
   int64_t q_offset[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int32_t m = 16 * (tid / 32) + 8 * h + g;
+    const int32_t m = 16 * (tid / kLaneGroup) + 8 * h + g;
     row[h] = m / heads;
     head_row[h] = row[h] < b.rows
                       ? int64_t{s.q_begin + b.row0 + row[h]} * p.num_q_heads + b.q_head0 + m % heads
@@ -675,20 +675,22 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
   // warp barrier orders them), reread at each tile (LoadSharedInPlace).
   constexpr int kSharedK = T::kSharedQKSteps;
   constexpr int kRegK = kHeadDim / 16 - kSharedK;
-  __shared__ uint2 q_s[kSharedK > 0 ? T::kWarps : 1][2][kSharedK > 0 ? kSharedK : 1][32];
+  __shared__ uint2 q_s[kSharedK > 0 ? T::kWarps : 1][2][kSharedK > 0 ? kSharedK : 1][kLaneGroup];
   if constexpr (kSharedK > 0) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int k = 0; k < kSharedK; ++k) {
-        q_s[tid / 32][h][k][lane] = make_uint2(qf.qa[h][kRegK + k][0], qf.qa[h][kRegK + k][1]);
+        q_s[tid / kLaneGroup][h][k][lane] =
+            make_uint2(qf.qa[h][kRegK + k][0], qf.qa[h][kRegK + k][1]);
       }
     }
     ATTNMETA_SYNC_WARP();
   }
   // Q's A-fragment words of half h at k-step k (a[0], a[2] of half 0; a[1], a[3] of half 1).
   const auto q_words = [&](int h, int k) {
-    if (kSharedK > 0 && k >= kRegK) return LoadSharedInPlace(&q_s[tid / 32][h][k - kRegK][lane]);
+    if (kSharedK > 0 && k >= kRegK)
+      return LoadSharedInPlace(&q_s[tid / kLaneGroup][h][k - kRegK][lane]);
     return make_uint2(qf.qa[h][k][0], qf.qa[h][k][1]);
   };
 
@@ -916,7 +918,7 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS(MmaTiling<kHeadDim>::kThreads, 1)
 // one (sequence, KV head) are neighbours in launch order: they read the same K and V, which
 // the L2 then serves.
 template <typename Dtype, int kHeadDim, bool kPortableMma, int kHalves, bool kFullMask>
-__global__ void ATTNMETA_LAUNCH_BOUNDS((kMmaBlockWarps<kHeadDim, kHalves> * 32), 1)
+__global__ void ATTNMETA_LAUNCH_BOUNDS((kMmaBlockWarps<kHeadDim, kHalves> * kLaneGroup), 1)
     VarlenMmaKernel(VarlenAttentionParams p) {
   // Steps of 16 positions from head dim 128 up: the second half's accumulators and the
   // sequence and mask state take the registers that 32 would need.
@@ -948,8 +950,8 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS((kMmaBlockWarps<kHeadDim, kHalves> * 32),
   } else if (p.mask_layout == kVarlenCausal) {
     kv_end = static_cast<int32_t>(min(int64_t{kv_end}, s.kv_len - s.q_len + last_row + 1));
   }
-  const int lane = tid % 32;
-  const int warp = tid / 32;
+  const int lane = tid % kLaneGroup;
+  const int warp = tid / kLaneGroup;
   const internal::LaneView lv{lane,         lane / 4,       lane % 4,
                               seq,          s.index_base,   0,
                               kv_end,       int64_t{p.num_kv_heads} * kHeadDim,
@@ -973,7 +975,7 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS((kMmaBlockWarps<kHeadDim, kHalves> * 32),
   const int32_t rows = static_cast<int32_t>(last_row) - first_row + 1;
   __shared__ FullMaskSteps<kFullMask ? kStep : 16> full_steps;  // kFullMask only
   if constexpr (kFullMask) {
-    if (!s.blind) BuildFullMaskSteps<kStep, kWarps * 32>(s, first_row, rows, full_steps);
+    if (!s.blind) BuildFullMaskSteps<kStep, kWarps * kLaneGroup>(s, first_row, rows, full_steps);
   }
   // A loaded position is < kv_end <= kv_len, and the sequence is not blind (kv_end > 0).
   internal::AttendWarpStepsWithQ<Dtype, kHeadDim, kStep, kHalves, kWarps, kPortableMma, false>(
@@ -993,8 +995,8 @@ __global__ void ATTNMETA_LAUNCH_BOUNDS((kMmaBlockWarps<kHeadDim, kHalves> * 32),
 
   internal::StoreWarpState(states, warp, lv.g, lv.t, sm);
   __syncthreads();
-  internal::CombineWarpStates<kWarps, kVecs, kHeadDim, kWarps * 32>(
-      states, [&](int v, int d0, const float (&out)[8], float lse) {
+  internal::CombineWarpStates<kWarps, kVecs, kHeadDim, kWarps * kLaneGroup>(
+      states, [&](int v, int d0, const float(&out)[8], float lse) {
         const int32_t r = (vec0 + v) / group;
         if (r >= s.q_len) return;
         const int64_t head_row =
@@ -1030,7 +1032,7 @@ hipError_t LaunchShortQueries(const VarlenAttentionParams& p, bool overlap_prece
                               hipStream_t stream) {
   const dim3 blocks(
       static_cast<uint32_t>(int64_t{p.batch_size} * p.num_kv_heads * MmaChunks<kHalves>(p)));
-  const dim3 threads(kMmaBlockWarps<kHeadDim, kHalves> * 32);
+  const dim3 threads(kMmaBlockWarps<kHeadDim, kHalves> * kLaneGroup);
   constexpr auto kFull =
       VarlenMmaKernel<Dtype, kHeadDim, /*kPortableMma=*/false, kHalves, /*kFullMask=*/true>;
   constexpr auto kOther =

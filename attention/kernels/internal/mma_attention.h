@@ -85,8 +85,10 @@ struct WarpShape {
   static constexpr int kVWords = kW / 2;
   static constexpr int kNTiles = kStep / 8;      // 8-position tiles of S per step
   static constexpr int kPvSteps = kStep / 16;    // 16-position k-steps of O^T per step
-  static constexpr int kIdx = kStep > 32 ? kStep / 32 : 1;  // index entries per lane and step
-  static_assert(kHeadDim % 64 == 0 && kStep % 16 == 0 && (kStep <= 32 || kStep % 32 == 0),
+  static constexpr int kIdx =
+      kStep > kLaneGroup ? kStep / kLaneGroup : 1;  // index entries per lane and step
+  static_assert(kHeadDim % 64 == 0 && kStep % 16 == 0 &&
+                    (kStep <= kLaneGroup || kStep % kLaneGroup == 0),
                 "fragment shapes");
 };
 
@@ -119,8 +121,8 @@ __device__ __forceinline__ void LoadStepIndices(const Params& p, const LaneView&
                                                 int32_t (&raw)[WarpShape<kHeadDim, kStep>::kIdx]) {
 #pragma unroll
   for (int r = 0; r < WarpShape<kHeadDim, kStep>::kIdx; ++r) {
-    const int32_t pos = base + lv.lane + 32 * r;
-    raw[r] = lv.lane + 32 * r < kStep && pos < lv.n
+    const int32_t pos = base + lv.lane + kLaneGroup * r;
+    raw[r] = lv.lane + kLaneGroup * r < kStep && pos < lv.n
                  ? LoadKvEntry(p, lv.seq, lv.index_base, lv.lo + pos)
                  : 0;
   }
@@ -134,8 +136,8 @@ __device__ __forceinline__ void ResolveSlots(const Params& p, const LaneView& lv
                                              int32_t (&slot)[WarpShape<kHeadDim, kStep>::kIdx]) {
 #pragma unroll
   for (int r = 0; r < WarpShape<kHeadDim, kStep>::kIdx; ++r) {
-    const int32_t pos = base + lv.lane + 32 * r;
-    slot[r] = lv.lane + 32 * r < kStep && pos < lv.n
+    const int32_t pos = base + lv.lane + kLaneGroup * r;
+    slot[r] = lv.lane + kLaneGroup * r < kStep && pos < lv.n
                   ? static_cast<int32_t>(
                         SlotFromEntry(p, lv.seq, lv.index_base, raw[r], lv.lo + pos, true))
                   : -1;
@@ -228,7 +230,7 @@ struct QFragments {
 // fragments of the warp whose `stores` is true) and waits at a block barrier.
 template <int kHeadDim, int kHalves>
 struct SharedQFragments {
-  using Storage = uint2[kHalves][kHeadDim / 16][32];  // [half][k-step][lane]
+  using Storage = uint2[kHalves][kHeadDim / 16][kLaneGroup];  // [half][k-step][lane]
   Storage* words;
   const QFragments<kHeadDim, kHalves>* source;
   int lane;
