@@ -40,12 +40,15 @@ class GpuReplayBackend : public ReplayBackend {
   static absl::StatusOr<std::unique_ptr<ReplayBackend>> Create(const ReqToTokenPool& table,
                                                                TokenCount pool_slots) {
     int devices = 0;
-    if (hipGetDeviceCount(&devices) != hipSuccess || devices == 0) {
-      return absl::FailedPreconditionError("backend \"gpu\": no GPU is visible");
+    if (const hipError_t err = hipGetDeviceCount(&devices); err != hipSuccess || devices == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("backend \"gpu\": no GPU is visible",
+                       err != hipSuccess ? absl::StrCat(" (", hipGetErrorString(err), ")") : ""));
     }
     auto b = std::unique_ptr<GpuReplayBackend>(new GpuReplayBackend());
-    if (hipStreamCreate(&b->stream_) != hipSuccess) {
-      return absl::InternalError("backend \"gpu\": cannot create a stream");
+    if (const hipError_t err = hipStreamCreate(&b->stream_); err != hipSuccess) {
+      return absl::InternalError(
+          absl::StrCat("backend \"gpu\": cannot create a stream: ", hipGetErrorString(err)));
     }
     // The replay's staged inputs (and the small table copies) ride in the writer's launch.
     absl::StatusOr<std::unique_ptr<StagedUploads>> uploads = StagedUploads::Create(b->stream_);
@@ -125,7 +128,7 @@ class GpuReplayBackend : public ReplayBackend {
     }
     if (absl::Status s = UploadQuery(in.q, q_row, rows); !s.ok()) return s;
     for (const auto& [path, kv] : sources) {
-      absl::StatusOr<std::vector<float>> out;
+      absl::StatusOr<ReplayAttentionOutput> out;
       if (decode) {
         PagedDecodeArgs a;
         a.kv = kv;
@@ -147,15 +150,17 @@ class GpuReplayBackend : public ReplayBackend {
       if (!out.ok()) {
         return absl::Status(out.status().code(), absl::StrCat(path, ": ", out.status().message()));
       }
-      outputs.push_back({path, *std::move(out)});
+      out->path = path;
+      outputs.push_back(*std::move(out));
     }
     if (m.mode == ForwardMode::kDecode && in.split_kv.work_items > 0) {
-      absl::StatusOr<std::vector<float>> out = SplitDecode(dims, in, rows);
+      absl::StatusOr<ReplayAttentionOutput> out = SplitDecode(dims, in, rows);
       if (!out.ok()) {
         return absl::Status(out.status().code(),
                             absl::StrCat("split-KV: ", out.status().message()));
       }
-      outputs.push_back({"split-KV", *std::move(out)});
+      out->path = "split-KV";
+      outputs.push_back(*std::move(out));
     }
     return outputs;
   }
@@ -242,10 +247,10 @@ class GpuReplayBackend : public ReplayBackend {
     return word_->Reset(stream_);
   }
 
-  // After a launch that returned `launched`: the first `rows` rows of out as floats, once the
-  // violation word is clean.
-  absl::StatusOr<std::vector<float>> Finish(const DecodeAttentionDims& dims, absl::Status launched,
-                                            int64_t rows) {
+  // After a launch that returned `launched`: the first `rows` rows of out (as floats) and of
+  // lse, once the violation word is clean.
+  absl::StatusOr<ReplayAttentionOutput> Finish(const DecodeAttentionDims& dims,
+                                               absl::Status launched, int64_t rows) {
     if (!launched.ok()) return launched;
     if (absl::Status s = word_->Check(stream_); !s.ok()) return s;
     std::vector<uint16_t> bits(static_cast<size_t>(rows * dims.num_q_heads * dims.head_dim));
@@ -254,15 +259,22 @@ class GpuReplayBackend : public ReplayBackend {
         !s.ok()) {
       return s;
     }
-    std::vector<float> out(bits.size());
-    for (size_t i = 0; i < bits.size(); ++i) out[i] = Bf16ToFloat(bits[i]);
-    return out;
+    ReplayAttentionOutput o;
+    o.out.resize(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) o.out[i] = Bf16ToFloat(bits[i]);
+    o.lse.resize(static_cast<size_t>(rows * dims.num_q_heads));
+    if (absl::Status s = memory_->CopyToHost(o.lse.data(), lse_, 0,
+                                             static_cast<int64_t>(o.lse.size() * sizeof(float)));
+        !s.ok()) {
+      return s;
+    }
+    return o;
   }
 
   // `launch` (PagedDecodeAttention or VarlenAttention) of `a` over this backend's pools, q
-  // and poisoned outputs for `launch_rows` query rows; out's rows as floats.
+  // and poisoned outputs for `launch_rows` query rows; out's rows as floats, and lse.
   template <typename Args>
-  absl::StatusOr<std::vector<float>> Launch(
+  absl::StatusOr<ReplayAttentionOutput> Launch(
       absl::Status (*launch)(const Args&, kernels::DeviceViolation*, hipStream_t),
       const DecodeAttentionDims& dims, Args a, int64_t launch_rows) {
     a.dims = dims;
@@ -275,8 +287,8 @@ class GpuReplayBackend : public ReplayBackend {
 
   // The decode kernel over the whole bucket (the plan covers its padded rows too), the
   // partials merged by a second launch; the real rows' outputs.
-  absl::StatusOr<std::vector<float>> SplitDecode(const DecodeAttentionDims& dims,
-                                                 const ReplayAttentionInputs& in, int64_t rows) {
+  absl::StatusOr<ReplayAttentionOutput> SplitDecode(const DecodeAttentionDims& dims,
+                                                    const ReplayAttentionInputs& in, int64_t rows) {
     const ForwardMetadataView& p = in.padded;
     const int64_t bucket = p.batch_size();
     const int64_t q_row = int64_t{dims.num_q_heads} * dims.head_dim;
@@ -291,6 +303,15 @@ class GpuReplayBackend : public ReplayBackend {
     if (absl::Status s = Reserve(partial_lse_, "attention partial lse", partial_lse_bytes);
         !s.ok()) {
       return s;
+    }
+    // Poisoned (NaN) too, so that a partial the plan's items do not write spoils its merge.
+    for (const auto& [ptr, bytes] : {std::make_pair(partial_out_.ptr, partial_bytes),
+                                     std::make_pair(partial_lse_.ptr, partial_lse_bytes)}) {
+      if (const hipError_t err = hipMemsetAsync(ptr, 0xff, static_cast<size_t>(bytes), stream_);
+          err != hipSuccess) {
+        return absl::InternalError(
+            absl::StrCat("split-KV partials: poisoning failed: ", hipGetErrorString(err)));
+      }
     }
     PagedDecodeArgs a;
     if (in.split_layout.paged()) {
@@ -311,17 +332,18 @@ class GpuReplayBackend : public ReplayBackend {
                             DeviceSpan<float>(static_cast<float*>(partial_lse_.ptr),
                                               static_cast<size_t>(capacity * dims.num_q_heads)),
                             DeviceSpan<uint32_t>()};
-    absl::StatusOr<std::vector<float>> out = Launch(PagedDecodeAttention, dims, a, bucket);
+    absl::StatusOr<ReplayAttentionOutput> out = Launch(PagedDecodeAttention, dims, a, bucket);
     if (!out.ok()) return out;
     // The padded rows, whose values no one reads, must still be finite (the graph's kernels run
     // them every step).
     for (int64_t e = rows * q_row; e < bucket * q_row; ++e) {
-      if (!std::isfinite((*out)[e])) {
+      if (!std::isfinite(out->out[e])) {
         return absl::InternalError(absl::StrCat("padded row ", e / q_row,
-                                                " of the bucket: ", (*out)[e], " in its output"));
+                                                " of the bucket: ", out->out[e], " in its output"));
       }
     }
-    out->resize(rows * q_row);
+    out->out.resize(rows * q_row);
+    out->lse.resize(rows * dims.num_q_heads);
     return out;
   }
 

@@ -43,10 +43,11 @@ struct ReplayAttentionInputs {
   SplitKvPlanSpans split_buffers;
 };
 
-// One attention path's output over the real query rows: [rows][num_q_heads][head_dim].
+// One attention path's outputs over the real query rows.
 struct ReplayAttentionOutput {
-  std::string path;  // "token-level", "page-table" or "split-KV", as the CPU reference's paths
-  std::vector<float> out;
+  std::string path;        // "token-level", "page-table" or "split-KV", as the CPU reference's
+  std::vector<float> out;  // [rows][num_q_heads][head_dim]
+  std::vector<float> lse;  // [rows][num_q_heads], natural log; -inf for a row that sees nothing
 };
 
 class ReplayBackend {

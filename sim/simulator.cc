@@ -109,6 +109,7 @@ struct DenseSequence {
 struct DenseRows {
   std::vector<float> q;
   std::vector<float> want;
+  std::vector<float> want_lse;  // [rows][num_q_heads]
 };
 
 // A forward's failure, which ends the run.
@@ -1000,12 +1001,22 @@ double RelativeError(absl::Span<const float> got, absl::Span<const float> want) 
   return std::isnan(err) ? INFINITY : err;
 }
 
+// |got - want| / (1 + |want|); 0 when both are -inf (a row that sees nothing), infinity for
+// NaN or one infinity.
+double LseError(float got, float want) {
+  if (std::isinf(want) && got == want) return 0;
+  const double err = std::fabs(double{got} - want) / (1 + std::fabs(double{want}));
+  return std::isnan(err) ? INFINITY : err;
+}
+
 bool Run::DenseOutputs(const std::vector<DenseSequence>& dense, const std::string& what,
                        DenseRows& out_rows) {
   std::vector<float>& q = out_rows.q;
   std::vector<float>& want = out_rows.want;
+  std::vector<float>& want_lse = out_rows.want_lse;
   q.clear();
   want.clear();
+  want_lse.clear();
   for (const DenseSequence& d : dense) {
     const int64_t q_at = static_cast<int64_t>(q.size());
     q.resize(q_at + d.query.size() * q_row());
@@ -1020,11 +1031,14 @@ bool Run::DenseOutputs(const std::vector<DenseSequence>& dense, const std::strin
     }
     const int64_t out_at = static_cast<int64_t>(want.size());
     want.resize(out_at + d.query.size() * q_row());
+    const int64_t lse_at = static_cast<int64_t>(want_lse.size());
+    want_lse.resize(lse_at + d.query.size() * dims_.num_q_heads);
     const absl::Span<const float> qs = absl::MakeConstSpan(q).subspan(q_at);
     const absl::Span<float> out = absl::MakeSpan(want).subspan(out_at);
-    const absl::Status s = d.sees.empty()
-                               ? DenseAttention(dims_, qs, k_scratch_, v_scratch_, out)
-                               : DenseMaskedAttention(dims_, qs, k_scratch_, v_scratch_, d.sees, out);
+    const absl::Span<float> lse = absl::MakeSpan(want_lse).subspan(lse_at);
+    const absl::Status s =
+        d.sees.empty() ? DenseAttention(dims_, qs, k_scratch_, v_scratch_, out, lse)
+                       : DenseMaskedAttention(dims_, qs, k_scratch_, v_scratch_, d.sees, out, lse);
     if (!s.ok()) {
       Fail(absl::StrCat(what, " dense attention"), s, nullptr, nullptr);
       return false;
@@ -1095,13 +1109,29 @@ void Run::CheckDeviceAttention(const std::string& what, ReplayAttentionInputs in
          nullptr, nullptr);
     return;
   }
-  double worst = 0;
+  double worst = 0, worst_lse = 0;
   for (const ReplayAttentionOutput& o : *outputs) {
     const std::string label = absl::StrCat(what, " ", o.path, " attention kernel");
-    if (o.out.size() != want.size()) {
-      Fail(label, absl::InternalError(absl::StrCat(o.out.size(), " outputs, want ", want.size())),
+    if (o.out.size() != want.size() || o.lse.size() != dense.want_lse.size()) {
+      Fail(label,
+           absl::InternalError(absl::StrCat(o.out.size(), " outputs and ", o.lse.size(),
+                                            " lse values, want ", want.size(), " and ",
+                                            dense.want_lse.size())),
            nullptr, nullptr);
       return;
+    }
+    for (size_t e = 0; e < o.lse.size(); ++e) {
+      const double err = LseError(o.lse[e], dense.want_lse[e]);
+      worst_lse = std::max(worst_lse, err);
+      if (!(err <= kMaxDeviceLseError)) {
+        Fail(label,
+             absl::FailedPreconditionError(absl::StrFormat(
+                 "query row %d head %d: lse %.6g against dense attention's %.6g (limit %.0e)",
+                 e / dims_.num_q_heads, e % dims_.num_q_heads, o.lse[e], dense.want_lse[e],
+                 kMaxDeviceLseError)),
+             nullptr, nullptr);
+        return;
+      }
     }
     // Row by row: over the whole forward one wrong token in one row of many would be diluted
     // under the bound.
@@ -1121,6 +1151,10 @@ void Run::CheckDeviceAttention(const std::string& what, ReplayAttentionInputs in
   }
   report_->set_device_attention_checks(report_->device_attention_checks() + 1);
   report_->set_max_device_relative_error(std::max(report_->max_device_relative_error(), worst));
+  report_->set_max_device_lse_error(std::max(report_->max_device_lse_error(), worst_lse));
+  if (in.split_kv.reduce_items > 0) {
+    report_->set_device_split_merges(report_->device_split_merges() + 1);
+  }
 }
 
 void Run::CheckView(const std::string& what, const ForwardMetadataView& m,

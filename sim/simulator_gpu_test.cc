@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "attention/kernels/testing/gpu_test.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sim/simulator.h"
 #include "sim/testing/replayed_forwards.h"
@@ -43,8 +44,17 @@ TEST_F(SimulatorGpuTest, TheAttentionKernelsAgreeOnEveryReplayedForward) {
     EXPECT_GT(replayed, 0);
     EXPECT_EQ(r.device_attention_checks(), replayed);
     EXPECT_LE(r.max_device_relative_error(), kMaxDeviceRelativeError);
+    EXPECT_LE(r.max_device_lse_error(), kMaxDeviceLseError);
     EXPECT_LE(r.max_relative_error(), kMaxRelativeError);
+    // The device writer took every graph-able forward, so each such mode the scenario ran was
+    // replayed and reached the kernels.
+    EXPECT_EQ(r.replays_unsupported(), 0);
+    EXPECT_THAT(testing::GraphModesNeverReplayed(r), ::testing::IsEmpty());
   }
+  // The decode kernel's merge ran: the chat scenarios' plans split sequences.
+  int64_t merges = 0;
+  for (const RunReport& r : report->runs()) merges += r.device_split_merges();
+  EXPECT_GT(merges, 0);
 }
 
 }  // namespace

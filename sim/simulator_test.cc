@@ -15,6 +15,7 @@
 #include "attention/metadata/reference_attention.h"
 #include "attention/metadata/snapshot.h"
 #include "attention/metadata/split_kv_planner.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sim/replay_backend.h"
 #include "sim/testing/replayed_forwards.h"
@@ -303,10 +304,15 @@ struct KernelStandInLog {
 class ReferenceKernelsBackend : public ReplayBackend {
  public:
   // Every output is multiplied by `scale` (1: as computed), and the last query row of a forward
-  // of 10 rows or more by `last_row_scale` too; the path named `skip` is not returned.
+  // of 10 rows or more by `last_row_scale` too; `lse_offset` is added to the first lse value of
+  // every forward; the path named `skip` is not returned.
   ReferenceKernelsBackend(KernelStandInLog* log, float scale, float last_row_scale,
-                          std::string skip)
-      : log_(log), scale_(scale), last_row_scale_(last_row_scale), skip_(std::move(skip)) {}
+                          std::string skip, float lse_offset)
+      : log_(log),
+        scale_(scale),
+        last_row_scale_(last_row_scale),
+        skip_(std::move(skip)),
+        lse_offset_(lse_offset) {}
 
   DeviceMemory& memory() override { return memory_; }
   MetadataWriter& writer() override { return writer_; }
@@ -339,7 +345,8 @@ class ReferenceKernelsBackend : public ReplayBackend {
     }
     std::vector<ReplayAttentionOutput> outputs;
     const ReferenceAttentionInputs ref{in.dims, in.metadata, in.page_size, in.q, k_, v_};
-    const auto add = [&](const char* path, absl::Status s, std::vector<float> out) -> absl::Status {
+    const auto add = [&](const char* path, absl::Status s, std::vector<float> out,
+                         std::vector<float> lse) -> absl::Status {
       if (!s.ok()) return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
       if (path == skip_) return absl::OkStatus();
       for (float& x : out) x *= scale_;
@@ -347,16 +354,22 @@ class ReferenceKernelsBackend : public ReplayBackend {
       if (out.size() >= 10 * row) {
         for (size_t e = out.size() - row; e < out.size(); ++e) out[e] *= last_row_scale_;
       }
-      outputs.push_back({path, std::move(out)});
+      if (!lse.empty()) lse[0] += lse_offset_;
+      outputs.push_back({path, std::move(out), std::move(lse)});
       return absl::OkStatus();
     };
     std::vector<float> out(in.q.size());
-    const absl::Status token_level = ReferenceAttentionTokenLevel(ref, absl::MakeSpan(out));
-    if (absl::Status s = add("token-level", token_level, out); !s.ok()) return s;
+    std::vector<float> lse(in.q.size() / in.dims.head_dim);
+    const absl::Status token_level =
+        ReferenceAttentionTokenLevel(ref, absl::MakeSpan(out), absl::MakeSpan(lse));
+    if (absl::Status s = add("token-level", token_level, out, lse); !s.ok()) return s;
+    // The reference's split-KV merge keeps no lse: the split path reports the token-level one.
+    const std::vector<float> token_level_lse = lse;
     if (in.metadata.page_table.rows() > 0) {
       ++log_->page_table_forwards;
-      const absl::Status page_table = ReferenceAttentionPageTable(ref, absl::MakeSpan(out));
-      if (absl::Status s = add("page-table", page_table, out); !s.ok()) return s;
+      const absl::Status page_table =
+          ReferenceAttentionPageTable(ref, absl::MakeSpan(out), absl::MakeSpan(lse));
+      if (absl::Status s = add("page-table", page_table, out, lse); !s.ok()) return s;
     }
     if (in.split_kv.work_items > 0) {
       ++log_->split_forwards;
@@ -386,7 +399,7 @@ class ReferenceKernelsBackend : public ReplayBackend {
       plan.num_partials = in.split_kv.num_partials;
       std::vector<float> split_out(in.q.size());
       const absl::Status s = ReferenceAttentionSplitKv(ref, plan, absl::MakeSpan(split_out));
-      if (absl::Status a = add("split-KV", s, split_out); !a.ok()) return a;
+      if (absl::Status a = add("split-KV", s, split_out, token_level_lse); !a.ok()) return a;
     }
     return outputs;
   }
@@ -396,6 +409,7 @@ class ReferenceKernelsBackend : public ReplayBackend {
   const float scale_;
   const float last_row_scale_;
   const std::string skip_;
+  const float lse_offset_;
   HostDeviceMemory memory_;
   HostMetadataWriter writer_;
   std::vector<float> k_, v_;
@@ -408,12 +422,12 @@ Workload KernelsWorkload() {
 }
 
 SimOptions WithKernelStandIn(KernelStandInLog* log, float scale, float last_row_scale = 1.0f,
-                             std::string skip = "") {
+                             std::string skip = "", float lse_offset = 0.0f) {
   SimOptions options;
   options.page_sizes = {16};
   options.max_steps = 25;
-  options.make_backend = [log, scale, last_row_scale, skip] {
-    return std::make_unique<ReferenceKernelsBackend>(log, scale, last_row_scale, skip);
+  options.make_backend = [log, scale, last_row_scale, skip, lse_offset] {
+    return std::make_unique<ReferenceKernelsBackend>(log, scale, last_row_scale, skip, lse_offset);
   };
   return options;
 }
@@ -435,11 +449,20 @@ TEST(SimulatorTest, ABackendWithAttentionKernelsChecksEveryReplayedForward) {
     EXPECT_GT(r.device_attention_checks(), 0);
     EXPECT_LE(r.max_device_relative_error(), kMaxRelativeError);
     EXPECT_LE(r.max_relative_error(), kMaxRelativeError);
+    // The reference's lse in float against dense attention's: the same loop, so equal but for
+    // the order of the float additions.
+    EXPECT_LE(r.max_device_lse_error(), 1e-6);
     EXPECT_EQ(r.device_attention_checks(), testing::ReplayedForwardsWithQueryRows(workload, r));
+    EXPECT_EQ(r.replays_unsupported(), 0);
+    EXPECT_THAT(testing::GraphModesNeverReplayed(r), ::testing::IsEmpty());
     checks += r.device_attention_checks();
   }
   EXPECT_EQ(log.forwards, checks);
   EXPECT_GT(log.paged_split_forwards, 0) << "no decode replay ran a paged split-KV plan";
+  int64_t merges = 0;
+  for (const RunReport& r : report->runs()) merges += r.device_split_merges();
+  EXPECT_GT(merges, 0) << "no split-KV plan merged partials";
+  EXPECT_LE(merges, log.split_forwards);
   EXPECT_GT(log.split_forwards, log.paged_split_forwards)
       << "no decode replay ran a linear split-KV plan";
   EXPECT_GT(log.page_table_forwards, 0);
@@ -465,6 +488,27 @@ TEST(SimulatorTest, AttentionKernelsOffByMoreThanTheBoundFailTheRun) {
   EXPECT_TRUE(absl::StrContains(far->runs(0).failure(), "token-level attention kernel"))
       << far->runs(0).failure();
   EXPECT_TRUE(absl::StrContains(far->runs(0).failure(), "relative error 0.02"))
+      << far->runs(0).failure();
+}
+
+// The lse bound: one lse value of every forward off by 1e-4 passes, by 0.05 fails (over 1e-3
+// of 1 + |lse| while |lse| stays under 49), naming the row and head.
+TEST(SimulatorTest, AttentionKernelsLseOffByMoreThanTheBoundFailsTheRun) {
+  KernelStandInLog log;
+  SimOptions near = WithKernelStandIn(&log, 1.0f, 1.0f, "", 1e-4f);
+  near.scenario = "chat";
+  absl::StatusOr<SimReport> close = RunWorkload(KernelsWorkload(), near);
+  ASSERT_TRUE(close.ok()) << close.status();
+  EXPECT_TRUE(close->passed()) << close->runs(0).failure();
+  EXPECT_GT(close->runs(0).max_device_lse_error(), 0);
+  SimOptions off = WithKernelStandIn(&log, 1.0f, 1.0f, "", 0.05f);
+  off.scenario = "chat";
+  absl::StatusOr<SimReport> far = RunWorkload(KernelsWorkload(), off);
+  ASSERT_TRUE(far.ok()) << far.status();
+  ASSERT_FALSE(far->passed());
+  EXPECT_TRUE(absl::StrContains(far->runs(0).failure(), "token-level attention kernel"))
+      << far->runs(0).failure();
+  EXPECT_TRUE(absl::StrContains(far->runs(0).failure(), "query row 0 head 0: lse"))
       << far->runs(0).failure();
 }
 

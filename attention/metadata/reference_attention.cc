@@ -109,17 +109,28 @@ absl::Status CheckInputs(const ReferenceAttentionInputs& in, absl::Span<float> o
 // Attends every sequence through kv_at(i, t), the K/V row offset of token t of sequence i.
 template <typename KvAt>
 void AttendAll(const ReferenceAttentionInputs& in, const float* k, const float* v, KvAt kv_at,
-               absl::Span<float> out) {
+               absl::Span<float> out, absl::Span<float> lse) {
   const ForwardMetadataView& m = in.metadata;
   const int64_t q_row = int64_t{in.dims.num_q_heads} * in.dims.head_dim;
   for (int64_t i = 0; i < m.batch_size(); ++i) {
     const int64_t q0 = m.qo_indptr[i].value();
     const int64_t q_len = (m.qo_indptr[i + 1] - m.qo_indptr[i]).value();
     const int64_t kv_len = m.kv_lens[i].value();
-    AttendRange(in.dims, in.q.data() + q0 * q_row, 0, q_len, 0, kv_len, k, v,
-                [&](int64_t t) { return kv_at(i, t); }, SequenceVisibility(m, i),
-                out.data() + q0 * q_row, nullptr);
+    AttendRange(
+        in.dims, in.q.data() + q0 * q_row, 0, q_len, 0, kv_len, k, v,
+        [&](int64_t t) { return kv_at(i, t); }, SequenceVisibility(m, i), out.data() + q0 * q_row,
+        lse.empty() ? nullptr : lse.data() + q0 * in.dims.num_q_heads);
   }
+}
+
+// lse: empty, or one value per query row and head.
+absl::Status CheckLse(absl::Span<const float> lse, int64_t q_values, const AttentionDims& dims) {
+  const int64_t want = q_values / dims.head_dim;
+  if (!lse.empty() && static_cast<int64_t>(lse.size()) != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lse of ", lse.size(), " values, want ", want, " (query rows x heads)"));
+  }
+  return absl::OkStatus();
 }
 
 // Checks `gather` against the metadata and copies its K/V rows into linear buffers.
@@ -157,34 +168,38 @@ absl::Status Linearize(const ReferenceAttentionInputs& in, const ContextGather& 
 
 }  // namespace
 
-absl::Status ReferenceAttentionTokenLevel(const ReferenceAttentionInputs& in,
-                                          absl::Span<float> out) {
+absl::Status ReferenceAttentionTokenLevel(const ReferenceAttentionInputs& in, absl::Span<float> out,
+                                          absl::Span<float> lse) {
   if (absl::Status s = CheckInputs(in, out); !s.ok()) return s;
+  if (absl::Status s = CheckLse(lse, static_cast<int64_t>(in.q.size()), in.dims); !s.ok()) return s;
   const int64_t kv_row = int64_t{in.dims.num_kv_heads} * in.dims.head_dim;
   const ForwardMetadataView& m = in.metadata;
-  AttendAll(in, in.k_pool.data(), in.v_pool.data(),
-            [&](int64_t i, int64_t t) {
-              return m.kv_indices[m.kv_indptr[i].value() + t].value() * kv_row;
-            },
-            out);
+  AttendAll(
+      in, in.k_pool.data(), in.v_pool.data(),
+      [&](int64_t i, int64_t t) {
+        return m.kv_indices[m.kv_indptr[i].value() + t].value() * kv_row;
+      },
+      out, lse);
   return absl::OkStatus();
 }
 
-absl::Status ReferenceAttentionPageTable(const ReferenceAttentionInputs& in,
-                                         absl::Span<float> out) {
+absl::Status ReferenceAttentionPageTable(const ReferenceAttentionInputs& in, absl::Span<float> out,
+                                         absl::Span<float> lse) {
   if (absl::Status s = CheckInputs(in, out); !s.ok()) return s;
+  if (absl::Status s = CheckLse(lse, static_cast<int64_t>(in.q.size()), in.dims); !s.ok()) return s;
   const ForwardMetadataView& m = in.metadata;
   if (m.page_table.rows() < m.batch_size()) {
     return absl::InvalidArgumentError("page-table attention needs a page table");
   }
   const int64_t kv_row = int64_t{in.dims.num_kv_heads} * in.dims.head_dim;
   const PageSize ps = in.page_size;
-  AttendAll(in, in.k_pool.data(), in.v_pool.data(),
-            [&](int64_t i, int64_t t) {
-              const PageId page = m.page_table.row(i)[t / ps.tokens()];
-              return (FirstSlotOf(page, ps) + TokenCount(t % ps.tokens())).value() * kv_row;
-            },
-            out);
+  AttendAll(
+      in, in.k_pool.data(), in.v_pool.data(),
+      [&](int64_t i, int64_t t) {
+        const PageId page = m.page_table.row(i)[t / ps.tokens()];
+        return (FirstSlotOf(page, ps) + TokenCount(t % ps.tokens())).value() * kv_row;
+      },
+      out, lse);
   return absl::OkStatus();
 }
 
@@ -195,7 +210,7 @@ absl::Status ReferenceAttentionGathered(const ReferenceAttentionInputs& in,
   if (absl::Status s = Linearize(in, gather, k_lin, v_lin); !s.ok()) return s;
   const int64_t kv_row = int64_t{in.dims.num_kv_heads} * in.dims.head_dim;
   AttendAll(in, k_lin.data(), v_lin.data(),
-            [&](int64_t i, int64_t t) { return (gather.cu_k[i].value() + t) * kv_row; }, out);
+            [&](int64_t i, int64_t t) { return (gather.cu_k[i].value() + t) * kv_row; }, out, {});
   return absl::OkStatus();
 }
 
@@ -350,30 +365,36 @@ absl::Status CheckDenseShapes(const AttentionDims& dims, absl::Span<const float>
 
 absl::Status DenseAttention(const AttentionDims& dims, absl::Span<const float> q,
                             absl::Span<const float> k, absl::Span<const float> v,
-                            absl::Span<float> out) {
+                            absl::Span<float> out, absl::Span<float> lse) {
   int64_t q_len = 0, kv_len = 0;
   if (absl::Status s = CheckDenseShapes(dims, q, k, v, out, &q_len, &kv_len); !s.ok()) return s;
+  if (absl::Status s = CheckLse(lse, static_cast<int64_t>(q.size()), dims); !s.ok()) return s;
   const int64_t kv_row = int64_t{dims.num_kv_heads} * dims.head_dim;
-  AttendRange(dims, q.data(), 0, q_len, 0, kv_len, k.data(), v.data(),
-              [&](int64_t t) { return t * kv_row; },
-              [&](int64_t r, int64_t t) { return t <= kv_len - q_len + r; }, out.data(), nullptr);
+  AttendRange(
+      dims, q.data(), 0, q_len, 0, kv_len, k.data(), v.data(),
+      [&](int64_t t) { return t * kv_row; },
+      [&](int64_t r, int64_t t) { return t <= kv_len - q_len + r; }, out.data(),
+      lse.empty() ? nullptr : lse.data());
   return absl::OkStatus();
 }
 
 absl::Status DenseMaskedAttention(const AttentionDims& dims, absl::Span<const float> q,
                                   absl::Span<const float> k, absl::Span<const float> v,
-                                  absl::Span<const uint8_t> sees, absl::Span<float> out) {
+                                  absl::Span<const uint8_t> sees, absl::Span<float> out,
+                                  absl::Span<float> lse) {
   int64_t q_len = 0, kv_len = 0;
   if (absl::Status s = CheckDenseShapes(dims, q, k, v, out, &q_len, &kv_len); !s.ok()) return s;
+  if (absl::Status s = CheckLse(lse, static_cast<int64_t>(q.size()), dims); !s.ok()) return s;
   if (static_cast<int64_t>(sees.size()) != q_len * kv_len) {
     return absl::InvalidArgumentError(absl::StrCat("dense masked attention: mask of ", sees.size(),
                                                    " bytes, want ", q_len, " x ", kv_len));
   }
   const int64_t kv_row = int64_t{dims.num_kv_heads} * dims.head_dim;
-  AttendRange(dims, q.data(), 0, q_len, 0, kv_len, k.data(), v.data(),
-              [&](int64_t t) { return t * kv_row; },
-              [&](int64_t r, int64_t t) { return sees[r * kv_len + t] != 0; }, out.data(),
-              nullptr);
+  AttendRange(
+      dims, q.data(), 0, q_len, 0, kv_len, k.data(), v.data(),
+      [&](int64_t t) { return t * kv_row; },
+      [&](int64_t r, int64_t t) { return sees[r * kv_len + t] != 0; }, out.data(),
+      lse.empty() ? nullptr : lse.data());
   return absl::OkStatus();
 }
 

@@ -43,10 +43,14 @@ struct ReferenceAttentionInputs {
 };
 
 // Each writes out: [qo_indptr[bs]][num_q_heads][head_dim]. InvalidArgument for shapes that
-// disagree or metadata the validator rejects.
-absl::Status ReferenceAttentionTokenLevel(const ReferenceAttentionInputs& in, absl::Span<float> out);
+// disagree or metadata the validator rejects. Those that take `lse` also write it when it is not
+// empty: [qo_indptr[bs]][num_q_heads], the natural log of each row's sum of exp(score), -inf
+// for a row that sees no token (the attention kernels' lse).
+absl::Status ReferenceAttentionTokenLevel(const ReferenceAttentionInputs& in, absl::Span<float> out,
+                                          absl::Span<float> lse = {});
 // Reads slot page_table[i][t / page_size] * page_size + t % page_size for token t.
-absl::Status ReferenceAttentionPageTable(const ReferenceAttentionInputs& in, absl::Span<float> out);
+absl::Status ReferenceAttentionPageTable(const ReferenceAttentionInputs& in, absl::Span<float> out,
+                                         absl::Span<float> lse = {});
 // Copies the K/V rows of gather.tok_idx into linear buffers and reads row cu_k[i] + t.
 absl::Status ReferenceAttentionGathered(const ReferenceAttentionInputs& in,
                                         const ContextGather& gather, absl::Span<float> out);
@@ -65,15 +69,17 @@ absl::Status ReferenceAttentionGatheredSplitKv(const ReferenceAttentionInputs& i
                                                const SplitKvPlan& plan, absl::Span<float> out);
 
 // Attention of one logical sequence: q [q_len][num_q_heads][head_dim] over k, v
-// [kv_len][num_kv_heads][head_dim], causal with prefix; out like q.
+// [kv_len][num_kv_heads][head_dim], causal with prefix; out like q; lse, when not empty,
+// [q_len][num_q_heads] as above.
 absl::Status DenseAttention(const AttentionDims& dims, absl::Span<const float> q,
                             absl::Span<const float> k, absl::Span<const float> v,
-                            absl::Span<float> out);
+                            absl::Span<float> out, absl::Span<float> lse = {});
 // The same with an explicit mask: sees [q_len][kv_len], row r attends to position t when
 // sees[r * kv_len + t] != 0 (a row that sees nothing gets 0).
 absl::Status DenseMaskedAttention(const AttentionDims& dims, absl::Span<const float> q,
                                   absl::Span<const float> k, absl::Span<const float> v,
-                                  absl::Span<const uint8_t> sees, absl::Span<float> out);
+                                  absl::Span<const uint8_t> sees, absl::Span<float> out,
+                                  absl::Span<float> lse = {});
 
 }  // namespace attnmeta
 

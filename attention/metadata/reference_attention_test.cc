@@ -101,6 +101,38 @@ TEST(DenseAttentionTest, HandComputedCausalRows) {
   for (float x : o4) EXPECT_NEAR(x, e2 / (e2 + 2.0), 1e-6);
 }
 
+// The log-sum-exp of the scaled scores: row r of the first case sums r + 1 scores of 0, the
+// second case's row exp(2) + 2; a row that sees nothing gets -inf.
+TEST(DenseAttentionTest, HandComputedLse) {
+  const AttentionDims d{1, 1, 1};
+  const std::vector<float> q = {1.0f, 1.0f, 1.0f};
+  const std::vector<float> k = {0.0f, 0.0f, 0.0f};
+  const std::vector<float> v = {3.0f, 5.0f, 10.0f};
+  std::vector<float> out(3, NAN), lse(3, NAN);
+  ASSERT_TRUE(DenseAttention(d, q, k, v, absl::MakeSpan(out), absl::MakeSpan(lse)).ok());
+  EXPECT_NEAR(lse[0], 0.0, 1e-6);
+  EXPECT_NEAR(lse[1], std::log(2.0), 1e-6);
+  EXPECT_NEAR(lse[2], std::log(3.0), 1e-6);
+  const AttentionDims d4{1, 1, 4};
+  const std::vector<float> q4 = {1, 1, 1, 1};
+  const std::vector<float> k4 = {0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0};
+  std::vector<float> o4(4, NAN), lse4(1, NAN);
+  ASSERT_TRUE(DenseAttention(d4, q4, k4, k4, absl::MakeSpan(o4), absl::MakeSpan(lse4)).ok());
+  EXPECT_NEAR(lse4[0], std::log(std::exp(2.0) + 2.0), 1e-6);
+  // Masked: row 0 sees token 1 only (score 0: lse 0), row 1 nothing.
+  const std::vector<uint8_t> sees = {0, 1, 0, 0, 0, 0};
+  std::vector<float> om(2, NAN), lsem(2, NAN);
+  ASSERT_TRUE(
+      DenseMaskedAttention(d, {1.0f, 1.0f}, k, v, sees, absl::MakeSpan(om), absl::MakeSpan(lsem))
+          .ok());
+  EXPECT_NEAR(lsem[0], 0.0, 1e-6);
+  EXPECT_EQ(lsem[1], -std::numeric_limits<float>::infinity());
+  // lse must hold one value per query row and head.
+  std::vector<float> short_lse(2);
+  EXPECT_EQ(DenseAttention(d, q, k, v, absl::MakeSpan(out), absl::MakeSpan(short_lse)).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(DenseAttentionTest, EqualsTheNaiveComputation) {
   std::mt19937_64 rng(99);
   for (auto [qh, kvh] : {std::pair{4, 4}, {4, 2}, {8, 2}, {6, 1}}) {

@@ -4,6 +4,8 @@
 #define ATTNMETA_SIM_TESTING_REPLAYED_FORWARDS_H_
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "sim/report.pb.h"
 #include "sim/workload.pb.h"
@@ -27,6 +29,18 @@ inline int64_t ReplayedForwardsWithQueryRows(const Workload& workload, const Run
     }
   }
   return replayed;
+}
+
+// The modes that captured graphs replay (decode and the speculative ones) which run `r` ran
+// but never replayed. Extend and mixed batches run eagerly in the simulator.
+inline std::vector<std::string> GraphModesNeverReplayed(const RunReport& r) {
+  std::vector<std::string> never;
+  for (const ModeReport& m : r.modes()) {
+    const bool graphed = m.mode() == "decode" || m.mode() == "target_verify" ||
+                         m.mode() == "draft_extend" || m.mode() == "draft_decode";
+    if (graphed && m.forwards() > 0 && m.replays() == 0) never.push_back(m.mode());
+  }
+  return never;
 }
 
 }  // namespace testing
