@@ -1001,10 +1001,10 @@ double RelativeError(absl::Span<const float> got, absl::Span<const float> want) 
   return std::isnan(err) ? INFINITY : err;
 }
 
-// |got - want| / (1 + |want|); 0 when both are -inf (a row that sees nothing), infinity for
-// NaN or one infinity.
+// |got - want| / (1 + |want|); 0 when they are equal (both -inf: a row that sees nothing),
+// infinity for NaN or one infinity.
 double LseError(float got, float want) {
-  if (std::isinf(want) && got == want) return 0;
+  if (got == want) return 0;
   const double err = std::fabs(double{got} - want) / (1 + std::fabs(double{want}));
   return std::isnan(err) ? INFINITY : err;
 }

@@ -1,6 +1,7 @@
 #include "sim/simulator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -305,14 +306,15 @@ class ReferenceKernelsBackend : public ReplayBackend {
  public:
   // Every output is multiplied by `scale` (1: as computed), and the last query row of a forward
   // of 10 rows or more by `last_row_scale` too; `lse_offset` is added to the first lse value of
-  // every forward; the path named `skip` is not returned.
+  // every forward; the path named `skip` is not returned, and the one named `no_lse` has no lse.
   ReferenceKernelsBackend(KernelStandInLog* log, float scale, float last_row_scale,
-                          std::string skip, float lse_offset)
+                          std::string skip, float lse_offset, std::string no_lse)
       : log_(log),
         scale_(scale),
         last_row_scale_(last_row_scale),
         skip_(std::move(skip)),
-        lse_offset_(lse_offset) {}
+        lse_offset_(lse_offset),
+        no_lse_(std::move(no_lse)) {}
 
   DeviceMemory& memory() override { return memory_; }
   MetadataWriter& writer() override { return writer_; }
@@ -355,11 +357,13 @@ class ReferenceKernelsBackend : public ReplayBackend {
         for (size_t e = out.size() - row; e < out.size(); ++e) out[e] *= last_row_scale_;
       }
       if (!lse.empty()) lse[0] += lse_offset_;
+      if (path == no_lse_) lse.clear();
       outputs.push_back({path, std::move(out), std::move(lse)});
       return absl::OkStatus();
     };
-    std::vector<float> out(in.q.size());
-    std::vector<float> lse(in.q.size() / in.dims.head_dim);
+    // NaN first: a path that wrote nothing must not pass on the values of the one before.
+    std::vector<float> out(in.q.size(), NAN);
+    std::vector<float> lse(in.q.size() / in.dims.head_dim, NAN);
     const absl::Status token_level =
         ReferenceAttentionTokenLevel(ref, absl::MakeSpan(out), absl::MakeSpan(lse));
     if (absl::Status s = add("token-level", token_level, out, lse); !s.ok()) return s;
@@ -367,6 +371,8 @@ class ReferenceKernelsBackend : public ReplayBackend {
     const std::vector<float> token_level_lse = lse;
     if (in.metadata.page_table.rows() > 0) {
       ++log_->page_table_forwards;
+      out.assign(out.size(), NAN);
+      lse.assign(lse.size(), NAN);
       const absl::Status page_table =
           ReferenceAttentionPageTable(ref, absl::MakeSpan(out), absl::MakeSpan(lse));
       if (absl::Status s = add("page-table", page_table, out, lse); !s.ok()) return s;
@@ -410,6 +416,7 @@ class ReferenceKernelsBackend : public ReplayBackend {
   const float last_row_scale_;
   const std::string skip_;
   const float lse_offset_;
+  const std::string no_lse_;
   HostDeviceMemory memory_;
   HostMetadataWriter writer_;
   std::vector<float> k_, v_;
@@ -422,12 +429,14 @@ Workload KernelsWorkload() {
 }
 
 SimOptions WithKernelStandIn(KernelStandInLog* log, float scale, float last_row_scale = 1.0f,
-                             std::string skip = "", float lse_offset = 0.0f) {
+                             std::string skip = "", float lse_offset = 0.0f,
+                             std::string no_lse = "") {
   SimOptions options;
   options.page_sizes = {16};
   options.max_steps = 25;
-  options.make_backend = [log, scale, last_row_scale, skip, lse_offset] {
-    return std::make_unique<ReferenceKernelsBackend>(log, scale, last_row_scale, skip, lse_offset);
+  options.make_backend = [log, scale, last_row_scale, skip, lse_offset, no_lse] {
+    return std::make_unique<ReferenceKernelsBackend>(log, scale, last_row_scale, skip, lse_offset,
+                                                     no_lse);
   };
   return options;
 }
@@ -510,6 +519,20 @@ TEST(SimulatorTest, AttentionKernelsLseOffByMoreThanTheBoundFailsTheRun) {
       << far->runs(0).failure();
   EXPECT_TRUE(absl::StrContains(far->runs(0).failure(), "query row 0 head 0: lse"))
       << far->runs(0).failure();
+}
+
+// A path without its lse fails the run: nothing would be compared.
+TEST(SimulatorTest, AnAttentionKernelPathWithoutItsLseFailsTheRun) {
+  KernelStandInLog log;
+  SimOptions options = WithKernelStandIn(&log, 1.0f, 1.0f, "", 0.0f, "page-table");
+  options.scenario = "chat";
+  absl::StatusOr<SimReport> report = RunWorkload(KernelsWorkload(), options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_FALSE(report->passed());
+  EXPECT_TRUE(absl::StrContains(report->runs(0).failure(), "page-table attention kernel"))
+      << report->runs(0).failure();
+  EXPECT_TRUE(absl::StrContains(report->runs(0).failure(), "0 lse values"))
+      << report->runs(0).failure();
 }
 
 // A backend that leaves out a path the metadata offers fails the run: the page table's, and

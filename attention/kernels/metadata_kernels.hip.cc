@@ -968,10 +968,10 @@ hipError_t LaunchGatherKvKernel(const GatherKvParams& p, int32_t blocks, bool ov
                         reinterpret_cast<uintptr_t>(p.k_out) | reinterpret_cast<uintptr_t>(p.v_out)) %
                                16 ==
                            0;
-  // Lanes per row: the row's words rounded up to a power of two, at least a lane group and at
+  // Lanes per row: the row's words rounded up to a power of two, at least a wave of 32 and at
   // most the block.
   const int64_t words = p.row_bytes / (words16 ? 16 : 2);
-  q.lanes_per_row = kLaneGroup;
+  q.lanes_per_row = 32;
   while (q.lanes_per_row < kGatherThreads && q.lanes_per_row < words) q.lanes_per_row *= 2;
   const int64_t rows_per_block = kGatherThreads / q.lanes_per_row;
   const int32_t grid = static_cast<int32_t>(

@@ -180,8 +180,8 @@ __device__ __forceinline__ void AccumulatePartials(const float* part, int64_t st
 // One warp: out and lse of query head h of reduce item `it` (checked) from its partials. An
 // item of at most kChunk partials (bs 1 x 16k's 32 on the H200 at head dim 128) takes one
 // round of loads (LoadPartialChunk: lane j loads partial j's lse while every lane loads its
-// kHeadDim / 32 dims of each partial); the weights exp(lse - max) are computed by their lanes
-// and shuffled to the others. A longer item takes two: the lanes load the partials' lse by
+// kHeadDim / kLaneGroup dims of each partial); the weights exp(lse - max) are computed by their
+// lanes and shuffled to the others. A longer item takes two: the lanes load the partials' lse by
 // turns for the max and the sum of the weights, then each lane sums its dims over all the
 // partials (AccumulatePartials), kChunk partials' loads in flight. (On the H200 at bs 1 x 16k
 // the merging block took 4,130 cycles with two rounds and 2,630 with one. A loop of one-round
@@ -242,8 +242,8 @@ __device__ __forceinline__ void MergeHead(const float* partial_out, const float*
   if (lane == 0) lse[head_row] = sum > 0.0f ? mx + __logf(sum) : NegInf();
 }
 
-// The reduce item whose partial slots hold `slot`, searched by one warp 32 items a step (every
-// lane gets it); -1 when none does.
+// The reduce item whose partial slots hold `slot`, searched by one warp kLaneGroup items a step
+// (every lane gets it); -1 when none does.
 __device__ inline int32_t FindReduceItem(const PagedDecodeParams& p, int32_t slot) {
   const int lane = static_cast<int>(threadIdx.x) % kLaneGroup;
   int32_t found = -1;

@@ -189,6 +189,9 @@ TEST(ReferenceAttentionTest, EveryPathEqualsTheNaiveComputation) {
     const std::vector<float> v_pool = Random(k_pool.size(), rng);
     const std::vector<float> q = Random(f.num_query_rows().value() * qh * dim, rng);
     std::vector<double> want;
+    // Each sequence's lse from DenseAttention (checked by hand above): the token-level and
+    // page-table paths must put it at the sequence's own rows.
+    std::vector<float> want_lse;
     int64_t q0 = 0;
     for (int i = 0; i < 3; ++i) {
       std::vector<float> k, v, qi;
@@ -203,14 +206,29 @@ TEST(ReferenceAttentionTest, EveryPathEqualsTheNaiveComputation) {
       q0 += q_len * qh * dim;
       const std::vector<double> w = Naive(qh, kvh, dim, q_len, f.kv_lens()[i].value(), qi, k, v);
       want.insert(want.end(), w.begin(), w.end());
+      std::vector<float> dense_out(qi.size()), dense_lse(q_len * qh);
+      ASSERT_TRUE(DenseAttention({qh, kvh, dim}, qi, k, v, absl::MakeSpan(dense_out),
+                                 absl::MakeSpan(dense_lse))
+                      .ok());
+      want_lse.insert(want_lse.end(), dense_lse.begin(), dense_lse.end());
     }
     ReferenceAttentionInputs in{{qh, kvh, dim}, m->view(), f.page_size(), q, k_pool, v_pool};
     std::vector<float> out(q.size(), NAN);
-    ASSERT_TRUE(ReferenceAttentionTokenLevel(in, absl::MakeSpan(out)).ok());
+    std::vector<float> lse(want_lse.size(), NAN);
+    ASSERT_TRUE(ReferenceAttentionTokenLevel(in, absl::MakeSpan(out), absl::MakeSpan(lse)).ok());
     ExpectNear(out, want);
+    ExpectNear(lse, std::vector<double>(want_lse.begin(), want_lse.end()));
     out.assign(q.size(), NAN);
-    ASSERT_TRUE(ReferenceAttentionPageTable(in, absl::MakeSpan(out)).ok());
+    lse.assign(want_lse.size(), NAN);
+    ASSERT_TRUE(ReferenceAttentionPageTable(in, absl::MakeSpan(out), absl::MakeSpan(lse)).ok());
     ExpectNear(out, want);
+    ExpectNear(lse, std::vector<double>(want_lse.begin(), want_lse.end()));
+    // lse must hold one value per query row and head.
+    lse.resize(1);
+    EXPECT_EQ(ReferenceAttentionTokenLevel(in, absl::MakeSpan(out), absl::MakeSpan(lse)).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(ReferenceAttentionPageTable(in, absl::MakeSpan(out), absl::MakeSpan(lse)).code(),
+              absl::StatusCode::kInvalidArgument);
     auto gather = GatherContextTokens(ContextGatherInputs{ForwardMode::kExtend, m->kv_indptr,
                                                           m->kv_indices, m->kv_lens, f.pool_slots()});
     ASSERT_TRUE(gather.ok());

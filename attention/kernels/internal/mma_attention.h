@@ -114,8 +114,8 @@ struct LaneView {
   int64_t head;  // elements from a slot's start to the KV head
 };
 
-// The index entries of the step at `base` (lane i: position lo + base + i + 32 r), 0 past the
-// range.
+// The index entries of the step at `base` (lane i: position lo + base + i + kLaneGroup r), 0 past
+// the range.
 template <int kHeadDim, int kStep, typename Params>
 __device__ __forceinline__ void LoadStepIndices(const Params& p, const LaneView& lv, int32_t base,
                                                 int32_t (&raw)[WarpShape<kHeadDim, kStep>::kIdx]) {
@@ -167,7 +167,7 @@ __device__ __forceinline__ void IssueStep(const void* k_pool, const void* v_pool
   };
 #pragma unroll
   for (int nt = 0; nt < S::kNTiles; ++nt) {
-    const int32_t s = ATTNMETA_SHFL_IDX32(slot[8 * nt / 32], 8 * nt % 32 + lv.g);
+    const int32_t s = ATTNMETA_SHFL_IDX32(slot[8 * nt / kLaneGroup], 8 * nt % kLaneGroup + lv.g);
     const uint16_t* k = row_of(k_lane, s);
 #pragma unroll
     for (int j = 0; j < S::kKLoads; ++j) {
@@ -179,8 +179,8 @@ __device__ __forceinline__ void IssueStep(const void* k_pool, const void* v_pool
   for (int kk = 0; kk < S::kPvSteps; ++kk) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int32_t s = ATTNMETA_SHFL_IDX32(slot[16 * kk / 32],
-                                            16 * kk % 32 + 2 * lv.t + e % 2 + 8 * (e / 2));
+      const int32_t s = ATTNMETA_SHFL_IDX32(slot[16 * kk / kLaneGroup],
+                                            16 * kk % kLaneGroup + 2 * lv.t + e % 2 + 8 * (e / 2));
       const uint16_t* v = row_of(v_lane, s);
       L.valid[kk][e] = kAllLoaded || s >= 0;
 #pragma unroll
