@@ -1516,10 +1516,10 @@ std::string FormatReportTable(const SimReport& report) {
       absl::StrCat("replay backend: ", report.runs().empty() ? "" : report.runs(0).backend(),
                    ", seed ", report.seed(), "\n");
   out += absl::StrFormat(
-      "%-14s %4s %6s  %-62s %7s %7s %6s %9s %9s %9s %8s %5s %9s %9s %7s %9s %8s %8s  %s\n",
+      "%-14s %4s %6s  %-62s %7s %7s %6s %9s %9s %9s %8s %5s %9s %9s %7s %9s %9s %8s %8s  %s\n",
       "scenario", "ps", "steps", "forwards by mode (replayed)", "prefill", "output", "accept",
       "retr/back", "pages hw", "graph B", "replays", "eager", "fall/unsup", "max err", "kernels",
-      "kern err", "build us", "replay us", "result");
+      "kern err", "lse err", "build us", "replay us", "result");
   for (const RunReport& r : report.runs()) {
     std::string modes;
     int64_t replays = 0, forwards = 0;
@@ -1531,12 +1531,14 @@ std::string FormatReportTable(const SimReport& report) {
     }
     out += absl::StrFormat(
         "%-14s %4d %6d  %-62s %7d %7d %6d %4d/%-4d %4d/%-4d %9d %8d %5d %4d/%-4d %9.2e %7d %9s "
-        "%8.1f %8.1f  %s\n",
+        "%9s %8.1f %8.1f  %s\n",
         r.scenario(), r.page_size(), r.steps(), modes, r.prefill_tokens(), r.generated_tokens(),
         r.accepted_draft_tokens(), r.retractions(), r.admission_backoffs(), r.pages_high_water(),
         r.pool_pages(), r.graph_buffer_bytes(), replays, forwards, r.eager_fallbacks(),
         r.replays_unsupported(), r.max_relative_error(), r.device_attention_checks(),
         r.device_attention_checks() > 0 ? absl::StrFormat("%.2e", r.max_device_relative_error())
+                                        : std::string("-"),
+        r.device_attention_checks() > 0 ? absl::StrFormat("%.2e", r.max_device_lse_error())
                                         : std::string("-"),
         r.eager_build_us_per_forward(), r.replay_us_per_forward(),
         r.passed() ? (r.finished() ? "PASS" : "PASS (stopped by --steps)") : "FAIL");

@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "attention/graph/host_device_memory.h"
 #include "attention/graph/host_metadata_writer.h"
 #include "attention/kernels/half_bits.h"
@@ -510,6 +511,13 @@ TEST(SimulatorTest, AttentionKernelsLseOffByMoreThanTheBoundFailsTheRun) {
   ASSERT_TRUE(close.ok()) << close.status();
   EXPECT_TRUE(close->passed()) << close->runs(0).failure();
   EXPECT_GT(close->runs(0).max_device_lse_error(), 0);
+  // The table's `lse err` column, right of `kern err`, shows it.
+  const std::string table = FormatReportTable(*close);
+  EXPECT_TRUE(absl::StrContains(
+      table, absl::StrFormat(" %9s %9s ",
+                             absl::StrFormat("%.2e", close->runs(0).max_device_relative_error()),
+                             absl::StrFormat("%.2e", close->runs(0).max_device_lse_error()))))
+      << table;
   SimOptions off = WithKernelStandIn(&log, 1.0f, 1.0f, "", 0.05f);
   off.scenario = "chat";
   absl::StatusOr<SimReport> far = RunWorkload(KernelsWorkload(), off);
