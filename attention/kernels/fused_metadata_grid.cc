@@ -4,9 +4,11 @@
 
 namespace attnmeta {
 namespace {
-// A block's sum of the lengths before its row costs about a pass plus a pass per this many
-// rows (fitted to same-run A/Bs on the H200; see the header).
+// A block's start and its sum of the lengths before its row cost 1.25 passes plus a pass per
+// kRowsPerPass rows: kBlockStart / kRowsPerPass passes, then rows / kRowsPerPass (fitted to
+// same-run A/Bs; see the header).
 constexpr int64_t kRowsPerPass = 512;
+constexpr int64_t kBlockStart = 640;
 }  // namespace
 
 int32_t FusedMetadataRowBlocks(int64_t rows, int32_t passes, int32_t wave_blocks) {
@@ -14,16 +16,15 @@ int32_t FusedMetadataRowBlocks(int64_t rows, int32_t passes, int32_t wave_blocks
   CHECK_GE(passes, 1);
   CHECK_GE(wave_blocks, 1);
   // Only the smallest row_blocks of each passes-per-block count can be best (fewer blocks,
-  // fewer waves): O(sqrt(passes)) candidates.
-  // Costs in double: waves * (...) overflows int64 for absurd inputs (a wave of one block and
-  // billions of rows), and only their order matters.
+  // a smaller cost): O(sqrt(passes)) candidates.
+  // The cost scaled by kRowsPerPass * wave_blocks, in double: the product overflows int64 for
+  // absurd inputs (billions of rows), and only the order matters (exact below 2^53).
   int32_t best = 1;
   double best_cost = -1;
   for (int64_t y = 1; y <= passes;) {
     const int64_t per_block = (passes + y - 1) / y;
-    const int64_t waves = (rows * y + wave_blocks - 1) / wave_blocks;
-    const double cost =
-        static_cast<double>(waves) * static_cast<double>(kRowsPerPass * (per_block + 1) + rows);
+    const double cost = static_cast<double>(kRowsPerPass * per_block + kBlockStart + rows) *
+                        static_cast<double>(rows * y + wave_blocks);
     if (best_cost < 0 || cost < best_cost) {
       best = static_cast<int32_t>(y);
       best_cost = cost;

@@ -12,15 +12,17 @@ namespace attnmeta {
 // The launch is a grid of [rows][row_blocks] blocks; the row_blocks blocks of a row share its
 // `passes` passes (contiguous shares), and each block first sums the lengths of the rows before
 // its own. Blocks run in waves of `wave_blocks` (multiprocessors times the blocks that fit on
-// one). Returns the row_blocks in [1, passes] that minimizes
-// waves * (passes per block + 1 + rows / 512), the smallest on a tie. The last two terms are
-// a block's start, its sum of the lengths before its row, fitted to same-run A/Bs on the H200
-// with 256-thread blocks (docs/gpu_metadata_kernels.md): at bs 1024 x 32k (32 passes, a wave
-// of 792 blocks) one block per row, 1.3 waves of 32-pass blocks, took 89 us and three per row
-// 80 us; at bs 1024 x 4k (4 passes) one block per row took 15.7 us and two per row 16.4 us.
-// With 128-thread blocks (twice the passes and the wave) a block's start measured the same
-// with rows / 256 as with rows / 512. Fitted at 4 tokens per thread per pass; the kernel's
-// 8 since session 35 (passes of twice the tokens) were measured with it as it is, not refitted.
+// one), and a block of a later wave starts as one ends. Returns the row_blocks y in [1,
+// passes] that minimizes (passes per block + 1.25 + rows / 512) * (rows * y / wave_blocks + 1),
+// the smallest on a tie: a block's time (its passes, its start, its sum of the lengths before
+// its row) times the waves of blocks plus one block's time for the last wave's tail.
+// Fitted to same-run A/Bs of fixed row_blocks on an H100 (session 51, 8 tokens per thread,
+// 132 multiprocessors x 8 blocks; docs/gpu_metadata_kernels.md, "The fused launch's grid,
+// refitted"): at bs 1024 x 32k (32 passes) one block per row (what the earlier model, whole
+// waves times a block's time, chose) took 103.1 us and four per row 99.0; with rows at every
+// alignment 115.6 and 105.3. At bs 1024 x 4k (4 passes) one block per row took 14.9 us and
+// two 15.6; at page size 1 (8 passes, the page table's) one 21.6 and two 21.2. bs 8 x 128k
+// at page size 1 (256 passes): 128 blocks per row 6.8 us, 256 blocks 8.1.
 // REQUIRES: rows >= 1, passes >= 1, wave_blocks >= 1.
 int32_t FusedMetadataRowBlocks(int64_t rows, int32_t passes, int32_t wave_blocks);
 
