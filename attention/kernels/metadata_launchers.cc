@@ -96,7 +96,7 @@ absl::Status BuildDecodeMetadataOnDevice(const DecodeMetadataDeviceArgs& a,
     return ZeroFirstEntry(a.qo_indptr, "qo_indptr", stream);
   }
   // Every block sums the lengths before its row, then covers its share of the row's passes
-  // (FusedMetadataRowBlocks: whole waves of blocks).
+  // (FusedMetadataRowBlocks: how many blocks share a row).
   absl::StatusOr<int32_t> multiprocessors = DeviceMultiprocessorCount();
   if (!multiprocessors.ok()) return multiprocessors.status();
   absl::StatusOr<int32_t> per_multiprocessor = FusedMetadataOccupancy();
