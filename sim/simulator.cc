@@ -1529,6 +1529,10 @@ std::string FormatReportTable(const SimReport& report) {
       replays += m.replays();
       forwards += m.forwards();
     }
+    // The attention kernels' errors, or "-" where no kernel ran.
+    auto kernel_error = [&r](double e) {
+      return r.device_attention_checks() > 0 ? absl::StrFormat("%.2e", e) : std::string("-");
+    };
     out += absl::StrFormat(
         "%-14s %4d %6d  %-62s %7d %7d %6d %4d/%-4d %4d/%-4d %9d %8d %5d %4d/%-4d %9.2e %7d %9s "
         "%9s %8.1f %8.1f  %s\n",
@@ -1536,10 +1540,7 @@ std::string FormatReportTable(const SimReport& report) {
         r.accepted_draft_tokens(), r.retractions(), r.admission_backoffs(), r.pages_high_water(),
         r.pool_pages(), r.graph_buffer_bytes(), replays, forwards, r.eager_fallbacks(),
         r.replays_unsupported(), r.max_relative_error(), r.device_attention_checks(),
-        r.device_attention_checks() > 0 ? absl::StrFormat("%.2e", r.max_device_relative_error())
-                                        : std::string("-"),
-        r.device_attention_checks() > 0 ? absl::StrFormat("%.2e", r.max_device_lse_error())
-                                        : std::string("-"),
+        kernel_error(r.max_device_relative_error()), kernel_error(r.max_device_lse_error()),
         r.eager_build_us_per_forward(), r.replay_us_per_forward(),
         r.passed() ? (r.finished() ? "PASS" : "PASS (stopped by --steps)") : "FAIL");
     if (!r.passed()) {

@@ -18,13 +18,12 @@ namespace attnmeta {
 // its row) times the waves of blocks plus one block's time for the last wave's tail.
 // Fitted to same-run A/Bs of fixed row_blocks on an H100 (session 51, 8 tokens per thread,
 // 132 multiprocessors x 8 blocks; docs/gpu_metadata_kernels.md, "The fused launch's grid,
-// refitted"): at bs 1024 x 32k (32 passes) one block per row (what the earlier model, whole
-// waves times a block's time, chose) took 103.1 us and four per row 99.0; with rows at every
-// alignment 115.6 and 105.3. Six per row measured 0.3-1.2% faster than four there; the model
-// ranks six below four, and it overstates what splitting gains (21% predicted, 4-9% measured). At
-// bs 1024 x 4k (4 passes) one block per row took 14.9 us and two 15.6; at page size 1 (8 passes,
-// the page table's) one 21.6 and two 21.2. bs 8 x 128k at page size 1 (256 passes): 128 blocks per
-// row 6.8 us, 256 blocks 8.1. REQUIRES: rows >= 1, passes >= 1, wave_blocks >= 1.
+// refitted"): at bs 1024 x 32k (32 passes) one block per row, what the earlier model (whole
+// waves times a block's time) chose, took 103.1 us and four per row 99.0 (115.6 and 105.3 with
+// rows at every alignment). Six per row measured 0.3-1.2% faster than four there: the model
+// ranks six lower and overstates what splitting gains (21% predicted, 4-9% measured). The
+// test names every measured choice.
+// REQUIRES: rows >= 1, passes >= 1, wave_blocks >= 1.
 int32_t FusedMetadataRowBlocks(int64_t rows, int32_t passes, int32_t wave_blocks);
 
 }  // namespace attnmeta
