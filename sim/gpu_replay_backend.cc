@@ -20,6 +20,7 @@
 #include "attention/kernels/staged_uploads.h"
 #include "attention/kernels/varlen_attention_args.h"
 #include "attention/kernels/varlen_attention_launcher.h"
+#include "sim/padded_rows.h"
 
 namespace attnmeta {
 namespace {
@@ -334,22 +335,10 @@ class GpuReplayBackend : public ReplayBackend {
                             DeviceSpan<uint32_t>()};
     absl::StatusOr<ReplayAttentionOutput> out = Launch(PagedDecodeAttention, dims, a, bucket);
     if (!out.ok()) return out;
-    // The padded rows, whose values no one reads, must still be finite, output and lse (the
-    // graph's kernels run them every step, each over at least one padding slot).
-    for (int64_t e = rows * q_row; e < bucket * q_row; ++e) {
-      if (!std::isfinite(out->out[e])) {
-        return absl::InternalError(absl::StrCat("padded row ", e / q_row,
-                                                " of the bucket: ", out->out[e], " in its output"));
-      }
+    if (absl::Status s = TrimPaddedRows(rows, q_row, dims.num_q_heads, &out->out, &out->lse);
+        !s.ok()) {
+      return s;
     }
-    for (int64_t e = rows * dims.num_q_heads; e < bucket * dims.num_q_heads; ++e) {
-      if (!std::isfinite(out->lse[e])) {
-        return absl::InternalError(absl::StrCat("padded row ", e / dims.num_q_heads,
-                                                " of the bucket: ", out->lse[e], " in its lse"));
-      }
-    }
-    out->out.resize(rows * q_row);
-    out->lse.resize(rows * dims.num_q_heads);
     return out;
   }
 
