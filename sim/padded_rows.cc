@@ -18,14 +18,16 @@ absl::Status TrimPaddedRows(int64_t real_rows, int64_t row_values, int64_t num_q
   const int64_t out_size = static_cast<int64_t>(out->size());
   const int64_t lse_size = static_cast<int64_t>(lse->size());
   const int64_t bucket = out_size / row_values;
-  if (out_size % row_values != 0 || lse_size != bucket * num_q_heads || real_rows > bucket) {
+  // Divisions, not products: no count can overflow.
+  if (out_size % row_values != 0 || lse_size % num_q_heads != 0 ||
+      lse_size / num_q_heads != bucket || real_rows > bucket) {
     return absl::InvalidArgumentError(
         absl::StrCat("padded rows: an output of ", out_size, " values and an lse of ", lse_size,
                      " are not one bucket of rows of ", row_values, " and ", num_q_heads,
                      " values with ", real_rows, " real rows"));
   }
   struct Array {
-    const std::vector<float>* values;
+    const std::vector<float>* values;  // [bucket][per_row]
     int64_t per_row;
     const char* name;
   };

@@ -15,10 +15,13 @@ namespace attnmeta {
 // `out` ([bucket][row_values]) and `lse` ([bucket][num_q_heads]) as a launch over a bucket of
 // `bucket` rows wrote them, the first `real_rows` the batch's. No one reads the padded rows,
 // but a graph's kernels run them every step (each over at least one padding slot), so a value
-// there that is not finite (NaN, +-inf) is a kernel or metadata bug all the same: an
-// InternalError naming the first such value (its row, output or lse, the value), `out` and
-// `lse` left as they were. Else OK, with both cut to the real rows. InvalidArgument when the
-// sizes disagree: negative counts, `real_rows` past the bucket, or arrays not of one bucket.
+// there that is not finite (NaN, +-inf) is a kernel or metadata bug all the same. Returns:
+//  - InternalError naming the first such value (its row, the array, the value), the output's
+//    padded rows searched before the lse's; `out` and `lse` left as they were;
+//  - InvalidArgument, the arrays left as they were, when real_rows < 0, row_values < 1 or
+//    num_q_heads < 1, or when the arrays are not one bucket of at least `real_rows` rows;
+//  - else OK, with both cut to the real rows.
+// Real rows are not checked here: the caller compares them against its reference.
 absl::Status TrimPaddedRows(int64_t real_rows, int64_t row_values, int64_t num_q_heads,
                             std::vector<float>* out, std::vector<float>* lse);
 

@@ -22,8 +22,8 @@ constexpr int64_t kBucket = 4;
 
 // A bucket of 4 rows, every value finite and distinct.
 struct Bucket {
-  std::vector<float> out = std::vector<float>(kBucket * kRowValues);
-  std::vector<float> lse = std::vector<float>(kBucket * kHeads);
+  std::vector<float> out = std::vector<float>(kBucket * kRowValues);  // [kBucket][kRowValues]
+  std::vector<float> lse = std::vector<float>(kBucket * kHeads);      // [kBucket][kHeads]
   Bucket() {
     for (size_t i = 0; i < out.size(); ++i) out[i] = 0.5f * static_cast<float>(i) - 3.0f;
     for (size_t i = 0; i < lse.size(); ++i) lse[i] = 1.0f + static_cast<float>(i);
@@ -69,24 +69,51 @@ TEST(TrimPaddedRowsTest, ANonFinitePaddedValueIsNamedAndNothingChanges) {
     int64_t index;
     float value;
     const char* row;
+    const char* printed;  // the value as the message prints it
   };
-  for (const Case& c : {Case{false, 2 * kRowValues, kNaN, "padded row 2 "},
-                        Case{false, 3 * kRowValues + 4, kInf, "padded row 3 "},
-                        Case{false, kBucket * kRowValues - 1, -kInf, "padded row 3 "},
-                        Case{true, 2 * kHeads, -kInf, "padded row 2 "},
-                        Case{true, 2 * kHeads + 1, kNaN, "padded row 2 "},
-                        Case{true, kBucket * kHeads - 1, kInf, "padded row 3 "}}) {
+  for (const Case& c : {Case{false, 2 * kRowValues, kNaN, "padded row 2 ", ": nan in"},
+                        Case{false, 3 * kRowValues + 4, kInf, "padded row 3 ", ": inf in"},
+                        Case{false, kBucket * kRowValues - 1, -kInf, "padded row 3 ", ": -inf in"},
+                        Case{true, 2 * kHeads, -kInf, "padded row 2 ", ": -inf in"},
+                        Case{true, 2 * kHeads + 1, kNaN, "padded row 2 ", ": nan in"},
+                        Case{true, kBucket * kHeads - 1, kInf, "padded row 3 ", ": inf in"}}) {
     SCOPED_TRACE(testing::Message() << (c.in_lse ? "lse" : "output") << " index " << c.index);
     Bucket b;
     (c.in_lse ? b.lse : b.out)[c.index] = c.value;
     const Bucket poisoned = b;
     const absl::Status s = TrimPaddedRows(2, kRowValues, kHeads, &b.out, &b.lse);
     EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
-    EXPECT_THAT(s.message(),
-                AllOf(HasSubstr(c.row), HasSubstr(c.in_lse ? "in its lse" : "in its output")));
+    EXPECT_THAT(s.message(), AllOf(HasSubstr(c.row), HasSubstr(c.printed),
+                                   HasSubstr(c.in_lse ? "in its lse" : "in its output")));
     EXPECT_TRUE(SameBits(b.out, poisoned.out));
     EXPECT_TRUE(SameBits(b.lse, poisoned.lse));
   }
+}
+
+// With several, the first is named: the output's padded rows in order, then the lse's.
+TEST(TrimPaddedRowsTest, TheFirstNonFiniteValueIsNamed) {
+  Bucket b;
+  b.out[3 * kRowValues] = kNaN;
+  b.out[2 * kRowValues + 5] = kInf;
+  b.lse[2 * kHeads] = -kInf;
+  absl::Status s = TrimPaddedRows(2, kRowValues, kHeads, &b.out, &b.lse);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("padded row 2 "), HasSubstr(": inf in its output")));
+  b.out[2 * kRowValues + 5] = 1.0f;
+  b.out[3 * kRowValues] = 1.0f;
+  s = TrimPaddedRows(2, kRowValues, kHeads, &b.out, &b.lse);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("padded row 2 "), HasSubstr(": -inf in its lse")));
+}
+
+// Sizes whose products would overflow int64 are refused, not wrapped into a match.
+TEST(TrimPaddedRowsTest, CountsPastInt64AreRefused) {
+  std::vector<float> out(4, 1.0f);  // [4][1]
+  std::vector<float> lse(4, 2.0f);
+  // 4 rows of 2^62 + 1 heads: 2^64 + 4 values, a product that wraps to the lse's 4.
+  const absl::Status s = TrimPaddedRows(2, 1, (int64_t{1} << 62) + 1, &out, &lse);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(out, std::vector<float>(4, 1.0f));
+  EXPECT_EQ(lse, std::vector<float>(4, 2.0f));
 }
 
 // The real rows are the comparison's business (against the CPU reference), not this check's.
