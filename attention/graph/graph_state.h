@@ -85,7 +85,9 @@ namespace attnmeta {
 struct CaptureHandle {
   int64_t bucket = 0;
   ForwardMode mode = ForwardMode::kDecode;
-  TokenLength q_len_per_request;  // decode 1, extend n, idle 0, target-verify draft_tokens
+  // Query rows of every request: decode 1, draft-decode 1 a branch, idle 0, target-verify
+  // draft_tokens, extend and draft-extend the value Capture was given.
+  TokenLength q_len_per_request;
   uint64_t generation = 0;
 };
 

@@ -104,7 +104,8 @@ class MetadataWriter {
   }
 
   // Per-batch arrays, O(padded batch size): kv_indptr, qo_indptr and kv_last_page_len over
-  // rows [0, padded_batch_size] from the staged kv_lens and q_lens.
+  // rows [0, padded_batch_size] from the staged kv_lens and q_lens, and mask_indptr when the
+  // request has a mask layout (target-verify).
   // REQUIRES: GraphState checked the request against the buffers and staged the inputs.
   virtual absl::Status WriteBatchArrays(const MetadataWriteRequest& request,
                                         const GraphBuffers& buffers) = 0;
