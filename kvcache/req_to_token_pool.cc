@@ -3,8 +3,15 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "glog/logging.h"
 
 namespace attnmeta {
+namespace {
+
+// The free list's order: back() is the lowest row.
+bool DescendingRows(ReqPoolIndex a, ReqPoolIndex b) { return b < a; }
+
+}  // namespace
 
 absl::StatusOr<ReqToTokenPool> ReqToTokenPool::Create(int32_t max_reqs,
                                                       TokenCount max_context_len) {
@@ -58,7 +65,11 @@ absl::Status ReqToTokenPool::AllocateRow(ReqPoolIndex row) {
         absl::StrCat("req row ", row.value(), " is already allocated"));
   }
   allocated_[row.value()] = true;
-  free_rows_.erase(std::find(free_rows_.begin(), free_rows_.end(), row));
+  // A binary search, not a scan from the front: a snapshot's rows are allocated lowest first,
+  // and each is then found (and erased) at the back in O(log n).
+  const auto pos = std::lower_bound(free_rows_.begin(), free_rows_.end(), row, DescendingRows);
+  CHECK(pos != free_rows_.end() && *pos == row) << "free list lost row " << row.value();
+  free_rows_.erase(pos);
   return absl::OkStatus();
 }
 
@@ -70,8 +81,7 @@ absl::Status ReqToTokenPool::Free(ReqPoolIndex row) {
   }
   allocated_[row.value()] = false;
   // Keep the free list sorted so that Allocate() hands out the lowest free row.
-  auto pos = std::lower_bound(free_rows_.begin(), free_rows_.end(), row,
-                              [](ReqPoolIndex a, ReqPoolIndex b) { return b < a; });
+  auto pos = std::lower_bound(free_rows_.begin(), free_rows_.end(), row, DescendingRows);
   free_rows_.insert(pos, row);
   return absl::OkStatus();
 }

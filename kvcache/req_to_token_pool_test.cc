@@ -1,5 +1,7 @@
 #include "kvcache/req_to_token_pool.h"
 
+#include <random>
+#include <set>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -49,6 +51,49 @@ TEST(ReqToTokenPoolTest, AllocateRowTakesThatRow) {
   EXPECT_EQ(*pool.Allocate(), ReqPoolIndex(0));
   EXPECT_EQ(*pool.Allocate(), ReqPoolIndex(1));
   EXPECT_EQ(*pool.Allocate(), ReqPoolIndex(3));
+}
+
+// Rows taken by number, freed and handed out again, in a random order, against a set of the
+// free rows: Allocate must hand out the lowest free row after any mix of them.
+TEST(ReqToTokenPoolTest, RowsTakenByNumberKeepTheFreeListInOrder) {
+  constexpr uint32_t kSeed = 53;
+  constexpr int32_t kRows = 64;
+  std::mt19937 rng(kSeed);
+  ReqToTokenPool pool = *ReqToTokenPool::Create(kRows, TokenCount(2));
+  std::set<int32_t> free_rows;
+  for (int32_t r = 0; r < kRows; ++r) free_rows.insert(r);
+  for (int step = 0; step < 2000; ++step) {
+    SCOPED_TRACE(::testing::Message() << "seed " << kSeed << ", step " << step);
+    const int32_t row = static_cast<int32_t>(rng() % kRows);
+    switch (rng() % 3) {
+      case 0:
+        if (free_rows.count(row) != 0) {
+          ASSERT_TRUE(pool.AllocateRow(ReqPoolIndex(row)).ok());
+          free_rows.erase(row);
+        } else {
+          ASSERT_EQ(pool.AllocateRow(ReqPoolIndex(row)).code(),
+                    absl::StatusCode::kFailedPrecondition);
+        }
+        break;
+      case 1:
+        if (free_rows.count(row) == 0) {
+          ASSERT_TRUE(pool.Free(ReqPoolIndex(row)).ok());
+          free_rows.insert(row);
+        }
+        break;
+      default:
+        if (free_rows.empty()) {
+          ASSERT_EQ(pool.Allocate().status().code(), absl::StatusCode::kResourceExhausted);
+        } else {
+          ASSERT_EQ(*pool.Allocate(), ReqPoolIndex(*free_rows.begin()));
+          free_rows.erase(free_rows.begin());
+        }
+    }
+    ASSERT_EQ(pool.num_free_rows(), static_cast<int32_t>(free_rows.size()));
+    for (int32_t r = 0; r < kRows; ++r) {
+      ASSERT_EQ(pool.IsAllocated(ReqPoolIndex(r)), free_rows.count(r) == 0) << "row " << r;
+    }
+  }
 }
 
 TEST(ReqToTokenPoolTest, FreeErrorsLeaveStateUnchanged) {

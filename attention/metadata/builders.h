@@ -86,7 +86,8 @@ struct BuildOptions {
 };
 
 // All the metadata of `batch`. Errors: those of the builders above and of BuildMaskIndptr /
-// BuildCustomMask, and InvalidArgument for a batch or mask layout its mode does not allow
+// BuildCustomMask, and InvalidArgument for batch arrays of different sizes (kv_start_idx may be
+// empty), a page table asked for with kv_start_idx, a batch or mask layout its mode does not allow
 // (mode_rules.h), a tree mask without a layout, tree rows CheckTreeRows refuses (target-verify:
 // also a row that does not see the root), or a request row listed twice (CheckDistinctRows,
 // as graph replay refuses it); in checked mode, the validator's error. The tree rows and the

@@ -28,6 +28,11 @@ absl::Status FallBack(const ContextGatherInputs& in, absl::string_view what, int
 
 // Pass 1: shapes, lengths and both bounds checks; returns the total. Nothing is written.
 absl::StatusOr<int64_t> CheckGather(const ContextGatherInputs& in) {
+  // A pool size no pool can have is the caller's bug, not a batch for the paged kernel.
+  if (in.pool_slots.value() < 0 || in.pool_slots.value() > (int64_t{1} << 31)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool_slots ", in.pool_slots.value(), " outside [0, 2^31] (slots are int32)"));
+  }
   if (in.kv_indptr.size() != in.kv_lens.size() + 1) {
     return absl::InvalidArgumentError(absl::StrCat("kv_indptr has ", in.kv_indptr.size(),
                                                    " entries, kv_lens ", in.kv_lens.size()));

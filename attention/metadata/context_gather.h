@@ -38,9 +38,9 @@ struct ContextGather {
 // Sequence i contributes min(kv_lens[i], kv_indptr[i + 1] - kv_indptr[i]) tokens (a negative
 // length counts as 0): tok_idx[cu_k[i] + t] = kv_indices[kv_indptr[i] + t].
 // Errors (the outputs are unchanged):
-//   InvalidArgument: kv_lens.size() + 1 != kv_indptr.size(), a kv_indptr that does not start
-//     at 0 or decreases, or output spans of the wrong size (cu_k must be bs + 1, tok_idx at
-//     least the total);
+//   InvalidArgument: pool_slots outside [0, 2^31], kv_lens.size() + 1 != kv_indptr.size(), a
+//     kv_indptr that does not start at 0 or decreases, or output spans of the wrong size (cu_k must
+//     be bs + 1, tok_idx at least the total);
 //   OutOfRange, with the WARNING: an index kv_indptr[i] + t outside kv_indices, or a slot
 //     outside [0, pool_slots).
 // The checks run before anything is allocated or written.

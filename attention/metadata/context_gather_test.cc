@@ -173,5 +173,30 @@ TEST(ContextGatherTest, BadShapesAreInvalidArgument) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A pool size no pool can have is a malformed call: InvalidArgument without the fallback's
+// WARNING, even where every slot would be in range.
+TEST(ContextGatherTest, APoolSizeOutsideInt32SlotsIsInvalidArgument) {
+  const std::vector<TokenSlot> idx = Slots({10, 11});
+  const std::vector<TokenOffset> indptr = Offsets({0, 2});
+  const std::vector<TokenLength> lens = Lens({2});
+  for (const int64_t pool : {int64_t{-1}, (int64_t{1} << 31) + 1}) {
+    WarningCapture warnings;
+    const absl::StatusOr<ContextGather> g =
+        GatherContextTokens({ForwardMode::kExtend, indptr, idx, lens, TokenCount(pool)});
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument) << pool;
+    EXPECT_NE(g.status().message().find("pool_slots"), absl::string_view::npos) << g.status();
+    EXPECT_TRUE(warnings.lines.empty()) << pool;
+  }
+  const std::vector<TokenOffset> empty_indptr = Offsets({0});
+  EXPECT_EQ(GatherContextTokens({ForwardMode::kExtend, empty_indptr, {}, {}, TokenCount(-1)})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  const absl::StatusOr<ContextGather> widest =
+      GatherContextTokens({ForwardMode::kExtend, indptr, idx, lens, TokenCount(int64_t{1} << 31)});
+  ASSERT_TRUE(widest.ok()) << widest.status();
+  EXPECT_EQ(widest->tok_idx, idx);
+}
+
 }  // namespace
 }  // namespace attnmeta

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <limits>
 #include <random>
 #include <utility>
 
@@ -26,6 +27,16 @@ absl::Status CheckInputs(int64_t pool_slots, int64_t requests, TokenCount ctx,
       o.decodes_min > o.decodes_max || o.turnovers < 0 || o.decode_tail < 0 ||
       o.decode_tail > ctx.value() - 1) {
     return absl::InvalidArgumentError("serving churn: options out of range");
+  }
+  if (o.turnovers > std::numeric_limits<int64_t>::max() / pool_slots) {
+    return absl::InvalidArgumentError(absl::StrCat("serving churn: ", o.turnovers, " turnovers of ",
+                                                   pool_slots, " slots overflow a count of slots"));
+  }
+  // Checked before the churn so that the output's size cannot overflow or be reserved first.
+  if (ctx.value() > (pool_slots - 1) / requests) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("serving churn: ", requests, " measured requests of ", ctx.value(),
+                     " tokens do not fit ", pool_slots - 1, " usable slots"));
   }
   return absl::OkStatus();
 }

@@ -30,8 +30,9 @@ struct ServingChurnOptions {
 // The slots of `requests` requests of `ctx` tokens each, [requests][ctx], from a page-size-1
 // allocator over `pool_slots` slots (padding slot included), seeded with `seed`.
 // InvalidArgument: pool_slots outside [2, 2^31], requests < 1, ctx < 2, or options out of range
-// (running < 1, 1 <= min <= max for the prompts and decodes, turnovers >= 0, decode_tail in
-// [0, ctx - 1]); ResourceExhausted: the running and measured requests do not fit the pool.
+// (running < 1, 1 <= min <= max for the prompts and decodes, turnovers in [0, 2^63 /
+// pool_slots), decode_tail in [0, ctx - 1]); ResourceExhausted: the running and measured
+// requests do not fit the pool (requests * ctx > pool_slots - 1 before any churn).
 absl::StatusOr<std::vector<TokenSlot>> ServingChurnSlots(int64_t pool_slots, int64_t requests,
                                                          TokenCount ctx, uint64_t seed,
                                                          const ServingChurnOptions& options = {});

@@ -1,6 +1,7 @@
 #include "kvcache/testing/serving_churn.h"
 
 #include <algorithm>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -83,6 +84,16 @@ TEST(ServingChurnTest, BadInputIsRefused) {
             absl::StatusCode::kInvalidArgument);
   // 64 running prompts of at least 512 tokens do not fit 10,000 slots.
   EXPECT_EQ(ServingChurnSlots(10000, 1, kCtx, 0).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  o = ServingChurnOptions{};
+  o.turnovers = std::numeric_limits<int64_t>::max() / kPool + 1;  // turnovers * kPool overflows
+  EXPECT_EQ(ServingChurnSlots(kPool, 1, kCtx, 0, o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Measured requests that cannot fit are refused before the churn and before the output is
+  // sized (requests * ctx would overflow).
+  EXPECT_EQ(ServingChurnSlots(kPool, int64_t{1} << 62, kCtx, 0).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ServingChurnSlots(kPool, 1, TokenCount(kPool), 0).status().code(),
             absl::StatusCode::kResourceExhausted);
 }
 
