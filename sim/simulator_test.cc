@@ -123,6 +123,63 @@ TEST(SimulatorTest, StepLimitStopsWithoutFailing) {
   }
 }
 
+// The validator's page bound for one request and the simulator's allocations agree: a request
+// alone runs to the end in the smallest pool the validator accepts, at every page size and
+// draft shape, whether every draft is accepted (the longest rounds) or none (a round at every
+// length). A bound short of the draft runs' pages (each branch page-aligned) accepted pools in
+// which the request could never take its next round.
+TEST(SimulatorTest, ARequestAloneRunsInTheSmallestPoolTheValidatorAccepts) {
+  struct Shape {
+    int32_t draft_tokens, topk, steps;
+  };
+  struct Lengths {
+    int32_t prompt, output;
+  };
+  int runs = 0;
+  for (const int64_t ps : {1, 7, 16, 64}) {
+    for (const Shape shape : {Shape{8, 4, 2}, Shape{6, 2, 3}, Shape{4, 1, 3}}) {
+      for (const Lengths len : {Lengths{16, 17}, Lengths{30, 5}, Lengths{5, 40}}) {
+        for (const double probability : {0.0, 1.0}) {
+          Workload w = Default();
+          w.clear_page_sizes();
+          w.add_page_sizes(ps);
+          w.mutable_scenarios()->DeleteSubrange(0, 2);
+          Scenario& sc = *w.mutable_scenarios(0);
+          sc.mutable_backend()->mutable_speculative()->set_draft_tokens(shape.draft_tokens);
+          sc.mutable_backend()->mutable_speculative()->set_topk(shape.topk);
+          sc.mutable_backend()->mutable_speculative()->set_steps(shape.steps);
+          sc.mutable_acceptance()->set_probability(probability);
+          sc.set_max_running_requests(1);
+          sc.mutable_requests()->DeleteSubrange(1, sc.requests_size() - 1);
+          sc.mutable_requests(0)->set_arrival_step(0);
+          sc.mutable_requests(0)->set_prompt_len(len.prompt);
+          sc.mutable_requests(0)->set_output_len(len.output);
+          const std::string where =
+              absl::StrCat("page size ", ps, ", draft_tokens ", shape.draft_tokens, " topk ",
+                           shape.topk, " steps ", shape.steps, ", prompt ", len.prompt, " output ",
+                           len.output, ", acceptance ", probability);
+          int64_t pages = 1;
+          for (;; ++pages) {
+            ASSERT_LE(pages, 64) << where;
+            sc.set_kv_pool_tokens(pages * ps);
+            if (ValidateWorkload(w).ok()) break;
+          }
+          SimOptions options;
+          options.page_sizes = {ps};
+          const absl::StatusOr<SimReport> report = RunWorkload(w, options);
+          ASSERT_TRUE(report.ok()) << where << ": " << report.status();
+          ASSERT_EQ(report->runs_size(), 1);
+          EXPECT_TRUE(report->runs(0).passed())
+              << where << ", pool of " << pages << " pages: " << report->runs(0).failure();
+          EXPECT_TRUE(report->runs(0).finished()) << where;
+          ++runs;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(runs, 72);
+}
+
 TEST(SimulatorTest, BadOptionsRunNothing) {
   SimOptions options;
   options.page_sizes = {0};

@@ -33,15 +33,22 @@ bool IsName(absl::string_view s) {
   return true;
 }
 
-// The tokens a request holds at most: its prompt and output, plus what a speculative round
-// holds beyond them (the draft runs of draft-decode or the verify tree's slots).
-int64_t PeakTokens(const Scenario& s, const Request& r) {
+// The pages a request holds at most, alone, at page size `ps`, by the simulator's own
+// allocations: its prompt and output, and in a speculative round (at seq_len L <= prompt +
+// output - 2: the round's last output token is not yet in the pool) the draft runs of
+// draft-decode, each branch on its own pages (DraftRowTokens), or the verify tree's slots.
+// REQUIRES: prompt_len, output_len >= 1; prompt + output <= max_context_len.
+int64_t PeakPages(const Scenario& s, const Request& r, int64_t ps) {
   const SpeculativeConfig& spec = s.backend().speculative();
-  const int64_t extra =
-      spec.draft_tokens() > 0
-          ? std::max<int64_t>(spec.draft_tokens(), int64_t{spec.topk()} * spec.steps())
-          : 0;
-  return int64_t{r.prompt_len()} + r.output_len() + extra;
+  int64_t tokens = int64_t{r.prompt_len()} + r.output_len();
+  if (spec.draft_tokens() > 0 && tokens >= 2) {
+    const int64_t last_round = tokens - 2;
+    const TokenCount draft_runs =
+        MaxDraftRowTokens(TokenLength(static_cast<int32_t>(last_round)),
+                          DraftDecodeShape{spec.topk(), spec.steps()}, *PageSize::Create(ps));
+    tokens = std::max({tokens, draft_runs.value(), last_round + spec.draft_tokens()});
+  }
+  return (tokens + ps - 1) / ps;
 }
 
 absl::Status ValidateScenario(const Workload& w, const Scenario& s, absl::string_view path) {
@@ -162,7 +169,7 @@ absl::Status ValidateScenario(const Workload& w, const Scenario& s, absl::string
     }
     for (int64_t ps : w.page_sizes()) {
       // A request alone must fit, or the scheduler could never run it.
-      const int64_t pages = (PeakTokens(s, r) + ps - 1) / ps + s.backend().speculative().topk();
+      const int64_t pages = PeakPages(s, r, ps);
       if (pages > s.kv_pool_tokens() / ps) {
         return Bad(rp, absl::StrCat("needs up to ", pages, " pages of ", ps,
                                     " tokens; the pool has ", s.kv_pool_tokens() / ps));

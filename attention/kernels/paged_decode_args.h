@@ -195,7 +195,8 @@ absl::StatusOr<PagedDecodeLaunch> PagedDecodeLaunchFor(const PagedDecodeArgs& ar
 // The blocks PagedDecodeAttention launches per work item (its grid is work items times this):
 // one per KV head and chunk of query heads a block takes (a group of up to 8 is one chunk when
 // the kernel for it is compiled, a group of 16 two chunks of 8, a group of 3 three of 1).
-// Errors: InvalidArgument for dims or a variant that PagedDecodeAttention refuses.
+// Errors: InvalidArgument for dims or a variant that PagedDecodeAttention refuses; OutOfRange
+// for more than 65535 query heads (the merge kernel's grid y).
 absl::StatusOr<int32_t> DecodeBlocksPerWorkItem(const DecodeAttentionDims& dims, int32_t variant);
 
 // The query heads one block of the decode kernel takes for these dims and variant (its

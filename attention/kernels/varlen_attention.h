@@ -96,6 +96,19 @@ inline constexpr int32_t VarlenQueryVectors(int32_t head_dim, bool tensor_cores)
 inline constexpr int32_t kVarlenMaxVectorChunks = 4;
 inline constexpr int32_t kVarlenChunkVectors = 16;
 
+// The chunks one short-query block takes: two where there is more than one at head dims up to
+// 128, else one (at 256 the registers hold one m-tile's accumulators only).
+inline constexpr int32_t VarlenChunksPerBlock(int32_t head_dim, int32_t vector_chunks) {
+  return head_dim <= 128 && vector_chunks > 1 ? 2 : 1;
+}
+
+// The short-query path's blocks per (sequence, KV head): the grid is batch_size x num_kv_heads
+// x this.
+inline constexpr int32_t VarlenShortQueryBlocks(int32_t head_dim, int32_t vector_chunks) {
+  return (vector_chunks + VarlenChunksPerBlock(head_dim, vector_chunks) - 1) /
+         VarlenChunksPerBlock(head_dim, vector_chunks);
+}
+
 struct VarlenAttentionParams {
   const void* q;       // [q_rows][num_q_heads][head_dim] of dtype, 16-byte aligned
   int32_t q_rows;      // rows of q, out and lse; qo_indptr entries past it are clamped
@@ -107,10 +120,11 @@ struct VarlenAttentionParams {
   // tiled_tensor_cores != 0) / heads_per_block: the tiled kernel that runs must be the one the
   // grid was sized for.
   int32_t q_tiles;
-  // > 0: the short-query path on the tensor cores, one block per (sequence, KV head, chunk of
-  // 16 query vectors: row (16c + v) / group, head (16c + v) % group of the KV head's group);
-  // vector_chunks = ceil(max_q_len * group / 16), at most kVarlenMaxVectorChunks. 0: the tiled
-  // path (q_tiles, heads_per_block).
+  // > 0: the short-query path on the tensor cores, VarlenShortQueryBlocks blocks per (sequence,
+  // KV head), each taking VarlenChunksPerBlock chunks of 16 query vectors (vector v of chunk c:
+  // row (16c + v) / group, head (16c + v) % group of the KV head's group); vector_chunks =
+  // ceil(max_q_len * group / 16), at most kVarlenMaxVectorChunks. 0: the tiled path (q_tiles,
+  // heads_per_block).
   int32_t vector_chunks;
   // With vector_chunks 0: 1 runs the tiled path on the tensor cores (MmaM16N8K16, hip_port.h;
   // 256-thread blocks at head dim <= 128), 0 on CUDA cores (128-thread blocks). The same

@@ -1045,10 +1045,10 @@ hipError_t LaunchShortQueries(const VarlenAttentionParams& p, bool overlap_prece
 template <typename Dtype, int kHeadDim>
 hipError_t Launch(const VarlenAttentionParams& p, bool overlap_preceding, hipStream_t stream) {
   if (p.vector_chunks > 0) {
-    // Chunks of 32 vectors where a sequence has more than 16, except at head dim 256, whose
-    // registers hold one m-tile's accumulators only.
+    // Two chunks a block as VarlenChunksPerBlock says (the grid the launcher checked); the
+    // two-chunk kernel is not compiled for head dim 256.
     if constexpr (kHeadDim <= 128) {
-      if (p.vector_chunks > 1) {
+      if (VarlenChunksPerBlock(kHeadDim, p.vector_chunks) == 2) {
         return LaunchShortQueries<Dtype, kHeadDim, 4>(p, overlap_preceding, stream);
       }
     }

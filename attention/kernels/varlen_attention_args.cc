@@ -184,8 +184,11 @@ absl::StatusOr<VarlenAttentionLaunch> VarlenAttentionLaunchFor(
       kernels::VarlenQueryVectors(a.dims.head_dim, tiled_tensor_cores) / heads_per_block;
   const int64_t q_tiles = (a.max_q_len.value() + rows_per_block - 1) / rows_per_block;
   // The grid: bs * row_groups * head_groups blocks: tiles of rows x query-head chunks (tiled),
-  // or vector chunks x KV heads (short-query path).
-  const int64_t row_groups = short_query_path ? vector_chunks : q_tiles;
+  // or blocks of vector chunks x KV heads (short-query path).
+  const int64_t row_groups =
+      short_query_path
+          ? kernels::VarlenShortQueryBlocks(a.dims.head_dim, static_cast<int32_t>(vector_chunks))
+          : q_tiles;
   const int64_t head_groups =
       short_query_path ? a.dims.num_kv_heads : a.dims.num_q_heads / heads_per_block;
   // Each factor up to 2^31, checked by division before it is multiplied (the product of

@@ -104,6 +104,17 @@ class VarlenAttentionArgsTest : public ::testing::Test {
   HostBuffer q_, out_, lse_, k_, v_, mask_, mask_indptr_;
 };
 
+// The short-query path's blocks per (sequence, KV head): two chunks a block where there are
+// several at head dims up to 128, one at 256 (the launcher's grid and the kernel's both).
+TEST(VarlenShortQueryBlocksTest, TwoChunksABlockUpToHeadDim128) {
+  EXPECT_EQ(kernels::VarlenShortQueryBlocks(128, 1), 1);
+  EXPECT_EQ(kernels::VarlenShortQueryBlocks(64, 2), 1);
+  EXPECT_EQ(kernels::VarlenShortQueryBlocks(128, 3), 2);
+  EXPECT_EQ(kernels::VarlenShortQueryBlocks(128, 4), 2);
+  EXPECT_EQ(kernels::VarlenShortQueryBlocks(256, 3), 3);
+  EXPECT_EQ(kernels::VarlenShortQueryBlocks(256, 4), 4);
+}
+
 TEST_F(VarlenAttentionArgsTest, TheGridAndTheKernelEachPathGets) {
   // The tiled paths: 3 sequences x ceil(40 / rows per block) tiles x 8 chunks of 4 query heads.
   for (bool native_mma : {false, true}) {
@@ -150,7 +161,10 @@ TEST_F(VarlenAttentionArgsTest, TheGridAndTheKernelEachPathGets) {
   ASSERT_TRUE(launch.ok()) << launch.status();
   const int64_t chunks = (40 + kernels::kVarlenChunkVectors - 1) / kernels::kVarlenChunkVectors;
   EXPECT_EQ(launch->params.vector_chunks, chunks);
-  EXPECT_EQ(launch->blocks, 3 * kKvHeads * chunks);
+  // Three chunks, two a block at head dim 128: two blocks per sequence and KV head.
+  ASSERT_EQ(chunks, 3);
+  ASSERT_LE(kHeadDim, 128);
+  EXPECT_EQ(launch->blocks, 3 * kKvHeads * 2);
   // kAuto takes it too where max_q_len x group is short.
   a.kernel = VarlenKernel::kAuto;
   launch = VarlenAttentionLaunchFor(a, true, nullptr);
