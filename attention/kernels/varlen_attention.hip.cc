@@ -21,9 +21,28 @@ template <int kHeadDim, int kHalves>
 inline constexpr int kMmaBlockWarps = kHalves > 2 || kHeadDim > 128 ? 2 : 4;
 // Blocks of 8 kHalves query vectors per (sequence, KV head): vector_chunks counts 16.
 template <int kHalves>
-__device__ __host__ inline int32_t MmaChunks(const VarlenAttentionParams& p) {
-  return kHalves > 2 ? (p.vector_chunks + 1) / 2 : p.vector_chunks;
+__device__ __host__ constexpr int32_t MmaChunksOf(int32_t vector_chunks) {
+  return kHalves > 2 ? (vector_chunks + 1) / 2 : vector_chunks;
 }
+template <int kHalves>
+__device__ __host__ inline int32_t MmaChunks(const VarlenAttentionParams& p) {
+  return MmaChunksOf<kHalves>(p.vector_chunks);
+}
+
+// The grid the launcher checked (VarlenShortQueryBlocks) is the one Launch starts and the
+// kernel decodes: kHalves 4 exactly where VarlenChunksPerBlock gives two chunks a block.
+constexpr bool ShortQueryGridsAgree() {
+  for (int32_t head_dim = 64; head_dim <= 256; head_dim *= 2) {
+    for (int32_t chunks = 1; chunks <= kVarlenMaxVectorChunks; ++chunks) {
+      const int32_t launched = head_dim <= 128 && VarlenChunksPerBlock(head_dim, chunks) == 2
+                                   ? MmaChunksOf<4>(chunks)
+                                   : MmaChunksOf<2>(chunks);
+      if (launched != VarlenShortQueryBlocks(head_dim, chunks)) return false;
+    }
+  }
+  return true;
+}
+static_assert(ShortQueryGridsAgree(), "the short-query grid differs from the launcher's");
 
 using internal::Bf16;
 using internal::Fp16;
