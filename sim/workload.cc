@@ -40,15 +40,16 @@ bool IsName(absl::string_view s) {
 // REQUIRES: prompt_len, output_len >= 1; prompt + output <= max_context_len.
 int64_t PeakPages(const Scenario& s, const Request& r, int64_t ps) {
   const SpeculativeConfig& spec = s.backend().speculative();
+  const PageSize page_size = *PageSize::Create(ps);
   int64_t tokens = int64_t{r.prompt_len()} + r.output_len();
   if (spec.draft_tokens() > 0 && tokens >= 2) {
     const int64_t last_round = tokens - 2;
     const TokenCount draft_runs =
         MaxDraftRowTokens(TokenLength(static_cast<int32_t>(last_round)),
-                          DraftDecodeShape{spec.topk(), spec.steps()}, *PageSize::Create(ps));
+                          DraftDecodeShape{spec.topk(), spec.steps()}, page_size);
     tokens = std::max({tokens, draft_runs.value(), last_round + spec.draft_tokens()});
   }
-  return (tokens + ps - 1) / ps;
+  return PagesForTokensCeil(TokenCount(tokens), page_size).value();
 }
 
 absl::Status ValidateScenario(const Workload& w, const Scenario& s, absl::string_view path) {

@@ -29,7 +29,7 @@ absl::Status FallBack(const ContextGatherInputs& in, absl::string_view what, int
 // Pass 1: shapes, lengths and both bounds checks; returns the total. Nothing is written.
 absl::StatusOr<int64_t> CheckGather(const ContextGatherInputs& in) {
   // A pool size no pool can have is the caller's bug, not a batch for the paged kernel.
-  if (in.pool_slots.value() < 0 || in.pool_slots.value() > (int64_t{1} << 31)) {
+  if (!internal::PoolSlotsAddressable(in.pool_slots.value())) {
     return absl::InvalidArgumentError(
         absl::StrCat("pool_slots ", in.pool_slots.value(), " outside [0, 2^31] (slots are int32)"));
   }

@@ -6,6 +6,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "attention/metadata/internal/slot_range.h"
 #include "attention/metadata/validator.h"
 #include "google/protobuf/text_format.h"
 
@@ -82,7 +83,7 @@ absl::Status RowOutside(absl::string_view array, int64_t i, int64_t row, int32_t
 absl::StatusOr<RecordedInputs> LoadInputs(const MetadataSnapshot& s) {
   absl::StatusOr<PageSize> ps = PageSize::Create(s.page_size());
   if (!ps.ok()) return Wrap("page_size", ps.status());
-  if (s.pool_slots() < 0 || s.pool_slots() > (int64_t{1} << 31)) {
+  if (!internal::PoolSlotsAddressable(s.pool_slots())) {
     return absl::InvalidArgumentError(
         absl::StrCat("pool_slots: ", s.pool_slots(), " outside [0, 2^31]"));
   }

@@ -225,7 +225,7 @@ absl::Status CheckPaddingRows(const ForwardMetadataView& m, int64_t padding_end)
 
 // Everything but ownership.
 absl::Status ValidateLayout(const ForwardMetadataView& m, const ValidationContext& ctx) {
-  if (ctx.pool_slots.value() < 0 || ctx.pool_slots.value() > (int64_t{1} << 31)) {
+  if (!internal::PoolSlotsAddressable(ctx.pool_slots.value())) {
     return Invalid("pool_slots", absl::StrCat(ctx.pool_slots.value(),
                                               " outside [0, 2^31] (slots are int32)"));
   }
