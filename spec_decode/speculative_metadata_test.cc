@@ -454,7 +454,7 @@ TEST(DraftDecodeBadInputTest, ShapesRowsAndInt32Offsets) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  // Draft runs past the row: 4 branches of 1 page each after 100 tokens need 176 positions
+  // Draft runs past the row: 4 branches of 1 page each after 100 tokens need 151 positions
   // (fine); 250 committed tokens need more than the 256 the row holds.
   EXPECT_TRUE(BuildDraftDecodeMetadata(f.pool(), f.rows(), lens, {4, 3}, TokenCount(4), ps).ok());
   std::vector<TokenLength> near_full = {TokenLength(250)};

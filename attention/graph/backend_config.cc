@@ -71,7 +71,14 @@ absl::Status ValidateBackendConfig(const BackendConfig& c) {
                                                 spec.steps(), ": both or neither"));
   }
   // One request's row of token slots must stay int32-addressable (the plan checks the
-  // buffers; this names the field that overflows first).
+  // buffers; these name the field that overflows first: a context within a page of INT32_MAX
+  // rounds up past it with no draft tokens at all).
+  const int64_t context_row = ContextRowTokens(c).value();
+  if (context_row > std::numeric_limits<int32_t>::max()) {
+    return Bad("max_context_len",
+               absl::StrCat(c.max_context_len(), " rounded up to pages of ", c.page_size(), " is ",
+                            context_row, " slots per request, beyond int32"));
+  }
   const int64_t row = KvRowTokens(c).value();
   if (row > std::numeric_limits<int32_t>::max()) {
     return Bad("speculative.draft_tokens",

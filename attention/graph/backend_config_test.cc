@@ -53,6 +53,12 @@ TEST(BackendConfigTest, NamesTheBadField) {
     c.set_max_context_len(std::numeric_limits<int64_t>::max());
   });
   expect("max_context_len", [](BackendConfig& c) { c.set_max_context_len(int64_t{1} << 31); });
+  // INT32_MAX is a valid length, but rounded up to pages of 16 it is 2^31 slots: the context's
+  // fault, not the (zero) draft tokens'.
+  expect("max_context_len", [](BackendConfig& c) {
+    c.set_max_context_len(std::numeric_limits<int32_t>::max());
+    c.mutable_speculative()->set_draft_tokens(0);
+  });
   expect("page_size", [](BackendConfig& c) { c.set_page_size(0); });
   expect("page_size", [](BackendConfig& c) { c.set_page_size(int64_t{1} << 21); });
   expect("num_q_heads", [](BackendConfig& c) { c.set_num_q_heads(0); });
@@ -96,6 +102,15 @@ TEST(BackendConfigTest, NamesTheBadField) {
   edge.mutable_speculative()->set_draft_tokens(2147483647 - 32768);
   edge.set_max_query_rows_per_request(1);
   EXPECT_TRUE(ValidateBackendConfig(edge).ok()) << ValidateBackendConfig(edge);
+  // The longest context pages of 16 can hold, and INT32_MAX itself with pages of 1.
+  BackendConfig longest = good;
+  longest.mutable_speculative()->set_draft_tokens(0);
+  longest.set_max_query_rows_per_request(1);
+  longest.set_max_context_len(2147483647 - 15);
+  EXPECT_TRUE(ValidateBackendConfig(longest).ok()) << ValidateBackendConfig(longest);
+  longest.set_page_size(1);
+  longest.set_max_context_len(2147483647);
+  EXPECT_TRUE(ValidateBackendConfig(longest).ok()) << ValidateBackendConfig(longest);
 }
 
 }  // namespace

@@ -31,7 +31,7 @@
 // Usage: paged_decode_attention_gpu_benchmark [OUT_DIR] [--variant=N|all] [--shape=BS,CTX]
 //        [--blocks-per-sm=N] [--max-items-per-sequence=N] [--min-chunk=N] [--no-sweep]
 //        [--dims=Q,KV,D] [--overlap=none|wait-first|metadata-first|warm-l2-first]
-//        [--pool-gb=G] [--slots=churn]
+//        [--pool-gb=G] [--slots=churn] [--slots=sorted]
 // --variant: the table with that variant (or each), no sweep; --shape: that shape only;
 // --dims: query heads, KV heads and head dim (default 32,8,128). Other dims run without the
 // variant sweep (the variants other than 0 are compiled for head dim 128 and groups of a
@@ -50,6 +50,11 @@
 // translation of page size 1 feels. --slots=churn: also page size 1 through the slots a
 // long-running server's allocator hands out (testing::ServingChurnSlots; the pool must hold its
 // 64 running requests, so give --pool-gb of a few GB or more), the row "kv_indices ps1 churn".
+// --slots=sorted: also page size 1 through uniformly shuffled slots with each sequence's slots
+// in ascending order, the row "kv_indices ps1 sorted". Decode attention does not depend on the
+// order of a sequence's tokens; sorted, the blocks of a launch walk the pool together, so the
+// addresses in flight at any moment span a small part of it (a test of whether the large
+// pool's loss at page size 1 is the spread of addresses in flight).
 // Writes OUT_DIR/paged_decode_attention.csv and .md besides stdout. Needs a GPU; exits non-zero
 // on any error or mismatch.
 
@@ -119,6 +124,8 @@ constexpr double kSampleUs = 1000;  // GPU time one replay aims at
 // --slots=churn: also time page size 1 through slots as PagedTokenAllocator hands them out on
 // a server that has run a while (kvcache/testing/serving_churn.h), not uniformly shuffled.
 bool churn = false;
+// --slots=sorted: also time page size 1 through shuffled slots sorted within each sequence.
+bool sorted_slots = false;
 
 struct Shape {
   int64_t bs, ctx;
@@ -298,6 +305,14 @@ class Bench {
         Report(RowOf(l.name + " nosplit", variant, s, c.ps, bytes, nosplit_us, layout_refs, s.bs));
       }
     }
+    // Page size 1 through the given slots (sets * bs * ctx of them).
+    const auto time_slots = [&](const std::string& name, std::vector<int32_t> slots) {
+      Layout l = MakeLayout(name, s, sets, 1, false, /*shuffled=*/false, std::move(slots));
+      const double us = TimeLayout(s, sets, launches, l, variant, Split::kInLaunch);
+      Refs layout_refs = refs;
+      layout_refs.pattern_us = ReadsAloneUs(s, sets, launches, l, variant);
+      Report(RowOf(l.name, variant, s, 1, bytes, us, layout_refs));
+    };
     if (churn && all_configs) {
       const std::vector<TokenSlot> churned =
           Unwrap(testing::ServingChurnSlots(pool_slots_, sets * s.bs, TokenCount(s.ctx), rng_()));
@@ -309,12 +324,15 @@ class Bench {
           100.0 * near.neighbour_fraction, near.regions_per_request);
       std::vector<int32_t> pages(churned.size());
       for (size_t e = 0; e < churned.size(); ++e) pages[e] = churned[e].value();
-      Layout l = MakeLayout("kv_indices ps1 churn", s, sets, 1, false, /*shuffled=*/false,
-                            std::move(pages));
-      const double us = TimeLayout(s, sets, launches, l, variant, Split::kInLaunch);
-      Refs layout_refs = refs;
-      layout_refs.pattern_us = ReadsAloneUs(s, sets, launches, l, variant);
-      Report(RowOf(l.name, variant, s, 1, bytes, us, layout_refs));
+      time_slots("kv_indices ps1 churn", std::move(pages));
+    }
+    if (sorted_slots && all_configs) {
+      std::vector<int32_t> all(pool_slots_ - 1);
+      std::iota(all.begin(), all.end(), 1);  // slot 0 is the padding page
+      std::shuffle(all.begin(), all.end(), rng_);
+      std::vector<int32_t> slots(all.begin(), all.begin() + sets * s.bs * s.ctx);
+      for (auto it = slots.begin(); it != slots.end(); it += s.ctx) std::sort(it, it + s.ctx);
+      time_slots("kv_indices ps1 sorted", std::move(slots));
     }
   }
 
@@ -632,6 +650,8 @@ int main(int argc, char** argv) {
       }
     } else if (arg == "--slots=churn") {
       churn = true;
+    } else if (arg == "--slots=sorted") {
+      sorted_slots = true;
     } else if (arg == "--no-sweep") {
       sweep = false;
     } else if (arg.rfind("--overlap=", 0) == 0) {
