@@ -1,18 +1,24 @@
 """attnmeta_dependencies(): every repository attnmeta needs, for attnmeta's own WORKSPACE and
 for a workspace that depends on it.
 
-In a consuming WORKSPACE, after attnmeta itself:
+In a consuming WORKSPACE, after attnmeta itself (under any name):
 
     local_repository(name = "attnmeta", path = "/path/to/attnmeta")  # or an archive rule
     load("@attnmeta//bazel:dependencies.bzl", "attnmeta_dependencies")
     attnmeta_dependencies()
 
-The repository must be named "attnmeta" (the shims' BUILD files and system_lib.bzl load and
-select through @attnmeta//). A repository the consumer defined before the call is kept: a monorepo's own Abseil,
-GoogleTest, glog, protobuf or rules wins. The others are Debian's packages (see
-third_party/README.md) and the in-tree shims that Bazel 4.2.3 needs, found through labels of
-this repository, so they resolve wherever attnmeta is checked out.
+A repository the consumer defined before the call is kept: a monorepo's own Abseil,
+GoogleTest, glog, protobuf or rules wins (rules_cc and remote_coverage_tools included: declare
+them first to keep rule sets that Bazel would otherwise fetch for them). The others are
+Debian's packages (see third_party/README.md) and the in-tree shims that Bazel 4.2.3 needs,
+found through labels of this repository, so they resolve wherever attnmeta is checked out.
 """
+
+# The shims' BUILD files load and select through @attnmeta//; in a workspace that names this
+# repository otherwise, they see it under that name. (Empty when attnmeta is the main
+# repository, whose workspace name is attnmeta.)
+_SELF = Label("//third_party:BUILD").workspace_name
+_SELF_MAPPING = {"@attnmeta": "@" + _SELF} if _SELF else {}
 
 def _maybe(rule, name, **kwargs):
     if not native.existing_rule(name):
@@ -42,6 +48,7 @@ def _in_tree(name, subdir):
         name = name,
         marker = Label("//third_party:BUILD"),
         subdir = subdir,
+        repo_mapping = _SELF_MAPPING,
     )
 
 def attnmeta_dependencies():
@@ -68,6 +75,7 @@ def attnmeta_dependencies():
             name = name,
             build_file = str(Label("//third_party/system:" + build_file)),
             path = "/usr",
+            repo_mapping = _SELF_MAPPING,
         )
 
     # The CUDA toolkit; only read when a target built for the cuda backend needs it.

@@ -153,8 +153,13 @@ _hip_library_rule = rule(
 
 def gpu_compatible():
     """`target_compatible_with` for targets that need a GPU backend."""
+
+    # Labels of this repository, spelled so that they resolve from another repository's BUILD
+    # files too (a plain "//..." string would name the caller's package).
     return select({
-        "//third_party/rules_hip:backend_none": ["//third_party/rules_hip:no_gpu_toolchain"],
+        str(Label("//third_party/rules_hip:backend_none")): [
+            str(Label("//third_party/rules_hip:no_gpu_toolchain")),
+        ],
         "//conditions:default": [],
     })
 

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# bazelw on a fresh machine, with apt, dpkg and id faked on PATH: every package reads as
+# missing, the first `apt-get update` finds the package lists locked (a freshly booted
+# machine's unattended upgrades), the second succeeds. bazelw must retry the update, install
+# the missing packages in one call, and then run Debian's /usr/bin/bazel (asked only for its
+# version here). Then: an update that fails for another reason is not retried, and the install
+# log is shown.
+set -euo pipefail
+bazelw="$(realpath "$1")"
+fake="$TEST_TMPDIR/bin"
+mkdir -p "$fake"
+log="$TEST_TMPDIR/apt.log"
+cat >"$fake/dpkg-query" <<'F'
+#!/usr/bin/env bash
+exit 1
+F
+cat >"$fake/id" <<'F'
+#!/usr/bin/env bash
+echo 0
+F
+cat >"$fake/sleep" <<'F'
+#!/usr/bin/env bash
+exit 0
+F
+# A bazelisk first on PATH would fetch another Bazel; bazelw must not run it.
+cat >"$fake/bazel" <<'F'
+#!/usr/bin/env bash
+echo "the bazel first on PATH"
+F
+cat >"$fake/apt-get" <<'F'
+#!/usr/bin/env bash
+echo "apt-get $*" >>"$APT_LOG"
+if [[ "$1" == update ]]; then
+  n=$(grep -c "^apt-get update" "$APT_LOG")
+  if [[ "$APT_MODE" == lock && $n -eq 1 ]]; then
+    echo "E: Could not get lock /var/lib/apt/lists/lock. It is held by process 42" >&2
+    exit 100
+  fi
+  if [[ "$APT_MODE" == offline ]]; then
+    echo "E: Failed to fetch http://deb.debian.org/debian/dists/bookworm/InRelease" >&2
+    exit 100
+  fi
+fi
+exit 0
+F
+chmod +x "$fake"/*
+export APT_LOG="$log"
+
+# Locked lists, then success: two updates, one install, then Bazel.
+: >"$log"
+out=$(APT_MODE=lock PATH="$fake:$PATH" "$bazelw" --version 2>&1) || {
+  echo "FAIL: bazelw exited $?: $out"; exit 1; }
+[[ $(grep -c "^apt-get update" "$log") -eq 2 ]] || { echo "FAIL: updates:"; cat "$log"; exit 1; }
+grep -q "^apt-get install .*bazel-bootstrap.*libabsl-dev" "$log" || {
+  echo "FAIL: no install of the missing packages:"; cat "$log"; exit 1; }
+grep -q "^bazel " <<<"$out" && ! grep -q "first on PATH" <<<"$out" || {
+  echo "FAIL: not Debian's bazel --version: $out"; exit 1; }
+
+# A failure that is not the lock: one update, no install, exit 1 with apt's message shown.
+: >"$log"
+rc=0
+out=$(APT_MODE=offline PATH="$fake:$PATH" "$bazelw" --version 2>&1) || rc=$?
+((rc == 1)) || { echo "FAIL: offline exited $rc: $out"; exit 1; }
+[[ $(grep -c "^apt-get update" "$log") -eq 1 ]] || { echo "FAIL: retried:"; cat "$log"; exit 1; }
+! grep -q "^apt-get install" "$log" || { echo "FAIL: installed after a failed update"; exit 1; }
+grep -q "Failed to fetch" <<<"$out" || { echo "FAIL: apt's message not shown: $out"; exit 1; }
+echo "PASS"
