@@ -12,6 +12,7 @@ namespace attnmeta {
 
 using internal::CheckNotNull;
 using internal::kMaxMetadataCount;
+using kernels::kMaxMetadataRows;
 
 namespace {
 
@@ -47,8 +48,8 @@ absl::StatusOr<kernels::TokenKvIndicesParams> TokenKvIndicesParamsFor(
     return absl::InvalidArgumentError("kv_indptr must have batch_size + 1 >= 1 entries, got 0");
   }
   const int64_t bs = internal::ClaimedSize(in.kv_indptr) - 1;
-  if (bs > kMaxMetadataCount) {
-    return absl::OutOfRangeError(absl::StrCat("batch_size ", bs, " beyond ", kMaxMetadataCount));
+  if (bs > kMaxMetadataRows) {
+    return absl::OutOfRangeError(absl::StrCat("batch_size ", bs, " beyond ", kMaxMetadataRows));
   }
   if (internal::ClaimedSize(in.req_pool_indices) != bs) {
     return absl::InvalidArgumentError(
@@ -140,8 +141,8 @@ absl::StatusOr<kernels::PageTableParams> PageTableParamsFor(
     return absl::InvalidArgumentError(absl::StrCat(rows.size(), " rows but ", kv_lens.size(),
                                                    " kv_lens"));
   }
-  if (bs > kMaxMetadataCount) {
-    return absl::OutOfRangeError(absl::StrCat("batch of ", bs, " beyond ", kMaxMetadataCount));
+  if (bs > kMaxMetadataRows) {
+    return absl::OutOfRangeError(absl::StrCat("batch of ", bs, " beyond ", kMaxMetadataRows));
   }
   if (cols > kMaxMetadataCount) {
     return absl::OutOfRangeError(
@@ -193,8 +194,8 @@ absl::StatusOr<kernels::FusedMetadataParams> FusedMetadataParamsFor(
     return absl::OutOfRangeError(absl::StrCat("max_kv_len ", a.max_kv_len.value(),
                                               " outside [1, max_context_len = ", src->stride, "]"));
   }
-  if (b > static_cast<size_t>(kMaxMetadataCount)) {
-    return absl::OutOfRangeError(absl::StrCat("batch of ", b, " beyond ", kMaxMetadataCount));
+  if (b > static_cast<size_t>(kMaxMetadataRows)) {
+    return absl::OutOfRangeError(absl::StrCat("batch of ", b, " beyond ", kMaxMetadataRows));
   }
   for (absl::Status s :
        {CheckNotNull("rows", a.rows), CheckNotNull("kv_lens", a.kv_lens),
@@ -232,9 +233,9 @@ absl::StatusOr<kernels::TreeMaskParams> TreeMaskParamsFor(const TreeMaskDeviceAr
   if (a.max_mask_bytes_per_row < 1) {
     return absl::OutOfRangeError("tree mask: max_mask_bytes_per_row must be >= 1");
   }
-  if (b > static_cast<size_t>(kMaxMetadataCount)) {
+  if (b > static_cast<size_t>(kMaxMetadataRows)) {
     return absl::OutOfRangeError(
-        absl::StrCat("tree mask: batch of ", b, " beyond ", kMaxMetadataCount));
+        absl::StrCat("tree mask: batch of ", b, " beyond ", kMaxMetadataRows));
   }
   for (absl::Status s :
        {CheckNotNull("rows", a.rows), CheckNotNull("q_lens", a.q_lens),
@@ -266,9 +267,9 @@ absl::StatusOr<kernels::DraftStepParams> DraftStepParamsFor(const DraftStepDevic
         absl::StrCat("draft step ", a.step, " outside [0, ", a.shape.steps, ")"));
   }
   const size_t b = a.rows.size();
-  if (b > static_cast<size_t>(kMaxMetadataCount / a.shape.topk)) {
+  if (b > static_cast<size_t>(kMaxMetadataRows / a.shape.topk)) {
     return absl::OutOfRangeError(absl::StrCat("draft step: ", b, " rows of ", a.shape.topk,
-                                              " branches, beyond ", kMaxMetadataCount));
+                                              " branches, beyond ", kMaxMetadataRows));
   }
   const size_t branches = b * static_cast<size_t>(a.shape.topk);
   if (a.seq_lens.size() != b || a.kv_lens.size() != branches ||

@@ -8,7 +8,9 @@
 // OutOfRange for what is beyond the kernels' int32 arithmetic or their grid (each function
 // says which). A count that the kernels step through in int32 (a batch, its draft branches,
 // page-table columns, req_to_token's row length) is at most 2^30 (kMaxMetadataCount,
-// internal/launch_checks.h), so that adding a grid's stride to it cannot wrap.
+// internal/launch_checks.h), so that adding a grid's stride to it cannot wrap. The rows (or
+// draft branches) of a launch are blocks along its grid's x dimension: at most 2^23
+// (kMaxMetadataRows, metadata_kernels.h), within HIP's threads per grid dimension.
 
 #ifndef ATTNMETA_ATTENTION_KERNELS_METADATA_KERNEL_ARGS_H_
 #define ATTNMETA_ATTENTION_KERNELS_METADATA_KERNEL_ARGS_H_
@@ -53,9 +55,9 @@ struct TokenKvIndicesDeviceInputs {
 };
 // InvalidArgument: sizes that disagree (kv_indptr not batch_size + 1, kv_start_idx neither
 // empty nor batch_size, req_to_token not a whole number of rows, a null pointer with a
-// nonzero size); OutOfRange: max_kv_len outside [0, max_context_len], a batch or row length
-// beyond 2^30, rows or pool slots beyond int32. An empty batch: arguments of batch_size 0 (no
-// launch).
+// nonzero size); OutOfRange: max_kv_len outside [0, max_context_len], a batch beyond 2^23, a
+// row length beyond 2^30, rows or pool slots beyond int32. An empty batch: arguments of batch_size
+// 0 (no launch).
 absl::StatusOr<kernels::TokenKvIndicesParams> TokenKvIndicesParamsFor(
     const TokenKvIndicesDeviceInputs& in, DeviceSpan<TokenSlot> kv_indices,
     kernels::DeviceViolation* violation);
@@ -71,8 +73,8 @@ absl::StatusOr<kernels::IndptrParams> IndptrParamsFor(DeviceSpan<const TokenLeng
 
 // BuildPageTableOnDevice's arguments: InvalidArgument for req_to_token that is not whole rows,
 // rows and kv_lens of different sizes, negative columns, a table smaller than [bs][cols], a
-// null pointer; OutOfRange for a batch, columns or a row length beyond 2^30, req_to_token rows
-// or pool slots beyond int32.
+// null pointer; OutOfRange for a batch beyond 2^23, columns or a row length beyond 2^30,
+// req_to_token rows or pool slots beyond int32.
 absl::StatusOr<kernels::PageTableParams> PageTableParamsFor(
     const DeviceReqToToken& req_to_token, TokenCount pool_slots,
     DeviceSpan<const ReqPoolIndex> rows, DeviceSpan<const TokenLength> kv_lens,
@@ -100,8 +102,8 @@ struct DecodeMetadataDeviceArgs {
   bool overlap_preceding_kernel = true;  // metadata_launchers.h: "Overlapping the kernel ahead"
 };
 // InvalidArgument for sizes that disagree with B, a page table smaller than [B][cols], a null
-// pointer; OutOfRange for max_kv_len outside [1, max_context_len], a batch, page-table columns
-// or a row length beyond 2^30.
+// pointer; OutOfRange for max_kv_len outside [1, max_context_len], a batch beyond 2^23,
+// page-table columns or a row length beyond 2^30.
 absl::StatusOr<kernels::FusedMetadataParams> FusedMetadataParamsFor(
     const DecodeMetadataDeviceArgs& args, kernels::DeviceViolation* violation);
 
@@ -119,7 +121,7 @@ struct TreeMaskDeviceArgs {
   DeviceSpan<const ReqPoolIndex> rows;
 };
 // InvalidArgument for sizes that disagree with B, a null pointer; OutOfRange for
-// max_mask_bytes_per_row < 1 or a batch beyond 2^30.
+// max_mask_bytes_per_row < 1 or a batch beyond 2^23.
 absl::StatusOr<kernels::TreeMaskParams> TreeMaskParamsFor(const TreeMaskDeviceArgs& args,
                                                           kernels::DeviceViolation* violation);
 
@@ -141,7 +143,7 @@ struct DraftStepDeviceArgs {
   bool overlap_preceding_kernel = true;  // metadata_launchers.h: "Overlapping the kernel ahead"
 };
 // InvalidArgument for the shape or step, sizes that disagree, a null pointer; OutOfRange for
-// B * topk branches or a row length beyond 2^30.
+// B * topk branches beyond 2^23 or a row length beyond 2^30.
 absl::StatusOr<kernels::DraftStepParams> DraftStepParamsFor(const DraftStepDeviceArgs& args,
                                                             kernels::DeviceViolation* violation);
 

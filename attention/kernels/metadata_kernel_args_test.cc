@@ -168,7 +168,7 @@ TEST_F(MetadataKernelArgsTest, TokenKvIndices) {
           a.in.kv_indptr = Claimed(indptr_, huge);
           a.in.kv_start_idx = {};
         },
-        kOutOfRange, "batch_size 2147483648 beyond 1073741824"},
+        kOutOfRange, "batch_size 2147483648 beyond 8388608"},
        {"a batch claimed past INT64_MAX",
         [&](Args& a) {
           // As int64 these sizes were negative and passed the grid bound as a batch of 3.
@@ -176,7 +176,7 @@ TEST_F(MetadataKernelArgsTest, TokenKvIndices) {
           a.in.kv_indptr = Claimed(indptr_, (size_t{1} << 63) + 4);
           a.in.kv_start_idx = {};
         },
-        kOutOfRange, "batch_size 9223372036854775806 beyond 1073741824"},
+        kOutOfRange, "batch_size 9223372036854775806 beyond 8388608"},
        {"more than 2^31 pool slots",
         [](Args& a) { a.in.pool_slots = TokenCount((int64_t{1} << 31) + 1); }, kOutOfRange,
         "req_to_token rows, pool slots or page size beyond int32"},
@@ -292,14 +292,14 @@ TEST_F(MetadataKernelArgsTest, PageTable) {
           a.kv_lens = Claimed(lens_, (size_t{1} << 31) + 1);
           a.cols = PageCount(0);
         },
-        kOutOfRange, "batch of 2147483649 beyond 1073741824"},
+        kOutOfRange, "batch of 2147483649 beyond 8388608"},
        {"a batch claimed past INT64_MAX",
         [&](Args& a) {
           a.rows = Claimed(rows_, (size_t{1} << 63) + 3);
           a.kv_lens = Claimed(lens_, (size_t{1} << 63) + 3);
           a.cols = PageCount(1);
         },
-        kOutOfRange, "batch of 9223372036854775807 beyond 1073741824"},
+        kOutOfRange, "batch of 9223372036854775807 beyond 8388608"},
        {"null rows", [](Args& a) { a.rows = Null<const ReqPoolIndex>(kBatch); }, kInvalid,
         "rows has 4 elements but a null pointer"},
        {"null kv_lens", [](Args& a) { a.kv_lens = Null<const TokenLength>(kBatch); }, kInvalid,
@@ -371,7 +371,7 @@ TEST_F(MetadataKernelArgsTest, FusedDecodeMetadata) {
           a.kv_last_page_len = Claimed(lens3_, huge);
           a.page_table = {};
         },
-        kOutOfRange, "batch of 2147483648 beyond 1073741824"},
+        kOutOfRange, "batch of 2147483648 beyond 8388608"},
        {"req_to_token claimed past INT64_MAX",
         [&](A& a) {
           // Whole rows: as int64 the size was negative and passed as 5 rows.
@@ -426,7 +426,7 @@ TEST_F(MetadataKernelArgsTest, TreeMask) {
           a.kv_lens = Claimed(lens2_, huge);
           a.mask_indptr = Claimed(mask_indptr_, huge + 1);
         },
-        kOutOfRange, "tree mask: batch of 2147483648 beyond 1073741824"},
+        kOutOfRange, "tree mask: batch of 2147483648 beyond 8388608"},
        {"null q_lens", [](A& a) { a.q_lens = Null<const TokenLength>(kBatch); }, kInvalid,
         "q_lens has 4 elements but a null pointer"},
        {"null kv_lens", [](A& a) { a.kv_lens = Null<const TokenLength>(kBatch); }, kInvalid,
@@ -489,7 +489,7 @@ TEST_F(MetadataKernelArgsTest, DraftStep) {
           a.rows = Claimed(rows_, size_t{1} << 30);
           a.shape.topk = 2;
         },
-        kOutOfRange, "draft step: 1073741824 rows of 2 branches, beyond 1073741824"},
+        kOutOfRange, "draft step: 1073741824 rows of 2 branches, beyond 8388608"},
        {"null rows", [](A& a) { a.rows = Null<const ReqPoolIndex>(kBatch); }, kInvalid,
         "rows has 4 elements but a null pointer"},
        {"null seq_lens", [](A& a) { a.seq_lens = Null<const TokenLength>(kBatch); }, kInvalid,
@@ -564,19 +564,31 @@ TEST_F(MetadataKernelArgsTest, SplitKvPlan) {
 
 // Every count a metadata kernel steps through in int32 stops at kMaxMetadataCount = 2^30
 // (launch_checks.h): 2^30 is taken and one more refused. Near INT32_MAX, a count plus a block's
-// or a grid's stride wrapped negative on the device and indexed before its buffer.
-TEST_F(MetadataKernelArgsTest, CountsStopAt2To30) {
+// or a grid's stride wrapped negative on the device and indexed before its buffer. A launch's
+// rows (or draft branches), blocks along its grid's x dimension, stop at kMaxMetadataRows =
+// 2^23 (metadata_kernels.h): 2^25 rows of 128 threads are 2^32 threads along x, which HIP does
+// not support, so the launch itself would fail after the checks.
+TEST_F(MetadataKernelArgsTest, CountsStopAt2To30AndRowsAt2To23) {
   constexpr size_t kLimit = size_t{1} << 30;
+  constexpr size_t kRowLimit = size_t{1} << 23;
   const PageSize ps = *PageSize::Create(16);
-  const auto stops_at_the_limit = [&](const char* what, const auto& check, const char* refusal) {
+  const auto stops_at = [&](size_t limit, const char* what, const auto& check,
+                            const char* refusal) {
     SCOPED_TRACE(what);
-    const absl::Status at = check(kLimit);
+    const absl::Status at = check(limit);
     EXPECT_TRUE(at.ok()) << at;
-    const absl::Status past = check(kLimit + 1);
+    const absl::Status past = check(limit + 1);
     EXPECT_EQ(past.code(), kOutOfRange) << past;
     EXPECT_EQ(std::string(past.message()), refusal);
   };
-  stops_at_the_limit(
+  const auto stops_at_the_limit = [&](const char* what, const auto& check, const char* refusal) {
+    stops_at(kLimit, what, check, refusal);
+  };
+  const auto rows_stop_at_the_limit = [&](const char* what, const auto& check,
+                                          const char* refusal) {
+    stops_at(kRowLimit, what, check, refusal);
+  };
+  rows_stop_at_the_limit(
       "kv_indices: the batch",
       [&](size_t n) {
         TokenKvIndicesDeviceInputs in;
@@ -588,7 +600,7 @@ TEST_F(MetadataKernelArgsTest, CountsStopAt2To30) {
         in.pool_slots = TokenCount(1024);
         return TokenKvIndicesParamsFor(in, Over(indices_, 256), nullptr).status();
       },
-      "batch_size 1073741825 beyond 1073741824");
+      "batch_size 8388609 beyond 8388608");
   stops_at_the_limit(
       "indptr: the lengths",
       [&](size_t n) {
@@ -596,14 +608,14 @@ TEST_F(MetadataKernelArgsTest, CountsStopAt2To30) {
             .status();
       },
       "1073741825 lengths, beyond 1073741824");
-  stops_at_the_limit(
+  rows_stop_at_the_limit(
       "page table: the batch",
       [&](size_t n) {
         return PageTableParamsFor(ReqToToken(), TokenCount(1024), Claimed(rows_, n),
                                   Claimed(lens_, n), ps, Claimed(pages_, n), PageCount(1), nullptr)
             .status();
       },
-      "batch of 1073741825 beyond 1073741824");
+      "batch of 8388609 beyond 8388608");
   stops_at_the_limit(
       "page table: the columns",
       [&](size_t n) {
@@ -640,13 +652,12 @@ TEST_F(MetadataKernelArgsTest, CountsStopAt2To30) {
     a.max_kv_len = TokenCount(kStride);
     return FusedMetadataParamsFor(a, nullptr).status();
   };
-  stops_at_the_limit(
-      "fused: the batch", [&](size_t n) { return fused(n, 1); },
-      "batch of 1073741825 beyond 1073741824");
+  rows_stop_at_the_limit(
+      "fused: the batch", [&](size_t n) { return fused(n, 1); }, "batch of 8388609 beyond 8388608");
   stops_at_the_limit(
       "fused: the page table's columns", [&](size_t n) { return fused(kBatch, n); },
       "page_table of 1073741825 columns, beyond 1073741824");
-  stops_at_the_limit(
+  rows_stop_at_the_limit(
       "tree mask: the batch",
       [&](size_t n) {
         TreeMaskDeviceArgs a;
@@ -658,8 +669,8 @@ TEST_F(MetadataKernelArgsTest, CountsStopAt2To30) {
         a.max_mask_bytes_per_row = 32;
         return TreeMaskParamsFor(a, nullptr).status();
       },
-      "tree mask: batch of 1073741825 beyond 1073741824");
-  stops_at_the_limit(
+      "tree mask: batch of 8388609 beyond 8388608");
+  rows_stop_at_the_limit(
       "draft step: the branches",
       [&](size_t n) {
         DraftStepDeviceArgs a;
@@ -676,7 +687,7 @@ TEST_F(MetadataKernelArgsTest, CountsStopAt2To30) {
         a.kv_indices = Over(indices_, 512);
         return DraftStepParamsFor(a, nullptr).status();
       },
-      "draft step: 1073741825 rows of 1 branches, beyond 1073741824");
+      "draft step: 8388609 rows of 1 branches, beyond 8388608");
   stops_at_the_limit(
       "split-KV plan: the batch",
       [&](size_t n) {

@@ -28,6 +28,11 @@ constexpr int64_t kInt32Max = 2147483647;
 constexpr int kIndptrThreads = 1024;
 constexpr int kGatherThreads = 128;
 constexpr int kPageTableUnroll = kPageTableColumnsPerPass / kPageTableThreads;
+// A launch's rows are blocks along the grid's x dimension (metadata_kernels.h).
+static_assert(kMaxMetadataRows * std::max({kThreads, kTokenKvIndicesThreads, kFusedMetadataThreads,
+                                           kPageTableThreads}) <=
+                  (int64_t{1} << 31),
+              "a grid of kMaxMetadataRows rows stays within 2^31 threads along x");
 
 __device__ inline int64_t Clamp(int64_t v, int64_t lo, int64_t hi) {
   return v < lo ? lo : (v > hi ? hi : v);
