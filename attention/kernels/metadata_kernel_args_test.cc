@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "attention/kernels/device_span.h"
+#include "attention/kernels/internal/launch_checks.h"
 #include "attention/kernels/metadata_kernels.h"
 #include "attention/kernels/testing/host_buffer.h"
 #include "attention/metadata/draft_decode_layout.h"
@@ -701,6 +702,21 @@ TEST_F(MetadataKernelArgsTest, CountsStopAt2To30AndRowsAt2To23) {
         return SplitKvPlanParamsFor(a, nullptr).status();
       },
       "split-KV plan: batch of 1073741825 beyond 1073741824");
+}
+
+// The grid's passes for any count: 1 for none, whole passes, at most 65535, and no overflow
+// for the largest count a caller can pass (a tree mask's bytes per row are only checked to be
+// >= 1; INT64_MAX + 255 wrapped negative and gave 1 pass).
+TEST(LaunchChecksTest, PassesCoverAnyCount) {
+  using internal::Passes;
+  EXPECT_EQ(Passes(0, 256), 1);
+  EXPECT_EQ(Passes(1, 256), 1);
+  EXPECT_EQ(Passes(256, 256), 1);
+  EXPECT_EQ(Passes(257, 256), 2);
+  EXPECT_EQ(Passes(int64_t{65535} * 256, 256), 65535);
+  EXPECT_EQ(Passes(int64_t{65535} * 256 + 1, 256), 65535);
+  EXPECT_EQ(Passes(std::numeric_limits<int64_t>::max(), 256), 65535);
+  EXPECT_EQ(Passes(std::numeric_limits<int64_t>::max(), 1), 65535);
 }
 
 TEST_F(MetadataKernelArgsTest, GatherKv) {

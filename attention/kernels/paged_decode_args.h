@@ -179,16 +179,16 @@ struct PagedDecodeLaunch {
 // PagedDecodeAttention's checks, in its order, and its launches; `violation` goes into the
 // kernels' arguments. Errors, before anything is launched: InvalidArgument for dims (head
 // counts that do not divide, a head dim other than 64/128/256, a scale that is not finite and
-// positive, an unknown variant), sizes that disagree with the batch, a pointer not 16-byte
-// aligned, a null pointer with a nonzero size, a plan made for another layout, a host plan
-// whose items do not fit the batch (a sequence outside it, query rows other than the
-// sequence's one row, a KV range that is negative or reversed, a sequence with no item,
-// partial slots and reduce items that do not match), a device plan whose counts are not a
-// plan's or exceed its buffers, and in checked mode (args.checked) host metadata that fails
-// validation or is not the launch's, or a host plan that does not end at its lengths
-// (CheckLaunchedMetadata); ResourceExhausted for partial buffers or merge counters smaller
-// than the plan needs; OutOfRange for a pool, table or grid beyond the kernel's int32
-// arithmetic.
+// positive, an unknown variant), sizes that disagree with the batch (a page table of negative
+// columns among them), a pointer not 16-byte aligned, a null pointer with a nonzero size, a
+// plan made for another layout, a host plan whose items do not fit the batch (a sequence
+// outside it, query rows other than the sequence's one row, a KV range that is negative or
+// reversed, a sequence with no item, partial slots and reduce items that do not match), a
+// device plan whose counts are not a plan's or exceed its buffers, and in checked mode
+// (args.checked) host metadata that fails validation or is not the launch's, or a host plan
+// that does not end at its lengths (CheckLaunchedMetadata); ResourceExhausted for partial
+// buffers or merge counters smaller than the plan needs; OutOfRange for a pool, table or grid
+// beyond the kernel's int32 arithmetic.
 absl::StatusOr<PagedDecodeLaunch> PagedDecodeLaunchFor(const PagedDecodeArgs& args,
                                                        kernels::DeviceViolation* violation);
 

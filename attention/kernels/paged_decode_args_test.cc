@@ -524,6 +524,13 @@ TEST_F(PagedDecodeArgsTest, BadArgumentsAreRefused) {
        },
        absl::StatusCode::kOutOfRange,
        "decode attention: a page table of 134217728 columns of page_size 16"},
+      {"page table of negative columns",
+       [&](PagedDecodeArgs& a) {
+         a.kv = DecodePageTableKv{HostSpan(page_table_), PageCount(-1), HostSpan(metadata_.kv_lens),
+                                  fixture_.page_size()};
+         a.split.reset();
+       },
+       kInvalid, "decode attention: a page table of -1 columns (negative)"},
       {"partial_out too small",
        [&](PagedDecodeArgs& a) {
          a.split->partial_out =

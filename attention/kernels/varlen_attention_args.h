@@ -113,7 +113,8 @@ struct VarlenAttentionLaunch {
 //  InvalidArgument:
 //   - dims: num_q_heads not a positive multiple of num_kv_heads, a head dim other than
 //     64/128/256, an element type other than bf16/fp16, a softmax_scale not finite and > 0;
-//   - the KV source: a kv_indptr without entries, a page table smaller than [bs][cols];
+//   - the KV source: a kv_indptr without entries, a page table of negative columns or
+//     smaller than [bs][cols];
 //   - sizes: q / out / lse that are not the same whole rows of num_q_heads * head_dim
 //     elements (and num_q_heads floats), K/V pools that are not the same whole rows of
 //     num_kv_heads * head_dim elements, a qo_indptr that is not bs + 1 entries;

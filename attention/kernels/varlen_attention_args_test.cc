@@ -441,6 +441,12 @@ TEST_F(VarlenAttentionArgsTest, BadArgumentsAreRefused) {
                                   HostSpan(metadata_.kv_lens), fixture_.page_size()};
        },
        absl::StatusCode::kOutOfRange, "covers more than 1073741824 tokens"},
+      {"page table of negative columns",
+       [&](VarlenAttentionArgs& a) {
+         a.kv = DecodePageTableKv{HostSpan(page_table_), PageCount(-1), HostSpan(metadata_.kv_lens),
+                                  fixture_.page_size()};
+       },
+       kInvalid, "a page table of -1 columns (negative)"},
       {"query rows beyond int32",
        [&](VarlenAttentionArgs& a) {
          const int64_t huge = (int64_t{1} << 31) * kQRow;

@@ -83,9 +83,13 @@ inline absl::StatusOr<kernels::SlotSource> CheckedSlotSource(DeviceSpan<const To
 }
 
 // Grid passes (grid dimension y) to cover `n` items at `per_pass` per block: at least 1, at
-// most 65535 (the y limit on NVIDIA; blocks then loop over the rest).
+// most 65535 (the y limit on NVIDIA; blocks then loop over the rest). Any n: a tree mask's
+// bytes per row are checked only to be >= 1, and n + per_pass - 1 must not overflow.
+// REQUIRES: per_pass >= 1.
 inline int32_t Passes(int64_t n, int64_t per_pass) {
-  return static_cast<int32_t>(std::clamp<int64_t>((n + per_pass - 1) / per_pass, 1, 65535));
+  const int64_t most = int64_t{65535} * per_pass;
+  return static_cast<int32_t>(
+      std::clamp<int64_t>((std::min(n, most) + per_pass - 1) / per_pass, 1, 65535));
 }
 
 // Token positions the attention kernels handle in int32 with room for their tile arithmetic:
@@ -171,7 +175,11 @@ absl::StatusOr<int64_t> CheckKvSource(absl::string_view op,
   const PageTableKv& pt = std::get<PageTableKv>(kv);
   const int64_t bs = ClaimedSize(pt.kv_lens);
   const int64_t cols = pt.cols.value();
-  if (cols < 0 || cols > kMaxKvTokens / pt.page_size.tokens()) {
+  if (cols < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": a page table of ", cols, " columns (negative)"));
+  }
+  if (cols > kMaxKvTokens / pt.page_size.tokens()) {
     return absl::OutOfRangeError(absl::StrCat(op, ": a page table of ", cols,
                                               " columns of page_size ", pt.page_size.tokens(),
                                               " covers more than ", kMaxKvTokens, " tokens"));
