@@ -32,8 +32,13 @@ cat >"$fake/apt-get" <<'F'
 echo "apt-get $*" >>"$APT_LOG"
 if [[ "$1" == update ]]; then
   n=$(grep -c "^apt-get update" "$APT_LOG")
-  if [[ "$APT_MODE" == lock && $n -eq 1 ]]; then
-    echo "E: Could not get lock /var/lib/apt/lists/lock. It is held by process 42" >&2
+  if [[ "$APT_MODE" == lock && $n -eq 1 || "$APT_MODE" == locked ]]; then
+    # apt translates its messages: the test runs in a German locale.
+    if [[ "${LC_ALL:-}" == C ]]; then
+      echo "E: Could not get lock /var/lib/apt/lists/lock. It is held by process 42" >&2
+    else
+      echo "E: Sperre /var/lib/apt/lists/lock konnte nicht bezogen werden" >&2
+    fi
     exit 100
   fi
   if [[ "$APT_MODE" == offline ]]; then
@@ -45,6 +50,7 @@ exit 0
 F
 chmod +x "$fake"/*
 export APT_LOG="$log"
+export LANG=de_DE.UTF-8 LC_ALL=de_DE.UTF-8
 
 # Locked lists, then success: two updates, one install, then Bazel.
 : >"$log"
@@ -55,6 +61,16 @@ grep -q "^apt-get install .*bazel-bootstrap.*libabsl-dev" "$log" || {
   echo "FAIL: no install of the missing packages:"; cat "$log"; exit 1; }
 grep -q "^bazel " <<<"$out" && ! grep -q "first on PATH" <<<"$out" || {
   echo "FAIL: not Debian's bazel --version: $out"; exit 1; }
+
+# Locked for good: 30 tries (5 minutes on a real machine; sleep is faked here), a line on
+# stderr for each wait, then exit 1 without an install.
+: >"$log"
+rc=0
+out=$(APT_MODE=locked PATH="$fake:$PATH" "$bazelw" --version 2>&1) || rc=$?
+((rc == 1)) || { echo "FAIL: locked for good exited $rc: $out"; exit 1; }
+[[ $(grep -c "^apt-get update" "$log") -eq 30 ]] || { echo "FAIL: updates:"; cat "$log"; exit 1; }
+! grep -q "^apt-get install" "$log" || { echo "FAIL: installed while locked"; exit 1; }
+[[ $(grep -c "lists are locked" <<<"$out") -eq 30 ]] || { echo "FAIL: no waits shown: $out"; exit 1; }
 
 # A failure that is not the lock: one update, no install, exit 1 with apt's message shown.
 : >"$log"

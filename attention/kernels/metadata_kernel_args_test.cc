@@ -567,8 +567,8 @@ TEST_F(MetadataKernelArgsTest, SplitKvPlan) {
 // (launch_checks.h): 2^30 is taken and one more refused. Near INT32_MAX, a count plus a block's
 // or a grid's stride wrapped negative on the device and indexed before its buffer. A launch's
 // rows (or draft branches), blocks along its grid's x dimension, stop at kMaxMetadataRows =
-// 2^23 (metadata_kernels.h): 2^25 rows of 128 threads are 2^32 threads along x, which HIP does
-// not support, so the launch itself would fail after the checks.
+// 2^23 (metadata_kernels.h): 2^25 rows of 128 threads are 2^32 threads along x, which HIP on
+// AMD does not support, so the launch itself would fail after the checks.
 TEST_F(MetadataKernelArgsTest, CountsStopAt2To30AndRowsAt2To23) {
   constexpr size_t kLimit = size_t{1} << 30;
   constexpr size_t kRowLimit = size_t{1} << 23;

@@ -40,8 +40,10 @@ inline constexpr int32_t kFusedMetadataTokensPerPass = kFusedMetadataThreads * 8
 inline constexpr int32_t kFusedMetadataPageTableColumnsPerPass = kFusedMetadataThreads * 4;
 
 // The most rows (or draft branches) of one launch of the kernels above. Each row is a block
-// along the grid's x dimension, and HIP supports fewer than 2^32 threads along one dimension
-// (grid times block): 2^23 rows of blocks of up to 256 threads are 2^31.
+// along the grid's x dimension. HIP on AMD supports fewer than 2^32 threads along one dimension
+// (grid times block; its documentation, not run here): 2^23 rows of blocks of up to 256
+// threads are 2^31. NVIDIA allows 2^31 - 1 blocks along x; the one bound holds on both
+// backends, so that a batch one accepts the other does too.
 inline constexpr int64_t kMaxMetadataRows = int64_t{1} << 23;
 
 // The KV pool and the request-to-token table, as every kernel that reads slots sees them.

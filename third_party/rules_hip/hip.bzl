@@ -155,7 +155,7 @@ def gpu_compatible():
     """`target_compatible_with` for targets that need a GPU backend."""
 
     # Labels of this repository, spelled so that they resolve from another repository's BUILD
-    # files too (a plain "//..." string would name the caller's package).
+    # files too (a plain "//..." string would name a package of the caller's repository).
     return select({
         str(Label("//third_party/rules_hip:backend_none")): [
             str(Label("//third_party/rules_hip:no_gpu_toolchain")),
