@@ -52,32 +52,36 @@ chmod +x "$fake"/*
 export APT_LOG="$log"
 export LANG=de_DE.UTF-8 LC_ALL=de_DE.UTF-8
 
+# Runs bazelw with the fake apt in mode $1: sets $out (its stdout and stderr) and $rc.
+run_bazelw() {
+  : >"$log"
+  rc=0
+  out=$(APT_MODE="$1" PATH="$fake:$PATH" "$bazelw" --version 2>&1) || rc=$?
+}
+fail() { echo "FAIL: $*"; cat "$log"; exit 1; }
+updates() { grep -c "^apt-get update" "$log" || true; }
+
 # Locked lists, then success: two updates, one install, then Bazel.
-: >"$log"
-out=$(APT_MODE=lock PATH="$fake:$PATH" "$bazelw" --version 2>&1) || {
-  echo "FAIL: bazelw exited $?: $out"; exit 1; }
-[[ $(grep -c "^apt-get update" "$log") -eq 2 ]] || { echo "FAIL: updates:"; cat "$log"; exit 1; }
-grep -q "^apt-get install .*bazel-bootstrap.*libabsl-dev" "$log" || {
-  echo "FAIL: no install of the missing packages:"; cat "$log"; exit 1; }
-grep -q "^bazel " <<<"$out" && ! grep -q "first on PATH" <<<"$out" || {
-  echo "FAIL: not Debian's bazel --version: $out"; exit 1; }
+run_bazelw lock
+((rc == 0)) || fail "bazelw exited $rc: $out"
+(($(updates) == 2)) || fail "2 updates expected"
+grep -q "^apt-get install .*bazel-bootstrap.*libabsl-dev" "$log" ||
+  fail "no install of the missing packages"
+grep -q "^bazel " <<<"$out" && ! grep -q "first on PATH" <<<"$out" ||
+  fail "not Debian's bazel --version: $out"
 
 # Locked for good: 30 tries (5 minutes on a real machine; sleep is faked here), a line on
 # stderr for each wait, then exit 1 without an install.
-: >"$log"
-rc=0
-out=$(APT_MODE=locked PATH="$fake:$PATH" "$bazelw" --version 2>&1) || rc=$?
-((rc == 1)) || { echo "FAIL: locked for good exited $rc: $out"; exit 1; }
-[[ $(grep -c "^apt-get update" "$log") -eq 30 ]] || { echo "FAIL: updates:"; cat "$log"; exit 1; }
-! grep -q "^apt-get install" "$log" || { echo "FAIL: installed while locked"; exit 1; }
-[[ $(grep -c "lists are locked" <<<"$out") -eq 30 ]] || { echo "FAIL: no waits shown: $out"; exit 1; }
+run_bazelw locked
+((rc == 1)) || fail "locked for good exited $rc: $out"
+(($(updates) == 30)) || fail "30 updates expected"
+! grep -q "^apt-get install" "$log" || fail "installed while locked"
+(($(grep -c "lists are locked" <<<"$out") == 30)) || fail "no waits shown: $out"
 
 # A failure that is not the lock: one update, no install, exit 1 with apt's message shown.
-: >"$log"
-rc=0
-out=$(APT_MODE=offline PATH="$fake:$PATH" "$bazelw" --version 2>&1) || rc=$?
-((rc == 1)) || { echo "FAIL: offline exited $rc: $out"; exit 1; }
-[[ $(grep -c "^apt-get update" "$log") -eq 1 ]] || { echo "FAIL: retried:"; cat "$log"; exit 1; }
-! grep -q "^apt-get install" "$log" || { echo "FAIL: installed after a failed update"; exit 1; }
-grep -q "Failed to fetch" <<<"$out" || { echo "FAIL: apt's message not shown: $out"; exit 1; }
+run_bazelw offline
+((rc == 1)) || fail "offline exited $rc: $out"
+(($(updates) == 1)) || fail "retried"
+! grep -q "^apt-get install" "$log" || fail "installed after a failed update"
+grep -q "Failed to fetch" <<<"$out" || fail "apt's message not shown: $out"
 echo "PASS"
