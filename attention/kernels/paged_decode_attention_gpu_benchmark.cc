@@ -327,10 +327,7 @@ class Bench {
       time_slots("kv_indices ps1 churn", std::move(pages));
     }
     if (sorted_slots && all_configs) {
-      std::vector<int32_t> all(pool_slots_ - 1);
-      std::iota(all.begin(), all.end(), 1);  // slot 0 is the padding page
-      std::shuffle(all.begin(), all.end(), rng_);
-      std::vector<int32_t> slots(all.begin(), all.begin() + sets * s.bs * s.ctx);
+      std::vector<int32_t> slots = ShuffledPages(1, sets * s.bs * s.ctx);
       for (auto it = slots.begin(); it != slots.end(); it += s.ctx) std::sort(it, it + s.ctx);
       time_slots("kv_indices ps1 sorted", std::move(slots));
     }
@@ -350,6 +347,16 @@ class Bench {
         bytes, us,      r.copy_us, r.contiguous_us, r.read_us, r.pattern_us};
   }
 
+  // `n` distinct pages of `ps` slots drawn uniformly from the whole pool (page 0, the padding
+  // page, excepted), so that sets interleave too.
+  std::vector<int32_t> ShuffledPages(int64_t ps, int64_t n) {
+    std::vector<int32_t> all(pool_slots_ / ps - 1);
+    std::iota(all.begin(), all.end(), 1);
+    std::shuffle(all.begin(), all.end(), rng_);
+    all.resize(n);
+    return all;
+  }
+
   // Token t of sequence i of set k: slot k * tokens + i * ctx + t + ps (contiguous, past the
   // padding page), or slot page * ps + t % ps with the pages of all sets shuffled.
   Layout MakeLayout(const std::string& name, const Shape& s, int sets, int64_t ps, bool page_table,
@@ -364,11 +371,7 @@ class Bench {
       }
       pages = std::move(given_pages);
     } else if (shuffled) {
-      // Shuffle over the whole pool so that sets interleave too.
-      std::vector<int32_t> all(pool_slots_ / ps - 1);
-      std::iota(all.begin(), all.end(), 1);
-      std::shuffle(all.begin(), all.end(), rng_);
-      std::copy_n(all.begin(), pages.size(), pages.begin());
+      pages = ShuffledPages(ps, static_cast<int64_t>(pages.size()));
     }
     std::vector<TokenSlot> indices(sets * tokens);
     for (int64_t e = 0; e < sets * tokens; ++e) {
