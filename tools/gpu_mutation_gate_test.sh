@@ -6,11 +6,13 @@
 # which. The build path (DIR) needs nvcc and a real Bazel; it is not run here.
 set -euo pipefail
 gate="$1"
+usage="$2"  # tools/usage.sh, which the gate sources
 
 repo="$TEST_TMPDIR/repo"
 rm -rf "$repo"
 mkdir -p "$repo/tools" "$repo/tests/gpu_mutants" "$repo/kernels"
 cp "$gate" "$repo/tools/gpu_mutation_gate"
+cp "$usage" "$repo/tools/usage.sh"
 chmod +x "$repo/tools/gpu_mutation_gate"
 # The fake Bazel prints the labels of gpu_tests.txt that the query's set() names, as
 # `bazel query 'attr(tags, gpu, tests(set(...)))'` would; it fails on anything but a query.

@@ -4,7 +4,7 @@
 # built the whole bundle into a folder named --help.
 set -euo pipefail
 tools=()
-for t in "$@"; do tools+=("$(realpath "$t")"); done
+for t in "$@"; do tools+=("$(realpath -s "$t")"); done
 cd "$TEST_TMPDIR"
 for tool in "${tools[@]}"; do
   name="$(basename "$tool")"
