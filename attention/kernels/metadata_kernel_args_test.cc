@@ -582,15 +582,8 @@ TEST_F(MetadataKernelArgsTest, CountsStopAt2To30AndRowsAt2To23) {
     EXPECT_EQ(past.code(), kOutOfRange) << past;
     EXPECT_EQ(std::string(past.message()), refusal);
   };
-  const auto stops_at_the_limit = [&](const char* what, const auto& check, const char* refusal) {
-    stops_at(kLimit, what, check, refusal);
-  };
-  const auto rows_stop_at_the_limit = [&](const char* what, const auto& check,
-                                          const char* refusal) {
-    stops_at(kRowLimit, what, check, refusal);
-  };
-  rows_stop_at_the_limit(
-      "kv_indices: the batch",
+  stops_at(
+      kRowLimit, "kv_indices: the batch",
       [&](size_t n) {
         TokenKvIndicesDeviceInputs in;
         in.req_to_token = Over(table_, kRows * kStride);
@@ -602,23 +595,23 @@ TEST_F(MetadataKernelArgsTest, CountsStopAt2To30AndRowsAt2To23) {
         return TokenKvIndicesParamsFor(in, Over(indices_, 256), nullptr).status();
       },
       "batch_size 8388609 beyond 8388608");
-  stops_at_the_limit(
-      "indptr: the lengths",
+  stops_at(
+      kLimit, "indptr: the lengths",
       [&](size_t n) {
         return IndptrParamsFor(Claimed(lens_, n), Claimed(indptr_, n + 1), {}, ps, nullptr)
             .status();
       },
       "1073741825 lengths, beyond 1073741824");
-  rows_stop_at_the_limit(
-      "page table: the batch",
+  stops_at(
+      kRowLimit, "page table: the batch",
       [&](size_t n) {
         return PageTableParamsFor(ReqToToken(), TokenCount(1024), Claimed(rows_, n),
                                   Claimed(lens_, n), ps, Claimed(pages_, n), PageCount(1), nullptr)
             .status();
       },
       "batch of 8388609 beyond 8388608");
-  stops_at_the_limit(
-      "page table: the columns",
+  stops_at(
+      kLimit, "page table: the columns",
       [&](size_t n) {
         return PageTableParamsFor(ReqToToken(), TokenCount(1024), Over(rows_, kBatch),
                                   Over(lens_, kBatch), ps, Claimed(pages_, kBatch * n),
@@ -626,8 +619,8 @@ TEST_F(MetadataKernelArgsTest, CountsStopAt2To30AndRowsAt2To23) {
             .status();
       },
       "page_table of 1073741825 columns, beyond 1073741824");
-  stops_at_the_limit(
-      "req_to_token: a row's tokens",
+  stops_at(
+      kLimit, "req_to_token: a row's tokens",
       [&](size_t n) {
         const DeviceReqToToken one_row{Claimed(table_, n), TokenCount(static_cast<int64_t>(n))};
         return PageTableParamsFor(one_row, TokenCount(1024), Over(rows_, kBatch),
@@ -653,13 +646,14 @@ TEST_F(MetadataKernelArgsTest, CountsStopAt2To30AndRowsAt2To23) {
     a.max_kv_len = TokenCount(kStride);
     return FusedMetadataParamsFor(a, nullptr).status();
   };
-  rows_stop_at_the_limit(
-      "fused: the batch", [&](size_t n) { return fused(n, 1); }, "batch of 8388609 beyond 8388608");
-  stops_at_the_limit(
-      "fused: the page table's columns", [&](size_t n) { return fused(kBatch, n); },
+  stops_at(
+      kRowLimit, "fused: the batch", [&](size_t n) { return fused(n, 1); },
+      "batch of 8388609 beyond 8388608");
+  stops_at(
+      kLimit, "fused: the page table's columns", [&](size_t n) { return fused(kBatch, n); },
       "page_table of 1073741825 columns, beyond 1073741824");
-  rows_stop_at_the_limit(
-      "tree mask: the batch",
+  stops_at(
+      kRowLimit, "tree mask: the batch",
       [&](size_t n) {
         TreeMaskDeviceArgs a;
         a.q_lens = Claimed(lens_, n);
@@ -671,8 +665,8 @@ TEST_F(MetadataKernelArgsTest, CountsStopAt2To30AndRowsAt2To23) {
         return TreeMaskParamsFor(a, nullptr).status();
       },
       "tree mask: batch of 8388609 beyond 8388608");
-  rows_stop_at_the_limit(
-      "draft step: the branches",
+  stops_at(
+      kRowLimit, "draft step: the branches",
       [&](size_t n) {
         DraftStepDeviceArgs a;
         a.req_to_token = ReqToToken();
@@ -689,8 +683,8 @@ TEST_F(MetadataKernelArgsTest, CountsStopAt2To30AndRowsAt2To23) {
         return DraftStepParamsFor(a, nullptr).status();
       },
       "draft step: 8388609 rows of 1 branches, beyond 8388608");
-  stops_at_the_limit(
-      "split-KV plan: the batch",
+  stops_at(
+      kLimit, "split-KV plan: the batch",
       [&](size_t n) {
         SplitKvPlanDeviceArgs a;
         a.qo_indptr = Claimed(indptr_, n + 1);
