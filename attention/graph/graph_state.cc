@@ -26,6 +26,25 @@ absl::Span<T> Typed(DeviceBuffer b) {
   return absl::Span<T>(static_cast<T*>(b.ptr), static_cast<size_t>(b.bytes) / sizeof(T));
 }
 
+// The rows of the largest write a batch capacity can ask of the writer: requests, and
+// draft-decode's branches when the config plans it.
+absl::Status CheckWriterRows(const BackendConfig& config, const MetadataWriter& writer,
+                             int64_t batch_capacity) {
+  const int64_t most = writer.max_write_rows();
+  if (batch_capacity > most) {
+    return absl::OutOfRangeError(absl::StrCat("batch capacity of ", batch_capacity,
+                                              " requests beyond the metadata writer's ", most,
+                                              " rows per write"));
+  }
+  const int64_t topk = config.speculative().topk();
+  if (topk > 0 && batch_capacity > most / topk) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "batch capacity of ", batch_capacity, " requests: draft-decode's ", batch_capacity,
+        " * topk ", topk, " branches beyond the metadata writer's ", most, " rows per write"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 GraphState::GraphState(const BackendConfig& config, const ReqToTokenPool* req_to_token,
@@ -77,6 +96,9 @@ absl::StatusOr<std::unique_ptr<GraphState>> GraphState::Create(const BackendConf
           " positions, draft-decode with top-k ", shape.topk, " and ", shape.steps,
           " steps reads up to ", draft_row));
     }
+  }
+  if (absl::Status s = CheckWriterRows(config, *writer, config.max_batch_size()); !s.ok()) {
+    return s;
   }
   absl::StatusOr<BufferPlan> plan = ComputeBufferPlan(config, config.max_batch_size());
   if (!plan.ok()) return plan.status();
@@ -166,6 +188,7 @@ absl::Status GraphState::Reserve(int64_t batch_capacity) {
     return absl::InvalidArgumentError(absl::StrCat("Reserve(", batch_capacity, "): need >= 1"));
   }
   if (batch_capacity <= plan_.batch_capacity) return absl::OkStatus();
+  if (absl::Status s = CheckWriterRows(config_, *writer_, batch_capacity); !s.ok()) return s;
   absl::StatusOr<BufferPlan> plan = ComputeBufferPlan(config_, batch_capacity);
   if (!plan.ok()) return plan.status();
   std::vector<DeviceBuffer> buffers;

@@ -141,10 +141,11 @@ class GraphState {
   // Allocates the buffers of the config's plan for config.max_batch_size requests.
   // InvalidArgument: the config does not validate; FailedPrecondition: the writer and the
   // memory work in different spaces (a host writer over device buffers, or the reverse),
-  // the KV pool's page size is not the config's, or req_to_token's rows are narrower than max_context_len +
-  // draft_tokens or than the draft-decode runs of a request at max_context_len;
-  // the plan's and the memory's errors. `req_to_token`, `memory` and `writer` must outlive
-  // the state.
+  // the KV pool's page size is not the config's, or req_to_token's rows are narrower than
+  // max_context_len + draft_tokens or than the draft-decode runs of a request at max_context_len;
+  // OutOfRange: max_batch_size requests (or, with topk, their draft branches) beyond the
+  // writer's max_write_rows; the plan's and the memory's errors. `req_to_token`, `memory` and
+  // `writer` must outlive the state.
   static absl::StatusOr<std::unique_ptr<GraphState>> Create(const BackendConfig& config,
                                                             const ReqToTokenPool* req_to_token,
                                                             PageSize pool_page_size,
@@ -156,7 +157,8 @@ class GraphState {
 
   // Regrows every per-batch buffer to hold `batch_capacity` requests when it exceeds the
   // current capacity (no-op otherwise), and bumps the generation. All or nothing: on error
-  // (InvalidArgument for batch_capacity < 1, the plan's, the memory's) the old buffers stay.
+  // (InvalidArgument for batch_capacity < 1; OutOfRange for a capacity, or its draft branches,
+  // beyond the writer's max_write_rows; the plan's, the memory's) the old buffers stay.
   absl::Status Reserve(int64_t batch_capacity);
 
   // Writes the metadata of a padded batch of `bucket` requests (all padding) and returns the

@@ -489,6 +489,56 @@ class DeviceSpaceWriter : public HostMetadataWriter {
   MemorySpace space() const override { return MemorySpace::kDevice; }
 };
 
+// A writer that covers at most 8 rows (requests, or draft-decode branches) a write.
+class EightRowWriter : public HostMetadataWriter {
+ public:
+  int64_t max_write_rows() const override { return 8; }
+};
+
+// A batch capacity the writer could never write is refused before anything is allocated,
+// whether the config asks for it (Create) or a regrow does (Reserve).
+TEST(GraphStateCreateTest, CapacityBeyondTheWritersRowsIsRefused) {
+  BatchFixture f(16, 1, 64, 16, 256);
+  HostDeviceMemory memory;
+  EightRowWriter writer;
+  absl::Status s =
+      GraphState::Create(MakeTestConfig(16, {.max_batch_size = 9, .max_context_len = 256}),
+                         &f.pool(), f.page_size(), &memory, &writer)
+          .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  EXPECT_NE(s.message().find("batch capacity of 9 requests beyond the metadata writer's 8 rows"),
+            absl::string_view::npos)
+      << s;
+  EXPECT_EQ(memory.allocations(), 0);
+  // Top-k 2: 5 requests are 10 branches, 4 are 8.
+  const auto draft = [](int32_t bs) {
+    return MakeTestConfig(16,
+                          {.max_batch_size = bs, .max_context_len = 128, .topk = 2, .steps = 1});
+  };
+  s = GraphState::Create(draft(5), &f.pool(), f.page_size(), &memory, &writer).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  EXPECT_NE(s.message().find("5 * topk 2 branches"), absl::string_view::npos) << s;
+  EXPECT_EQ(memory.allocations(), 0);
+  auto drafting = GraphState::Create(draft(4), &f.pool(), f.page_size(), &memory, &writer);
+  ASSERT_TRUE(drafting.ok()) << drafting.status();
+  const int64_t held = memory.allocations();
+  EXPECT_EQ((*drafting)->Reserve(5).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ((*drafting)->batch_capacity(), 4);
+  EXPECT_EQ(memory.allocations(), held);
+  // Without top-k, 8 requests are the most.
+  auto g = GraphState::Create(MakeTestConfig(16, {.max_batch_size = 8, .max_context_len = 256}),
+                              &f.pool(), f.page_size(), &memory, &writer);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const uint64_t generation = (*g)->generation();
+  const int64_t before = memory.allocations();
+  s = (*g)->Reserve(9);
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  EXPECT_EQ((*g)->generation(), generation);
+  EXPECT_EQ((*g)->batch_capacity(), 8);
+  EXPECT_EQ(memory.allocations(), before);
+  EXPECT_TRUE((*g)->Capture(8, ForwardMode::kDecode).ok());
+}
+
 TEST(GraphStateCreateTest, WriterAndMemoryMustShareASpace) {
   BatchFixture f(16, 1, 64, 8, 256);
   const BackendConfig config = MakeTestConfig(16, {.max_context_len = 256});

@@ -8,10 +8,10 @@
 #define ATTNMETA_ATTENTION_GRAPH_METADATA_WRITER_H_
 
 #include <cstdint>
-
-#include "absl/status/status.h"
+#include <limits>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "attention/graph/device_memory.h"
 #include "attention/metadata/custom_mask.h"
@@ -102,6 +102,10 @@ class MetadataWriter {
     (void)request;
     return absl::OkStatus();
   }
+  // The most rows one write can cover: requests, or draft-decode branches (requests * topk).
+  // GraphState refuses a batch capacity beyond it (Create, Reserve) before it allocates, so
+  // that a plan the writer could never write fails at startup, not at the first capture.
+  virtual int64_t max_write_rows() const { return std::numeric_limits<int64_t>::max(); }
 
   // Per-batch arrays, O(padded batch size): kv_indptr, qo_indptr and kv_last_page_len over
   // rows [0, padded_batch_size] from the staged kv_lens and q_lens, and mask_indptr when the

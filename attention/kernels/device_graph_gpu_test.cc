@@ -25,6 +25,7 @@
 #include "attention/kernels/device_metadata_writer.h"
 #include "attention/kernels/hip_device_memory.h"
 #include "attention/kernels/hip_port.h"
+#include "attention/kernels/metadata_kernels.h"
 #include "attention/kernels/metadata_launchers.h"
 #include "attention/kernels/staged_uploads.h"
 #include "attention/kernels/testing/device_buffer.h"
@@ -336,6 +337,38 @@ TEST_F(WriterOverlapTest, OverlapLaunchesReachesEveryLaunch) {
 // rows than KV tokens) before it queues anything, and then reports no counts until a write
 // succeeds; the counts of a write that succeeds are the planner's for its lengths.
 class DirectWriterTest : public DeviceGraphTest {};
+
+// The device writer covers the launchers' rows (kMaxMetadataRows) a write: a regrow past them
+// is refused by GraphState before it allocates, with the writer's bound named, and a config
+// past them by GraphState::Create.
+TEST_F(DirectWriterTest, CapacitiesBeyondTheLaunchersRowsAreRefusedUpFront) {
+  constexpr int64_t kPs = 16;
+  BatchFixture f(kPs, 29, /*num_pages=*/64, /*max_reqs=*/4, /*max_context=*/64);
+  MakeDevice(f, MakeTestConfig(kPs, {.max_batch_size = 4, .max_context_len = 64}),
+             /*staged=*/false);
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_EQ(device_->writer->max_write_rows(), kernels::kMaxMetadataRows);
+  GraphState& d = *device_->state;
+  const uint64_t generation = d.generation();
+  absl::Status s = d.Reserve(kernels::kMaxMetadataRows + 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  EXPECT_NE(s.message().find("beyond the metadata writer's 8388608 rows per write"),
+            absl::string_view::npos)
+      << s;
+  EXPECT_EQ(d.batch_capacity(), 4);
+  EXPECT_EQ(d.generation(), generation);
+  HipDeviceMemory memory(stream_, nullptr);
+  s = GraphState::Create(
+          MakeTestConfig(kPs,
+                         {.max_batch_size = static_cast<int32_t>(kernels::kMaxMetadataRows + 1),
+                          .max_context_len = 64}),
+          &f.pool(), f.page_size(), &memory, device_->writer.get())
+          .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  EXPECT_NE(s.message().find("rows per write"), absl::string_view::npos) << s;
+  auto h = d.Capture(4, ForwardMode::kDecode);
+  ASSERT_TRUE(h.ok()) << h.status();
+}
 
 TEST_F(DirectWriterTest, SplitKvLengthsThePlannerRefusesQueueNothing) {
   constexpr int64_t kPs = 16;

@@ -266,6 +266,8 @@ absl::Status DeviceMetadataWriter::CheckSupported(const MetadataWriteRequest& r)
   return absl::OkStatus();
 }
 
+int64_t DeviceMetadataWriter::max_write_rows() const { return kernels::kMaxMetadataRows; }
+
 absl::Status DeviceMetadataWriter::WriteBatchArrays(const MetadataWriteRequest& r,
                                                     const GraphBuffers& b) {
   // Until this write succeeds, WriteTokenArrays has no counts to report.

@@ -89,6 +89,8 @@ class DeviceMetadataWriter : public MetadataWriter {
   // regrow or a new config starts a new generation).
   MemorySpace space() const override { return MemorySpace::kDevice; }
   absl::Status CheckSupported(const MetadataWriteRequest& request) const override;
+  // The launchers' bound on a launch's rows (kernels::kMaxMetadataRows).
+  int64_t max_write_rows() const override;
   absl::Status WriteBatchArrays(const MetadataWriteRequest& request,
                                 const GraphBuffers& buffers) override;
   absl::Status WriteTokenArrays(const MetadataWriteRequest& request, const GraphBuffers& buffers,
