@@ -68,6 +68,13 @@ TEST(PagedTokenAllocatorTest, CreateRejectsBadSizes) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+  // The first refused size: 2^27 pages of 16 and the padding page are 2^31 + 16 slots, past
+  // int32 (2^27 - 1 pages end at slot 2^31 - 1).
+  const absl::Status s =
+      PagedTokenAllocator::Create(PageCount(int64_t{1} << 27), ps, FreePagePolicy::InOrder())
+          .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("int32-addressable"), absl::string_view::npos) << s;
 }
 
 // The reference system's in-order layout (DESIGN.md section 2b), worked by hand for
@@ -190,6 +197,14 @@ TEST(PagedTokenAllocatorTest, BadRequestsChangeNothing) {
   // A last_loc that satisfies the page invariant but has a live slot after it: another
   // request's tokens (slots 4..9 are live; claim prefix 2 ending at slot 5).
   EXPECT_EQ(code({{TokenCount(2), TokenCount(3), TokenSlot(5)}}), kInvalid);
+  // A prefix longer than the pool's 36 slots, with a last_loc that fits it (slot 9 is live and
+  // (9 + 1) % 4 == 38 % 4).
+  const absl::Status past =
+      a.AllocateExtend({{TokenCount(38), TokenCount(39), TokenSlot(9)}}).status();
+  EXPECT_EQ(past.code(), kInvalid) << past;
+  EXPECT_NE(past.message().find("prefix_len 38 exceeds the pool's 36 slots"),
+            absl::string_view::npos)
+      << past;
   // Two requests continuing the same partial page.
   EXPECT_EQ(code({{TokenCount(6), TokenCount(7), TokenSlot(9)},
                   {TokenCount(6), TokenCount(7), TokenSlot(9)}}),

@@ -254,6 +254,8 @@ TEST(SpeculativeGraphBadInputTest, RefusedReplaysWriteNothing) {
   std::vector<uint8_t> selfless = tree;
   selfless[kDraft * kDraft + 2 * kDraft + 2] = 0;
   std::vector<TokenLength> too_many = {TokenLength(1), TokenLength(5), TokenLength(1)};
+  std::vector<TokenLength> none = {TokenLength(1), TokenLength(0), TokenLength(1)};
+  std::vector<TokenLength> two = {TokenLength(1), TokenLength(1)};
   std::vector<TokenLength> ones = {TokenLength(1), TokenLength(1), TokenLength(1)};
   std::vector<TokenLength> past_context = {TokenLength(100), TokenLength(513), TokenLength(102)};
   std::vector<TokenLength> negative = {TokenLength(100), TokenLength(-1), TokenLength(102)};
@@ -294,6 +296,16 @@ TEST(SpeculativeGraphBadInputTest, RefusedReplaysWriteNothing) {
        *extend,
        {f.rows(), f.kv_lens(), too_many},
        absl::StatusCode::kInvalidArgument},
+      {"a request of no query rows",
+       *extend,
+       {f.rows(), f.kv_lens(), none},
+       absl::StatusCode::kInvalidArgument,
+       "q_lens[1] = 0 outside [1, 4]"},
+      {"fewer q_lens than rows",
+       *extend,
+       {f.rows(), f.kv_lens(), two},
+       absl::StatusCode::kInvalidArgument,
+       "replay batch: 3 rows but 2 q_lens"},
       {"q_lens to decode",
        *plain,
        {f.rows(), f.kv_lens(), ones},

@@ -557,6 +557,33 @@ TEST(DraftDecodeBadInputTest, AllStepsTogetherBeyondInt32) {
                   .ok());
 }
 
+// A step outside [0, steps) is refused before anything is written, even with outputs that
+// would hold it: its branches' runs end past the rows CheckDraftDecodeBatch checked.
+TEST(DraftDecodeBadInputTest, StepsOutsideTheShapeAreRefused) {
+  BatchFixture f(16, 3, 4096, 8, 256);
+  f.AddSequence(100, 60);
+  const std::vector<TokenLength> lens = {TokenLength(100)};
+  const DraftDecodeShape shape{2, 3};
+  for (int32_t step : {0, 2, 3, -1}) {
+    std::vector<TokenLength> kv_lens(2, TokenLength(-7)), last(2, TokenLength(-7));
+    std::vector<TokenOffset> kv_indptr(3, TokenOffset(-7)), qo_indptr(3, TokenOffset(-7));
+    std::vector<TokenSlot> kv_indices(1024, TokenSlot(-7));
+    const absl::Status s = BuildDraftDecodeStep(
+        f.pool(), f.rows(), lens, shape, step, f.page_size(),
+        DraftDecodeStepSpans{absl::MakeSpan(kv_lens), absl::MakeSpan(kv_indptr),
+                             absl::MakeSpan(qo_indptr), absl::MakeSpan(last),
+                             absl::MakeSpan(kv_indices)});
+    if (step == 0 || step == 2) {
+      EXPECT_TRUE(s.ok()) << "step " << step << ": " << s;
+      continue;
+    }
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << "step " << step << ": " << s;
+    EXPECT_NE(s.message().find("outside [0, 3)"), absl::string_view::npos) << s;
+    EXPECT_EQ(kv_indptr, std::vector<TokenOffset>(3, TokenOffset(-7)));
+    EXPECT_EQ(kv_indices, std::vector<TokenSlot>(1024, TokenSlot(-7)));
+  }
+}
+
 // The layout's own int32 check (field-bug row 10), called directly: the eager builder now
 // refuses such a batch before it reaches the step.
 TEST(DraftDecodeBadInputTest, StepRefusesOffsetsPastInt32) {

@@ -194,6 +194,14 @@ TEST(VerifyTreeTest, MalformedInputIsRefused) {
   EXPECT_EQ(code(BuildVerifyTree(std::vector<int64_t>{-1, 0, 1}, std::vector<int64_t>{0, -1},
                                  Lens({4}), 1, 3, TokenLength(3))),
             bad);
+  // The first slot past request 0's list (request 1's first entry follows it in memory).
+  const absl::Status past_list =
+      BuildVerifyTree(std::vector<int64_t>{-1, 0, 1, -1, 0, 1}, std::vector<int64_t>{0, 3, 0, 1},
+                      Lens({4, 4}), 1, 3, TokenLength(3))
+          .status();
+  EXPECT_EQ(past_list.code(), bad);
+  EXPECT_EQ(past_list.message(),
+            "selected_index[0][1] = 3: parent slot 3 outside parent_list's 3 entries");
   EXPECT_EQ(code(BuildVerifyTree(std::vector<int64_t>{-1, 0}, std::vector<int64_t>{0, 1}, Lens({4}),
                                  1, 3, TokenLength(3))),
             bad);

@@ -1,10 +1,14 @@
 // The field bugs of DESIGN.md section 3 that speculative decoding hit in the reference system
-// (rows 7, 8 and 10), each run through the real speculative path at the shape that broke it;
-// the mutation gate puts each bug back into the real code (tests/mutants/field_bug_row7_*,
-// draft_extend_rows_unchecked, field_bug_row10_*) and shows these tests failing.
+// (rows 7, 8 and 10, and row 4 for the draft-decode buffers), each run through the real speculative
+// path at the shape that broke it; the mutation gate puts each bug back into the real code
+// (tests/mutants/field_bug_row7_*, draft_extend_rows_unchecked, field_bug_row10_*) and shows these
+// tests failing.
 
 #include <vector>
 
+#include "attention/graph/graph_state.h"
+#include "attention/graph/host_device_memory.h"
+#include "attention/graph/host_metadata_writer.h"
 #include "attention/graph/testing/graph_harness.h"
 #include "attention/metadata/testing/batch_fixture.h"
 #include "attention/metadata/testing/metadata_compare.h"
@@ -62,6 +66,74 @@ TEST(SpecFieldBugTest, Row7_VerifyAtFullContextFitsTheGraphBuffers) {
     EXPECT_TRUE(Validate(r->metadata, f, bs * n).ok()) << Validate(r->metadata, f, bs * n);
     EXPECT_TRUE(h.memory().VerifyCanaries().ok()) << h.memory().VerifyCanaries();
   }
+}
+
+// Row 7 at creation: req_to_token rows one position short of max_context_len + n are refused
+// before anything is allocated (a verify at full context would need that position); rows of
+// exactly that width are taken.
+TEST(SpecFieldBugTest, Row7_RowsWithoutTheDraftSlackAreRefusedAtCreation) {
+  constexpr int64_t ps = 16, ctx = 160;
+  constexpr int32_t n = 4;
+  const BackendConfig config = MakeTestConfig(ps, {.max_batch_size = 2,
+                                                   .max_context_len = ctx,
+                                                   .draft_tokens = n,
+                                                   .max_query_rows_per_request = n});
+  HostMetadataWriter writer;
+  BatchFixture narrow(ps, 7, 64, 4, ctx + n - 1);
+  HostDeviceMemory memory;
+  const absl::Status s =
+      GraphState::Create(config, &narrow.pool(), narrow.page_size(), &memory, &writer).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("the config needs 164 (max_context_len + draft_tokens)"),
+            absl::string_view::npos)
+      << s;
+  EXPECT_EQ(memory.allocations(), 0);
+  BatchFixture exact(ps, 7, 64, 4, ctx + n);
+  EXPECT_TRUE(GraphState::Create(config, &exact.pool(), exact.page_size(), &memory, &writer).ok());
+}
+
+// Row 4 for draft-decode: a regrow past max_batch_size regrows the per-branch buffers too
+// (draft_qo_indptr and every step's indptr, lengths and last-page lengths), so a padded
+// draft-decode capture of the new size fits and replays as the eager path builds.
+TEST(SpecFieldBugTest, Row4_ReserveRegrowsTheDraftDecodeBuffers) {
+  constexpr int64_t ps = 16, ctx = 96;
+  const DraftDecodeShape shape{2, 3};
+  constexpr int bs = 9;
+  BatchFixture f(ps, 12, 2048);
+  std::vector<TokenLength> seq_lens;
+  for (int i = 0; i < bs; ++i) {
+    const TokenLength len(static_cast<int32_t>(ctx - 3 * i));
+    f.AddSequence(len.value(), DraftRowTokens(len, shape, f.page_size()).value() - len.value());
+    seq_lens.push_back(len);
+  }
+  GraphHarness h(
+      MakeTestConfig(
+          ps,
+          {.max_batch_size = 4, .max_context_len = ctx, .topk = shape.topk, .steps = shape.steps}),
+      f);
+  GraphState& g = h.state();
+  EXPECT_EQ(g.Capture(bs, ForwardMode::kDraftDecode).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(g.Reserve(bs).ok());
+  const size_t branches = static_cast<size_t>(bs * shape.topk);
+  EXPECT_GE(g.buffers().draft_qo_indptr.size(), branches + 1);
+  for (const DraftStepBuffers& d : g.buffers().draft_steps) {
+    EXPECT_GE(d.kv_indptr.size(), branches + 1);
+    EXPECT_GE(d.kv_lens.size(), branches);
+    EXPECT_GE(d.kv_last_page_len.size(), branches);
+  }
+  auto handle = g.Capture(bs, ForwardMode::kDraftDecode);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  auto r = g.Replay(*handle, ReplayBatch{f.rows(), seq_lens});
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto eager = BuildDraftDecodeMetadata(f.pool(), f.rows(), seq_lens, shape,
+                                        TokenCount(bs * shape.topk), f.page_size());
+  ASSERT_TRUE(eager.ok()) << eager.status();
+  for (int step = 0; step < shape.steps; ++step) {
+    ExpectSameMetadata(r->draft_steps[step], (*eager)[step].view());
+    EXPECT_TRUE(Validate(r->draft_steps[step], f, bs * shape.topk).ok());
+  }
+  EXPECT_TRUE(h.memory().VerifyCanaries().ok()) << h.memory().VerifyCanaries();
 }
 
 // Row 8: an eager draft-extend took the prefill's qo_indptr, [0, 80], for a 4-row query and

@@ -64,6 +64,7 @@ TEST(BackendConfigTest, NamesTheBadField) {
   expect("num_q_heads", [](BackendConfig& c) { c.set_num_q_heads(0); });
   expect("num_kv_heads", [](BackendConfig& c) { c.set_num_kv_heads(5); });
   expect("head_dim", [](BackendConfig& c) { c.set_head_dim(-1); });
+  expect("head_dim", [](BackendConfig& c) { c.set_head_dim(0); });
   expect("kv_dtype", [](BackendConfig& c) { c.set_kv_dtype(KV_DTYPE_UNSPECIFIED); });
   expect("consumers.split_kv.num_units",
          [](BackendConfig& c) { c.mutable_consumers()->mutable_split_kv()->set_num_units(0); });
@@ -72,6 +73,18 @@ TEST(BackendConfigTest, NamesTheBadField) {
   });
   expect("consumers.split_kv.q_tile",
          [](BackendConfig& c) { c.mutable_consumers()->mutable_split_kv()->set_q_tile(-1); });
+  expect("consumers.split_kv.q_tile",
+         [](BackendConfig& c) { c.mutable_consumers()->mutable_split_kv()->set_q_tile(0); });
+  // One past each split-KV bound (the bounds themselves are accepted below).
+  expect("consumers.split_kv.num_units", [](BackendConfig& c) {
+    c.mutable_consumers()->mutable_split_kv()->set_num_units((1 << 20) + 1);
+  });
+  expect("consumers.split_kv.kv_granularity", [](BackendConfig& c) {
+    c.mutable_consumers()->mutable_split_kv()->set_kv_granularity((1 << 30) + 1);
+  });
+  expect("consumers.split_kv.q_tile", [](BackendConfig& c) {
+    c.mutable_consumers()->mutable_split_kv()->set_q_tile((1 << 30) + 1);
+  });
   expect("consumers.split_kv.layout", [](BackendConfig& c) {
     c.mutable_consumers()->mutable_split_kv()->set_layout(SPLIT_KV_LAYOUT_UNSPECIFIED);
   });
@@ -83,6 +96,14 @@ TEST(BackendConfigTest, NamesTheBadField) {
   expect("speculative.draft_tokens",
          [](BackendConfig& c) { c.mutable_speculative()->set_draft_tokens(-1); });
   expect("speculative.topk", [](BackendConfig& c) { c.mutable_speculative()->set_steps(0); });
+  expect("speculative.topk", [](BackendConfig& c) {
+    c.mutable_speculative()->set_topk(-1);
+    c.mutable_speculative()->set_steps(0);
+  });
+  expect("speculative.steps", [](BackendConfig& c) {
+    c.mutable_speculative()->set_topk(0);
+    c.mutable_speculative()->set_steps(-1);
+  });
   // A draft setting that overflows int32 slots per request.
   expect("speculative.draft_tokens", [](BackendConfig& c) {
     c.mutable_speculative()->set_draft_tokens(2147483647 - 32768 + 1);
@@ -111,6 +132,12 @@ TEST(BackendConfigTest, NamesTheBadField) {
   longest.set_page_size(1);
   longest.set_max_context_len(2147483647);
   EXPECT_TRUE(ValidateBackendConfig(longest).ok()) << ValidateBackendConfig(longest);
+  // The split-KV options at their bounds.
+  BackendConfig widest = good;
+  widest.mutable_consumers()->mutable_split_kv()->set_num_units(1 << 20);
+  widest.mutable_consumers()->mutable_split_kv()->set_kv_granularity(1 << 30);
+  widest.mutable_consumers()->mutable_split_kv()->set_q_tile(1 << 30);
+  EXPECT_TRUE(ValidateBackendConfig(widest).ok()) << ValidateBackendConfig(widest);
 }
 
 }  // namespace

@@ -35,6 +35,10 @@ TEST(BatchSizeBucketsTest, ConfiguredAndFromConfig) {
   EXPECT_EQ(BatchSizeBuckets::Create({}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(BatchSizeBuckets::Create({4, 4}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(BatchSizeBuckets::Create({0, 4}).status().code(), absl::StatusCode::kInvalidArgument);
+  // Decreasing: Choose's binary search would pick wrong buckets.
+  const absl::Status decreasing = BatchSizeBuckets::Create({8, 4, 16}).status();
+  EXPECT_EQ(decreasing.code(), absl::StatusCode::kInvalidArgument) << decreasing;
+  EXPECT_NE(decreasing.message().find("entry 1 = 4"), absl::string_view::npos) << decreasing;
   auto b = BatchSizeBuckets::Create({3, 10, 48});
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(b->Choose(4)->bucket, 10);

@@ -76,6 +76,17 @@ TEST(BufferPlanTest, OptionalBuffersFollowTheConfig) {
   EXPECT_EQ(ComputeBufferPlan(c, 8).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The split-KV work items cover the most query rows a replay can have: the realistic
+// config's 4 draft tokens (target-verify, draft-extend), not its 1 query row per request.
+TEST(BufferPlanTest, SplitKvWorkCoversTheDraftRows) {
+  BackendConfig c = Realistic();
+  c.mutable_consumers()->mutable_split_kv()->set_q_tile(2);
+  auto plan = ComputeBufferPlan(c, 256);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // 256 requests * ceil(4 / 2) tiles + 131 unit boundaries.
+  EXPECT_EQ(plan->Find("split_kv_work")->capacity, 256 * 2 + 131);
+}
+
 // Page sizes that do not divide the context: token-level rows round up to whole pages.
 TEST(BufferPlanTest, RowsRoundUpToWholePages) {
   BackendConfig c = Realistic();

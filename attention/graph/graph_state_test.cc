@@ -489,6 +489,53 @@ class DeviceSpaceWriter : public HostMetadataWriter {
   MemorySpace space() const override { return MemorySpace::kDevice; }
 };
 
+// Host memory whose allocation number `fail_at` (0-based, counting every call) fails.
+class FailingMemory : public HostDeviceMemory {
+ public:
+  explicit FailingMemory(int64_t fail_at) : fail_at_(fail_at) {}
+  absl::StatusOr<DeviceBuffer> Allocate(absl::string_view name, int64_t bytes) override {
+    if (calls_++ == fail_at_) return absl::ResourceExhaustedError("out of memory (injected)");
+    return HostDeviceMemory::Allocate(name, bytes);
+  }
+  void FailAt(int64_t call) { fail_at_ = call; }
+  int64_t calls() const { return calls_; }
+
+ private:
+  int64_t fail_at_;
+  int64_t calls_ = 0;
+};
+
+// Create and Reserve are all or nothing: whichever allocation fails, the buffers allocated
+// before it are freed, and a failed regrow leaves the state as it was.
+TEST(GraphStateCreateTest, AFailedAllocationFreesWhatCameBefore) {
+  BatchFixture f(16, 3, 256, 8, 600);
+  const BackendConfig config = MakeTestConfig(16);
+  const int64_t buffers = static_cast<int64_t>(ComputeBufferPlan(config, 8)->buffers.size());
+  ASSERT_GT(buffers, 3);
+  HostMetadataWriter writer;
+  for (int64_t k = 0; k < buffers; ++k) {
+    FailingMemory memory(k);
+    const absl::Status s =
+        GraphState::Create(config, &f.pool(), f.page_size(), &memory, &writer).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << "allocation " << k << ": " << s;
+    EXPECT_EQ(memory.live_allocations(), 0) << "allocation " << k;
+  }
+  for (int64_t k = 0; k < buffers; ++k) {
+    FailingMemory memory(-1);
+    auto g = GraphState::Create(config, &f.pool(), f.page_size(), &memory, &writer);
+    ASSERT_TRUE(g.ok()) << g.status();
+    const uint64_t generation = (*g)->generation();
+    const DeviceBuffer kv_indices = (*g)->buffer(graph_buffer::kKvIndices);
+    memory.FailAt(memory.calls() + k);
+    const absl::Status s = (*g)->Reserve(16);
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << "allocation " << k << ": " << s;
+    EXPECT_EQ(memory.live_allocations(), buffers) << "allocation " << k;
+    EXPECT_EQ((*g)->generation(), generation);
+    EXPECT_EQ((*g)->batch_capacity(), 8);
+    EXPECT_EQ((*g)->buffer(graph_buffer::kKvIndices).ptr, kv_indices.ptr);
+  }
+}
+
 // A writer that covers at most 8 rows (requests, or draft-decode branches) a write.
 class EightRowWriter : public HostMetadataWriter {
  public:

@@ -279,6 +279,16 @@ TEST(CheckDecodeSplitPlanTest, RefusesEveryPlanThatIsNotTheBatchs) {
        [&](SplitKvPlan& p) {
          p.work[direct_item].q_end = TokenOffset(p.work[direct_item].q_end.value() + 1);
        }},
+      {"does not fit a decode batch",  // another row than its sequence's
+       [&](SplitKvPlan& p) {
+         p.work[direct_item].q_begin = TokenOffset(p.work[direct_item].q_begin.value() + 1);
+       }},
+      {"does not fit a decode batch",  // the first slot past the partials
+       [&](SplitKvPlan& p) { p.work[split_item].partial_slot = p.num_partials; }},
+      {"reduce item 0 (sequence",
+       [](SplitKvPlan& p) { p.reduce[0].q_end = TokenOffset(p.reduce[0].q_end.value() + 1); }},
+      {"reduce item 0 (sequence",
+       [](SplitKvPlan& p) { p.reduce[0].q_begin = TokenOffset(p.reduce[0].q_begin.value() + 1); }},
       {"does not fit a decode batch",
        [&](SplitKvPlan& p) { p.work[direct_item].kv_begin = TokenPosition(-1); }},
       {"does not fit a decode batch",

@@ -170,6 +170,24 @@ TEST_F(VarlenAttentionArgsTest, TheGridAndTheKernelEachPathGets) {
   launch = VarlenAttentionLaunchFor(a, true, nullptr);
   ASSERT_TRUE(launch.ok()) << launch.status();
   EXPECT_EQ(launch->params.vector_chunks, chunks);
+  // The path's bound: 64 query vectors (4 chunks of 16) are short, 65 are not.
+  const int32_t most = kernels::kVarlenChunkVectors * kernels::kVarlenMaxVectorChunks;
+  ASSERT_EQ(most, 64);
+  for (VarlenKernel kernel : {VarlenKernel::kShortQueries, VarlenKernel::kAuto}) {
+    a.kernel = kernel;
+    a.max_q_len = TokenCount(most);
+    launch = VarlenAttentionLaunchFor(a, true, nullptr);
+    ASSERT_TRUE(launch.ok()) << launch.status();
+    EXPECT_EQ(launch->params.vector_chunks, kernels::kVarlenMaxVectorChunks);
+    a.max_q_len = TokenCount(most + 1);
+    launch = VarlenAttentionLaunchFor(a, true, nullptr);
+    if (kernel == VarlenKernel::kShortQueries) {
+      EXPECT_EQ(launch.status().code(), absl::StatusCode::kInvalidArgument) << launch.status();
+    } else {
+      ASSERT_TRUE(launch.ok()) << launch.status();
+      EXPECT_EQ(launch->params.vector_chunks, 0);  // the tiled path
+    }
+  }
 }
 
 TEST_F(VarlenAttentionArgsTest, AMaskGivesTheKernelItsLayoutAndWords) {

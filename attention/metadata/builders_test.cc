@@ -280,6 +280,11 @@ TEST(BuildForwardMetadataTest, StartOffsetsOfTheWrongSizeAreRejected) {
   b.kv_start_idx = starts;
   b.kv_lens = kv;
   EXPECT_TRUE(BuildForwardMetadata(b, f.pool(), f.page_size(), no_table).ok());
+  // The same batch with the page table: its rows start at position 0, so a start offset would
+  // make it disagree with kv_indices. Refused, naming both.
+  const absl::Status s = BuildForwardMetadata(b, f.pool(), f.page_size()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("drop kv_start_idx or the page table"), absl::string_view::npos) << s;
 }
 
 TEST(BuildForwardMetadataTest, ModeRules) {

@@ -58,6 +58,45 @@ TEST(ContextGatherTest, CopiesTokenLevelSlotsSequenceMajor) {
   }
 }
 
+// The fixed-buffer form writes what the vector form returns and reports the total; a cu_k of
+// any size but batch + 1, or a tok_idx shorter than the batch's tokens, is refused with
+// nothing written.
+TEST(ContextGatherTest, IntoFixedBuffersEqualsTheVectorForm) {
+  BatchFixture f(16, 9);
+  f.AddSequence(40, 3);
+  f.AddSequence(0, 17);
+  auto m = BuildForwardMetadata(f.Batch(ForwardMode::kExtend), f.pool(), f.page_size());
+  ASSERT_TRUE(m.ok()) << m.status();
+  const ContextGatherInputs in{ForwardMode::kExtend, m->kv_indptr, m->kv_indices, m->kv_lens,
+                               f.pool_slots()};
+  auto want = GatherContextTokens(in);
+  ASSERT_TRUE(want.ok()) << want.status();
+  const size_t tokens = want->tok_idx.size();
+  std::vector<TokenSlot> tok(tokens + 3, TokenSlot(-7));
+  std::vector<TokenOffset> cu(want->cu_k.size(), TokenOffset(-7));
+  TokenCount total(-1);
+  ASSERT_TRUE(GatherContextTokens(in, absl::MakeSpan(tok), absl::MakeSpan(cu), &total).ok());
+  EXPECT_EQ(total, TokenCount(static_cast<int64_t>(tokens)));
+  EXPECT_EQ(cu, want->cu_k);
+  EXPECT_EQ(std::vector<TokenSlot>(tok.begin(), tok.begin() + tokens), want->tok_idx);
+  EXPECT_EQ(std::vector<TokenSlot>(tok.begin() + tokens, tok.end()),
+            std::vector<TokenSlot>(3, TokenSlot(-7)));
+  std::vector<TokenSlot> exact(tokens);
+  EXPECT_TRUE(GatherContextTokens(in, absl::MakeSpan(exact), absl::MakeSpan(cu), nullptr).ok());
+  EXPECT_EQ(exact, want->tok_idx);
+  const auto refused = [&](size_t tok_size, size_t cu_size) {
+    std::vector<TokenSlot> t(tok_size, TokenSlot(-7));
+    std::vector<TokenOffset> c(cu_size, TokenOffset(-7));
+    const absl::Status s = GatherContextTokens(in, absl::MakeSpan(t), absl::MakeSpan(c), nullptr);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_EQ(t, std::vector<TokenSlot>(tok_size, TokenSlot(-7)));
+    EXPECT_EQ(c, std::vector<TokenOffset>(cu_size, TokenOffset(-7)));
+  };
+  refused(tokens, cu.size() - 1);
+  refused(tokens, cu.size() + 1);
+  refused(tokens - 1, cu.size());
+}
+
 TEST(ContextGatherTest, LengthsAreClampedToWhatTheIndptrProvides) {
   const std::vector<TokenSlot> idx = Slots({10, 11, 12, 13, 14, 15});
   // Sequence 0 asks for 5 tokens but the indptr gives 2; sequence 1 asks for 1 of its 4.

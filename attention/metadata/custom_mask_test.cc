@@ -124,6 +124,13 @@ TEST_F(TwoTrees, BadInputIsRefusedAndWritesNothing) {
                             absl::MakeSpan(out))
                 .code(),
             absl::StatusCode::kInvalidArgument);
+  // The batch's steps starting at 2 instead of 0 (the output would hold them).
+  const std::vector<int64_t> shifted = {2, 17, 21};
+  std::vector<uint8_t> wide(21, 7);
+  const absl::Status s =
+      BuildCustomMask(MaskLayout::kFull, tree, q_lens, kv_lens, shifted, absl::MakeSpan(wide));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(wide, std::vector<uint8_t>(21, 7));
   EXPECT_EQ(out, untouched);
   // A layout cast from an integer: no block size, so no mask at all, were it let through.
   const absl::Status unknown = BuildCustomMask(static_cast<MaskLayout>(7), tree, q_lens, kv_lens,
@@ -142,6 +149,14 @@ TEST_F(TwoTrees, BadInputIsRefusedAndWritesNothing) {
   std::vector<TokenLength> long_q = {TokenLength(6), TokenLength(2)};
   EXPECT_EQ(BuildMaskIndptr(MaskLayout::kFull, long_q, kv_lens, absl::MakeSpan(three)).code(),
             absl::StatusCode::kInvalidArgument);
+  // A negative query length (its block would make the indptr decrease).
+  std::vector<TokenLength> negative_q = {TokenLength(-1), TokenLength(2)};
+  const absl::Status negative =
+      BuildMaskIndptr(MaskLayout::kFull, negative_q, kv_lens, absl::MakeSpan(three));
+  EXPECT_EQ(negative.code(), absl::StatusCode::kInvalidArgument) << negative;
+  EXPECT_NE(negative.message().find("sequence 0 has q_len -1"), absl::string_view::npos)
+      << negative;
+  EXPECT_EQ(three, std::vector<int64_t>(3, 7));
   std::vector<TokenLength> q33 = {TokenLength(33)};
   std::vector<TokenLength> kv33 = {TokenLength(40)};
   std::vector<int64_t> two(2);

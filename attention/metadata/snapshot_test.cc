@@ -1,5 +1,6 @@
 #include "attention/metadata/snapshot.h"
 
+#include <algorithm>
 #include <functional>
 #include <string>
 
@@ -90,6 +91,20 @@ TEST_F(SnapshotTest, EveryCorruptedArrayIsNamed) {
       "req_to_token row", [](MetadataSnapshot& s) { s.set_max_context_len(10); },
       absl::StatusCode::kOutOfRange);
   ExpectRejected("rebuilding", [](MetadataSnapshot& s) { s.set_mode("decode"); });
+}
+
+// A recorded row may fill its whole max_context_len; one slot more is OutOfRange.
+TEST_F(SnapshotTest, ARowFillingMaxContextLenIsTaken) {
+  int64_t longest = 0;
+  for (const ReqToTokenRow& r : good_.req_to_token()) {
+    longest = std::max<int64_t>(longest, r.slots_size());
+  }
+  ASSERT_GT(longest, 1);
+  MetadataSnapshot s = good_;
+  s.set_max_context_len(longest);
+  EXPECT_TRUE(CheckSnapshot(s).ok()) << CheckSnapshot(s);
+  s.set_max_context_len(longest - 1);
+  EXPECT_EQ(CheckSnapshot(s).code(), absl::StatusCode::kOutOfRange) << CheckSnapshot(s);
 }
 
 // Inputs that would make the check read out of bounds or allocate without bound are refused

@@ -203,6 +203,26 @@ TEST(SplitKvPlannerTest, IntoFixedBuffersAtExactlyTheCapacity) {
             absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(untouched, std::vector<int32_t>(10, -7));
   for (const SplitKvWorkItem& w : short_work) EXPECT_EQ(w.sequence, -7);
+  // The reduce items or the unit offsets one short: refused too, nothing written.
+  std::vector<SplitKvWorkItem> fresh_work(cap.work_items, poison_w);
+  std::vector<SplitKvReduceItem> short_reduce(cap.reduce_items - 1, poison_r);
+  EXPECT_EQ(PlanSplitKvInto(Indptr(q), Indptr(kv), opt,
+                            {absl::MakeSpan(fresh_work), absl::MakeSpan(untouched),
+                             absl::MakeSpan(short_reduce)})
+                .status()
+                .code(),
+            absl::StatusCode::kResourceExhausted);
+  std::vector<int32_t> short_units(9, -7);
+  EXPECT_EQ(PlanSplitKvInto(
+                Indptr(q), Indptr(kv), opt,
+                {absl::MakeSpan(fresh_work), absl::MakeSpan(short_units), absl::MakeSpan(reduce)})
+                .status()
+                .code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(untouched, std::vector<int32_t>(10, -7));
+  EXPECT_EQ(short_units, std::vector<int32_t>(9, -7));
+  for (const SplitKvWorkItem& w : fresh_work) EXPECT_EQ(w.sequence, -7);
+  for (const SplitKvReduceItem& r : short_reduce) EXPECT_EQ(r.sequence, -7);
 }
 
 TEST(SplitKvPlannerTest, NumQueryTiles) {
@@ -239,6 +259,27 @@ TEST(SplitKvPlannerTest, RejectsBadInput) {
     EXPECT_EQ(PlanSplitKv(Indptr({1}), Indptr({4}), o).status().code(),
               absl::StatusCode::kInvalidArgument);
   }
+}
+
+// Each option's largest value is taken and the next one refused: num_units up to 2^20,
+// kv_granularity and q_tile up to 2^30 (past it the tile count's q + q_tile - 1 could wrap).
+TEST(SplitKvPlannerTest, OptionsAtTheirBounds) {
+  const auto code = [](const std::function<void(SplitKvOptions&)>& set) {
+    SplitKvOptions o;
+    set(o);
+    return PlanSplitKv(Indptr({1}), Indptr({4}), o).status().code();
+  };
+  constexpr int64_t kTokens = int64_t{1} << 30;
+  EXPECT_EQ(code([](SplitKvOptions& o) { o.num_units = 1 << 20; }), absl::StatusCode::kOk);
+  EXPECT_EQ(code([](SplitKvOptions& o) { o.num_units = (1 << 20) + 1; }),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code([](SplitKvOptions& o) { o.kv_granularity = TokenCount(kTokens); }),
+            absl::StatusCode::kOk);
+  EXPECT_EQ(code([](SplitKvOptions& o) { o.kv_granularity = TokenCount(kTokens + 1); }),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code([](SplitKvOptions& o) { o.q_tile = TokenCount(kTokens); }), absl::StatusCode::kOk);
+  EXPECT_EQ(code([](SplitKvOptions& o) { o.q_tile = TokenCount(kTokens + 1); }),
+            absl::StatusCode::kInvalidArgument);
 }
 
 std::vector<TokenLength> Lengths(const std::vector<int32_t>& lens) {
