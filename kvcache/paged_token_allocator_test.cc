@@ -122,6 +122,12 @@ TEST(PagedTokenAllocatorTest, PageReturnsWhenItsLastLiveSlotDies) {
   EXPECT_EQ(a.free_pages(), PageCount(3)) << "page 1 still has live slots";
   EXPECT_EQ(a.LiveTokensInPage(PageId(1)), TokenCount(2));
   EXPECT_EQ(a.LiveTokensInPage(PageId(5)), TokenCount(0)) << "outside the pool";
+  // The last page of the pool counts too.
+  PagedTokenAllocator full = MakeInOrder(2, 4);
+  ASSERT_TRUE(full.AllocateExtend({{TokenCount(0), TokenCount(7), TokenSlot(0)}}).ok());
+  EXPECT_EQ(full.LiveTokensInPage(PageId(1)), TokenCount(4));
+  EXPECT_EQ(full.LiveTokensInPage(PageId(2)), TokenCount(3));
+  EXPECT_EQ(full.LiveTokensInPage(PageId(3)), TokenCount(0)) << "outside the pool";
   EXPECT_EQ(a.LiveTokensInPage(PageId(-1)), TokenCount(0)) << "outside the pool";
   ASSERT_TRUE(a.Free({(*slots)[0], (*slots)[2]}).ok());
   EXPECT_EQ(a.free_pages(), PageCount(4));

@@ -65,6 +65,11 @@ TEST(BuildKvLastPageLenTest, UnalignedAndEmpty) {
   std::vector<TokenLength> small(2);
   EXPECT_EQ(BuildKvLastPageLen(Lens({1, 2, 3}), ps, absl::MakeSpan(small)).code(),
             absl::StatusCode::kInvalidArgument);
+  // A negative length: refused, nothing written.
+  std::vector<TokenLength> two(2, TokenLength(-7));
+  EXPECT_EQ(BuildKvLastPageLen(Lens({3, -1}), ps, absl::MakeSpan(two)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(two, Lens({-7, -7}));
   // A page size that is not a power of two (the division path), page size 1, the largest page
   // and the longest sequence.
   const auto last = [](int32_t kv_len, int64_t page) {

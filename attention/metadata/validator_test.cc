@@ -1,5 +1,6 @@
 #include "attention/metadata/validator.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -226,6 +227,20 @@ TEST_F(ValidatorTest, SlotBoundsAtTheLimitWithAndWithoutAPageTable) {
   PageTable table(narrow.page_table.rows(), cols - PageCount(1));
   narrow.page_table = table;
   EXPECT_EQ(Validate(narrow).code(), absl::StatusCode::kInvalidArgument);
+  // As wide as needed but a row short of the batch: refused by its shape, before a row past
+  // the table is read.
+  ForwardMetadata short_rows = good_;
+  const int64_t rows = short_rows.page_table.rows();
+  ASSERT_GT(rows, 1);
+  PageTable fewer(rows - 1, cols);
+  for (int64_t r = 0; r + 1 < rows; ++r) {
+    const absl::Span<PageId> from = short_rows.page_table.span().row(r);
+    std::copy(from.begin(), from.end(), fewer.span().row(r).begin());
+  }
+  short_rows.page_table = fewer;
+  const absl::Status s = Validate(short_rows);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("the batch needs ["), absl::string_view::npos) << s;
 }
 
 // Ownership: a slot written this step may not be used by any other token of the batch, even
