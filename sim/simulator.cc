@@ -571,8 +571,15 @@ bool Run::PrefillStep() {
   std::vector<int> admitted;
   while (budget > 0 && free_rows > 0 && !waiting_.empty() && !admission_paused_) {
     Req& r = reqs_[waiting_.front()];
+    // A group's members share shared_prefix_len but not prompt_len: each may take fewer
+    // pages of the cached prefix than the request that cached it (CachedPrefixLen keeps its
+    // own last prompt token out), and never more than were cached.
+    const auto prefix = prefixes_.find(r.spec->prefix_group());
     const int64_t cached =
-        prefixes_.contains(r.spec->prefix_group()) ? CachedPrefixLen(r) : 0;
+        prefix == prefixes_.end()
+            ? 0
+            : std::min<int64_t>(CachedPrefixLen(r),
+                                static_cast<int64_t>(prefix->second.slots.size()));
     const int64_t want = std::min(budget, r.spec->prompt_len() - cached);
     const int64_t ps = page_size_.tokens();
     const int64_t room = std::max<int64_t>(pages_left, 0) * ps;  // cached ends on a page
@@ -590,14 +597,15 @@ bool Run::PrefillStep() {
     r.state = State::kPrefill;
     r.admitted_at = ++admissions_;
     if (cached > 0) {
-      CachedPrefix& p = prefixes_[r.spec->prefix_group()];
+      CachedPrefix& p = prefix->second;
       ++p.refs;
-      if (absl::Status s = r2t_->Write(*r.row, TokenCount(0), p.slots); !s.ok()) {
+      const absl::Span<const TokenSlot> taken = absl::MakeConstSpan(p.slots).subspan(0, cached);
+      if (absl::Status s = r2t_->Write(*r.row, TokenCount(0), taken); !s.ok()) {
         failure_ = Failure{absl::StrCat("step ", step_, ": req_to_token: ", s.message())};
         return false;
       }
-      r.slots = p.slots;
-      r.history = p.contents;
+      r.slots.assign(taken.begin(), taken.end());
+      r.history.assign(p.contents.begin(), p.contents.begin() + cached);
       r.seq_len = r.shared_len = cached;
       report_->set_prefix_hit_tokens(report_->prefix_hit_tokens() + cached);
     }

@@ -180,6 +180,41 @@ TEST(SimulatorTest, ARequestAloneRunsInTheSmallestPoolTheValidatorAccepts) {
   EXPECT_EQ(runs, 72);
 }
 
+// A prefix group whose members' prompts differ, one as long as the shared prefix: each request
+// shares at most its own prompt_len - 1 tokens in whole pages, so the second member takes fewer
+// of the cached pages than were cached (short prompt second) or finds fewer cached than its own
+// share (short prompt first). Both orders pass at every page size and hit the prefix: what was
+// shared, counted per run, is the whole pages both can take.
+TEST(SimulatorTest, PrefixGroupMembersWithDifferentPromptsShareWhatWasCached) {
+  for (const bool short_first : {true, false}) {
+    Workload w = Default();
+    w.mutable_scenarios()->DeleteSubrange(1, w.scenarios_size() - 1);
+    Scenario& sc = *w.mutable_scenarios(0);
+    sc.mutable_requests()->Clear();
+    const int32_t prompts[2] = {short_first ? 96 : 200, short_first ? 200 : 96};
+    for (int i = 0; i < 2; ++i) {
+      Request& r = *sc.add_requests();
+      r.set_arrival_step(i == 0 ? 0 : 12);
+      r.set_prompt_len(prompts[i]);
+      r.set_output_len(i == 0 ? 40 : 8);
+      r.set_prefix_group(1);
+      r.set_shared_prefix_len(96);
+    }
+    ASSERT_TRUE(ValidateWorkload(w).ok()) << ValidateWorkload(w);
+    const absl::StatusOr<SimReport> report = RunWorkload(w, SimOptions{});
+    ASSERT_TRUE(report.ok()) << report.status();
+    ASSERT_EQ(report->runs_size(), w.page_sizes_size());
+    for (const RunReport& run : report->runs()) {
+      SCOPED_TRACE(absl::StrCat(short_first ? "short prompt first" : "long prompt first",
+                                ", page size ", run.page_size()));
+      EXPECT_TRUE(run.passed()) << run.failure();
+      EXPECT_TRUE(run.finished());
+      // min(96, 96 - 1) = 95 tokens, in whole pages.
+      EXPECT_EQ(run.prefix_hit_tokens(), 95 / run.page_size() * run.page_size());
+    }
+  }
+}
+
 TEST(SimulatorTest, BadOptionsRunNothing) {
   SimOptions options;
   options.page_sizes = {0};
