@@ -275,6 +275,25 @@ TEST(PagedTokenAllocatorTest, ShuffledPolicyIsSeededAndNotContiguous) {
   EXPECT_GT(page_jumps, 8) << "pages should not be laid out contiguously";
   // Within a page the slots are still consecutive.
   for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i] % 4, static_cast<int32_t>(i % 4));
+  // Pages given back are shuffled too: after every page is freed, the next allocation takes
+  // them in neither the order they were freed nor its reverse, and in the same order for the
+  // same seed.
+  auto reuse = [&](uint64_t seed) {
+    PagedTokenAllocator a =
+        *PagedTokenAllocator::Create(PageCount(64), ps, FreePagePolicy::Shuffled(seed));
+    const std::vector<TokenSlot> first =
+        *a.AllocateExtend({{TokenCount(0), TokenCount(256), TokenSlot(0)}});
+    EXPECT_TRUE(a.Free(first).ok());
+    std::vector<int32_t> freed, again;
+    for (size_t i = 0; i < first.size(); i += 4) freed.push_back(first[i].value() / 4);
+    const std::vector<TokenSlot> next =
+        *a.AllocateExtend({{TokenCount(0), TokenCount(256), TokenSlot(0)}});
+    for (size_t i = 0; i < next.size(); i += 4) again.push_back(next[i].value() / 4);
+    EXPECT_NE(again, freed);
+    EXPECT_NE(again, std::vector<int32_t>(freed.rbegin(), freed.rend()));
+    return again;
+  };
+  EXPECT_EQ(reuse(7), reuse(7));
 }
 
 // The ops a draft phase runs: extends, decodes and frees, the same on any allocator.
@@ -468,6 +487,11 @@ TEST(PagedTokenAllocatorTest, SharedPrefixAtAPageEndIsServed) {
       b.AllocateExtend({{TokenCount(6), TokenCount(7), mid}, {TokenCount(6), TokenCount(6), mid}});
   ASSERT_TRUE(one.ok()) << one.status();
   EXPECT_EQ(*one, std::vector<TokenSlot>{mid + TokenCount(1)});
+  // In a later call too: the slot after last_loc is live now, but a request that adds nothing
+  // claims none of the page.
+  const auto none = b.AllocateExtend({{TokenCount(6), TokenCount(6), mid}});
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->empty());
 }
 
 }  // namespace

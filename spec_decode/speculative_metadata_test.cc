@@ -584,6 +584,32 @@ TEST(DraftDecodeBadInputTest, StepsOutsideTheShapeAreRefused) {
   }
 }
 
+// A later step's kv_indices must hold that step's tokens: one sized for an earlier step is
+// refused before anything is written.
+TEST(DraftDecodeBadInputTest, EachStepNeedsItsOwnKvIndices) {
+  BatchFixture f(16, 3, 4096, 8, 256);
+  f.AddSequence(100, 60);
+  const std::vector<TokenLength> lens = {TokenLength(100)};
+  const DraftDecodeShape shape{2, 3};
+  const int64_t step0 = DraftStepTokens(lens, shape, 0).value();
+  const int64_t step2 = DraftStepTokens(lens, shape, 2).value();
+  ASSERT_LT(step0, step2);
+  for (const int64_t size : {step2 - 1, step0}) {
+    std::vector<TokenLength> kv_lens(2, TokenLength(-7)), last(2, TokenLength(-7));
+    std::vector<TokenOffset> kv_indptr(3, TokenOffset(-7)), qo_indptr(3, TokenOffset(-7));
+    std::vector<TokenSlot> kv_indices(static_cast<size_t>(size), TokenSlot(-7));
+    const absl::Status s = BuildDraftDecodeStep(
+        f.pool(), f.rows(), lens, shape, 2, f.page_size(),
+        DraftDecodeStepSpans{absl::MakeSpan(kv_lens), absl::MakeSpan(kv_indptr),
+                             absl::MakeSpan(qo_indptr), absl::MakeSpan(last),
+                             absl::MakeSpan(kv_indices)});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << size << ": " << s;
+    EXPECT_NE(s.message().find(absl::StrCat("where step 2 needs ", step2)), absl::string_view::npos)
+        << s;
+    EXPECT_EQ(kv_indices, std::vector<TokenSlot>(static_cast<size_t>(size), TokenSlot(-7)));
+  }
+}
+
 // The layout's own int32 check (field-bug row 10), called directly: the eager builder now
 // refuses such a batch before it reaches the step.
 TEST(DraftDecodeBadInputTest, StepRefusesOffsetsPastInt32) {

@@ -401,6 +401,15 @@ TEST(ForwardModeTest, NamesRoundTripAndSpeculativeRules) {
       BuildForwardMetadata(verify_without_rows, f.pool(), f.page_size(), with_mask).status();
   EXPECT_EQ(no_rows.code(), absl::StatusCode::kInvalidArgument) << no_rows;
   EXPECT_THAT(std::string(no_rows.message()), ::testing::HasSubstr("needs q_len >= 1, got 0"));
+  // The other modes with query rows per sequence refuse an empty one too.
+  for (ForwardMode mode : {ForwardMode::kExtend, ForwardMode::kMixed, ForwardMode::kDraftExtend}) {
+    ForwardBatch b = f.Batch(mode);
+    b.q_lens = none;
+    const absl::Status s = BuildForwardMetadata(b, f.pool(), f.page_size()).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << ForwardModeName(mode) << ": " << s;
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("needs q_len >= 1, got 0"))
+        << ForwardModeName(mode);
+  }
 }
 
 }  // namespace

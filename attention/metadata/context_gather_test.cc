@@ -146,6 +146,22 @@ TEST(ContextGatherTest, SlotOutsidePoolFallsBackWithWarning) {
   EXPECT_EQ(GatherContextTokens(neg).status().code(), absl::StatusCode::kOutOfRange);
 }
 
+// A slot outside the pool is found at every position of a span: each of the four lanes of
+// the range check's unrolled loop, and its tail.
+TEST(ContextGatherTest, SlotOutsidePoolIsFoundAtEveryPosition) {
+  WarningCapture warnings;
+  for (int bad = 0; bad < 7; ++bad) {
+    std::vector<TokenSlot> idx = Slots({10, 11, 12, 13, 14, 15, 16});
+    idx[bad] = TokenSlot(5000);
+    const std::vector<TokenOffset> indptr = Offsets({0, 7});
+    const std::vector<TokenLength> lens = Lens({7});
+    const ContextGatherInputs in{ForwardMode::kExtend, indptr, idx, lens, TokenCount(4096)};
+    EXPECT_EQ(GatherContextTokens(in).status().code(), absl::StatusCode::kOutOfRange)
+        << "position " << bad;
+  }
+  EXPECT_EQ(warnings.lines.size(), 7u);
+}
+
 // The bounds at exactly the limit: the last index of kv_indices and the pool's last slot are
 // in; one past either is out.
 TEST(ContextGatherTest, BoundsAtExactlyTheLimit) {

@@ -91,6 +91,8 @@ TEST_F(SnapshotTest, EveryCorruptedArrayIsNamed) {
       "req_to_token row", [](MetadataSnapshot& s) { s.set_max_context_len(10); },
       absl::StatusCode::kOutOfRange);
   ExpectRejected("rebuilding", [](MetadataSnapshot& s) { s.set_mode("decode"); });
+  // One page-table entry more than its [rows][cols] (the view would take a prefix of it).
+  ExpectRejected("page_table", [](MetadataSnapshot& s) { s.add_page_table(0); });
 }
 
 // A recorded row may fill its whole max_context_len; one slot more is OutOfRange.
@@ -128,6 +130,19 @@ TEST_F(SnapshotTest, CorruptInputsAreRefusedBeforeRebuilding) {
          [](MetadataSnapshot& s) { s.set_req_rows(0, -1); });
   expect(absl::StatusCode::kOutOfRange, "req_rows[2] = row 64",
          [](MetadataSnapshot& s) { s.set_req_rows(2, 64); });
+  // Many short rows and one wide one: the table to rebuild would be rows x the widest row
+  // (4099 x 2^16 entries, 1 GiB), past what metadata_check rebuilds. Refused by that product.
+  expect(absl::StatusCode::kInvalidArgument, "req_to_token: 4099 rows of up to 65536 slots",
+         [](MetadataSnapshot& s) {
+           s.set_max_reqs(8192);
+           s.set_max_context_len(1 << 16);
+           for (int r = 1000; r < 1000 + 4096; ++r) {
+             ReqToTokenRow& row = *s.add_req_to_token();
+             row.set_row(r);
+             row.add_slots(r);
+           }
+           s.mutable_req_to_token(0)->mutable_slots()->Resize(1 << 16, 0);
+         });
   // A small file declaring huge lengths: refused against the recorded row, no allocation.
   expect(absl::StatusCode::kInvalidArgument, "kv_lens: request 1",
          [](MetadataSnapshot& s) { s.set_kv_lens(1, 2000000000); });

@@ -295,6 +295,65 @@ TEST(ValidatorOwnershipTest, APageHandedOutTwiceIsRejected) {
   }
 }
 
+// Every cached token is probed, the last of each 32-token block too: a new token of sequence 0
+// written over cached token 31 of sequence 1 (page size 1, so the page table agrees).
+TEST(ValidatorOwnershipTest, TheLastTokenOfAProbedBlockIsChecked) {
+  BatchFixture f(1, 23, 4096);
+  f.AddSequence(8, 4);
+  f.AddSequence(40, 1);
+  const std::vector<TokenSlot> s1 = f.SlotsOf(1);
+  ASSERT_TRUE(f.mutable_pool().Write(f.rows()[0], TokenCount(8), {s1[31]}).ok());
+  auto m = BuildForwardMetadata(f.Batch(ForwardMode::kExtend), f.pool(), f.page_size());
+  ASSERT_TRUE(m.ok()) << m.status();
+  ValidationContext ctx{f.pool_slots(), f.page_size(), f.num_query_rows()};
+  EXPECT_TRUE(ValidateForwardMetadata(m->view(), ctx).ok()) << "consistent without ownership";
+  ctx.check_slot_ownership = true;
+  const absl::Status s = ValidateForwardMetadata(m->view(), ctx);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("also holds cached token 31 of sequence 1"), absl::string_view::npos)
+      << s;
+}
+
+// The page-table fast paths check each page's range: at page sizes 1, 2 and 4 (token by token)
+// and 16 (per page), a page one past the pool whose slots match it is refused; so is a slot
+// that does not match its page at the last token of a page of 10 tokens (eight at once, then
+// one by one).
+TEST(ValidatorPageTableTest, FastPathsCheckEveryPageAndToken) {
+  for (int64_t ps : {1, 2, 4, 16}) {
+    SCOPED_TRACE(::testing::Message() << "page_size " << ps);
+    BatchFixture f(ps, 24, 64);
+    f.AddSequence(37, 5);
+    f.AddSequence(10, 3);
+    auto good = BuildForwardMetadata(f.Batch(ForwardMode::kExtend), f.pool(), f.page_size());
+    ASSERT_TRUE(good.ok()) << good.status();
+    const ValidationContext ctx{f.pool_slots(), f.page_size(), f.num_query_rows()};
+    ASSERT_TRUE(ValidateForwardMetadata(good->view(), ctx).ok());
+    // Sequence 1's last page moved one past the pool, its slots with it.
+    ForwardMetadata past = *good;
+    const int64_t end_page = f.pool_slots().value() / ps;
+    const int64_t last = PagesForTokensCeil(TokenCount(13), f.page_size()).value() - 1;
+    past.page_table.span().row(1)[last] = PageId(static_cast<int32_t>(end_page));
+    for (int64_t t = last * ps; t < 13; ++t) {
+      past.kv_indices[past.kv_indptr[1].value() + t] =
+          TokenSlot(static_cast<int32_t>(end_page * ps + t % ps));
+    }
+    const absl::Status s = ValidateForwardMetadata(past.view(), ctx);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_EQ(std::string(s.message()).rfind("page_table:", 0), 0u) << s;
+  }
+  // Page size 16: sequence 0's last page holds tokens 32..41; token 41 moved to the next
+  // offset of its page, a slot no token holds.
+  BatchFixture f(16, 24, 64);
+  f.AddSequence(37, 5);
+  auto m = BuildForwardMetadata(f.Batch(ForwardMode::kExtend), f.pool(), f.page_size());
+  ASSERT_TRUE(m.ok()) << m.status();
+  m->kv_indices[41] = TokenSlot(m->kv_indices[41].value() + 1);
+  const ValidationContext ctx{f.pool_slots(), f.page_size(), f.num_query_rows()};
+  const absl::Status s = ValidateForwardMetadata(m->view(), ctx);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(std::string(s.message()).rfind("page_table:", 0), 0u) << s;
+}
+
 TEST(ValidatorOwnershipTest, SharedPrefixesAreFine) {
   BatchFixture f(16, 22);
   f.AddSequence(40, 3);
