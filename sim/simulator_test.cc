@@ -215,6 +215,66 @@ TEST(SimulatorTest, PrefixGroupMembersWithDifferentPromptsShareWhatWasCached) {
   }
 }
 
+// A host backend whose writer gives a variable-row draft-extend's padded rows after the first
+// one query row each instead of the captured rows. Every array stays valid (the first padded
+// row keeps max_q_len the captured rows; the tail of unclaimed rows only grows), so only the
+// run's own count of that tail sees it.
+class ShortPaddedRowsWriter : public HostMetadataWriter {
+ public:
+  absl::Status WriteBatchArrays(const MetadataWriteRequest& r, const GraphBuffers& b) override {
+    if (absl::Status s = HostMetadataWriter::WriteBatchArrays(r, b); !s.ok()) return s;
+    const auto real_q = r.host_q_lens.subspan(0, static_cast<size_t>(r.real_batch_size));
+    const bool variable = std::any_of(real_q.begin(), real_q.end(),
+                                      [&](TokenLength q) { return q < r.q_len_per_request; });
+    if (r.mode != ForwardMode::kDraftExtend || !variable) return absl::OkStatus();
+    for (int64_t i = r.real_batch_size + 1; i < r.padded_batch_size; ++i) {
+      b.qo_indptr[i + 1] = b.qo_indptr[i] + TokenCount(1);
+      ++corrupted;
+    }
+    return absl::OkStatus();
+  }
+  int64_t corrupted = 0;
+};
+
+class ShortPaddedRowsBackend : public ReplayBackend {
+ public:
+  DeviceMemory& memory() override { return memory_; }
+  MetadataWriter& writer() override { return writer_; }
+  absl::Status SyncReqToToken(const ReqToTokenPool&) override { return absl::OkStatus(); }
+  absl::Status CheckAfterReplay() override { return memory_.VerifyCanaries(); }
+
+ private:
+  HostDeviceMemory memory_;
+  ShortPaddedRowsWriter writer_;
+};
+
+TEST(SimulatorTest, PaddedDraftExtendRowsShortOfTheCapturedFailTheRun) {
+  SimOptions options;
+  options.scenario = "eagle_topk4";
+  options.make_backend = [] { return std::make_unique<ShortPaddedRowsBackend>(); };
+  // Buckets of 1 and 4 only: a batch of 2 replays with two padded rows.
+  Workload w = Default();
+  for (Scenario& sc : *w.mutable_scenarios()) {
+    if (sc.name() != "eagle_topk4") continue;
+    sc.mutable_backend()->clear_capture_batch_sizes();
+    sc.mutable_backend()->add_capture_batch_sizes(1);
+    sc.mutable_backend()->add_capture_batch_sizes(4);
+  }
+  SimOptions plain;
+  plain.scenario = options.scenario;
+  const absl::StatusOr<SimReport> clean = RunWorkload(w, plain);
+  ASSERT_TRUE(clean.ok()) << clean.status();
+  EXPECT_TRUE(clean->passed()) << "the host writer's own rows pass";
+  const absl::StatusOr<SimReport> report = RunWorkload(w, options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_GT(report->runs_size(), 0);
+  for (const RunReport& run : report->runs()) {
+    SCOPED_TRACE(absl::StrCat("page size ", run.page_size()));
+    EXPECT_FALSE(run.passed());
+    EXPECT_THAT(run.failure(), ::testing::HasSubstr("the real and padded rows add up to"));
+  }
+}
+
 TEST(SimulatorTest, BadOptionsRunNothing) {
   SimOptions options;
   options.page_sizes = {0};

@@ -91,6 +91,20 @@ TEST(WorkloadTest, EveryBadFieldIsNamed) {
   ExpectRejected(
       [](Workload& w) { w.mutable_scenarios(0)->mutable_requests(4)->set_shared_prefix_len(90); },
       "scenarios[0].requests[4].shared_prefix_len: 90 differs from 96");
+  // A prefix longer than its request's prompt (147 tokens), named at that request.
+  ExpectRejected(
+      [](Workload& w) { w.mutable_scenarios(0)->mutable_requests(1)->set_shared_prefix_len(148); },
+      "scenarios[0].requests[1].shared_prefix_len: 148 is outside [1, prompt_len 147]");
+  // EAGLE without a draft tree's shape, and without an acceptance block.
+  ExpectRejected(
+      [](Workload& w) {
+        SpeculativeConfig& spec = *w.mutable_scenarios(1)->mutable_backend()->mutable_speculative();
+        spec.set_topk(0);
+        spec.set_steps(0);
+      },
+      "scenarios[1].backend.speculative: EAGLE (draft_tokens > 0) needs topk >= 1");
+  ExpectRejected([](Workload& w) { w.mutable_scenarios(1)->clear_acceptance(); },
+                 "scenarios[1].acceptance.probability");
   ExpectRejected([](Workload& w) { w.mutable_scenarios(0)->set_kv_pool_tokens(int64_t{1} << 30); },
                  "scenarios[0].kv_pool_tokens: at page size 1 the pool's");
   // Products that overflow int64 when formed unchecked: the pool's slots ((2^63 - 1) / 1 + 1

@@ -128,9 +128,12 @@ TEST(GreedyAcceptTest, MalformedTreesAreRefused) {
     t.num_draft_tokens = TokenLength(64);
     EXPECT_TRUE(AcceptGreedy(AcceptInputs{&t, none, none, {}}).ok());
   }
-  {  // Links missing for the second request.
+  {  // Links missing for the second request: its next tokens, or its next siblings.
     VerifyTree t = GoldenTree();
     t.next_token.resize(6);
+    EXPECT_EQ(code(t), bad);
+    t = GoldenTree();
+    t.next_sibling.resize(6);
     EXPECT_EQ(code(t), bad);
   }
   {  // A link past the request's tokens, and one naming the root.

@@ -132,6 +132,26 @@ TEST_F(GraphStateTest, PaddedExtendRowsCoverTheirQueryRows) {
   }
 }
 
+// A bucket the batch fills has no padded rows: its max_kv_len is the batch's longest, even
+// below a padded row's length (extend of 3 rows, a request of 1 token and 1 row).
+TEST_F(GraphStateTest, AFullBucketOfShortRowsKeepsItsOwnLongest) {
+  GraphState& g = h_.state();
+  auto handle = g.Capture(1, ForwardMode::kExtend, TokenLength(3));
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  const std::vector<ReqPoolIndex> rows = {f_.rows()[3]};
+  const std::vector<TokenLength> kv = {TokenLength(1)};
+  const std::vector<TokenLength> q = {TokenLength(1)};
+  ASSERT_EQ(f_.kv_lens()[3], TokenLength(1));
+  auto r = g.Replay(*handle, ReplayBatch{rows, kv, q});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->padded.max_kv_len, TokenCount(1));
+  EXPECT_EQ(r->metadata.max_kv_len, TokenCount(1));
+  ValidationContext ctx = Context(3);
+  ctx.allow_unclaimed_rows = true;
+  EXPECT_TRUE(ValidateForwardMetadata(r->padded, ctx).ok())
+      << ValidateForwardMetadata(r->padded, ctx);
+}
+
 // The variable-row form: real requests with fewer rows than captured leave a tail of the
 // bucket's query tensor that no request claims (a padded row already has the captured rows,
 // the most a captured kernel's grid gives a sequence). The bucket validates against its

@@ -318,6 +318,22 @@ TEST(CheckDecodeSplitPlanTest, RefusesEveryPlanThatIsNotTheBatchs) {
       {"do not tile its KV from 0",
        [&](SplitKvPlan& p) { p.work[direct_item].kv_begin = TokenPosition(1); }},
       {"is written but never merged", [](SplitKvPlan& p) { p.reduce[0].partial_end -= 1; }},
+      {"it needs one direct item, or split items and one reduce item",
+       [&](SplitKvPlan& p) {  // the split sequence's items all direct: each writes its output
+         for (SplitKvWorkItem& w : p.work) {
+           if (w.sequence == split_seq) w.partial_slot = -1;
+         }
+         p.reduce.clear();
+         p.num_partials = 0;
+       }},
+      {"it needs one direct item, or split items and one reduce item",
+       [](SplitKvPlan& p) {  // two reduce items over halves of one sequence's partials
+         SplitKvReduceItem second = p.reduce[0];
+         const int32_t mid = (p.reduce[0].partial_begin + p.reduce[0].partial_end) / 2;
+         p.reduce[0].partial_end = mid;
+         second.partial_begin = mid;
+         p.reduce.insert(p.reduce.begin() + 1, second);
+       }},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.words);

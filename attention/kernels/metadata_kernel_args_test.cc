@@ -411,6 +411,12 @@ TEST_F(MetadataKernelArgsTest, TreeMask) {
   EXPECT_EQ(p->tree_capacity, 64);
   EXPECT_EQ(p->mask_capacity, 1024);
   EXPECT_EQ(p->violation, &violation_);
+  EXPECT_EQ(p->rows, nullptr) << "no rows: none padded";
+  TreeMaskDeviceArgs with_rows = good;
+  with_rows.rows = Over(rows_, kBatch);
+  p = TreeMaskParamsFor(with_rows, &violation_);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->rows, reinterpret_cast<const int32_t*>(rows_.data()));
   using A = TreeMaskDeviceArgs;
   ExpectRefusals<A>(
       good, [](const A& a) { return TreeMaskParamsFor(a, nullptr).status(); },
@@ -418,6 +424,10 @@ TEST_F(MetadataKernelArgsTest, TreeMask) {
         "tree mask: 4 q_lens, 3 kv_lens, 5 mask_indptr"},
        {"mask_indptr of another batch", [&](A& a) { a.mask_indptr = Over(mask_indptr_, kBatch); },
         kInvalid, "tree mask: 4 q_lens, 4 kv_lens, 4 mask_indptr"},
+       {"rows of another batch", [&](A& a) { a.rows = Over(rows_, kBatch - 1); }, kInvalid,
+        "tree mask: 4 q_lens, 4 kv_lens, 5 mask_indptr, 3 rows"},
+       {"null rows", [](A& a) { a.rows = Null<const ReqPoolIndex>(kBatch); }, kInvalid,
+        "rows has 4 elements but a null pointer"},
        {"no mask bytes per row", [](A& a) { a.max_mask_bytes_per_row = 0; }, kOutOfRange,
         "tree mask: max_mask_bytes_per_row must be >= 1"},
        {"a batch beyond int32",

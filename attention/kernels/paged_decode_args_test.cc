@@ -223,6 +223,22 @@ TEST_F(PagedDecodeArgsTest, ADevicePlanRunsItsCountsNotItsBuffers) {
   EXPECT_EQ(launch->attention.num_reduce, static_cast<int32_t>(plan_.reduce.size()));
 }
 
+// An empty batch with a device plan of work items would launch blocks for no sequence.
+TEST_F(PagedDecodeArgsTest, AnEmptyBatchTakesNoDevicePlanItems) {
+  PagedDecodeArgs a = Good();
+  const std::vector<TokenOffset> zero = {TokenOffset(0)};
+  a.kv = DecodeTokenLevelKv{HostSpan(zero), {}};
+  a.q = {};
+  a.out = {};
+  a.lse = {};
+  a.split->plan = DevicePlanOf(plan_);
+  const absl::Status s = PagedDecodeLaunchFor(a, nullptr).status();
+  EXPECT_EQ(s.code(), kInvalid) << s;
+  EXPECT_NE(s.message().find("split-KV device plan: 6 work items for a batch of 0"),
+            absl::string_view::npos)
+      << s;
+}
+
 TEST_F(PagedDecodeArgsTest, WithoutAPlanEachSequenceIsOneItem) {
   PagedDecodeArgs a = Good();
   a.kv = PageLevel();

@@ -1,6 +1,7 @@
 #include "kvcache/testing/serving_churn.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <random>
 #include <vector>
@@ -82,6 +83,20 @@ TEST(ServingChurnTest, BadInputIsRefused) {
   o.prompt_min = 9000;
   EXPECT_EQ(ServingChurnSlots(kPool, 1, kCtx, 0, o).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // Each other option out of its range (no running request would churn forever).
+  for (const auto& bad : std::vector<std::function<void(ServingChurnOptions&)>>{
+           [](ServingChurnOptions& x) { x.running = 0; },
+           [](ServingChurnOptions& x) { x.prompt_min = 0; },
+           [](ServingChurnOptions& x) { x.decodes_min = 0; },
+           [](ServingChurnOptions& x) { x.decodes_min = x.decodes_max + 1; },
+           [](ServingChurnOptions& x) { x.turnovers = -1; },
+           [](ServingChurnOptions& x) { x.decode_tail = -1; },
+       }) {
+    o = ServingChurnOptions{};
+    bad(o);
+    EXPECT_EQ(ServingChurnSlots(kPool, 1, kCtx, 0, o).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
   // 64 running prompts of at least 512 tokens do not fit 10,000 slots.
   EXPECT_EQ(ServingChurnSlots(10000, 1, kCtx, 0).status().code(),
             absl::StatusCode::kResourceExhausted);
