@@ -121,6 +121,13 @@ absl::Status GraphState::AllocateAll(const BufferPlan& plan, std::vector<DeviceB
       return b.status();
     }
     buffers.push_back(*b);
+    // The views are cut from each buffer's bytes: a shorter one would put them past its end.
+    if (b->bytes < spec.bytes || (spec.bytes > 0 && b->ptr == nullptr)) {
+      FreeAll(buffers);
+      return absl::InternalError(
+          absl::StrCat("graph state: the memory gave ", spec.name, " ", b->bytes, " bytes",
+                       b->ptr == nullptr ? " at null" : "", ", ", spec.bytes, " asked"));
+    }
   }
   out = std::move(buffers);
   return absl::OkStatus();

@@ -1,8 +1,10 @@
 #include "attention/graph/graph_state.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "attention/graph/testing/graph_harness.h"
@@ -180,6 +182,164 @@ TEST_F(GraphStateTest, VariableRowExtendLeavesATailOfUnclaimedRows) {
   auto fixed = g.Replay(*handle, ReplayBatch{rows, kv});
   ASSERT_TRUE(fixed.ok()) << fixed.status();
   EXPECT_EQ(fixed->padded.qo_indptr[8].value(), 8 * kRows);
+}
+
+// A host writer called directly with a request its buffers cannot hold refuses it before it
+// reads or writes a buffer (CheckWriteFitsBuffers, which the device writer runs too).
+TEST(HostMetadataWriterTest, RequestsPastTheBuffersAreRefusedBeforeAnyAccess) {
+  BatchFixture f(16, 3, 64, 4, 256);
+  f.AddSequence(30, 1);
+  std::vector<ReqPoolIndex> rows(4, ReqPoolIndex(-1));
+  rows[0] = f.rows()[0];
+  std::vector<TokenLength> q(4, TokenLength(1)), kv(4, TokenLength(1)), last(4, TokenLength(-7));
+  kv[0] = f.kv_lens()[0];
+  std::vector<TokenOffset> kv_indptr(5, TokenOffset(-7)), qo_indptr(5, TokenOffset(-7));
+  std::vector<TokenSlot> indices(64, TokenSlot(-7));
+  std::vector<PageId> table(4 * 4, PageId(-7));
+  const auto buffers = [&] {
+    GraphBuffers b;
+    b.req_rows = absl::MakeSpan(rows);
+    b.kv_lens = absl::MakeSpan(kv);
+    b.q_lens = absl::MakeSpan(q);
+    b.kv_indptr = absl::MakeSpan(kv_indptr);
+    b.qo_indptr = absl::MakeSpan(qo_indptr);
+    b.kv_last_page_len = absl::MakeSpan(last);
+    b.kv_indices = absl::MakeSpan(indices);
+    b.page_table = *PageTableSpan<PageId>::Create(absl::MakeSpan(table), 4, PageCount(4));
+    return b;
+  };
+  MetadataWriteRequest good;
+  good.mode = ForwardMode::kDecode;
+  good.real_batch_size = 1;
+  good.padded_batch_size = 4;
+  good.padded_kv_len = TokenLength(1);
+  good.page_size = f.page_size();
+  good.req_to_token = &f.pool();
+  good.page_table = true;
+  good.q_len_per_request = TokenLength(1);
+  struct Case {
+    const char* what;
+    std::function<void(MetadataWriteRequest&, GraphBuffers&)> edit;
+    const char* message;
+  } cases[] = {
+      {"no req_to_token", [](MetadataWriteRequest& r, GraphBuffers&) { r.req_to_token = nullptr; },
+       "host metadata writer: no req_to_token"},
+      {"more real rows than padded",
+       [](MetadataWriteRequest& r, GraphBuffers&) { r.real_batch_size = 5; },
+       "host metadata writer: a real batch of 5 in a padded batch of 4"},
+      {"a negative real batch",
+       [](MetadataWriteRequest& r, GraphBuffers&) { r.real_batch_size = -1; },
+       "host metadata writer: a real batch of -1"},
+      {"req_rows short of the padded batch",
+       [](MetadataWriteRequest&, GraphBuffers& b) { b.req_rows = b.req_rows.subspan(0, 3); },
+       "host metadata writer: req_rows holds 3 entries, 4 needed"},
+      {"kv_indptr short of the padded batch",
+       [](MetadataWriteRequest&, GraphBuffers& b) { b.kv_indptr = b.kv_indptr.subspan(0, 2); },
+       "host metadata writer: kv_indptr holds 2 entries, 5 needed"},
+      {"the page table asked of an empty buffer",
+       [](MetadataWriteRequest&, GraphBuffers& b) { b.page_table = PageTableSpan<PageId>(); },
+       "host metadata writer: the request asks for the page table, whose buffer is 0 x 0"},
+      {"the page table a row short",
+       [&](MetadataWriteRequest&, GraphBuffers& b) {
+         b.page_table = *PageTableSpan<PageId>::Create(absl::MakeSpan(table), 3, PageCount(4));
+       },
+       "host metadata writer: the request asks for the page table, whose buffer is 3 x 4"},
+      {"a mask without its indptr",
+       [](MetadataWriteRequest& r, GraphBuffers&) { r.mask_layout = MaskLayout::kFull; },
+       "host metadata writer: mask_indptr holds 0 entries, 5 needed"},
+      {"draft-decode without step buffers",
+       [](MetadataWriteRequest& r, GraphBuffers&) {
+         r.mode = ForwardMode::kDraftDecode;
+         r.draft_decode = DraftDecodeShape{1, 1};
+       },
+       "host metadata writer: 1 draft steps, 0 steps' buffers"},
+  };
+  HostMetadataWriter writer;
+  for (const Case& c : cases) {
+    MetadataWriteRequest r = good;
+    GraphBuffers b = buffers();
+    c.edit(r, b);
+    for (bool token_arrays : {false, true}) {
+      const absl::Status s =
+          token_arrays ? writer.WriteTokenArrays(r, b, nullptr) : writer.WriteBatchArrays(r, b);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.what << ": " << s;
+      EXPECT_EQ(std::string(s.message()).rfind(c.message, 0), 0u) << c.what << ": " << s;
+    }
+  }
+  EXPECT_EQ(kv_indptr, std::vector<TokenOffset>(5, TokenOffset(-7)));
+  EXPECT_EQ(indices, std::vector<TokenSlot>(64, TokenSlot(-7)));
+  EXPECT_EQ(table, std::vector<PageId>(16, PageId(-7)));
+  // The request as GraphState would make it is written.
+  GraphBuffers b = buffers();
+  ASSERT_TRUE(writer.WriteBatchArrays(good, b).ok());
+  ASSERT_TRUE(writer.WriteTokenArrays(good, b, nullptr).ok());
+  EXPECT_EQ(kv_indptr[4], kv_indptr[1] + TokenCount(3));
+}
+
+// Draft-decode's padded branches need their steps' buffers and slots: a step's lengths short
+// of the padded branches, or a kv_indices with room for the real branches only, is refused
+// before any step is written.
+TEST(HostMetadataWriterTest, DraftBranchesPastTheBuffersAreRefused) {
+  BatchFixture f(16, 3, 64, 4, 256);
+  const DraftDecodeShape shape{2, 2};
+  const TokenLength len(30);
+  f.AddSequence(len.value(), DraftRowTokens(len, shape, f.page_size()).value() - len.value());
+  std::vector<ReqPoolIndex> rows = {f.rows()[0], ReqPoolIndex(-1), ReqPoolIndex(-1)};
+  std::vector<TokenLength> kv = {len, TokenLength(1), TokenLength(1)}, q(3, TokenLength(1));
+  std::vector<TokenOffset> kv_indptr(4), qo_indptr(4), draft_qo(7, TokenOffset(-7));
+  std::vector<TokenLength> last(3);
+  const int64_t real_tokens = DraftStepTokens({len}, shape, 1).value();
+  struct Step {
+    std::vector<TokenLength> kv_lens = std::vector<TokenLength>(6), last = kv_lens;
+    std::vector<TokenOffset> kv_indptr = std::vector<TokenOffset>(7, TokenOffset(-7));
+    std::vector<TokenSlot> kv_indices;
+  };
+  std::vector<Step> steps(2);
+  for (Step& s : steps) s.kv_indices.assign(real_tokens + 4 - 1, TokenSlot(-7));  // one short
+  GraphBuffers b;
+  b.req_rows = absl::MakeSpan(rows);
+  b.kv_lens = absl::MakeSpan(kv);
+  b.q_lens = absl::MakeSpan(q);
+  b.kv_indptr = absl::MakeSpan(kv_indptr);
+  b.qo_indptr = absl::MakeSpan(qo_indptr);
+  b.kv_last_page_len = absl::MakeSpan(last);
+  b.draft_qo_indptr = absl::MakeSpan(draft_qo);
+  for (Step& s : steps) {
+    b.draft_steps.push_back(DraftStepBuffers{absl::MakeSpan(s.kv_indptr), absl::MakeSpan(s.kv_lens),
+                                             absl::MakeSpan(s.last), absl::MakeSpan(s.kv_indices)});
+  }
+  MetadataWriteRequest r;
+  r.mode = ForwardMode::kDraftDecode;
+  r.real_batch_size = 1;
+  r.padded_batch_size = 3;
+  r.padded_kv_len = TokenLength(1);
+  r.page_size = f.page_size();
+  r.req_to_token = &f.pool();
+  r.draft_decode = shape;
+  r.q_len_per_request = TokenLength(1);
+  HostMetadataWriter writer;
+  absl::Status s = writer.WriteTokenArrays(r, b, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("the padded batch needs"), absl::string_view::npos) << s;
+  for (const Step& st : steps) {
+    EXPECT_EQ(st.kv_indices, std::vector<TokenSlot>(real_tokens + 3, TokenSlot(-7)));
+    EXPECT_EQ(st.kv_indptr, std::vector<TokenOffset>(7, TokenOffset(-7)));
+  }
+  // A step's lengths short of the 6 branches.
+  GraphBuffers short_lens = b;
+  short_lens.draft_steps[1].kv_lens = short_lens.draft_steps[1].kv_lens.subspan(0, 5);
+  s = writer.WriteTokenArrays(r, short_lens, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("a draft step's kv_lens holds 5 entries, 6 needed"),
+            absl::string_view::npos)
+      << s;
+  // With room for every branch: written.
+  for (Step& st : steps) st.kv_indices.push_back(TokenSlot(-7));
+  for (size_t i = 0; i < steps.size(); ++i) {
+    b.draft_steps[i].kv_indices = absl::MakeSpan(steps[i].kv_indices);
+  }
+  ASSERT_TRUE(writer.WriteTokenArrays(r, b, nullptr).ok());
+  EXPECT_EQ(steps[1].kv_indptr[6].value(), real_tokens + 4);
 }
 
 // A host writer called directly over buffers too short for the padded rows refuses before it
@@ -554,6 +714,28 @@ TEST(GraphStateCreateTest, AFailedAllocationFreesWhatCameBefore) {
     EXPECT_EQ((*g)->batch_capacity(), 8);
     EXPECT_EQ((*g)->buffer(graph_buffer::kKvIndices).ptr, kv_indices.ptr);
   }
+}
+
+// Host memory that gives every buffer one byte less than asked.
+class ShortMemory : public HostDeviceMemory {
+ public:
+  absl::StatusOr<DeviceBuffer> Allocate(absl::string_view name, int64_t bytes) override {
+    absl::StatusOr<DeviceBuffer> b = HostDeviceMemory::Allocate(name, bytes);
+    if (b.ok() && b->bytes > 0) --b->bytes;
+    return b;
+  }
+};
+
+// A buffer shorter than its spec would put the views past its end: refused, nothing kept.
+TEST(GraphStateCreateTest, AShortBufferFromTheMemoryIsRefused) {
+  BatchFixture f(16, 3, 256, 8, 600);
+  ShortMemory memory;
+  HostMetadataWriter writer;
+  const absl::Status s =
+      GraphState::Create(MakeTestConfig(16), &f.pool(), f.page_size(), &memory, &writer).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_NE(s.message().find("asked"), absl::string_view::npos) << s;
+  EXPECT_EQ(memory.live_allocations(), 0);
 }
 
 // A writer that covers at most 8 rows (requests, or draft-decode branches) a write.

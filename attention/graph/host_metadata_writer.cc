@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "attention/metadata/builders.h"
@@ -11,8 +12,11 @@
 
 namespace attnmeta {
 
+constexpr absl::string_view kWriter = "host metadata writer";
+
 absl::Status HostMetadataWriter::WriteBatchArrays(const MetadataWriteRequest& r,
                                                   const GraphBuffers& b) {
+  if (absl::Status s = CheckWriteFitsBuffers(r, b, kWriter); !s.ok()) return s;
   // Draft-decode's arrays are per step and per branch: WriteTokenArrays writes them all.
   if (r.mode == ForwardMode::kDraftDecode) return absl::OkStatus();
   const size_t padded = static_cast<size_t>(r.padded_batch_size);
@@ -42,6 +46,31 @@ absl::Status WriteDraftDecode(const MetadataWriteRequest& r, const GraphBuffers&
   const size_t topk = static_cast<size_t>(r.draft_decode.topk);
   const size_t real_branches = real * topk;
   const size_t padded_branches = static_cast<size_t>(r.padded_batch_size) * topk;
+  // Each step's padded branches follow its real ones in kv_indices: checked for every step
+  // before the first is written (the batch first, which bounds DraftStepTokens).
+  if (absl::Status s =
+          CheckDraftDecodeBatch(*r.req_to_token, b.req_rows.subspan(0, real),
+                                b.kv_lens.subspan(0, real), r.draft_decode, r.page_size);
+      !s.ok()) {
+    return s;
+  }
+  const int64_t padded_len = r.padded_kv_len.value();
+  const int64_t padded_count = static_cast<int64_t>(padded_branches - real_branches);
+  if (padded_count > 0 &&
+      (padded_len < 1 || padded_count > std::numeric_limits<int32_t>::max() / padded_len)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kWriter, ": ", padded_count, " padded branches of ", padded_len, " tokens each"));
+  }
+  const int64_t padded_tokens = padded_count * padded_len;
+  for (int32_t step = 0; step < r.draft_decode.steps; ++step) {
+    const int64_t need =
+        DraftStepTokens(b.kv_lens.subspan(0, real), r.draft_decode, step).value() + padded_tokens;
+    if (need > static_cast<int64_t>(b.draft_steps[step].kv_indices.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kWriter, ": draft step ", step, "'s kv_indices holds ",
+          b.draft_steps[step].kv_indices.size(), " slots, the padded batch needs ", need));
+    }
+  }
   for (int32_t step = 0; step < r.draft_decode.steps; ++step) {
     const DraftStepBuffers& d = b.draft_steps[step];
     if (absl::Status s = BuildDraftDecodeStep(
@@ -73,6 +102,7 @@ absl::Status WriteDraftDecode(const MetadataWriteRequest& r, const GraphBuffers&
 absl::Status HostMetadataWriter::WriteTokenArrays(const MetadataWriteRequest& r,
                                                   const GraphBuffers& b,
                                                   SplitKvPlanCounts* split_kv_counts) {
+  if (absl::Status s = CheckWriteFitsBuffers(r, b, kWriter); !s.ok()) return s;
   if (r.mode == ForwardMode::kDraftDecode) return WriteDraftDecode(r, b);
   const size_t real = static_cast<size_t>(r.real_batch_size);
   const size_t padded = static_cast<size_t>(r.padded_batch_size);

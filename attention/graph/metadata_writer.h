@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "attention/graph/device_memory.h"
 #include "attention/metadata/custom_mask.h"
@@ -87,6 +88,17 @@ struct MetadataWriteRequest {
   // such as captured device graphs, must drop it when this changes.
   uint64_t generation = 0;
 };
+
+// OK when `r` is a request the buffers can hold, else InvalidArgument naming the first buffer
+// that cannot (`writer` starts the message): 0 <= real_batch_size <= padded_batch_size,
+// req_to_token set, every per-batch buffer at least the padded batch (indptrs one more), a
+// requested page table of as many rows and a mask_indptr of padded + 1; draft-decode: a valid
+// shape, buffers for its steps, and each step's and draft_qo_indptr's for padded * topk
+// branches. GraphState only makes such requests; a writer called directly checks this before
+// it reads or writes a buffer. The per-token buffers (kv_indices, the mask) follow from the
+// lengths, which the writers check as they build.
+absl::Status CheckWriteFitsBuffers(const MetadataWriteRequest& r, const GraphBuffers& b,
+                                   absl::string_view writer);
 
 class MetadataWriter {
  public:

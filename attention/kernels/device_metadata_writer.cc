@@ -25,71 +25,11 @@ absl::Status Runtime(hipError_t err, absl::string_view what) {
 // kernels::kPaddedRow.
 static_assert(GraphState::kPaddedRow.value() == kernels::kPaddedRow);
 
-// The first n entries of a buffer. REQUIRES: n <= s.size() (CheckFits).
+// The first n entries of a buffer. REQUIRES: n <= s.size() (CheckWriteFitsBuffers).
 template <typename T>
 DeviceSpan<T> Device(absl::Span<T> s, size_t n) {
   CHECK_LE(n, s.size());
   return DeviceSpan<T>(s.data(), n);
-}
-
-// InvalidArgument unless every buffer Launch reads or writes for `r` holds what the request
-// needs: a direct caller may pass a padded batch, draft steps or branches past the buffers
-// GraphState sized.
-absl::Status CheckFits(const MetadataWriteRequest& r, const GraphBuffers& b) {
-  const int64_t padded = r.padded_batch_size;
-  auto fits = [](absl::string_view what, size_t size, int64_t need) {
-    return static_cast<uint64_t>(need) <= size
-               ? absl::OkStatus()
-               : absl::InvalidArgumentError(absl::StrCat("device metadata writer: ", what,
-                                                         " holds ", size, " entries, ", need,
-                                                         " needed"));
-  };
-  if (padded < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("device metadata writer: padded batch of ", padded));
-  }
-  for (absl::Status st :
-       {fits("req_rows", b.req_rows.size(), padded), fits("kv_lens", b.kv_lens.size(), padded),
-        fits("q_lens", b.q_lens.size(), padded), fits("kv_indptr", b.kv_indptr.size(), padded + 1),
-        fits("qo_indptr", b.qo_indptr.size(), padded + 1),
-        fits("kv_last_page_len", b.kv_last_page_len.size(), padded)}) {
-    if (!st.ok()) return st;
-  }
-  if (r.mode == ForwardMode::kDraftDecode) {
-    if (absl::Status st = CheckDraftDecodeShape(r.draft_decode); !st.ok()) return st;
-    if (static_cast<size_t>(r.draft_decode.steps) > b.draft_steps.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("device metadata writer: ",
-                                                     r.draft_decode.steps, " draft steps, ",
-                                                     b.draft_steps.size(), " steps' buffers"));
-    }
-    // padded <= a span's size and topk <= INT32_MAX: the product fits int64.
-    const int64_t branches = padded * r.draft_decode.topk;
-    if (absl::Status st = fits("draft_qo_indptr", b.draft_qo_indptr.size(), branches + 1);
-        !st.ok()) {
-      return st;
-    }
-    for (int32_t step = 0; step < r.draft_decode.steps; ++step) {
-      const DraftStepBuffers& d = b.draft_steps[step];
-      for (absl::Status st : {fits("a draft step's kv_lens", d.kv_lens.size(), branches),
-                              fits("a draft step's kv_indptr", d.kv_indptr.size(), branches + 1),
-                              fits("a draft step's kv_last_page_len", d.kv_last_page_len.size(),
-                                   branches)}) {
-        if (!st.ok()) return st;
-      }
-    }
-  }
-  // The fused launch takes an empty page table for none: a request for one needs its rows.
-  if (r.page_table && r.mode != ForwardMode::kDraftDecode &&
-      (b.page_table.cols() < PageCount(1) || b.page_table.rows() < padded)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "device metadata writer: the request asks for the page table, whose buffer is ",
-        b.page_table.rows(), " x ", b.page_table.cols().value(), " for a padded batch of ",
-        padded));
-  }
-  if (r.mask_layout != MaskLayout::kNone) {
-    return fits("mask_indptr", b.mask_indptr.size(), padded + 1);
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -143,7 +83,9 @@ void DeviceMetadataWriter::DropGraphs() {
 
 absl::Status DeviceMetadataWriter::Launch(const MetadataWriteRequest& r, const GraphBuffers& b,
                                           bool direct) {
-  if (absl::Status s = CheckFits(r, b); !s.ok()) return s;
+  if (absl::Status s = CheckWriteFitsBuffers(r, b, "device metadata writer"); !s.ok()) {
+    return s;
+  }
   const size_t padded = static_cast<size_t>(r.padded_batch_size);
   // Every launch's arguments are made and checked before anything is queued, so that a
   // request that fails changes nothing: not the violation word, not the staged uploads.

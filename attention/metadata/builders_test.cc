@@ -1,6 +1,7 @@
 #include "attention/metadata/builders.h"
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,10 @@ TEST(BuildKvLastPageLenTest, UnalignedAndEmpty) {
   EXPECT_EQ(last(20, 7), 6);
   EXPECT_EQ(last(5, 1), 1);
   EXPECT_EQ(last(0, 7), 0);
+  // A negative length (the builders refuse it first) has no last page either.
+  EXPECT_EQ(last(-5, 16), 0);
+  EXPECT_EQ(last(std::numeric_limits<int32_t>::min(), 16), 0);
+  EXPECT_EQ(last(std::numeric_limits<int32_t>::min(), 7), 0);
   // 2^31 - 1 tokens: 2047 whole pages of 2^20 and one of 2^20 - 1; 715827882 pages of 3 and
   // one token.
   EXPECT_EQ(last(INT32_MAX, 1 << 20), 1048575);

@@ -192,12 +192,22 @@ absl::Status CheckTreeRowBlocks(absl::Span<const uint8_t> tree_rows, size_t bloc
 
 absl::Status CheckTreeRows(absl::Span<const uint8_t> tree_rows,
                            absl::Span<const TokenLength> q_lens, bool draft_tree) {
+  if (absl::Status s = CheckTreeRowsSize(tree_rows, q_lens); !s.ok()) return s;
   return CheckTreeRowBlocks(
       tree_rows, q_lens.size(), [&](size_t i) { return int64_t{q_lens[i].value()}; }, draft_tree);
 }
 
 absl::Status CheckTreeRows(absl::Span<const uint8_t> tree_rows, int64_t blocks, TokenLength q,
                            bool draft_tree) {
+  // q <= INT32_MAX: q * q fits int64; blocks * q * q is compared by division.
+  const int64_t per_block = int64_t{q.value()} * q.value();
+  const int64_t size = static_cast<int64_t>(tree_rows.size());
+  if (blocks < 0 || q.value() < 0 ||
+      (per_block == 0 ? size != 0 : size % per_block != 0 || size / per_block != blocks)) {
+    return absl::InvalidArgumentError(absl::StrCat("custom mask: tree rows hold ", size,
+                                                   " bytes, not ", blocks, " blocks of ", q.value(),
+                                                   " x ", q.value()));
+  }
   return CheckTreeRowBlocks(
       tree_rows, static_cast<size_t>(blocks), [&](size_t) { return int64_t{q.value()}; },
       draft_tree);

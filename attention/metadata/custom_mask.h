@@ -70,12 +70,12 @@ absl::Status CheckTreeRowsSize(absl::Span<const uint8_t> tree_rows,
 // InvalidArgument unless every byte of tree_rows (per sequence a [q_len][q_len] block, blocks
 // back to back) is 0 or 1 and every row sees itself (byte (r, r)): a row that sees nothing has
 // no softmax. With `draft_tree` (target-verify, DESIGN.md 2b) also unless every row sees row 0,
-// the tree's root. The message names the sequence, the row and the byte.
-// REQUIRES: tree_rows holds TreeRowsBytes(q_lens) bytes (CheckTreeRowsSize).
+// the tree's root. The message names the sequence, the row and the byte. First CheckTreeRowsSize:
+// InvalidArgument (OutOfRange) unless tree_rows holds TreeRowsBytes(q_lens) bytes.
 absl::Status CheckTreeRows(absl::Span<const uint8_t> tree_rows,
                            absl::Span<const TokenLength> q_lens, bool draft_tree);
 // The same over `blocks` blocks of q rows each (a target-verify batch, q draft tokens per
-// request). REQUIRES: blocks >= 0, q >= 0, tree_rows holds blocks * q * q bytes.
+// request); InvalidArgument for blocks < 0, q < 0 or tree_rows not blocks * q * q bytes.
 absl::Status CheckTreeRows(absl::Span<const uint8_t> tree_rows, int64_t blocks, TokenLength q,
                            bool draft_tree);
 

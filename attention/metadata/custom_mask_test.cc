@@ -167,6 +167,27 @@ TEST_F(TwoTrees, BadInputIsRefusedAndWritesNothing) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Both CheckTreeRows forms check the bytes they are given against the blocks they are told
+// of before they read one: a short or empty array, a negative count, a long array.
+TEST_F(TwoTrees, CheckTreeRowsTakesOnlyTheBytesOfItsBlocks) {
+  EXPECT_TRUE(CheckTreeRows(tree, q_lens, false).ok());
+  const std::vector<uint8_t> short_tree(tree.begin(), tree.end() - 1);
+  EXPECT_EQ(CheckTreeRows(short_tree, q_lens, false).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckTreeRows({}, q_lens, false).code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<uint8_t> chains(2 * 3 * 3, 1);
+  EXPECT_TRUE(CheckTreeRows(chains, 2, TokenLength(3), false).ok());
+  EXPECT_EQ(CheckTreeRows({}, 1, TokenLength(4), false).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckTreeRows(chains, -1, TokenLength(3), false).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckTreeRows(chains, 3, TokenLength(3), false).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckTreeRows(chains, 1, TokenLength(3), false).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckTreeRows(chains, 2, TokenLength(-3), false).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(CheckTreeRows({}, 5, TokenLength(0), false).ok());
+}
+
 // Every row sees itself; a draft tree's rows also see the root. BuildCustomMask asks the first
 // (an extend's custom mask need not see the first query row) and writes nothing when refused.
 TEST_F(TwoTrees, TreeRowsSeeThemselvesAndDraftTreesTheRoot) {

@@ -15,10 +15,10 @@ namespace attnmeta {
 TokenCount MaxLength(absl::Span<const TokenLength> lens);
 
 // Tokens in the last page of a sequence of kv_len tokens: (kv_len - 1) % page_size + 1, and
-// 0 for an empty sequence. REQUIRES: kv_len >= 0.
+// 0 for an empty sequence (and for a negative length, which the builders refuse first).
 // Inline and without a 64-bit division: the host replay computes it for every row.
 inline TokenLength LastPageLen(TokenLength kv_len, PageSize page_size) {
-  if (kv_len.value() == 0) return TokenLength(0);
+  if (kv_len.value() <= 0) return TokenLength(0);
   const int32_t before = kv_len.value() - 1;  // >= 0
   if (page_size.log2() >= 0) {
     return TokenLength((before & static_cast<int32_t>(page_size.tokens() - 1)) + 1);

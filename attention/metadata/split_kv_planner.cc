@@ -30,7 +30,7 @@ std::string KvLayoutName(const KvLayout& l) {
 }
 
 SplitKvCapacity SplitKvCapacityFor(int64_t max_tiles, int32_t num_units) {
-  const int64_t boundaries = std::max<int64_t>(0, num_units - 1);
+  const int64_t boundaries = std::max<int64_t>(0, int64_t{num_units} - 1);
   return SplitKvCapacity{max_tiles + boundaries, 2 * boundaries, boundaries};
 }
 

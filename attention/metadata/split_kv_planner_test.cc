@@ -225,6 +225,16 @@ TEST(SplitKvPlannerTest, IntoFixedBuffersAtExactlyTheCapacity) {
   for (const SplitKvReduceItem& r : short_reduce) EXPECT_EQ(r.sequence, -7);
 }
 
+// No unit boundaries without units: a count below one is none, the lowest int32 too.
+TEST(SplitKvPlannerTest, CapacityOfNoUnits) {
+  for (int32_t units : {1, 0, -5, std::numeric_limits<int32_t>::min()}) {
+    const SplitKvCapacity c = SplitKvCapacityFor(7, units);
+    EXPECT_EQ(c.work_items, 7) << units;
+    EXPECT_EQ(c.reduce_items, 0) << units;
+    EXPECT_EQ(c.partials, 0) << units;
+  }
+}
+
 TEST(SplitKvPlannerTest, NumQueryTiles) {
   EXPECT_EQ(*NumQueryTiles(Indptr({0, 1, 64, 65, 200}), TokenCount(64)), 0 + 1 + 1 + 2 + 4);
   EXPECT_EQ(*NumQueryTiles(Indptr({}), TokenCount(64)), 0);
