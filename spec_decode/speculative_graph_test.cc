@@ -137,6 +137,8 @@ TEST_P(SpeculativeGraphTest, DraftDecodeEveryStep) {
                                           TokenCount(branches), f.page_size());
     ASSERT_TRUE(eager.ok()) << eager.status();
     ASSERT_EQ(r->draft_steps.size(), 3u);
+    // `metadata` is step 0 of the real branches, as draft_steps[0] is.
+    ExpectSameMetadata(r->metadata, (*eager)[0].view());
     for (int step = 0; step < 3; ++step) {
       SCOPED_TRACE(::testing::Message() << "step " << step);
       ExpectSameMetadata(r->draft_steps[step], (*eager)[step].view());

@@ -60,6 +60,14 @@ TEST(DraftExtendTest, FixedFormHasNRowsPerRequest) {
                                                     TokenOffset(12)}));
   EXPECT_EQ(m->max_q_len, TokenCount(4));
   EXPECT_EQ(m->kv_indptr.back(), TokenOffset(44 + 13 + 81));
+  EXPECT_EQ(m->page_table.rows(), 3);
+  // Without the page table: token-level only.
+  SpecBuildOptions no_table = checked;
+  no_table.page_table = false;
+  auto token_level = BuildDraftExtendMetadata(b, f.pool(), f.page_size(), no_table);
+  ASSERT_TRUE(token_level.ok()) << token_level.status();
+  EXPECT_EQ(token_level->page_table.rows(), 0);
+  EXPECT_EQ(token_level->kv_indices, m->kv_indices);
 }
 
 TEST(DraftExtendTest, VariableFormTakesAcceptedLengthPlusOne) {
@@ -224,6 +232,13 @@ TEST_P(TargetVerifyTest, ReferenceAttentionMatchesDenseMaskedAttention) {
                                        f.page_size(), checked);
     ASSERT_TRUE(m.ok()) << m.status();
     EXPECT_EQ(m->max_q_len, TokenCount(c.n));
+    EXPECT_EQ(m->page_table.rows(), bs);
+    SpecBuildOptions no_table = checked;
+    no_table.page_table = false;
+    auto token_level = BuildTargetVerifyMetadata(f.pool(), f.rows(), *tree, layout,
+                                                 TokenCount(bs * c.n), f.page_size(), no_table);
+    ASSERT_TRUE(token_level.ok()) << token_level.status();
+    EXPECT_EQ(token_level->page_table.rows(), 0);
     int64_t kv_before = 0;  // the draft tokens are read from the cache: kv_indptr counts them
     for (int64_t b = 0; b < bs; ++b) {
       EXPECT_EQ(m->qo_indptr[b + 1].value(), (b + 1) * c.n);

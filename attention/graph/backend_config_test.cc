@@ -22,6 +22,8 @@ TEST(BackendConfigTest, ParsesAndValidatesTextFormat) {
   EXPECT_TRUE(o.layout.paged());
   EXPECT_EQ(o.layout.block().tokens(), 16);
   EXPECT_EQ(o.num_units, 132);
+  EXPECT_EQ(o.kv_granularity, TokenCount(128));
+  EXPECT_EQ(o.q_tile, TokenCount(64));
   // The linear layout (a consumer that reads K/V per token): planned in tokens, whatever the
   // page size (DESIGN.md section 3, row 5).
   BackendConfig linear = *c;

@@ -122,6 +122,17 @@ class PagedDecodeArgsTest : public ::testing::Test {
   HostBuffer q_, out_, lse_, k_, v_, partial_out_, partial_lse_, counters_;
 };
 
+// The launch runs the variant it is asked for (variant 4 is the portable MMA path AMD runs).
+TEST_F(PagedDecodeArgsTest, TheLaunchRunsItsVariant) {
+  for (int32_t v = 0; v < kernels::kNumDecodeVariants; ++v) {
+    PagedDecodeArgs a = Good();
+    a.variant = v;
+    absl::StatusOr<PagedDecodeLaunch> launch = PagedDecodeLaunchFor(a, nullptr);
+    ASSERT_TRUE(launch.ok()) << "variant " << v << ": " << launch.status();
+    EXPECT_EQ(launch->attention.variant, v);
+  }
+}
+
 TEST_F(PagedDecodeArgsTest, AHostPlanLaunchesItsItemsAndAMerge) {
   kernels::DeviceViolation violation{};
   absl::StatusOr<PagedDecodeLaunch> launch = PagedDecodeLaunchFor(Good(), &violation);

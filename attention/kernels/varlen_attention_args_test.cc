@@ -197,6 +197,10 @@ TEST_F(VarlenAttentionArgsTest, AMaskGivesTheKernelItsLayoutAndWords) {
   ASSERT_TRUE(launch.ok()) << launch.status();
   EXPECT_EQ(launch->params.mask_layout, kernels::kVarlenMaskFull);
   EXPECT_EQ(launch->params.mask_capacity, 4096);
+  a.mask.layout = MaskLayout::kQLenOnly;
+  launch = VarlenAttentionLaunchFor(a, true, nullptr);
+  ASSERT_TRUE(launch.ok()) << launch.status();
+  EXPECT_EQ(launch->params.mask_layout, kernels::kVarlenMaskQLenOnly);
   a.mask.layout = MaskLayout::kBitPacked;
   // 40 rows are past the bit-packed maximum; 30 fit in 4-byte words.
   EXPECT_EQ(VarlenAttentionLaunchFor(a, true, nullptr).status().code(), kInvalid);
