@@ -10,8 +10,13 @@ bazelw="$(realpath "$1")"
 fake="$TEST_TMPDIR/bin"
 mkdir -p "$fake"
 log="$TEST_TMPDIR/apt.log"
+# Unknown to dpkg but for DPKG_INSTALLED (installed) and git (known, not installed); bazelw asks
+# for every package in one call.
 cat >"$fake/dpkg-query" <<'F'
 #!/usr/bin/env bash
+echo "dpkg-query $*" >>"$APT_LOG"
+for p in $DPKG_INSTALLED; do printf '%s\tinstall ok installed\n' "$p"; done
+printf 'git\tdeinstall ok config-files\n'
 exit 1
 F
 cat >"$fake/id" <<'F'
@@ -62,7 +67,9 @@ fail() { echo "FAIL: $*"; cat "$log"; exit 1; }
 updates() { grep -c "^apt-get update" "$log" || true; }
 
 # Locked lists, then success: two updates, one install, then Bazel.
+export DPKG_INSTALLED=""
 run_bazelw lock
+(($(grep -c "^dpkg-query" "$log") == 1)) || fail "dpkg asked more than once"
 ((rc == 0)) || fail "bazelw exited $rc: $out"
 (($(updates) == 2)) || fail "2 updates expected"
 grep -q "^apt-get install .*bazel-bootstrap.*libabsl-dev" "$log" ||
@@ -84,4 +91,16 @@ run_bazelw offline
 (($(updates) == 1)) || fail "retried"
 ! grep -q "^apt-get install" "$log" || fail "installed after a failed update"
 grep -q "Failed to fetch" <<<"$out" || fail "apt's message not shown: $out"
+# A machine with some packages: only the others are installed (git's leftover configuration
+# is not an installed package).
+export DPKG_INSTALLED="g++ libabsl-dev bazel-skylib"
+run_bazelw ok
+((rc == 0)) || fail "bazelw exited $rc: $out"
+install=" $(grep "^apt-get install" "$log") " || fail "no install"
+for p in g++ libabsl-dev bazel-skylib; do
+  [[ "$install" != *" $p "* ]] || fail "reinstalls $p:$install"
+done
+for p in bazel-bootstrap libgtest-dev git; do
+  [[ "$install" == *" $p "* ]] || fail "does not install $p:$install"
+done
 echo "PASS"
