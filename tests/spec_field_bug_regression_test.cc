@@ -31,6 +31,26 @@ absl::Status Validate(const ForwardMetadataView& v, const BatchFixture& f, int64
   return ValidateForwardMetadata(v, ctx);
 }
 
+// Captures draft-decode for f's whole batch, replays it, and checks every step against the
+// eager path and the validator, and the buffers' canaries.
+void ReplayDraftDecodeMatchesEager(GraphHarness& h, const BatchFixture& f,
+                                   const std::vector<TokenLength>& seq_lens,
+                                   DraftDecodeShape shape) {
+  const int64_t bs = static_cast<int64_t>(f.rows().size());
+  auto handle = h.state().Capture(bs, ForwardMode::kDraftDecode);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  auto r = h.state().Replay(*handle, ReplayBatch{f.rows(), seq_lens});
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto eager = BuildDraftDecodeMetadata(f.pool(), f.rows(), seq_lens, shape,
+                                        TokenCount(bs * shape.topk), f.page_size());
+  ASSERT_TRUE(eager.ok()) << eager.status();
+  for (int step = 0; step < shape.steps; ++step) {
+    ExpectSameMetadata(r->draft_steps[step], (*eager)[step].view());
+    EXPECT_TRUE(Validate(r->draft_steps[step], f, bs * shape.topk).ok());
+  }
+  EXPECT_TRUE(h.memory().VerifyCanaries().ok()) << h.memory().VerifyCanaries();
+}
+
 // Row 7: the verify buffer without the draft-token slack overflowed near full context. Every
 // request here has max_context_len committed tokens plus its n draft tokens: target-verify
 // replays them (kv_len ctx + n) and equals the eager path.
@@ -122,18 +142,7 @@ TEST(SpecFieldBugTest, Row4_ReserveRegrowsTheDraftDecodeBuffers) {
     EXPECT_GE(d.kv_lens.size(), branches);
     EXPECT_GE(d.kv_last_page_len.size(), branches);
   }
-  auto handle = g.Capture(bs, ForwardMode::kDraftDecode);
-  ASSERT_TRUE(handle.ok()) << handle.status();
-  auto r = g.Replay(*handle, ReplayBatch{f.rows(), seq_lens});
-  ASSERT_TRUE(r.ok()) << r.status();
-  auto eager = BuildDraftDecodeMetadata(f.pool(), f.rows(), seq_lens, shape,
-                                        TokenCount(bs * shape.topk), f.page_size());
-  ASSERT_TRUE(eager.ok()) << eager.status();
-  for (int step = 0; step < shape.steps; ++step) {
-    ExpectSameMetadata(r->draft_steps[step], (*eager)[step].view());
-    EXPECT_TRUE(Validate(r->draft_steps[step], f, bs * shape.topk).ok());
-  }
-  EXPECT_TRUE(h.memory().VerifyCanaries().ok()) << h.memory().VerifyCanaries();
+  ReplayDraftDecodeMatchesEager(h, f, seq_lens, shape);
 }
 
 // Row 8: an eager draft-extend took the prefill's qo_indptr, [0, 80], for a 4-row query and
@@ -177,18 +186,7 @@ TEST(SpecFieldBugTest, Row10_DraftDecodeAtFullContextWithTopK) {
     // steps x B x topk branches of ceil(192 / ps) * ps + steps = 195 tokens (192 is a multiple
     // of every page size here); the buggy plan had B * 195 per step, without top-k.
     EXPECT_EQ(h.state().plan().Find("draft_kv_indices")->capacity, 3 * 3 * 4 * 195);
-    auto handle = h.state().Capture(bs, ForwardMode::kDraftDecode);
-    ASSERT_TRUE(handle.ok()) << handle.status();
-    auto r = h.state().Replay(*handle, ReplayBatch{f.rows(), seq_lens});
-    ASSERT_TRUE(r.ok()) << r.status();
-    auto eager = BuildDraftDecodeMetadata(f.pool(), f.rows(), seq_lens, shape,
-                                          TokenCount(bs * shape.topk), f.page_size());
-    ASSERT_TRUE(eager.ok()) << eager.status();
-    for (int step = 0; step < shape.steps; ++step) {
-      ExpectSameMetadata(r->draft_steps[step], (*eager)[step].view());
-      EXPECT_TRUE(Validate(r->draft_steps[step], f, bs * shape.topk).ok());
-    }
-    EXPECT_TRUE(h.memory().VerifyCanaries().ok()) << h.memory().VerifyCanaries();
+    ReplayDraftDecodeMatchesEager(h, f, seq_lens, shape);
   }
 }
 

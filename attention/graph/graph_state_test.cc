@@ -184,39 +184,61 @@ TEST_F(GraphStateTest, VariableRowExtendLeavesATailOfUnclaimedRows) {
   EXPECT_EQ(fixed->padded.qo_indptr[8].value(), 8 * kRows);
 }
 
+// The per-batch host arrays of a padded batch whose first rows are a fixture's (the others
+// padded: row -1, `padded_len` tokens, `q` query rows), outputs poisoned, and a direct write
+// request for it, as GraphState would make one; a test adds what its mode needs.
+struct DirectWrite {
+  DirectWrite(const BatchFixture& f, ForwardMode mode, int64_t padded, TokenLength q,
+              TokenLength padded_len)
+      : rows(padded, ReqPoolIndex(-1)),
+        kv_lens(padded, padded_len),
+        q_lens(padded, q),
+        kv_indptr(padded + 1, TokenOffset(-7)),
+        qo_indptr(padded + 1, TokenOffset(-7)),
+        last(padded, TokenLength(-7)) {
+    const size_t real = f.rows().size();
+    std::copy(f.rows().begin(), f.rows().end(), rows.begin());
+    std::copy(f.kv_lens().begin(), f.kv_lens().end(), kv_lens.begin());
+    request.mode = mode;
+    request.real_batch_size = static_cast<int64_t>(real);
+    request.padded_batch_size = padded;
+    request.padded_kv_len = padded_len;
+    request.page_size = f.page_size();
+    request.req_to_token = &f.pool();
+    request.q_len_per_request = q;
+  }
+  GraphBuffers Buffers() {
+    GraphBuffers b;
+    b.req_rows = absl::MakeSpan(rows);
+    b.kv_lens = absl::MakeSpan(kv_lens);
+    b.q_lens = absl::MakeSpan(q_lens);
+    b.kv_indptr = absl::MakeSpan(kv_indptr);
+    b.qo_indptr = absl::MakeSpan(qo_indptr);
+    b.kv_last_page_len = absl::MakeSpan(last);
+    return b;
+  }
+  std::vector<ReqPoolIndex> rows;
+  std::vector<TokenLength> kv_lens, q_lens;
+  std::vector<TokenOffset> kv_indptr, qo_indptr;
+  std::vector<TokenLength> last;
+  MetadataWriteRequest request;
+};
+
 // A host writer called directly with a request its buffers cannot hold refuses it before it
 // reads or writes a buffer (CheckWriteFitsBuffers, which the device writer runs too).
 TEST(HostMetadataWriterTest, RequestsPastTheBuffersAreRefusedBeforeAnyAccess) {
   BatchFixture f(16, 3, 64, 4, 256);
   f.AddSequence(30, 1);
-  std::vector<ReqPoolIndex> rows(4, ReqPoolIndex(-1));
-  rows[0] = f.rows()[0];
-  std::vector<TokenLength> q(4, TokenLength(1)), kv(4, TokenLength(1)), last(4, TokenLength(-7));
-  kv[0] = f.kv_lens()[0];
-  std::vector<TokenOffset> kv_indptr(5, TokenOffset(-7)), qo_indptr(5, TokenOffset(-7));
+  DirectWrite w(f, ForwardMode::kDecode, 4, TokenLength(1), TokenLength(1));
+  w.request.page_table = true;
   std::vector<TokenSlot> indices(64, TokenSlot(-7));
   std::vector<PageId> table(4 * 4, PageId(-7));
   const auto buffers = [&] {
-    GraphBuffers b;
-    b.req_rows = absl::MakeSpan(rows);
-    b.kv_lens = absl::MakeSpan(kv);
-    b.q_lens = absl::MakeSpan(q);
-    b.kv_indptr = absl::MakeSpan(kv_indptr);
-    b.qo_indptr = absl::MakeSpan(qo_indptr);
-    b.kv_last_page_len = absl::MakeSpan(last);
+    GraphBuffers b = w.Buffers();
     b.kv_indices = absl::MakeSpan(indices);
     b.page_table = *PageTableSpan<PageId>::Create(absl::MakeSpan(table), 4, PageCount(4));
     return b;
   };
-  MetadataWriteRequest good;
-  good.mode = ForwardMode::kDecode;
-  good.real_batch_size = 1;
-  good.padded_batch_size = 4;
-  good.padded_kv_len = TokenLength(1);
-  good.page_size = f.page_size();
-  good.req_to_token = &f.pool();
-  good.page_table = true;
-  good.q_len_per_request = TokenLength(1);
   struct Case {
     const char* what;
     std::function<void(MetadataWriteRequest&, GraphBuffers&)> edit;
@@ -256,7 +278,7 @@ TEST(HostMetadataWriterTest, RequestsPastTheBuffersAreRefusedBeforeAnyAccess) {
   };
   HostMetadataWriter writer;
   for (const Case& c : cases) {
-    MetadataWriteRequest r = good;
+    MetadataWriteRequest r = w.request;
     GraphBuffers b = buffers();
     c.edit(r, b);
     for (bool token_arrays : {false, true}) {
@@ -266,14 +288,14 @@ TEST(HostMetadataWriterTest, RequestsPastTheBuffersAreRefusedBeforeAnyAccess) {
       EXPECT_EQ(std::string(s.message()).rfind(c.message, 0), 0u) << c.what << ": " << s;
     }
   }
-  EXPECT_EQ(kv_indptr, std::vector<TokenOffset>(5, TokenOffset(-7)));
+  EXPECT_EQ(w.kv_indptr, std::vector<TokenOffset>(5, TokenOffset(-7)));
   EXPECT_EQ(indices, std::vector<TokenSlot>(64, TokenSlot(-7)));
   EXPECT_EQ(table, std::vector<PageId>(16, PageId(-7)));
   // The request as GraphState would make it is written.
   GraphBuffers b = buffers();
-  ASSERT_TRUE(writer.WriteBatchArrays(good, b).ok());
-  ASSERT_TRUE(writer.WriteTokenArrays(good, b, nullptr).ok());
-  EXPECT_EQ(kv_indptr[4], kv_indptr[1] + TokenCount(3));
+  ASSERT_TRUE(writer.WriteBatchArrays(w.request, b).ok());
+  ASSERT_TRUE(writer.WriteTokenArrays(w.request, b, nullptr).ok());
+  EXPECT_EQ(w.kv_indptr[4], w.kv_indptr[1] + TokenCount(3));
 }
 
 // Draft-decode's padded branches need their steps' buffers and slots: a step's lengths short
@@ -284,10 +306,10 @@ TEST(HostMetadataWriterTest, DraftBranchesPastTheBuffersAreRefused) {
   const DraftDecodeShape shape{2, 2};
   const TokenLength len(30);
   f.AddSequence(len.value(), DraftRowTokens(len, shape, f.page_size()).value() - len.value());
-  std::vector<ReqPoolIndex> rows = {f.rows()[0], ReqPoolIndex(-1), ReqPoolIndex(-1)};
-  std::vector<TokenLength> kv = {len, TokenLength(1), TokenLength(1)}, q(3, TokenLength(1));
-  std::vector<TokenOffset> kv_indptr(4), qo_indptr(4), draft_qo(7, TokenOffset(-7));
-  std::vector<TokenLength> last(3);
+  DirectWrite w(f, ForwardMode::kDraftDecode, 3, TokenLength(1), TokenLength(1));
+  w.request.draft_decode = shape;
+  w.kv_lens[0] = len;  // the committed length, not the row's
+  std::vector<TokenOffset> draft_qo(7, TokenOffset(-7));
   const int64_t real_tokens = DraftStepTokens({len}, shape, 1).value();
   struct Step {
     std::vector<TokenLength> kv_lens = std::vector<TokenLength>(6), last = kv_lens;
@@ -296,29 +318,14 @@ TEST(HostMetadataWriterTest, DraftBranchesPastTheBuffersAreRefused) {
   };
   std::vector<Step> steps(2);
   for (Step& s : steps) s.kv_indices.assign(real_tokens + 4 - 1, TokenSlot(-7));  // one short
-  GraphBuffers b;
-  b.req_rows = absl::MakeSpan(rows);
-  b.kv_lens = absl::MakeSpan(kv);
-  b.q_lens = absl::MakeSpan(q);
-  b.kv_indptr = absl::MakeSpan(kv_indptr);
-  b.qo_indptr = absl::MakeSpan(qo_indptr);
-  b.kv_last_page_len = absl::MakeSpan(last);
+  GraphBuffers b = w.Buffers();
   b.draft_qo_indptr = absl::MakeSpan(draft_qo);
   for (Step& s : steps) {
     b.draft_steps.push_back(DraftStepBuffers{absl::MakeSpan(s.kv_indptr), absl::MakeSpan(s.kv_lens),
                                              absl::MakeSpan(s.last), absl::MakeSpan(s.kv_indices)});
   }
-  MetadataWriteRequest r;
-  r.mode = ForwardMode::kDraftDecode;
-  r.real_batch_size = 1;
-  r.padded_batch_size = 3;
-  r.padded_kv_len = TokenLength(1);
-  r.page_size = f.page_size();
-  r.req_to_token = &f.pool();
-  r.draft_decode = shape;
-  r.q_len_per_request = TokenLength(1);
   HostMetadataWriter writer;
-  absl::Status s = writer.WriteTokenArrays(r, b, nullptr);
+  absl::Status s = writer.WriteTokenArrays(w.request, b, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("the padded batch needs"), absl::string_view::npos) << s;
   for (const Step& st : steps) {
@@ -328,7 +335,7 @@ TEST(HostMetadataWriterTest, DraftBranchesPastTheBuffersAreRefused) {
   // A step's lengths short of the 6 branches.
   GraphBuffers short_lens = b;
   short_lens.draft_steps[1].kv_lens = short_lens.draft_steps[1].kv_lens.subspan(0, 5);
-  s = writer.WriteTokenArrays(r, short_lens, nullptr);
+  s = writer.WriteTokenArrays(w.request, short_lens, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("a draft step's kv_lens holds 5 entries, 6 needed"),
             absl::string_view::npos)
@@ -338,54 +345,37 @@ TEST(HostMetadataWriterTest, DraftBranchesPastTheBuffersAreRefused) {
   for (size_t i = 0; i < steps.size(); ++i) {
     b.draft_steps[i].kv_indices = absl::MakeSpan(steps[i].kv_indices);
   }
-  ASSERT_TRUE(writer.WriteTokenArrays(r, b, nullptr).ok());
+  ASSERT_TRUE(writer.WriteTokenArrays(w.request, b, nullptr).ok());
   EXPECT_EQ(steps[1].kv_indptr[6].value(), real_tokens + 4);
 }
 
 // A host writer called directly over buffers too short for the padded rows refuses before it
-// writes (GraphState never asks that; the device writer clamps and records instead).
+// writes (GraphState never asks that; on the device the kernels clamp such writes and record
+// the violation).
 TEST(HostMetadataWriterTest, PaddedRowsPastTheBuffersAreRefused) {
   BatchFixture f(16, 3, 64, 4, 256);
   f.AddSequence(30, 4);
-  std::vector<ReqPoolIndex> rows = {f.rows()[0], ReqPoolIndex(-1), ReqPoolIndex(-1)};
-  std::vector<TokenLength> q(3, TokenLength(4)),
-      kv = {f.kv_lens()[0], TokenLength(4), TokenLength(4)};
-  std::vector<TokenOffset> kv_indptr(4), qo_indptr(4);
-  std::vector<TokenLength> last(3);
+  DirectWrite w(f, ForwardMode::kTargetVerify, 3, TokenLength(4), TokenLength(4));
+  w.request.mask_layout = MaskLayout::kFull;
   std::vector<int64_t> mask_indptr(4);
   std::vector<uint8_t> tree(16, 1), mask(34 * 4 + 2 * 16, 9);
   std::vector<TokenSlot> indices(34 + 2 * 4 - 1, TokenSlot(-9));  // one slot short
-  GraphBuffers b;
-  b.req_rows = absl::MakeSpan(rows);
-  b.kv_lens = absl::MakeSpan(kv);
-  b.q_lens = absl::MakeSpan(q);
-  b.kv_indptr = absl::MakeSpan(kv_indptr);
-  b.qo_indptr = absl::MakeSpan(qo_indptr);
-  b.kv_last_page_len = absl::MakeSpan(last);
+  GraphBuffers b = w.Buffers();
   b.kv_indices = absl::MakeSpan(indices);
   b.mask_indptr = absl::MakeSpan(mask_indptr);
   b.tree_mask = absl::MakeSpan(tree);
   b.custom_mask = absl::MakeSpan(mask);
-  MetadataWriteRequest r;
-  r.mode = ForwardMode::kTargetVerify;
-  r.real_batch_size = 1;
-  r.padded_batch_size = 3;
-  r.padded_kv_len = TokenLength(4);
-  r.page_size = f.page_size();
-  r.req_to_token = &f.pool();
-  r.mask_layout = MaskLayout::kFull;
-  r.q_len_per_request = TokenLength(4);
   HostMetadataWriter writer;
-  ASSERT_TRUE(writer.WriteBatchArrays(r, b).ok());
-  ASSERT_EQ(kv_indptr[3].value(), 34 + 2 * 4);
-  absl::Status s = writer.WriteTokenArrays(r, b, nullptr);
+  ASSERT_TRUE(writer.WriteBatchArrays(w.request, b).ok());
+  ASSERT_EQ(w.kv_indptr[3].value(), 34 + 2 * 4);
+  absl::Status s = writer.WriteTokenArrays(w.request, b, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("kv_indices"), absl::string_view::npos) << s;
   // The mask one byte short, kv_indices long enough.
   indices.push_back(TokenSlot(-9));
   b.kv_indices = absl::MakeSpan(indices);
   b.custom_mask = absl::MakeSpan(mask).subspan(0, mask_indptr[3] - 1);
-  s = writer.WriteTokenArrays(r, b, nullptr);
+  s = writer.WriteTokenArrays(w.request, b, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("custom_mask"), absl::string_view::npos) << s;
   EXPECT_TRUE(std::all_of(indices.begin(), indices.end(), [](TokenSlot t) {
