@@ -117,6 +117,7 @@ TEST(SimulatorTest, StepLimitStopsWithoutFailing) {
   absl::StatusOr<SimReport> report = RunWorkload(Default(), options);
   ASSERT_TRUE(report.ok());
   EXPECT_TRUE(report->passed());
+  ASSERT_EQ(report->runs_size(), Default().scenarios_size());  // one page size
   for (const RunReport& r : report->runs()) {
     EXPECT_EQ(r.steps(), 5);
     EXPECT_FALSE(r.finished());

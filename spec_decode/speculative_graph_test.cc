@@ -266,20 +266,23 @@ TEST(SpeculativeGraphBadInputTest, RefusedReplaysWriteNothing) {
     const CaptureHandle& handle;
     ReplayBatch batch;
     absl::StatusCode code;
-    const char* message = "";  // the refusal's message starts with it
+    const char* message;  // the refusal's message starts with it
   } cases[] = {
       {"verify without a tree",
        *verify,
        {f.rows(), f.kv_lens()},
-       absl::StatusCode::kInvalidArgument},
+       absl::StatusCode::kInvalidArgument,
+       "target_verify replay needs the tree mask"},
       {"a short tree",
        *verify,
        {f.rows(), f.kv_lens(), {}, short_tree},
-       absl::StatusCode::kInvalidArgument},
+       absl::StatusCode::kInvalidArgument,
+       "tree_mask: 47 bytes, want bs * n * n = 48"},
       {"a tree byte of 2",
        *verify,
        {f.rows(), f.kv_lens(), {}, bad_byte},
-       absl::StatusCode::kInvalidArgument},
+       absl::StatusCode::kInvalidArgument,
+       "tree_mask: custom mask: tree row byte 5 (sequence 0, row 1) = 2, want 0 or 1"},
       {"a row not seeing the root",
        *verify,
        {f.rows(), f.kv_lens(), {}, rootless},
@@ -293,11 +296,13 @@ TEST(SpeculativeGraphBadInputTest, RefusedReplaysWriteNothing) {
       {"a tree to draft-extend",
        *extend,
        {f.rows(), f.kv_lens(), {}, tree},
-       absl::StatusCode::kInvalidArgument},
+       absl::StatusCode::kInvalidArgument,
+       "replay batch: a tree mask given to draft_extend"},
       {"more rows than captured",
        *extend,
        {f.rows(), f.kv_lens(), too_many},
-       absl::StatusCode::kInvalidArgument},
+       absl::StatusCode::kInvalidArgument,
+       "q_lens[1] = 5 outside [1, 4]"},
       {"a request of no query rows",
        *extend,
        {f.rows(), f.kv_lens(), none},
@@ -311,11 +316,13 @@ TEST(SpeculativeGraphBadInputTest, RefusedReplaysWriteNothing) {
       {"q_lens to decode",
        *plain,
        {f.rows(), f.kv_lens(), ones},
-       absl::StatusCode::kInvalidArgument},
+       absl::StatusCode::kInvalidArgument,
+       "replay batch: per-request q_lens are for extend and draft_extend, not decode"},
       {"a committed length past max_context_len",
        *decode,
        {f.rows(), past_context},
-       absl::StatusCode::kOutOfRange},
+       absl::StatusCode::kOutOfRange,
+       "kv_lens[1] = 513 beyond max_context_len = 512"},
       {"a negative committed length",
        *decode,
        {f.rows(), negative},
@@ -323,6 +330,7 @@ TEST(SpeculativeGraphBadInputTest, RefusedReplaysWriteNothing) {
        "kv_lens[1] = -1 is negative"},
   };
   for (const Case& c : cases) {
+    ASSERT_NE(c.message[0], '\0') << c.what;
     const absl::Status s = g.Replay(c.handle, c.batch).status();
     EXPECT_EQ(s.code(), c.code) << c.what << ": " << s;
     EXPECT_EQ(std::string(s.message()).rfind(c.message, 0), 0u) << c.what << ": " << s;

@@ -564,12 +564,17 @@ TEST(DraftDecodeBadInputTest, AllStepsTogetherBeyondInt32) {
   std::vector<TokenLength> kv_lens(1);
   std::vector<TokenOffset> kv_indptr(2), qo_indptr(2);
   std::vector<TokenLength> last_page_len(1);
-  EXPECT_TRUE(BuildDraftDecodeStep(
+  ASSERT_TRUE(BuildDraftDecodeStep(
                   f.pool(), f.rows(), lens, {1, 1 << 16}, (1 << 16) - 1, f.page_size(),
                   DraftDecodeStepSpans{absl::MakeSpan(kv_lens), absl::MakeSpan(kv_indptr),
                                        absl::MakeSpan(qo_indptr), absl::MakeSpan(last_page_len),
                                        absl::MakeSpan(kv_indices)})
                   .ok());
+  // One branch of no committed tokens at its 2^16-th step: 2^16 draft tokens, one query row.
+  EXPECT_EQ(kv_lens[0], TokenLength(1 << 16));
+  EXPECT_EQ(kv_indptr, (std::vector<TokenOffset>{TokenOffset(0), TokenOffset(1 << 16)}));
+  EXPECT_EQ(qo_indptr, (std::vector<TokenOffset>{TokenOffset(0), TokenOffset(1)}));
+  EXPECT_EQ(last_page_len[0], TokenLength(1));
 }
 
 // A step outside [0, steps) is refused before anything is written, even with outputs that

@@ -114,8 +114,6 @@ TEST_P(GraphVarlenLaunchTest, TheBucketViewIsWhatTheCheckedLauncherTakes) {
     // A part-full bucket, and a full one whose every request uses fewer rows than captured
     // (its view's max_q_len is then below the captured rows).
     for (int64_t bs : {int64_t{5}, kBucket}) {
-      SCOPED_TRACE(::testing::Message()
-                   << ForwardModeName(mode) << " page_size " << GetParam() << " bs " << bs);
       std::vector<ReqPoolIndex> rows;
       std::vector<TokenLength> kv, q_lens;
       for (int64_t i = 0; i < bs; ++i) {
@@ -125,6 +123,12 @@ TEST_P(GraphVarlenLaunchTest, TheBucketViewIsWhatTheCheckedLauncherTakes) {
         q_lens.push_back(TokenLength(std::uniform_int_distribution<int32_t>(1, hi)(rng)));
       }
       q_lens[0] = TokenLength(1);  // at least one row left unclaimed
+      std::string drawn;
+      for (TokenLength q : q_lens) absl::StrAppend(&drawn, drawn.empty() ? "" : ",", q.value());
+      SCOPED_TRACE(::testing::Message()
+                   << ForwardModeName(mode) << " page_size " << GetParam() << " bs " << bs
+                   << " seed " << 4700 + GetParam() << " q_lens " << drawn
+                   << "; rerun: --gtest_filter=*TheBucketViewIsWhatTheCheckedLauncherTakes/*");
       // The padded rows take the captured rows each; the real requests' unused rows are the
       // tail.
       int64_t claimed = (kBucket - bs) * kRows;

@@ -31,7 +31,9 @@ expect_rejected max_kv_len 's/^max_kv_len: \([0-9]*\)/max_kv_len: 1\1/'
 # then checks OK and equals the good one. Bad inputs are refused and the file is left alone.
 bad="$TEST_TMPDIR/rewrite.textproto"
 sed '0,/^kv_indices: [0-9]*/s//kv_indices: 999999/; s/^max_kv_len: \([0-9]*\)/max_kv_len: 1\1/' "$good" >"$bad"
-"$check" "$bad" >/dev/null && { echo "corrupted copy passed before the rewrite"; exit 1; }
+rc=0
+"$check" "$bad" >/dev/null || rc=$?
+[[ $rc -eq 1 ]] || { echo "corrupted copy before the rewrite: exit $rc, want 1 (refused)"; exit 1; }
 out=$("$check" --rewrite "$bad") || { echo "rewrite failed: $out"; exit 1; }
 [[ "$out" == "REWROTE $bad" ]] || { echo "unexpected rewrite output: $out"; exit 1; }
 "$check" "$bad" >/dev/null || { echo "rewritten snapshot does not check OK"; exit 1; }

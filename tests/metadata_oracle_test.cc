@@ -67,8 +67,19 @@ void RunCase(const Case& c) {
   AddSequences(c, rng, f);
   auto m = BuildForwardMetadata(f.Batch(c.mode), f.pool(), f.page_size());
   ASSERT_TRUE(m.ok()) << m.status();
+  if (c.mode == ForwardMode::kIdle) {
+    // No sequence: nothing to attend, and metadata that says so.
+    EXPECT_EQ(m->kv_indptr, std::vector<TokenOffset>{TokenOffset(0)});
+    EXPECT_EQ(m->qo_indptr, std::vector<TokenOffset>{TokenOffset(0)});
+    EXPECT_TRUE(m->kv_indices.empty());
+    EXPECT_TRUE(m->kv_lens.empty());
+    EXPECT_EQ(m->max_q_len, TokenCount(0));
+    EXPECT_EQ(m->max_kv_len, TokenCount(0));
+    return;
+  }
 
   const AttentionProblem p = MakeAttentionProblem(f, kDims, c.seed);
+  ASSERT_FALSE(p.q.empty());
   const std::vector<float>& want = p.dense;
   ReferenceAttentionInputs in{kDims, m->view(), f.page_size(), p.q, p.k_pool, p.v_pool};
   auto check = [&](const char* path, const absl::Status& s, const std::vector<float>& got) {

@@ -58,10 +58,10 @@ TEST(ContextGatherTest, CopiesTokenLevelSlotsSequenceMajor) {
   }
 }
 
-// The fixed-buffer form writes what the vector form returns and reports the total; a cu_k of
-// any size but batch + 1, or a tok_idx shorter than the batch's tokens, is refused with
-// nothing written.
-TEST(ContextGatherTest, IntoFixedBuffersEqualsTheVectorForm) {
+// The fixed-buffer form writes an extend batch's whole slots (kv_indices, kv_indptr: every
+// sequence's whole KV is gathered) and reports the total; a cu_k of any size but batch + 1, or
+// a tok_idx shorter than the batch's tokens, is refused with nothing written.
+TEST(ContextGatherTest, IntoFixedBuffersWritesTheBatchsSlots) {
   BatchFixture f(16, 9);
   f.AddSequence(40, 3);
   f.AddSequence(0, 17);
@@ -69,21 +69,20 @@ TEST(ContextGatherTest, IntoFixedBuffersEqualsTheVectorForm) {
   ASSERT_TRUE(m.ok()) << m.status();
   const ContextGatherInputs in{ForwardMode::kExtend, m->kv_indptr, m->kv_indices, m->kv_lens,
                                f.pool_slots()};
-  auto want = GatherContextTokens(in);
-  ASSERT_TRUE(want.ok()) << want.status();
-  const size_t tokens = want->tok_idx.size();
+  const size_t tokens = m->kv_indices.size();
+  ASSERT_EQ(tokens, 40u + 3 + 17);
   std::vector<TokenSlot> tok(tokens + 3, TokenSlot(-7));
-  std::vector<TokenOffset> cu(want->cu_k.size(), TokenOffset(-7));
+  std::vector<TokenOffset> cu(m->kv_indptr.size(), TokenOffset(-7));
   TokenCount total(-1);
   ASSERT_TRUE(GatherContextTokens(in, absl::MakeSpan(tok), absl::MakeSpan(cu), &total).ok());
   EXPECT_EQ(total, TokenCount(static_cast<int64_t>(tokens)));
-  EXPECT_EQ(cu, want->cu_k);
-  EXPECT_EQ(std::vector<TokenSlot>(tok.begin(), tok.begin() + tokens), want->tok_idx);
+  EXPECT_EQ(cu, m->kv_indptr);
+  EXPECT_EQ(std::vector<TokenSlot>(tok.begin(), tok.begin() + tokens), m->kv_indices);
   EXPECT_EQ(std::vector<TokenSlot>(tok.begin() + tokens, tok.end()),
             std::vector<TokenSlot>(3, TokenSlot(-7)));
   std::vector<TokenSlot> exact(tokens);
   EXPECT_TRUE(GatherContextTokens(in, absl::MakeSpan(exact), absl::MakeSpan(cu), nullptr).ok());
-  EXPECT_EQ(exact, want->tok_idx);
+  EXPECT_EQ(exact, m->kv_indices);
   const auto refused = [&](size_t tok_size, size_t cu_size) {
     std::vector<TokenSlot> t(tok_size, TokenSlot(-7));
     std::vector<TokenOffset> c(cu_size, TokenOffset(-7));

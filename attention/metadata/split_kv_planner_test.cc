@@ -176,6 +176,23 @@ TEST(SplitKvPlannerTest, IntoFixedBuffersAtExactlyTheCapacity) {
   auto counts = PlanSplitKvInto(Indptr(q), Indptr(kv), opt,
                                 {absl::MakeSpan(work), absl::MakeSpan(units), absl::MakeSpan(reduce)});
   ASSERT_TRUE(counts.ok()) << counts.status();
+  // What the spans hold is a valid plan of this batch by the checks above (independent of the
+  // planner), and the same one the vector form returns.
+  SplitKvPlan from_spans;
+  from_spans.layout = opt.layout;
+  from_spans.chunk = counts->chunk;
+  from_spans.work.assign(work.begin(), work.begin() + counts->work_items);
+  from_spans.unit_indptr = units;
+  from_spans.reduce.assign(reduce.begin(), reduce.begin() + counts->reduce_items);
+  from_spans.num_partials = counts->num_partials;
+  EXPECT_EQ(CheckPlan(q, kv, opt, from_spans), "");
+  for (size_t i = 0; i < plan->reduce.size(); ++i) {
+    const SplitKvReduceItem& r = reduce[i];
+    const SplitKvReduceItem& want = plan->reduce[i];
+    EXPECT_TRUE(r.sequence == want.sequence && r.q_begin == want.q_begin && r.q_end == want.q_end &&
+                r.partial_begin == want.partial_begin && r.partial_end == want.partial_end)
+        << "reduce item " << i;
+  }
   ASSERT_EQ(counts->work_items, static_cast<int64_t>(plan->work.size()));
   ASSERT_EQ(counts->reduce_items, static_cast<int64_t>(plan->reduce.size()));
   EXPECT_EQ(counts->num_partials, plan->num_partials);
