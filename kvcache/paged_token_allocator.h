@@ -76,7 +76,7 @@ class PagedTokenAllocator {
   //     the padding page, not live, breaking the page-offset invariant, or with a live slot
   //     after it that the extend would need; two requests of the batch continuing the same
   //     partially filled page (a last_loc shared at a page's end, or by a request with no new
-  //     tokens, is fine: a shared prefix);
+  //     tokens, is fine: a shared prefix); a prefix_len beyond the pool's slots;
   //     `out` smaller than the number of new tokens;
   //   ResourceExhausted: a request with more new tokens than the pool has slots, or not
   //     enough free pages for the whole batch (checked after every request is checked for

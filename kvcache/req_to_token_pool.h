@@ -47,8 +47,9 @@ class ReqToTokenPool {
   absl::Status Free(ReqPoolIndex row);
 
   // Writes `slots` at positions [begin, begin + slots.size()) of `row`.
-  // OutOfRange unless 0 <= begin and begin + slots.size() <= max_context_len; FailedPrecondition
-  // for a row that is not allocated. On error nothing is written.
+  // OutOfRange for a row outside the table, or unless 0 <= begin and begin + slots.size() <=
+  // max_context_len; FailedPrecondition for a row that is not allocated. On error nothing is
+  // written.
   absl::Status Write(ReqPoolIndex row, TokenCount begin, absl::Span<const TokenSlot> slots);
 
   // The slots at positions [begin, begin + len) of `row`; same errors as Write.

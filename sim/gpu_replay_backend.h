@@ -14,7 +14,9 @@
 
 namespace attnmeta {
 
-// FailedPrecondition when no GPU is visible; Internal for a runtime failure.
+// FailedPrecondition when no GPU is visible; ResourceExhausted when the staged uploads or the
+// device table cannot be allocated; DeviceMetadataWriter::Create's InvalidArgument or
+// OutOfRange (a table or pool it cannot address); Internal for a runtime failure.
 absl::StatusOr<std::unique_ptr<ReplayBackend>> MakeGpuReplayBackend(const ReqToTokenPool& table,
                                                                     TokenCount pool_slots);
 

@@ -47,8 +47,9 @@ struct VerifyTree {
 };
 
 // The reference encoding. InvalidArgument: n < 1 or n > 64, topk < 1, depth < 1, array sizes
-// that disagree with bs, topk, depth and n, a negative seq_len, a selected index whose
-// parent_list slot p is outside [0, topk * (depth - 1) + 1), or a cycle among a request's
+// that disagree with bs, topk, depth and n, a negative seq_len, a negative selected index, a
+// selected index whose parent_list slot p is outside [0, topk * (depth - 1) + 1), or a cycle
+// among a request's
 // tokens; OutOfRange: a seq_len + n beyond INT32_MAX (the positions are int32), or bs * n
 // beyond INT32_MAX (retrieve_index is int32).
 absl::StatusOr<VerifyTree> BuildVerifyTree(absl::Span<const int64_t> parent_list,
@@ -69,7 +70,9 @@ absl::StatusOr<VerifyTree> BuildVerifyTreeFromParents(absl::Span<const int32_t> 
 // n * n * b, bit-packed n words from word b * n. Writes mask_indptr [bs + 1] (int64 byte
 // offsets) and mask bytes [0, mask_indptr[bs]); nothing on error. InvalidArgument: layout
 // kNone, n > 32 for bit-packed, mask_indptr not bs + 1 entries, out too small, a hand-built
-// tree whose `sees` is not bs * n * n bytes; OutOfRange: a request's seq_len + n beyond
+// tree whose `sees` is not bs * n * n bytes or has rows CheckTreeRows refuses as a draft
+// tree's (a byte other than 0/1, a row not seeing itself or the root), a negative seq_len;
+// OutOfRange: a request's seq_len + n beyond
 // INT32_MAX, or the batch's query rows (bs * n) or KV tokens summing past INT32_MAX.
 absl::Status WriteTreeMask(const VerifyTree& tree, MaskLayout layout, absl::Span<uint8_t> out,
                            absl::Span<int64_t> mask_indptr);

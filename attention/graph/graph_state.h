@@ -9,8 +9,9 @@
 // rows with safe values (the captured query rows, a KV length of PaddedRowKvLen on slots of
 // the reserved padding page, page-table rows all padding). Every enabled consumer's buffers are
 // written at every replay, for every page size, but for draft-decode, which is token-level only:
-// its replays write neither the page table nor the split-KV plan, which keep the last other
-// replay's rows (so a kernel that reads either must not be captured for draft-decode).
+// its replays write only the draft_* arrays (and the staged inputs); every other buffer, the
+// page table and the split-KV plan among them, keeps the last other replay's rows (so a kernel
+// that reads any of them must not be captured for draft-decode).
 //
 // Reserve(capacity) regrows every per-batch buffer when an engine pads its capture batch
 // past the current capacity (the reference system regrew some buffers and not others: DESIGN.md
@@ -144,7 +145,9 @@ class GraphState {
   // the KV pool's page size is not the config's, or req_to_token's rows are narrower than
   // max_context_len + draft_tokens or than the draft-decode runs of a request at max_context_len;
   // OutOfRange: max_batch_size requests (or, with topk, their draft branches) beyond the
-  // writer's max_write_rows; the plan's and the memory's errors. `req_to_token`, `memory` and
+  // writer's max_write_rows; InvalidArgument: a null req_to_token, memory or writer; Internal:
+  // the memory returned a buffer shorter than asked, or at null; the plan's and the memory's
+  // errors. `req_to_token`, `memory` and
   // `writer` must outlive the state.
   static absl::StatusOr<std::unique_ptr<GraphState>> Create(const BackendConfig& config,
                                                             const ReqToTokenPool* req_to_token,
@@ -158,7 +161,8 @@ class GraphState {
   // Regrows every per-batch buffer to hold `batch_capacity` requests when it exceeds the
   // current capacity (no-op otherwise), and bumps the generation. All or nothing: on error
   // (InvalidArgument for batch_capacity < 1; OutOfRange for a capacity, or its draft branches,
-  // beyond the writer's max_write_rows; the plan's, the memory's) the old buffers stay.
+  // beyond the writer's max_write_rows; Internal for a buffer shorter than asked; the plan's,
+  // the memory's) the old buffers stay.
   absl::Status Reserve(int64_t batch_capacity);
 
   // Writes the metadata of a padded batch of `bucket` requests (all padding) and returns the

@@ -9,6 +9,13 @@
 
 namespace attnmeta {
 
+// Errors of both writes: CheckWriteFitsBuffers's InvalidArgument first; then the builders'
+// (InvalidArgument, OutOfRange, FailedPrecondition); InvalidArgument for a kv_indices, custom
+// mask or draft step's kv_indices too short for the padded batch. Draft-decode checks
+// everything before it writes. The other modes may have written kv_indptr, qo_indptr and
+// kv_indices when a later builder refuses (a page table too narrow, a tree the mask refuses, a
+// split-KV plan past its buffers): GraphState checks all of that before it writes, so only a
+// direct caller can see it.
 class HostMetadataWriter : public MetadataWriter {
  public:
   MemorySpace space() const override { return MemorySpace::kHost; }

@@ -108,8 +108,10 @@ class MetadataWriter {
   // hands them to kernels.
   virtual MemorySpace space() const = 0;
 
-  // OK when the writer can write `request`, else Unimplemented. GraphState asks before it
-  // stages anything, so that a request the writer cannot write leaves every buffer as it was.
+  // OK when the writer can write `request`; else Unimplemented for a request it does not
+  // implement, or InvalidArgument for one it cannot take (each writer lists which). GraphState
+  // asks before it stages anything, so that a request the writer cannot write leaves every
+  // buffer as it was.
   virtual absl::Status CheckSupported(const MetadataWriteRequest& request) const {
     (void)request;
     return absl::OkStatus();
@@ -121,8 +123,10 @@ class MetadataWriter {
 
   // Per-batch arrays, O(padded batch size): kv_indptr, qo_indptr and kv_last_page_len over
   // rows [0, padded_batch_size] from the staged kv_lens and q_lens, and mask_indptr when the
-  // request has a mask layout (target-verify).
-  // REQUIRES: GraphState checked the request against the buffers and staged the inputs.
+  // request has a mask layout (target-verify). Draft-decode has none of these: the host writer
+  // writes every draft step in WriteTokenArrays, the device writer here. InvalidArgument first
+  // for a request CheckWriteFitsBuffers refuses.
+  // REQUIRES: the staged inputs hold the request's batch.
   virtual absl::Status WriteBatchArrays(const MetadataWriteRequest& request,
                                         const GraphBuffers& buffers) = 0;
 

@@ -79,8 +79,10 @@ class DeviceMetadataWriter : public MetadataWriter {
   // without the host lengths of its padded rows (host_kv_lens, host_q_lens), or for
   // draft-decode with a split-KV plan. WriteBatchArrays also refuses (CountSplitKvPlan's
   // InvalidArgument or OutOfRange) split-KV host lengths the planner refuses, before it queues
-  // anything; WriteTokenArrays reports the counts of the last WriteBatchArrays, and is
-  // FailedPrecondition when that one failed or none ran. With graphs, a write is captured
+  // anything, and a request CheckWriteFitsBuffers refuses (InvalidArgument; a null
+  // req_to_token too, which this writer does not read), checked at capture and on direct
+  // writes, not on relaunches; WriteTokenArrays reports the counts of the last WriteBatchArrays,
+  // and is FailedPrecondition when that one failed or none ran. With graphs, a write is captured
   // once per (generation, bucket, mode) and later writes of that key relaunch the capture
   // without checking the lengths again; one that differs from the captured write in anything
   // else it fixes (page size, page table, split-KV options, mask layout, draft shape, with a

@@ -38,7 +38,7 @@ class StagedUploads {
 
   // Allocates the arena (pinned, mapped) for batches of up to `payload_bytes` bytes of copies
   // queued on `stream`. InvalidArgument for payload_bytes < 16 or >= 2^31; ResourceExhausted
-  // when pinned memory cannot be had.
+  // when pinned or device memory cannot be had; the runtime's error when it fails otherwise.
   static absl::StatusOr<std::unique_ptr<StagedUploads>> Create(
       hipStream_t stream, int64_t payload_bytes = kDefaultPayloadBytes);
   StagedUploads(const StagedUploads&) = delete;

@@ -36,7 +36,8 @@ absl::StatusOr<MetadataSnapshot> SnapshotFromText(absl::string_view text);
 // "kv_indices[17]: recorded 123, rebuilt 456"; for inputs the builders reject, "rebuilding
 // from the recorded inputs: ...").
 // Inputs are checked against the file's own arrays before anything is rebuilt: recorded and
-// requested rows in [0, max_reqs) (OutOfRange otherwise), array sizes that agree, and every
+// requested rows in [0, max_reqs) and recorded rows of at most max_context_len slots
+// (OutOfRange otherwise), array sizes that agree, and every
 // request reading only positions its recorded req_to_token row holds. Only the recorded rows
 // are rebuilt (renumbered densely, as wide as the longest, at most 2^28 entries), so what a
 // corrupt file makes it allocate is bounded by what it records: the rebuilt table by its

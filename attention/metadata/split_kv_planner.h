@@ -97,7 +97,8 @@ struct SplitKvCapacity {
   int64_t partials;    // 2 * (num_units - 1): each unit boundary splits at most one tile
   int64_t reduce_items;  // num_units - 1
 };
-// REQUIRES: 0 <= max_tiles <= INT32_MAX (no batch has more tiles than its int32 query rows).
+// With num_units < 1 there are no boundaries: work_items is max_tiles, the others 0.
+// REQUIRES: 0 <= max_tiles <= 2^62 (a batch's tiles, or a buffer plan's B * ceil(Q / q_tile)).
 SplitKvCapacity SplitKvCapacityFor(int64_t max_tiles, int32_t num_units);
 
 // The number of (sequence, query tile) pairs of a batch: sum of ceil(q_len / q_tile) over the
