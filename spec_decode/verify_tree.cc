@@ -188,7 +188,6 @@ absl::Status WriteTreeMask(const VerifyTree& tree, MaskLayout layout, absl::Span
                                                    " entries, want ", indptr.size()));
   }
   // A tree built here sees its root; a hand-built one is held to the same rule.
-  if (absl::Status s = CheckTreeRowsSize(tree.sees, q_lens); !s.ok()) return s;
   if (absl::Status s = CheckTreeRows(tree.sees, q_lens, /*draft_tree=*/true); !s.ok()) return s;
   if (absl::Status s = BuildCustomMask(layout, tree.sees, q_lens, kv_lens, indptr, out); !s.ok()) {
     return s;

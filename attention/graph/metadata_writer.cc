@@ -24,10 +24,11 @@ absl::Status CheckWriteFitsBuffers(const MetadataWriteRequest& r, const GraphBuf
   if (r.req_to_token == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(writer, ": no req_to_token"));
   }
-  // Every size below is a span's, at most SIZE_MAX / 4 entries: padded + 1 fits.
+  // req_rows first: then padded is at most a span's size, SIZE_MAX / 4, and padded + 1 fits.
+  if (absl::Status st = fits("req_rows", b.req_rows.size(), padded); !st.ok()) return st;
   for (absl::Status st :
-       {fits("req_rows", b.req_rows.size(), padded), fits("kv_lens", b.kv_lens.size(), padded),
-        fits("q_lens", b.q_lens.size(), padded), fits("kv_indptr", b.kv_indptr.size(), padded + 1),
+       {fits("kv_lens", b.kv_lens.size(), padded), fits("q_lens", b.q_lens.size(), padded),
+        fits("kv_indptr", b.kv_indptr.size(), padded + 1),
         fits("qo_indptr", b.qo_indptr.size(), padded + 1),
         fits("kv_last_page_len", b.kv_last_page_len.size(), padded)}) {
     if (!st.ok()) return st;

@@ -184,7 +184,6 @@ absl::StatusOr<ForwardMetadata> BuildForwardMetadata(const ForwardBatch& batch,
   // The tree rows before any array: the mask is the batch's q_len * kv_len bytes, which the
   // caller's lengths can make gigabytes, and BuildCustomMask would refuse the rows after.
   if (options.mask_layout != MaskLayout::kNone) {
-    if (absl::Status s = CheckTreeRowsSize(batch.tree_mask, batch.q_lens); !s.ok()) return s;
     if (absl::Status s = CheckTreeRows(batch.tree_mask, batch.q_lens,
                                        /*draft_tree=*/batch.mode == ForwardMode::kTargetVerify);
         !s.ok()) {

@@ -220,7 +220,6 @@ absl::Status BuildCustomMask(MaskLayout layout, absl::Span<const uint8_t> tree_r
   int32_t word_bytes = 0;
   if (absl::Status s = CheckBatch(layout, q_lens, kv_lens, &word_bytes); !s.ok()) return s;
   const size_t bs = q_lens.size();
-  if (absl::Status s = CheckTreeRowsSize(tree_rows, q_lens); !s.ok()) return s;
   if (absl::Status s = CheckTreeRows(tree_rows, q_lens, /*draft_tree=*/false); !s.ok()) return s;
   if (mask_indptr.size() != bs + 1 || mask_indptr[0] != 0) {
     return absl::InvalidArgumentError("custom mask: mask_indptr is not the batch's");
