@@ -252,6 +252,11 @@ TEST(HostMetadataWriterTest, RequestsPastTheBuffersAreRefusedBeforeAnyAccess) {
       {"a negative real batch",
        [](MetadataWriteRequest& r, GraphBuffers&) { r.real_batch_size = -1; },
        "host metadata writer: a real batch of -1"},
+      {"a padded batch of INT64_MAX (its indptrs' + 1 must not be formed)",
+       [](MetadataWriteRequest& r, GraphBuffers&) {
+         r.padded_batch_size = std::numeric_limits<int64_t>::max();
+       },
+       "host metadata writer: req_rows holds 4 entries, 9223372036854775807 needed"},
       {"req_rows short of the padded batch",
        [](MetadataWriteRequest&, GraphBuffers& b) { b.req_rows = b.req_rows.subspan(0, 3); },
        "host metadata writer: req_rows holds 3 entries, 4 needed"},
