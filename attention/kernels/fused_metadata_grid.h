@@ -10,19 +10,20 @@
 namespace attnmeta {
 
 // The launch is a grid of [rows][row_blocks] blocks; the row_blocks blocks of a row share its
-// `passes` passes (contiguous shares), and each block first sums the lengths of the rows before
-// its own. Blocks run in waves of `wave_blocks` (multiprocessors times the blocks that fit on
-// one), and a block of a later wave starts as one ends. Returns the row_blocks y in [1,
-// passes] that minimizes (passes per block + 1.25 + rows / 512) * (rows * y / wave_blocks + 1),
-// the smallest on a tie: a block's time (its passes, its start, its sum of the lengths before
-// its row) times the waves of blocks plus one block's time for the last wave's tail.
-// Fitted to same-run A/Bs of fixed row_blocks on an H100 (session 51, 8 tokens per thread,
-// 132 multiprocessors x 8 blocks; docs/gpu_metadata_kernels.md, "The fused launch's grid,
-// refitted"): at bs 1024 x 32k (32 passes) one block per row, what the earlier model (whole
-// waves times a block's time) chose, took 103.1 us and four per row 99.0 (115.6 and 105.3 with
-// rows at every alignment). Six per row measured 0.3-1.2% faster than four there: the model
-// ranks six lower and overstates what splitting gains (21% predicted, 4-9% measured). The
-// test names every measured choice.
+// `passes` passes in contiguous shares of ceil(passes / row_blocks), and each block first sums
+// the lengths of the rows before its own. Blocks run in waves of `wave_blocks`
+// (multiprocessors times the blocks that fit on one). Returns ceil(passes / 4) row blocks
+// (shares of at most 4 passes: 4096 tokens or 2048 page-table columns), or more where the grid
+// would then hold fewer than one wave of blocks: as many as fit one wave, at most one per pass.
+// Then the fewest row blocks that give the same share (no block without passes).
+//
+// Measured in same-run A/Bs of fixed row_blocks on H100s (8 tokens per thread, 132
+// multiprocessors x 8 blocks; docs/gpu_metadata_kernels.md, "Shares of four passes"): at bs
+// 1024 x 32k (32 passes) 8 row blocks read 96.1-96.2% of the copy against 95.1-95.2% for the 4
+// that session 51's cost model chose, and 91.0-91.3% against 89.3-89.5% with rows at every
+// alignment; at page size 1 (64 passes) 16 read 94.6-94.7% against 93.4%. The test names every
+// measured choice.
+//
 // REQUIRES: rows >= 1, passes >= 1, wave_blocks >= 1.
 int32_t FusedMetadataRowBlocks(int64_t rows, int32_t passes, int32_t wave_blocks);
 
