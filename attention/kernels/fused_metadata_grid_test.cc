@@ -22,6 +22,9 @@ TEST(FusedMetadataRowBlocksTest, ExtremeInputsStayInRange) {
             CeilDiv(kMax32, 4));
   EXPECT_EQ(FusedMetadataRowBlocks(1, kMax32, kMax32), kMax32);
   EXPECT_EQ(FusedMetadataRowBlocks(1, 1, kMax32), 1);
+  // Rows past int32: the wave's share of them is 0 blocks, not a quotient of truncated rows.
+  EXPECT_EQ(FusedMetadataRowBlocks((int64_t{1} << 32) + 1, 32, 1056), 8);
+  EXPECT_EQ(FusedMetadataRowBlocks(int64_t{1} << 32, 32, 1056), 8);
 }
 
 // The rule stated as a search, for every candidate: among the row blocks that leave no block
@@ -47,7 +50,8 @@ TEST(FusedMetadataRowBlocksTest, IsTheLargestShareOfAtMostFourPassesThatNoWaveCo
 
 // The wave of the fused kernel on an H100 or H200 since session 35: 132 multiprocessors x 8
 // blocks of 128 threads, passes of 1024 tokens (the page table's: 512 columns). Each choice was
-// measured against the others named (session 51, same-run A/Bs on an H100).
+// measured against the others named (sessions 51 and 56, same-run A/Bs on H100s), but for
+// bs 64 x 128k at page size 16, whose 32 lies between two measured grids.
 TEST(FusedMetadataRowBlocksTest, RowBlocksMeasuredAtTheEightTokenPasses) {
   // bs 1024 x 32k (32 passes): 8 blocks per row, 96.1-96.2% of the copy against 4's 95.1-95.2%
   // and 16's 95.3-95.7% (12: 96.1%); with rows at every alignment 91.0-91.3% against 4's
