@@ -19,11 +19,12 @@
 // copy reference moves the same number of bytes (half read, half written).
 //
 // Usage: metadata_kernels_gpu_benchmark [--l2-fetch-granularity=BYTES]
-//                                       [--shape=BS,CTX,PS[,STRIDE] | --host-times | OUT_DIR]
+//            [--shape=BS,CTX,PS[,STRIDE] [--row-blocks=N[,N...]] | --host-times | OUT_DIR]
 // (OUT_DIR gets metadata_kernels.csv and .md besides stdout; --host-times runs only the host-time
-// measurements). The granularity, an NVIDIA hint for the bytes DRAM fetches per L2 miss, is set
-// for the whole run (the page table's strided reads depend on it). Needs a GPU; exits non-zero
-// on any error or mismatch.
+// measurements; --row-blocks adds the fused launch with each grid given, rows "fused (1 launch,
+// N row blocks)", for same-run A/Bs of FusedMetadataRowBlocks). The granularity, an NVIDIA hint for
+// the bytes DRAM fetches per L2 miss, is set for the whole run (the page table's strided reads
+// depend on it). Needs a GPU; exits non-zero on any error or mismatch.
 
 #include <algorithm>
 #include <chrono>
@@ -36,14 +37,19 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "attention/graph/graph_state.h"
 #include "attention/graph/host_device_memory.h"
 #include "attention/graph/testing/graph_harness.h"
 #include "attention/kernels/device_metadata_writer.h"
 #include "attention/kernels/device_violation_word.h"
 #include "attention/kernels/hip_device_memory.h"
+#include "attention/kernels/metadata_kernel_args.h"
 #include "attention/kernels/metadata_kernels.h"
+#include "attention/kernels/metadata_kernels_launch.h"
 #include "attention/kernels/metadata_launchers.h"
 #include "attention/kernels/staged_uploads.h"
 #include "attention/kernels/testing/bench_check.h"
@@ -76,6 +82,10 @@ struct Row {
   double bytes, us, copy_us;
 };
 std::vector<Row> rows;
+
+// --row-blocks=N[,N...] (with --shape): the fused launch also with each of these grids
+// (row_blocks, FusedMetadataRowBlocks' choice overridden), in the same run.
+std::vector<int32_t> forced_row_blocks;
 
 void Report(const Row& r) {
   rows.push_back(r);
@@ -312,6 +322,23 @@ void RunShape(int64_t bs, int64_t ctx, int64_t ps, std::mt19937_64& rng, DeviceV
   std::printf("    fused / kv_indices alone = %.3f (both without overlap %.3f), fused / separate = "
               "%.3f\n",
               fused_us / kv_us, plain_us / kv_plain_us, fused_us / sep_us);
+  // Each forced grid through the kernel's own launcher, overlapping the launch ahead where
+  // BuildDecodeMetadataOnDevice would (the same checked params, the same outputs checked). A
+  // grid is taken as given: blocks past a row's passes return at once, where the launcher never
+  // gives more blocks than the longest row's passes.
+  const bool overlaps = Unwrap(DeviceOverlapsLaunches());
+  for (const int32_t row_blocks : forced_row_blocks) {
+    poison();
+    const double us = TimeUs(sets, [&](int k) {
+      const kernels::FusedMetadataParams p = Unwrap(FusedMetadataParamsFor(
+          FusedArgs(s[k], ctx, stride, cols, pool_slots, page_size), word.device()));
+      BENCH_CHECK(GpuStatus(kernels::LaunchFusedMetadataKernel(p, row_blocks, overlaps, nullptr),
+                            "fused launch with row_blocks"));
+    });
+    check(true, true, true, "fused with row_blocks");
+    Report({absl::StrFormat("fused (1 launch, %d row blocks)", row_blocks) + tag, bs, ctx, ps,
+            fused_bytes, us, fused_copy_us});
+  }
 }
 
 void RunGather(int64_t tokens, int heads, int head_dim, std::mt19937_64& rng, DeviceViolationWord& word) {
@@ -664,11 +691,24 @@ int main(int argc, char** argv) {
     return 0;
   }
   // --shape=BS,CTX,PS[,STRIDE] runs that one shape (for a profiler), STRIDE the row stride of
-  // req_to_token (CTX by default).
+  // req_to_token (CTX by default); then --row-blocks=N[,N...] adds the fused launch with each
+  // of those grids.
   if (arg < argc && std::string(argv[arg]).rfind("--shape=", 0) == 0) {
     long long bs = 0, ctx = 0, ps = 0, stride = 0;
     const int n = std::sscanf(argv[arg] + 8, "%lld,%lld,%lld,%lld", &bs, &ctx, &ps, &stride);
     if (n < 3 || (n == 4 && stride < ctx)) return 2;
+    if (arg + 1 < argc && std::string(argv[arg + 1]).rfind("--row-blocks=", 0) == 0) {
+      for (const absl::string_view v : absl::StrSplit(argv[arg + 1] + 13, ',')) {
+        int32_t row_blocks = 0;
+        // The grid's y dimension: at most 65535 blocks.
+        if (!absl::SimpleAtoi(v, &row_blocks) || row_blocks < 1 || row_blocks > 65535) {
+          std::fprintf(stderr, "--row-blocks takes numbers from 1 to 65535, not %s\n",
+                       argv[arg + 1] + 13);
+          return 2;
+        }
+        forced_row_blocks.push_back(row_blocks);
+      }
+    }
     RunShape(bs, ctx, ps, rng, word, n == 4 ? stride : ctx);
     return 0;
   }
